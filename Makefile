@@ -1,0 +1,31 @@
+# INRI: make demo | make test | make bench. Each target creates .venv when it is missing.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test bench lint clean venv
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[analysis,test]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/inri demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests
+
+bench: $(STAMP)
+	HYPOTHESIS_PROFILE=full $(BIN)/python benchmarks/run_all.py
+
+lint: $(STAMP)
+	$(BIN)/ruff check inri bootstrap_nodes simulations spark_analysis tests benchmarks
+	$(BIN)/mypy inri
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis spark-warehouse metastore_db
