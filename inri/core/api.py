@@ -1,0 +1,168 @@
+"""The sans-IO engine's contract: its inputs, its effects, and the three objects a driver injects.
+
+Drivers (the trio daemon in `inri.node`, the simulator in `simulations`) own sockets, clocks, disks
+and trace files. They call `Engine` methods with an explicit `now` (seconds, float; unix time in the
+daemon, virtual time in the simulator) and carry out the returned effects in order. They re-arm one
+timer at `Engine.get_timer()` and call `Engine.handle_timer(now)` when it fires (aioquic style).
+
+Injected objects:
+- `Verifier`: checks registration signatures. The simulator shares one caching verifier across its
+  thousands of in-process engines (one check per distinct registration, not per relay).
+- `HomeStore`: the home relay's tokens and mailboxes. The core decides, the store remembers:
+  `MemoryHomeStore` (inri.core.home) for the simulator and tests, SQLite in the daemon.
+- `Tracer`: receives trace events (docs/trace-schema.md). Its `level` decides what the engine emits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Protocol
+
+from inri.protocol.messages import Message, Push, ReceiptStatus, Registration
+
+
+class TraceLevel(IntEnum):
+    """off: nothing; summary: what the metrics need; full: every frame decision."""
+
+    OFF = 0
+    SUMMARY = 1
+    FULL = 2
+
+
+class Tracer(Protocol):
+    """Receives trace events. Field meanings: docs/trace-schema.md. Unused fields are None."""
+
+    level: TraceLevel
+
+    def emit(
+        self,
+        t: float,
+        relay: str,
+        kind: str,
+        *,
+        msg: str | None = None,
+        route: str | None = None,
+        peer: str | None = None,
+        hops: int | None = None,
+        ttl: int | None = None,
+        epoch: int | None = None,
+        count: int | None = None,
+        nbytes: int | None = None,
+        reason: str | None = None,
+    ) -> None: ...
+
+
+class Verifier(Protocol):
+    """Checks that a registration's signature is valid for its route key."""
+
+    def verify_registration(self, registration: Registration) -> bool: ...
+
+
+class HomeStore(Protocol):
+    """The home relay's view of its own registrations: tokens, spends, mailboxes.
+
+    All methods are synchronous and cheap (in-memory, or one SQLite transaction in the daemon).
+    """
+
+    def is_home(self, route_id: bytes) -> bool: ...
+
+    def registration(self, route_id: bytes) -> Registration | None:
+        """The newest registration of a route id homed here (used to refresh its gossip)."""
+        ...
+
+    def accept_push(
+        self, route_id: bytes, token: bytes, push_id: bytes, ciphertext: bytes, now: float
+    ) -> ReceiptStatus:
+        """Spend token for push_id and store the message, once.
+
+        STORED the first time; DUPLICATE when push_id already spent this token (nothing stored
+        again); SPENT when another push id spent it; UNKNOWN_TOKEN; MAILBOX_FULL.
+        """
+        ...
+
+
+# ---------------------------------------------------------------------------------------------
+# Effects: what the driver must do, in order.
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """Send msg to a neighbour after `delay` seconds (forwarding jitter; 0 = now)."""
+
+    peer: str
+    msg: Message
+    delay: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Connect:
+    """Open a link to a relay (membership wants another active neighbour).
+
+    The driver later calls `Engine.peer_up` on success or `Engine.connect_failed` on failure.
+    """
+
+    peer: str
+    addr: str
+
+
+@dataclass(frozen=True, slots=True)
+class Disconnect:
+    """Close the link to peer (dead, misbehaving, or over the active-view size)."""
+
+    peer: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Delivered:
+    """A push was stored in a mailbox at this (home) relay: wake the device's live stream."""
+
+    route_id: bytes
+    push_id: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class CustodyTaken:
+    """This relay accepted push into custody: persist it before answering the home app 202."""
+
+    push: Push
+    deadline: float  # give up (status "expired"/"unreachable") after this time
+
+
+@dataclass(frozen=True, slots=True)
+class CustodyReleased:
+    """Custody of push_id ended: the daemon deletes it from disk and records the final status.
+
+    status: "delivered", "duplicate" (home had it already), "spent", "unknown_token",
+    "mailbox_full", "unreachable" (every retry failed), "expired".
+    """
+
+    push_id: bytes
+    status: str
+    hops: int | None = None
+
+
+Effect = Send | Connect | Disconnect | Delivered | CustodyTaken | CustodyReleased
+
+
+# ---------------------------------------------------------------------------------------------
+# Results of direct calls.
+
+
+class InjectOutcome(IntEnum):
+    """What became of a push a home app injected at this relay."""
+
+    ACCEPTED = 1  # in custody, effects carry it on its way
+    BAD_REGISTRATION = 2  # signature, route id or freshness check failed: refused, nothing sent
+    TOKEN_MISMATCH = 3  # malformed token / route id pair
+    OVERLOADED = 4  # custody table full or per-route injection budget exhausted
+
+
+@dataclass(frozen=True, slots=True)
+class InjectResult:
+    """Outcome of `Engine.inject_push` plus the effects to carry out."""
+
+    outcome: InjectOutcome
+    push_id: bytes | None
+    effects: list[Effect] = field(default_factory=list)

@@ -1,0 +1,56 @@
+"""Engine configuration: every limit and timer, with the reason for its default.
+
+Drivers build one from TOML (daemon) or a scenario (simulator); `EngineConfig.test_profile()` gives
+short timers for tests on loopback.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    # Membership (HyParView-style active + passive views)
+    active_min: int = 3  # seed 003: each relay connects to 3-4 neighbours
+    active_max: int = 4
+    passive_max: int = 30  # enough spares to replace a whole active view twice over
+    outbound_min: int = 2  # keep this many links we dialled: inbound sybils cannot take the mesh
+    keepalive_interval_s: float = 1.0  # AODV HELLO_INTERVAL
+    keepalive_misses: int = 3  # AODV ALLOWED_HELLO_LOSS is 2; 3 tolerates a loaded host
+    peer_exchange_interval_s: float = 30.0
+    connect_timeout_s: float = 5.0
+
+    # Registration gossip
+    gossip_ttl: int = 16  # > eccentricity of a 10k-relay 4-regular mesh (11) with churn margin
+    route_k: int = 2  # keep the first k arrivals from distinct neighbours
+    seen_ttl_s: float = 120.0  # gossipsub seen-cache TTL: longer than any propagation delay
+    seen_max: int = 200_000
+    route_max: int = 1_000_000  # cached route ids; oldest-expiring evicted past this
+    route_default_lifetime_s: float = 3600.0
+    forward_jitter_s: float = 0.0  # random extra delay on forwards (rushing-attack resistance)
+    reg_budget_per_origin_per_s: float = 1.0  # one route id may refresh at most this often
+    reg_budget_burst: int = 3
+    reg_budget_per_peer_per_s: float = 200.0  # AODV RREQ_RATELIMIT is 10/s per node; peers relay many
+    reg_budget_peer_burst: int = 400
+
+    # Pushes
+    push_ttl: int = 24
+    reverse_ttl_s: float = 30.0  # reverse-path state (push id -> previous hop) lifetime
+    reverse_max: int = 200_000
+    custody_max: int = 100_000
+    custody_retry_s: float = 2.0  # re-send with the same push id when no receipt came back
+    custody_max_attempts: int = 6  # route, then rings 1, 3, 5, 7, then full
+    custody_deadline_s: float = 300.0
+    push_seen_max: int = 200_000
+
+    def test_profile(self) -> EngineConfig:
+        """Short timers for loopback tests (GUIDE.md section 5): keepalive 0.5 s x 6 misses."""
+        return replace(
+            self,
+            keepalive_interval_s=0.5,
+            keepalive_misses=6,
+            peer_exchange_interval_s=2.0,
+            custody_retry_s=1.0,
+            connect_timeout_s=3.0,
+        )

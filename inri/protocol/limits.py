@@ -1,0 +1,27 @@
+"""Wire limits. Every decoder enforces these; each says why it is what it is."""
+
+PROTOCOL_VERSION = 1
+# One relay-to-relay frame: a push (payload + carried registration) plus envelope must fit with room;
+# 64 KiB keeps a single QUIC stream read bounded and one hostile frame cheap to refuse.
+MAX_FRAME_BYTES = 64 * 1024
+# Sealed payloads are "something new" signals (seed 003: minimal payloads), not content: 4 KiB is
+# more than Web Push's 4,096-byte record minus overhead, and keeps a mailbox of 1,000 under 5 MB.
+MAX_CIPHERTEXT_BYTES = 4096
+# Random 4-regular meshes of 10k relays have eccentricity up to 11 (GUIDE.md section 3); 32 leaves
+# room for churned, stretched meshes while bounding how far any one frame can travel.
+MAX_TTL = 32
+# Expanding-ring search radii (AODV style): 1, 3, 5, 7, then the full TTL.
+RING_RADII = (1, 3, 5, 7)
+ROUTE_ID_BYTES = 16  # blake2b-128 of the one-off route key: collision-free at any plausible scale
+PUSH_ID_BYTES = 16
+TOKEN_BYTES = 16
+KEY_BYTES = 32  # Ed25519 verify key / X25519 public key
+SIGNATURE_BYTES = 64
+MAX_EPOCH = 2**32 - 1
+MAX_TIMESTAMP = 2**40  # seconds; msgpack overflows past 64 bits, we stay far below
+MAX_LIFETIME_S = 30 * 24 * 3600  # a registration lives at most 30 days without refresh
+MAX_PEERS_IN_EXCHANGE = 32  # a peer-exchange frame is a sample, not a directory
+MAX_NODE_ID_CHARS = 64
+MAX_ADDR_CHARS = 200
+MAX_ERROR_DETAIL_CHARS = 500
+MAX_NONCE = 2**63 - 1

@@ -1,0 +1,171 @@
+"""Every relay-to-relay wire message as a frozen, slotted dataclass (h11 style: nouns, no behaviour).
+
+Encoding and strict decoding live in `inri.protocol.codec`; this module only names the messages and
+their fields. Byte fields have fixed sizes from `inri.protocol.limits`; ints are unsigned and bounded.
+
+Identity model (docs/protocol.md):
+- A device makes a one-off Ed25519 *route key* per key period. route_id = blake2b-128(route_key).
+- A `Registration` is signed by the route key and carries an `epoch` that increases with every
+  refresh (re-registration) under that key: relays keep the newest epoch, and an older epoch never
+  overrides a newer one (AODV destination sequence numbers).
+- Tokens are one-use 16-byte permissions under a route id, known and spent only at the home relay.
+  Relays route on the route id only, so routing state grows with registrations, not tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum
+
+from inri.protocol.keys import route_id_for
+
+
+class MessageType(IntEnum):
+    """The first element of every encoded frame."""
+
+    HELLO = 1
+    REG_GOSSIP = 2
+    PUSH = 3
+    RECEIPT = 4
+    ROUTE_ERROR = 5
+    KEEPALIVE = 6
+    PEER_EXCHANGE = 7
+    ERROR = 8
+
+
+class ReceiptStatus(IntEnum):
+    """What the home relay did with a push (travels back along the reverse path)."""
+
+    STORED = 1  # token valid and unspent: message stored in the mailbox
+    DUPLICATE = 2  # same push id seen before: the same receipt again, nothing stored twice
+    SPENT = 3  # token already spent by a different push id
+    UNKNOWN_TOKEN = 4  # route id is home here but the token is not one of its tokens
+    MAILBOX_FULL = 5  # home refused: mailbox at its cap
+
+
+class RouteErrorReason(IntEnum):
+    """Why a relay could not forward a push (travels back toward the custodian)."""
+
+    NO_ROUTE = 1
+    NEXT_HOP_DOWN = 2
+    TTL_EXHAUSTED = 3
+    NOT_HOME = 4  # route pointed here but this relay is not (or no longer) home
+    OVERLOADED = 5
+
+
+class ErrorCode(IntEnum):
+    """Peer error frame codes (stable: operators grep for them)."""
+
+    MALFORMED = 1
+    UNSUPPORTED_VERSION = 2
+    TOO_LARGE = 3
+    BAD_SIGNATURE = 4
+    RATE_LIMITED = 5
+    NOT_ACCEPTING = 6  # active view full, try another relay
+    INTERNAL = 7
+
+
+@dataclass(frozen=True, slots=True)
+class Registration:
+    """A signed, self-certifying registration: the only thing about a device the mesh ever sees."""
+
+    route_key: bytes  # 32-byte Ed25519 public key, one-off per device key period
+    epoch: int  # u32, increases with every refresh under this key
+    issued_at: int  # unix seconds (virtual seconds in the simulator)
+    lifetime: int  # seconds the route lives after issued_at
+    signature: bytes  # 64 bytes over keys.registration_signed_bytes(...)
+
+    @property
+    def route_id(self) -> bytes:
+        """blake2b-128 of route_key."""
+        return route_id_for(self.route_key)
+
+    def expires_at(self) -> int:
+        """Unix second after which relays drop routes from this registration."""
+        return self.issued_at + self.lifetime
+
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    """First frame on a new link, both ways: who I am, where I listen (node key is bound by TLS)."""
+
+    version: int
+    node_id: str
+    listen_addr: str  # "host:port" of the sender's QUIC listener ("" if it accepts no inbound)
+    features: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class RegGossip:
+    """Registration gossip: flooded with a TTL; each relay caches where it first arrived from."""
+
+    registration: Registration
+    ttl: int  # hops left
+    hops: int  # hops travelled so far (0 when sent by the home relay)
+
+
+@dataclass(frozen=True, slots=True)
+class Push:
+    """A push in flight. Routed on route_id; the token is checked and spent only at home."""
+
+    push_id: bytes  # 16 random bytes chosen by the custodian (the relay that accepted it)
+    route_id: bytes
+    token: bytes
+    ciphertext: bytes  # sealed to the device's key; relays never see the content
+    ttl: int  # hops left
+    hops: int  # hops travelled so far
+    attempt: int  # custody re-send counter (0 first); seen-caches key on (push_id, attempt)
+    ring: int  # 0: follow cached routes; >0: expanding-ring search with this radius left
+    registration: Registration | None  # carried so fallback relays can verify the route id
+
+
+@dataclass(frozen=True, slots=True)
+class Receipt:
+    """The home relay's answer, sent back hop by hop along reverse-path state to the custodian."""
+
+    push_id: bytes
+    status: ReceiptStatus
+    hops: int  # hops the push took to reach home
+
+
+@dataclass(frozen=True, slots=True)
+class RouteError:
+    """A relay could not forward push_id; sent back along the reverse path (AODV RERR)."""
+
+    push_id: bytes
+    route_id: bytes
+    reason: RouteErrorReason
+
+
+@dataclass(frozen=True, slots=True)
+class Keepalive:
+    """Link liveness probe (reply=False) and its answer (reply=True) echoing the nonce."""
+
+    nonce: int
+    reply: bool
+
+
+@dataclass(frozen=True, slots=True)
+class PeerInfo:
+    """One entry of a peer exchange: a relay and where it listens."""
+
+    node_id: str
+    addr: str
+
+
+@dataclass(frozen=True, slots=True)
+class PeerExchange:
+    """A sample of the sender's active and passive views (HyParView shuffle)."""
+
+    peers: tuple[PeerInfo, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorFrame:
+    """A peer error: the receiver logs it and may close the link; never crashes on it."""
+
+    code: ErrorCode
+    detail: str
+
+
+Message = Hello | RegGossip | Push | Receipt | RouteError | Keepalive | PeerExchange | ErrorFrame
