@@ -1,15 +1,131 @@
 """The relay engine: the whole INRI relay protocol, sans-IO.
 
-CONTRACT SKELETON - the implementation is being written; signatures below are fixed.
+Rules (docs/protocol.md explains them at length):
+
+Registration gossip
+  R1. A registration is verified (signature via the injected Verifier, route id = H(route key),
+      freshness) before it changes anything. Per route id only the newest epoch counts: an older epoch
+      is dropped (stale_epoch), never overriding a newer one (AODV destination sequence numbers).
+  R2. The first arrival of (route id, epoch) sets the route: next hop = sender, distance = hops + 1,
+      and the registration is forwarded once to every active neighbour but the sender, TTL - 1.
+      The route table doubles as the gossip seen-cache: (route, epoch) is seen iff the table holds it.
+  R3. A later arrival of the same epoch from another neighbour becomes a backup next hop, up to
+      route_k in all, only if feasible (Babel, RFC 8966): the neighbour's own distance (its hops) is
+      strictly less than our feasibility distance. Every next hop therefore strictly lowers the
+      distance within an epoch and epochs never decrease along a path: routes cannot loop.
+  R4. Flood budgets: token buckets per neighbour (all registrations it sends) and per origin route id
+      (epoch refreshes); refusals are traced with a reason.
+
+Pushes
+  P1. A home app injects at any relay with a push credential's signed registration; the relay
+      verifies it first and refuses otherwise (random tokens cannot trigger floods). Accepted pushes
+      enter custody (CustodyTaken) until a receipt returns.
+  P2. A push follows the route vector (primary, else a live backup; never back to the sender), with
+      reverse-path state push id -> previous hop, so receipts and route errors travel back hop by hop.
+      A relay handles each (push id, attempt) once.
+  P3. At home, the HomeStore spends the token once and stores the message; a receipt goes back. The
+      same push id again gets the same receipt (DUPLICATE), nothing is stored twice.
+  P4. A relay that cannot forward drops its dead next hops (local repair: a backup takes over) and,
+      with none left, sends a RouteError back. The custodian then re-sends with the same push id and
+      the next attempt: route first, then expanding-ring soft gossip (radius 1, 3, 5, 7, then the full
+      TTL) in which any relay holding a route switches the push back to route mode.
+
+Membership (HyParView-like)
+  M1. Active view of active_min..active_max neighbours, passive view of candidates (bootstrap lists,
+      peer exchange). A lost neighbour is replaced from the passive view at once.
+  M2. Keepalives per neighbour when nothing else was sent for an interval; a neighbour silent for
+      keepalive_misses intervals is declared down.
 """
 
 from __future__ import annotations
 
+import heapq
 import random
+from functools import lru_cache
 
-from inri.core.api import Effect, HomeStore, InjectResult, Tracer, Verifier
+from inri.core.api import (
+    Connect,
+    CustodyReleased,
+    CustodyTaken,
+    Delivered,
+    Disconnect,
+    Effect,
+    HomeStore,
+    InjectOutcome,
+    InjectResult,
+    Send,
+    TraceLevel,
+    Tracer,
+    Verifier,
+)
 from inri.core.config import EngineConfig
-from inri.protocol.messages import Message, PeerInfo, Registration
+from inri.protocol import limits
+from inri.protocol.codec import DecodeError, decode, encode_unchecked
+from inri.protocol.messages import (
+    ErrorCode,
+    ErrorFrame,
+    Hello,
+    Keepalive,
+    Message,
+    PeerExchange,
+    PeerInfo,
+    Push,
+    Receipt,
+    ReceiptStatus,
+    RegGossip,
+    Registration,
+    RouteError,
+    RouteErrorReason,
+)
+
+# Clock skew tolerated on a registration's issued_at (relays' clocks are not synchronised).
+MAX_CLOCK_SKEW_S = 300
+# How often the engine sweeps expired routes and seen/reverse entries.
+SWEEP_INTERVAL_S = 10.0
+_LOCAL = ""  # reverse-path marker: the push was injected here (this relay is its custodian)
+
+_RECEIPT_STATUS = {
+    ReceiptStatus.STORED: "delivered",
+    ReceiptStatus.DUPLICATE: "delivered",
+    ReceiptStatus.SPENT: "spent",
+    ReceiptStatus.UNKNOWN_TOKEN: "unknown_token",
+    ReceiptStatus.MAILBOX_FULL: "mailbox_full",
+}
+
+
+@lru_cache(maxsize=8192)
+def _gossip_frame_bytes(registration: Registration) -> int:
+    # TTL and hops are positive fixints (< 128) so the frame size depends on the registration only.
+    return len(encode_unchecked(RegGossip(registration, 0, 0)))
+
+
+class _Peer:
+    """An active neighbour."""
+
+    __slots__ = ("addr", "outbound", "last_heard", "last_sent", "bucket", "bucket_t", "nonce")
+
+    def __init__(self, addr: str, outbound: bool, now: float, burst: float) -> None:
+        self.addr = addr
+        self.outbound = outbound
+        self.last_heard = now
+        self.last_sent = now
+        self.bucket = burst
+        self.bucket_t = now
+        self.nonce = 0
+
+
+class _Custody:
+    """A push this relay accepted from a home app, kept until its receipt returns."""
+
+    __slots__ = ("push", "attempt", "ring_step", "deadline", "next_retry", "hops")
+
+    def __init__(self, push: Push, deadline: float) -> None:
+        self.push = push
+        self.attempt = 0
+        self.ring_step = 0
+        self.deadline = deadline
+        self.next_retry = 0.0
+        self.hops: int | None = None
 
 
 class Engine:
@@ -26,49 +142,295 @@ class Engine:
         rng: random.Random,
         listen_addr: str = "",
     ) -> None:
-        raise NotImplementedError
+        self.relay_id = relay_id
+        self.config = config
+        self.listen_addr = listen_addr
+        self._verifier = verifier
+        self._home = home
+        self._tracer = tracer
+        self._level = int(tracer.level)
+        self._emit = tracer.emit
+        self._rng = rng
+        self._active: dict[str, _Peer] = {}
+        self._passive: dict[str, str] = {}  # node id -> addr, oldest first
+        self._connecting: dict[str, float] = {}  # node id -> give-up time
+        # route id -> (epoch, expires, feasibility distance, peer1, hops1, peer2, hops2, ...)
+        self._routes: dict[bytes, tuple] = {}
+        self._origin_bucket: dict[bytes, tuple[float, float]] = {}  # route id -> (tokens, t)
+        self._push_seen: dict[tuple[bytes, int], float] = {}  # (push id, attempt) -> expiry
+        self._reverse: dict[bytes, tuple[str, float]] = {}  # push id -> (previous hop, expiry)
+        self._custody: dict[bytes, _Custody] = {}
+        self._timers: list[tuple[float, int, bytes]] = []  # (when, seq, push id) custody retries
+        self._seq = 0
+        self._next_tick: float | None = None
+        self._next_sweep = 0.0
+        self._next_exchange = 0.0
+        self.counters: dict[str, int] = {}
 
-    # -- membership -------------------------------------------------------------------------
+    # ------------------------------------------------------------------------------------------
+    # helpers
+
+    def _count(self, name: str, n: int = 1) -> None:
+        self.counters[name] = self.counters.get(name, 0) + n
+
+    def _trace(self, now: float, kind: str, **fields: object) -> None:
+        self._emit(now, self.relay_id, kind, **fields)  # type: ignore[arg-type]
+
+    def _arm_tick(self, now: float) -> None:
+        if self._next_tick is None:
+            self._next_tick = now + self.config.keepalive_interval_s
+
+    # ------------------------------------------------------------------------------------------
+    # membership
+
     def add_candidates(self, peers: list[PeerInfo], now: float) -> list[Effect]:
-        """Relays learned from a bootstrap list (or a scenario): into the passive view; may Connect."""
-        raise NotImplementedError
+        """Relays learned from a bootstrap list, a scenario or peer exchange: into the passive view."""
+        for p in peers:
+            if p.node_id == self.relay_id or p.node_id in self._active:
+                continue
+            self._passive.pop(p.node_id, None)
+            self._passive[p.node_id] = p.addr
+        while len(self._passive) > self.config.passive_max:
+            del self._passive[next(iter(self._passive))]
+        return self._refill(now)
 
     def start(self, now: float) -> list[Effect]:
-        """Begin: Connect to passive candidates until active_min links are wanted."""
-        raise NotImplementedError
+        """Begin: arm timers and Connect to passive candidates until active_min links are wanted."""
+        self._arm_tick(now)
+        self._next_sweep = now + SWEEP_INTERVAL_S
+        self._next_exchange = now + self.config.peer_exchange_interval_s * (0.5 + self._rng.random())
+        return self._refill(now)
+
+    def _refill(self, now: float) -> list[Effect]:
+        want = self.config.active_min - len(self._active) - len(self._connecting)
+        if want <= 0 or not self._passive:
+            return []
+        choices = [p for p in self._passive if p not in self._connecting]
+        self._rng.shuffle(choices)
+        out: list[Effect] = []
+        for peer in choices[:want]:
+            self._connecting[peer] = now + self.config.connect_timeout_s
+            out.append(Connect(peer, self._passive[peer]))
+        return out
 
     def peer_up(self, peer: str, now: float, *, outbound: bool, addr: str = "") -> list[Effect]:
-        """A link to peer is open (we dialled it: outbound=True). May answer Disconnect when full."""
-        raise NotImplementedError
+        """A link to peer is open (we dialled it: outbound=True). Inbound beyond active_max is refused."""
+        self._connecting.pop(peer, None)
+        if peer in self._active or peer == self.relay_id:
+            return []
+        if not outbound and len(self._active) >= self.config.active_max:
+            self._count("inbound_refused")
+            if addr:
+                self._passive.setdefault(peer, addr)
+            return [Disconnect(peer, "full")]
+        self._passive.pop(peer, None)
+        self._active[peer] = _Peer(addr, outbound, now, self.config.reg_budget_peer_burst)
+        self._arm_tick(now)
+        if self._level:
+            self._trace(now, "peer_up", peer=peer, reason="outbound" if outbound else "inbound")
+        return []
 
     def peer_down(self, peer: str, now: float, reason: str) -> list[Effect]:
-        """The link to peer closed or failed. Promotes a passive peer (Connect) to refill the view."""
-        raise NotImplementedError
+        """The link to peer closed or failed: promote passive candidates to refill the active view."""
+        state = self._active.pop(peer, None)
+        self._connecting.pop(peer, None)
+        if state is None:
+            return self._refill(now)
+        if state.addr:
+            self._passive.pop(peer, None)
+            self._passive[peer] = state.addr  # may come back: a candidate again, at the back
+        if self._level:
+            self._trace(now, "peer_down", peer=peer, reason=reason)
+        return self._refill(now)
 
     def connect_failed(self, peer: str, now: float) -> list[Effect]:
-        """A Connect effect did not produce a link; try another candidate."""
-        raise NotImplementedError
+        """A Connect effect did not produce a link: forget the candidate, try another."""
+        self._connecting.pop(peer, None)
+        self._passive.pop(peer, None)
+        return self._refill(now)
 
-    # -- frames -----------------------------------------------------------------------------
+    # ------------------------------------------------------------------------------------------
+    # frames
+
     def receive_frame(self, peer: str, data: bytes, now: float) -> list[Effect]:
-        """Decode an encoded frame from peer and handle it; a malformed frame yields an ErrorFrame."""
-        raise NotImplementedError
+        """Decode a frame from peer and handle it; a malformed frame is answered with an ErrorFrame."""
+        try:
+            msg = decode(data)
+        except DecodeError as exc:
+            self._count("frames_invalid")
+            return [Send(peer, ErrorFrame(ErrorCode.MALFORMED, exc.detail[:200]))]
+        return self.receive_message(peer, msg, now)
 
     def receive_message(self, peer: str, msg: Message, now: float) -> list[Effect]:
-        """Handle an already-decoded message from a neighbour (the simulator's fast path)."""
-        raise NotImplementedError
+        """Handle a decoded message from a neighbour (the simulator's fast path)."""
+        state = self._active.get(peer)
+        if state is None:
+            self._count("frames_from_stranger")
+            return []
+        state.last_heard = now
+        t = type(msg)
+        if t is RegGossip:
+            return self._on_gossip(peer, state, msg, now)  # type: ignore[arg-type]
+        if t is Push:
+            return self._on_push(peer, msg, now)  # type: ignore[arg-type]
+        if t is Receipt:
+            return self._on_receipt(msg, now)  # type: ignore[arg-type]
+        if t is RouteError:
+            return self._on_route_error(msg, now)  # type: ignore[arg-type]
+        if t is Keepalive:
+            if not msg.reply:  # type: ignore[union-attr]
+                state.last_sent = now
+                return [Send(peer, Keepalive(msg.nonce, True))]  # type: ignore[union-attr]
+            return []
+        if t is PeerExchange:
+            return self.add_candidates(list(msg.peers), now)  # type: ignore[union-attr]
+        if t is ErrorFrame:
+            self._count("peer_errors")
+            return []
+        if t is Hello:
+            return []
+        return []
 
-    # -- local API (devices and home apps at this relay) ------------------------------------
+    # ------------------------------------------------------------------------------------------
+    # registration gossip
+
     def register(self, registration: Registration, now: float) -> list[Effect]:
-        """A device homed here registered (or refreshed) a route: originate its gossip.
-
-        The driver has already put the registration and its tokens in the HomeStore.
-        """
-        raise NotImplementedError
+        """A device homed here registered or refreshed: originate its gossip (rule R2 at distance 0)."""
+        rid = registration.route_id
+        old = self._routes.get(rid)
+        if old is not None and old[0] >= registration.epoch:
+            self._count("reg_local_stale")
+            return []
+        self._routes[rid] = (registration.epoch, registration.expires_at, 0)
+        gossip = RegGossip(registration, self.config.gossip_ttl, 0)
+        out: list[Effect] = []
+        for p, st in self._active.items():
+            st.last_sent = now
+            out.append(Send(p, gossip))
+        if self._level:
+            self._trace(now, "reg_originated", msg=f"{rid.hex()}:{registration.epoch}", route=rid.hex(),
+                        epoch=registration.epoch, ttl=self.config.gossip_ttl, hops=0, count=len(out),
+                        nbytes=_gossip_frame_bytes(registration))
+        return out
 
     def unregister(self, route_id: bytes, now: float) -> list[Effect]:
-        """A device homed here unregistered: forget its routes locally (gossip expires by TTL)."""
-        raise NotImplementedError
+        """A device homed here unregistered: forget its route here (elsewhere it expires by TTL)."""
+        self._routes.pop(route_id, None)
+        self._origin_bucket.pop(route_id, None)
+        return []
+
+    def _drop_reg(self, now: float, reg: Registration, peer: str, reason: str) -> list[Effect]:
+        self._count("reg_dropped_" + reason)
+        if self._level:
+            self._trace(now, "reg_dropped", msg=f"{reg.route_id.hex()}:{reg.epoch}", route=reg.route_id.hex(),
+                        peer=peer, epoch=reg.epoch, reason=reason)
+        return []
+
+    def _on_gossip(self, peer: str, state: _Peer, msg: RegGossip, now: float) -> list[Effect]:
+        cfg = self.config
+        reg = msg.registration
+        rid = reg.route_id
+        epoch = reg.epoch
+        entry = self._routes.get(rid)
+        if entry is not None:
+            if epoch < entry[0]:
+                return self._drop_reg(now, reg, peer, "stale_epoch")
+            if epoch == entry[0]:
+                return self._on_gossip_duplicate(peer, msg, entry, rid, now)
+        # Per-neighbour budget (R4): every new (route, epoch) costs the sender one token.
+        elapsed = now - state.bucket_t
+        state.bucket_t = now
+        tokens = min(cfg.reg_budget_peer_burst, state.bucket + elapsed * cfg.reg_budget_per_peer_per_s)
+        if tokens < 1.0:
+            state.bucket = tokens
+            return self._drop_reg(now, reg, peer, "budget_peer")
+        state.bucket = tokens - 1.0
+        if reg.expires_at <= now:
+            return self._drop_reg(now, reg, peer, "expired")
+        if reg.issued_at > now + MAX_CLOCK_SKEW_S:
+            return self._drop_reg(now, reg, peer, "future")
+        if not self._verifier.verify_registration(reg):
+            return self._drop_reg(now, reg, peer, "bad_signature")
+        if entry is not None:  # a refresh (newer epoch) of a known route id: per-origin budget
+            btok, bt = self._origin_bucket.get(rid, (float(cfg.reg_budget_burst), now))
+            btok = min(float(cfg.reg_budget_burst), btok + (now - bt) * cfg.reg_budget_per_origin_per_s)
+            if btok < 1.0:
+                self._origin_bucket[rid] = (btok, now)
+                return self._drop_reg(now, reg, peer, "budget_origin")
+            self._origin_bucket[rid] = (btok - 1.0, now)
+        elif len(self._routes) >= cfg.route_max:
+            self._evict_route(now)
+        hops = msg.hops + 1
+        expires = reg.expires_at
+        if cfg.route_default_lifetime_s and expires > now + cfg.route_default_lifetime_s * 24:
+            expires = int(now + cfg.route_default_lifetime_s * 24)
+        self._routes[rid] = (epoch, expires, hops, peer, hops)
+        out: list[Effect] = []
+        ttl = msg.ttl - 1
+        if ttl > 0:
+            fwd = RegGossip(reg, ttl, hops)
+            jitter = cfg.forward_jitter_s
+            for p, st in self._active.items():
+                if p != peer:
+                    st.last_sent = now
+                    out.append(Send(p, fwd, self._rng.random() * jitter if jitter else 0.0))
+        if self._level:
+            self._trace(now, "route_set", msg=f"{rid.hex()}:{epoch}", route=rid.hex(), peer=peer, hops=hops,
+                        ttl=msg.ttl, epoch=epoch, count=len(out), nbytes=_gossip_frame_bytes(reg))
+        return out
+
+    def _on_gossip_duplicate(
+        self, peer: str, msg: RegGossip, entry: tuple, rid: bytes, now: float
+    ) -> list[Effect]:
+        # R3: a backup only if feasible (neighbour's distance < our feasibility distance) and new.
+        fd = entry[2]
+        reg = msg.registration
+        if (
+            msg.hops < fd
+            and len(entry) < 3 + 2 * self.config.route_k
+            and peer not in entry[3::2]
+            and self._verifier.verify_registration(reg)
+        ):
+            self._routes[rid] = (*entry, peer, msg.hops + 1)
+            if self._level >= TraceLevel.FULL:
+                self._trace(now, "route_backup", msg=f"{rid.hex()}:{reg.epoch}", route=rid.hex(), peer=peer,
+                            hops=msg.hops + 1, epoch=reg.epoch)
+        elif self._level >= TraceLevel.FULL:
+            self._trace(now, "reg_duplicate", msg=f"{rid.hex()}:{reg.epoch}", route=rid.hex(), peer=peer,
+                        hops=msg.hops + 1, epoch=reg.epoch)
+        return []
+
+    def _evict_route(self, now: float) -> None:
+        # Table full: drop the entry that expires first (bounded memory; traced as a drop).
+        victim = min(self._routes, key=lambda r: self._routes[r][1])
+        del self._routes[victim]
+        self._count("routes_evicted")
+        if self._level >= TraceLevel.FULL:
+            self._trace(now, "route_expired", route=victim.hex(), reason="evicted")
+
+    def _next_hop(self, rid: bytes, exclude: str) -> str | None:
+        """The first live next hop for rid other than `exclude`; drops dead ones (local repair)."""
+        entry = self._routes.get(rid)
+        if entry is None or len(entry) < 5:
+            return None
+        active = self._active
+        hops = entry[3::2]
+        for p in hops:
+            if p in active and p != exclude:
+                return p
+        dead = [i for i, p in enumerate(hops) if p not in active]
+        if dead:
+            kept = [x for i in range(len(hops)) if i not in dead for x in (entry[3 + 2 * i], entry[4 + 2 * i])]
+            self._routes[rid] = (entry[0], entry[1], entry[2], *kept)
+        return None
+
+    def has_route(self, route_id: bytes) -> bool:
+        """True when a next hop (or home) is known for route_id."""
+        entry = self._routes.get(route_id)
+        return entry is not None and len(entry) >= 5
+
+    # ------------------------------------------------------------------------------------------
+    # pushes
 
     def inject_push(
         self,
@@ -79,29 +441,335 @@ class Engine:
         *,
         push_id: bytes | None = None,
     ) -> InjectResult:
-        """A home app pushes at this relay with a push credential's registration and one token.
+        """A home app pushes here with a push credential's registration and one token (rule P1)."""
+        reason = None
+        if len(token) != limits.TOKEN_BYTES or len(ciphertext) > limits.MAX_CIPHERTEXT_BYTES:
+            outcome, reason = InjectOutcome.TOKEN_MISMATCH, "malformed"
+        elif registration.expires_at <= now or registration.issued_at > now + MAX_CLOCK_SKEW_S:
+            outcome, reason = InjectOutcome.BAD_REGISTRATION, "stale_registration"
+        elif not self._verifier.verify_registration(registration):
+            outcome, reason = InjectOutcome.BAD_REGISTRATION, "bad_signature"
+        elif len(self._custody) >= self.config.custody_max:
+            outcome, reason = InjectOutcome.OVERLOADED, "custody_full"
+        if reason is not None:
+            self._count("push_refused_" + reason)
+            if self._level:
+                self._trace(now, "push_refused", route=registration.route_id.hex(), reason=reason)
+            return InjectResult(outcome, None, [])
+        pid = push_id if push_id is not None else self._rng.randbytes(limits.PUSH_ID_BYTES)
+        push = Push(pid, registration.route_id, token, ciphertext, self.config.push_ttl, 0, 0, 0, registration)
+        custody = _Custody(push, now + self.config.custody_deadline_s)
+        self._custody[pid] = custody
+        if self._level:
+            self._trace(now, "push_injected", msg=pid.hex(), route=push.route_id.hex(), ttl=push.ttl)
+        effects: list[Effect] = [CustodyTaken(push, custody.deadline)]
+        effects += self._attempt(custody, now)
+        return InjectResult(InjectOutcome.ACCEPTED, pid, effects)
 
-        Verifies the registration (signature, route id, freshness) before anything is sent.
-        push_id: given when the driver restores custody after a restart.
-        """
-        raise NotImplementedError
+    def _attempt(self, c: _Custody, now: float) -> list[Effect]:
+        """Send attempt number c.attempt of a push in custody: route first, then widening rings."""
+        push = c.push
+        pid = push.push_id
+        if self._home.is_home(push.route_id):
+            status = self._home.accept_push(push.route_id, push.token, pid, push.ciphertext, now)
+            return self._deliver_local(pid, push, status, now) + self._settle(pid, status, 0, now)
+        cfg = self.config
+        self._reverse[pid] = (_LOCAL, now + cfg.reverse_ttl_s)
+        c.next_retry = now + cfg.custody_retry_s * (1 + c.attempt)
+        self._schedule(pid, c.next_retry)
+        self._push_seen[(pid, c.attempt)] = now + cfg.seen_ttl_s
+        if c.attempt and self._level:
+            self._trace(now, "push_retry", msg=pid.hex(), route=push.route_id.hex(), count=c.attempt)
+        # The first attempt follows the route when there is one; every later attempt (no receipt in
+        # time, or a route error) widens the ring: 1, 3, 5, 7, then the full TTL.
+        if c.attempt == 0:
+            nh = self._next_hop(push.route_id, _LOCAL)
+            if nh is not None:
+                return [self._forward(Push(pid, push.route_id, push.token, push.ciphertext, cfg.push_ttl, 0, 0, 0,
+                                           push.registration), nh, now)]
+        radii = limits.RING_RADII
+        ring = radii[c.ring_step] if c.ring_step < len(radii) else cfg.push_ttl
+        c.ring_step += 1
+        msg = Push(pid, push.route_id, push.token, push.ciphertext, cfg.push_ttl, 0, c.attempt, ring,
+                   push.registration)
+        return self._ring_flood(msg, _LOCAL, now)
 
-    # -- time -------------------------------------------------------------------------------
+    def _forward(self, msg: Push, nh: str, now: float) -> Send:
+        self._active[nh].last_sent = now
+        if self._level:
+            self._trace(now, "push_forwarded", msg=msg.push_id.hex(), route=msg.route_id.hex(), peer=nh,
+                        hops=msg.hops, ttl=msg.ttl, count=1)
+        jitter = self.config.forward_jitter_s
+        return Send(nh, msg, self._rng.random() * jitter if jitter else 0.0)
+
+    def _ring_flood(self, msg: Push, sender: str, now: float) -> list[Effect]:
+        out: list[Effect] = []
+        for p, st in self._active.items():
+            if p != sender:
+                st.last_sent = now
+                out.append(Send(p, msg))
+        if self._level:
+            self._trace(now, "push_fallback", msg=msg.push_id.hex(), route=msg.route_id.hex(), hops=msg.hops,
+                        ttl=msg.ring, count=len(out))
+        return out
+
+    def _on_push(self, peer: str, msg: Push, now: float) -> list[Effect]:
+        pid = msg.push_id
+        key = (pid, msg.attempt)
+        if key in self._push_seen:
+            self._count("push_seen_dropped")
+            return []
+        cfg = self.config
+        if len(self._push_seen) >= cfg.push_seen_max:
+            del self._push_seen[next(iter(self._push_seen))]
+        self._push_seen[key] = now + cfg.seen_ttl_s
+        rid = msg.route_id
+        if self._level >= TraceLevel.FULL:
+            self._trace(now, "push_received", msg=pid.hex(), route=rid.hex(), peer=peer, hops=msg.hops,
+                        ttl=msg.ttl)
+        if pid not in self._custody:  # a custodian keeps its own LOCAL reverse marker
+            if len(self._reverse) >= cfg.reverse_max:
+                del self._reverse[next(iter(self._reverse))]
+                self._count("reverse_evicted")
+            self._reverse[pid] = (peer, now + cfg.reverse_ttl_s)
+        if self._home.is_home(rid):
+            status = self._home.accept_push(rid, msg.token, pid, msg.ciphertext, now)
+            out = self._deliver_local(pid, msg, status, now, hops=msg.hops + 1)
+            out.append(Send(peer, Receipt(pid, status, msg.hops + 1)))
+            return out
+        if msg.ttl <= 1:
+            return self._push_drop(peer, msg, now, "ttl", RouteErrorReason.TTL_EXHAUSTED)
+        if msg.ring:
+            if msg.registration is None or msg.registration.route_id != rid or not (
+                self._verifier.verify_registration(msg.registration)
+            ):
+                return self._push_drop(peer, msg, now, "bad_registration", None)
+            nh = self._next_hop(rid, peer)
+            if nh is not None:  # a route is known here: leave the ring, follow the route
+                return [self._forward(Push(pid, rid, msg.token, msg.ciphertext, msg.ttl - 1, msg.hops + 1,
+                                           msg.attempt, 0, msg.registration), nh, now)]
+            if msg.ring <= 1:
+                return self._push_drop(peer, msg, now, "ring_end", None)
+            return self._ring_flood(Push(pid, rid, msg.token, msg.ciphertext, msg.ttl - 1, msg.hops + 1,
+                                         msg.attempt, msg.ring - 1, msg.registration), peer, now)
+        nh = self._next_hop(rid, peer)
+        if nh is None:
+            return self._push_drop(peer, msg, now, "no_route", RouteErrorReason.NO_ROUTE)
+        return [self._forward(Push(pid, rid, msg.token, msg.ciphertext, msg.ttl - 1, msg.hops + 1, msg.attempt,
+                                   0, msg.registration), nh, now)]
+
+    def _push_drop(
+        self, peer: str, msg: Push, now: float, reason: str, error: RouteErrorReason | None
+    ) -> list[Effect]:
+        self._count("push_dropped_" + reason)
+        if self._level:
+            self._trace(now, "push_dropped", msg=msg.push_id.hex(), route=msg.route_id.hex(), peer=peer,
+                        hops=msg.hops, ttl=msg.ttl, reason=reason)
+        if error is None:  # ring copies die quietly: other copies are still searching
+            return []
+        self._reverse.pop(msg.push_id, None)
+        if self._level:
+            self._trace(now, "route_error", msg=msg.push_id.hex(), route=msg.route_id.hex(), peer=peer,
+                        reason=reason, count=1)
+        return [Send(peer, RouteError(msg.push_id, msg.route_id, error))]
+
+    def _deliver_local(
+        self, pid: bytes, msg: Push, status: ReceiptStatus, now: float, hops: int = 0
+    ) -> list[Effect]:
+        if status == ReceiptStatus.STORED:
+            if self._level:
+                self._trace(now, "push_delivered", msg=pid.hex(), route=msg.route_id.hex(), hops=hops)
+            return [Delivered(msg.route_id, pid)]
+        if status == ReceiptStatus.DUPLICATE:
+            if self._level:
+                self._trace(now, "push_duplicate", msg=pid.hex(), route=msg.route_id.hex(), hops=hops)
+            return []
+        reason = _RECEIPT_STATUS[status]
+        self._count("push_dropped_" + reason)
+        if self._level:
+            self._trace(now, "push_dropped", msg=pid.hex(), route=msg.route_id.hex(), hops=hops, reason=reason)
+        return []
+
+    def _on_receipt(self, msg: Receipt, now: float) -> list[Effect]:
+        back = self._reverse.pop(msg.push_id, None)
+        if back is None:
+            self._count("receipt_orphan")
+            return []
+        prev = back[0]
+        if prev == _LOCAL:
+            return self._settle(msg.push_id, msg.status, msg.hops, now)
+        if prev not in self._active:
+            self._count("receipt_lost_link")
+            return []
+        self._active[prev].last_sent = now
+        if self._level:
+            self._trace(now, "receipt_forwarded", msg=msg.push_id.hex(), peer=prev, hops=msg.hops, count=1)
+        return [Send(prev, msg)]
+
+    def _settle(self, pid: bytes, status: ReceiptStatus, hops: int, now: float) -> list[Effect]:
+        c = self._custody.pop(pid, None)
+        self._reverse.pop(pid, None)
+        if c is None:
+            return []
+        final = _RECEIPT_STATUS[status]
+        if self._level:
+            self._trace(now, "push_settled", msg=pid.hex(), route=c.push.route_id.hex(), hops=hops, reason=final)
+        return [CustodyReleased(pid, final, hops)]
+
+    def _on_route_error(self, msg: RouteError, now: float) -> list[Effect]:
+        back = self._reverse.pop(msg.push_id, None)
+        if back is None:
+            return []
+        prev = back[0]
+        # Local repair: our next hop toward that route failed downstream; forget it (a backup stays).
+        entry = self._routes.get(msg.route_id)
+        if entry is not None and len(entry) >= 5:
+            self._routes[msg.route_id] = (entry[0], entry[1], entry[2], *entry[5:])
+        if prev == _LOCAL:
+            c = self._custody.get(msg.push_id)
+            if c is None:
+                return []
+            return self._retry(c, now)
+        if prev not in self._active:
+            return []
+        if self._level:
+            self._trace(now, "receipt_forwarded", msg=msg.push_id.hex(), peer=prev, reason="route_error", count=1)
+        return [Send(prev, msg)]
+
+    def _retry(self, c: _Custody, now: float) -> list[Effect]:
+        pid = c.push.push_id
+        if c.attempt + 1 >= self.config.custody_max_attempts or now >= c.deadline:
+            self._custody.pop(pid, None)
+            self._reverse.pop(pid, None)
+            final = "expired" if now >= c.deadline else "unreachable"
+            if self._level:
+                self._trace(now, "push_settled", msg=pid.hex(), route=c.push.route_id.hex(), reason=final)
+                self._trace(now, "push_dropped", msg=pid.hex(), route=c.push.route_id.hex(), reason=final)
+            return [CustodyReleased(pid, final)]
+        c.attempt += 1
+        return self._attempt(c, now)
+
+    def _schedule(self, pid: bytes, when: float) -> None:
+        self._seq += 1
+        heapq.heappush(self._timers, (when, self._seq, pid))
+
+    # ------------------------------------------------------------------------------------------
+    # time
+
     def get_timer(self) -> float | None:
-        """The earliest time handle_timer wants to run (None: no timer armed)."""
-        raise NotImplementedError
+        """The earliest time handle_timer wants to run (None: nothing armed)."""
+        t = self._next_tick
+        if self._timers:
+            first = self._timers[0][0]
+            if t is None or first < t:
+                return first
+        return t
 
     def handle_timer(self, now: float) -> list[Effect]:
-        """Keepalives, peer exchange, custody retries, expiry of routes/seen/reverse state."""
-        raise NotImplementedError
+        """Custody retries, keepalives, liveness, peer exchange and expiry sweeps that are due."""
+        out: list[Effect] = []
+        timers = self._timers
+        while timers and timers[0][0] <= now:
+            when, _, pid = heapq.heappop(timers)
+            c = self._custody.get(pid)
+            if c is not None and c.next_retry == when:
+                out += self._retry(c, now)
+        if self._next_tick is not None and now >= self._next_tick:
+            out += self._tick(now)
+        return out
 
-    # -- introspection (status endpoint, simulator, tests) ----------------------------------
+    def _tick(self, now: float) -> list[Effect]:
+        cfg = self.config
+        out: list[Effect] = []
+        interval = cfg.keepalive_interval_s
+        dead_after = interval * cfg.keepalive_misses
+        for p in list(self._active):
+            st = self._active[p]
+            if now - st.last_heard > dead_after:
+                out.append(Disconnect(p, "keepalive_timeout"))
+                out += self.peer_down(p, now, "keepalive_timeout")
+            elif now - st.last_sent >= interval * 0.99:
+                st.nonce += 1
+                st.last_sent = now
+                out.append(Send(p, Keepalive(st.nonce, False)))
+        for p, give_up in list(self._connecting.items()):
+            if now >= give_up:
+                out += self.connect_failed(p, now)
+        if len(self._active) + len(self._connecting) < cfg.active_min:
+            out += self._refill(now)
+        if now >= self._next_exchange and self._active:
+            self._next_exchange = now + cfg.peer_exchange_interval_s
+            out += self._peer_exchange(now)
+        if now >= self._next_sweep:
+            self._next_sweep = now + SWEEP_INTERVAL_S
+            self._sweep(now)
+        self._next_tick = now + interval if (self._active or self._connecting or self._passive) else None
+        return out
+
+    def _peer_exchange(self, now: float) -> list[Effect]:
+        target = self._rng.choice(sorted(self._active))
+        pool = [PeerInfo(p, st.addr) for p, st in self._active.items() if p != target and st.addr]
+        pool += [PeerInfo(p, a) for p, a in self._passive.items() if p != target and a]
+        if self.listen_addr:
+            pool.append(PeerInfo(self.relay_id, self.listen_addr))
+        if not pool:
+            return []
+        sample = self._rng.sample(pool, min(len(pool), limits.MAX_PEERS_IN_EXCHANGE // 2))
+        self._active[target].last_sent = now
+        return [Send(target, PeerExchange(tuple(sample)))]
+
+    def _sweep(self, now: float) -> None:
+        expired = [r for r, e in self._routes.items() if e[1] <= now]
+        for r in expired:
+            del self._routes[r]
+            self._origin_bucket.pop(r, None)
+            if self._level >= TraceLevel.FULL:
+                self._trace(now, "route_expired", route=r.hex(), reason="lifetime")
+        for table in (self._push_seen,):
+            for k in [k for k, exp in table.items() if exp <= now]:
+                del table[k]
+        for k in [k for k, v in self._reverse.items() if v[1] <= now and v[0] != _LOCAL]:
+            del self._reverse[k]
+        for pid in [pid for pid, c in self._custody.items() if now >= c.deadline]:
+            self._custody.pop(pid)
+            self._count("custody_expired")
+
+    # ------------------------------------------------------------------------------------------
+    # introspection
+
     def route_count(self) -> int:
-        raise NotImplementedError
+        """Route ids with at least one next hop."""
+        return sum(1 for e in self._routes.values() if len(e) >= 5)
 
     def active_peers(self) -> list[str]:
-        raise NotImplementedError
+        """The active view, sorted."""
+        return sorted(self._active)
+
+    def passive_peers(self) -> list[str]:
+        """The passive view (candidates), oldest first."""
+        return list(self._passive)
+
+    def next_hops(self, route_id: bytes) -> list[tuple[str, int]]:
+        """The cached route vector for route_id: [(next hop, distance), ...], primary first."""
+        entry = self._routes.get(route_id)
+        if entry is None:
+            return []
+        return list(zip(entry[3::2], entry[4::2], strict=True))
+
+    def route_epoch(self, route_id: bytes) -> int | None:
+        """The newest epoch known for route_id."""
+        entry = self._routes.get(route_id)
+        return None if entry is None else entry[0]
 
     def stats(self) -> dict[str, int]:
-        """Counters and table sizes (routes, seen, reverse, custody, active, passive, drops...)."""
-        raise NotImplementedError
+        """Table sizes and counters."""
+        return {
+            "routes": len(self._routes),
+            "seen": len(self._push_seen),
+            "reverse": len(self._reverse),
+            "custody": len(self._custody),
+            "active": len(self._active),
+            "passive": len(self._passive),
+            "connecting": len(self._connecting),
+            **self.counters,
+        }

@@ -14,7 +14,7 @@ Identity model (docs/protocol.md):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import IntEnum
 
 from inri.protocol.keys import route_id_for
@@ -74,15 +74,14 @@ class Registration:
     issued_at: int  # unix seconds (virtual seconds in the simulator)
     lifetime: int  # seconds the route lives after issued_at
     signature: bytes  # 64 bytes over keys.registration_signed_bytes(...)
+    # Derived once at construction (not on the wire): relays look these up for every arrival, and one
+    # shared object per registration keeps the simulator's 10k engines from each holding a copy.
+    route_id: bytes = field(init=False, repr=False, compare=False)
+    expires_at: int = field(init=False, repr=False, compare=False)
 
-    @property
-    def route_id(self) -> bytes:
-        """blake2b-128 of route_key."""
-        return route_id_for(self.route_key)
-
-    def expires_at(self) -> int:
-        """Unix second after which relays drop routes from this registration."""
-        return self.issued_at + self.lifetime
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "route_id", route_id_for(self.route_key))
+        object.__setattr__(self, "expires_at", self.issued_at + self.lifetime)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,134 @@
+"""A small in-memory network of engines with a virtual clock, for tests (aioquic style).
+
+Frames are moved as objects (or encoded and decoded, with `wire=True`) over fixed links with a
+latency each; `run_until` advances the virtual clock through frame arrivals and engine timers.
+The simulator (simulations/) is the large-scale, modelled version of the same idea.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections.abc import Iterable
+
+from inri.core.api import Connect, CustodyReleased, CustodyTaken, Delivered, Disconnect, Effect, Send
+from inri.core.config import EngineConfig
+from inri.core.engine import Engine
+from inri.core.home import MemoryHomeStore
+from inri.core.trace import ListTracer
+from inri.core.verify import CachingVerifier
+from inri.protocol.codec import encode
+from inri.protocol.messages import PeerInfo
+
+
+class MiniNet:
+    """N engines named "0".."N-1", linked by `edges` with a latency per direction."""
+
+    def __init__(
+        self,
+        n: int,
+        edges: Iterable[tuple[int, int]],
+        *,
+        config: EngineConfig | None = None,
+        seed: int = 1,
+        latency: dict[tuple[int, int], float] | None = None,
+        wire: bool = False,
+    ) -> None:
+        self.config = config or EngineConfig()
+        self.rng = random.Random(seed)
+        self.tracer = ListTracer()
+        self.verifier = CachingVerifier()
+        self.homes = [MemoryHomeStore() for _ in range(n)]
+        self.engines = [
+            Engine(str(i), self.config, verifier=self.verifier, home=self.homes[i], tracer=self.tracer,
+                   rng=random.Random(seed * 1000 + i), listen_addr=f"addr-{i}")
+            for i in range(n)
+        ]
+        self.wire = wire
+        self.now = 0.0
+        self.links: dict[tuple[str, str], float] = {}
+        self.alive = [True] * n
+        self._q: list[tuple[float, int, str, str, object]] = []
+        self._seq = 0
+        self.delivered: list[tuple[str, bytes]] = []  # (relay, push id) Delivered effects
+        self.custody: dict[bytes, str] = {}  # push id -> final status (CustodyReleased)
+        self.sent: list[tuple[str, str, object]] = []  # every frame sent (from, to, message)
+        for a, b in edges:
+            lat = (latency or {}).get((a, b), 0.01)
+            self.links[(str(a), str(b))] = lat
+            self.links[(str(b), str(a))] = (latency or {}).get((b, a), lat)
+        for (a, b) in sorted(self.links):
+            if int(a) < int(b):
+                self.engines[int(a)].add_candidates([PeerInfo(b, f"addr-{b}")], 0.0)
+                self.engines[int(b)].add_candidates([PeerInfo(a, f"addr-{a}")], 0.0)
+                self.apply(a, self.engines[int(a)].peer_up(b, 0.0, outbound=True, addr=f"addr-{b}"))
+                self.apply(b, self.engines[int(b)].peer_up(a, 0.0, outbound=False, addr=f"addr-{a}"))
+        for i, e in enumerate(self.engines):
+            self.apply(str(i), e.start(0.0))
+
+    def apply(self, src: str, effects: list[Effect]) -> None:
+        """Carry out effects of engine `src`."""
+        for eff in effects:
+            if isinstance(eff, Send):
+                lat = self.links.get((src, eff.peer))
+                self.sent.append((src, eff.peer, eff.msg))
+                if lat is None or not self.alive[int(eff.peer)]:
+                    continue
+                payload: object = encode(eff.msg) if self.wire else eff.msg
+                self._push(self.now + lat + eff.delay, "frame", src, eff.peer, payload)
+            elif isinstance(eff, Delivered):
+                self.delivered.append((src, eff.push_id))
+            elif isinstance(eff, CustodyReleased):
+                self.custody[eff.push_id] = eff.status
+            elif isinstance(eff, Connect):
+                if (src, eff.peer) in self.links and self.alive[int(eff.peer)]:
+                    self._push(self.now + 0.01, "up", src, eff.peer, None)
+                else:
+                    self._push(self.now + 0.01, "fail", src, eff.peer, None)
+            elif isinstance(eff, Disconnect):
+                other = self.engines[int(eff.peer)]
+                if self.alive[int(eff.peer)]:
+                    self.apply(eff.peer, other.peer_down(src, self.now, "remote_closed"))
+            elif isinstance(eff, CustodyTaken):
+                pass
+
+    def _push(self, t: float, kind: str, a: str, b: str, payload: object) -> None:
+        self._seq += 1
+        heapq.heappush(self._q, (t, self._seq, kind, a + "|" + b, payload))
+
+    def kill(self, i: int) -> None:
+        """Relay i fails: its neighbours see their links drop."""
+        self.alive[i] = False
+        for (a, b) in list(self.links):
+            if a == str(i) and self.alive[int(b)]:
+                self.apply(b, self.engines[int(b)].peer_down(a, self.now, "link_lost"))
+
+    def run_until(self, t_end: float) -> None:
+        """Advance the clock to t_end, delivering frames and firing timers in time order."""
+        while True:
+            next_frame = self._q[0][0] if self._q else float("inf")
+            timers = [(e.get_timer(), i) for i, e in enumerate(self.engines) if self.alive[i]]
+            next_timer, who = min(((t, i) for t, i in timers if t is not None), default=(float("inf"), -1))
+            t = min(next_frame, next_timer)
+            if t > t_end:
+                self.now = t_end
+                return
+            self.now = t
+            if next_timer <= next_frame:
+                self.apply(str(who), self.engines[who].handle_timer(t))
+                continue
+            _, _, kind, pair, payload = heapq.heappop(self._q)
+            a, b = pair.split("|")
+            if not self.alive[int(b)]:
+                continue
+            eng = self.engines[int(b)]
+            if kind == "frame":
+                if self.wire:
+                    self.apply(b, eng.receive_frame(a, payload, t))  # type: ignore[arg-type]
+                else:
+                    self.apply(b, eng.receive_message(a, payload, t))  # type: ignore[arg-type]
+            elif kind == "up":
+                self.apply(a, self.engines[int(a)].peer_up(b, t, outbound=True, addr=f"addr-{b}"))
+                self.apply(b, eng.peer_up(a, t, outbound=False, addr=f"addr-{a}"))
+            elif kind == "fail":
+                self.apply(a, self.engines[int(a)].connect_failed(b, t))

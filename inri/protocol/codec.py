@@ -1,0 +1,319 @@
+"""Strict msgpack encoding of the wire messages.
+
+A frame is a msgpack array ``[type, version, field, ...]``. Decoding checks everything: the frame
+size, the array shape, the type and version, every field's type, byte length and integer range. A
+malformed frame raises `DecodeError` and nothing else (arbitrary bytes included: property-tested);
+encoding an out-of-range value raises `EncodeError` (msgpack itself overflows past 64 bits).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import msgpack
+
+from inri.protocol import limits as L
+from inri.protocol.keys import registration_signed_bytes, sign
+from inri.protocol.messages import (
+    ErrorCode,
+    ErrorFrame,
+    Hello,
+    Keepalive,
+    Message,
+    MessageType,
+    PeerExchange,
+    PeerInfo,
+    Push,
+    Receipt,
+    ReceiptStatus,
+    RegGossip,
+    Registration,
+    RouteError,
+    RouteErrorReason,
+)
+
+__all__ = [
+    "DecodeError",
+    "EncodeError",
+    "decode",
+    "decode_registration",
+    "encode",
+    "encode_registration",
+    "make_registration",
+]
+
+
+class DecodeError(ValueError):
+    """A frame that is not a valid INRI message. `code` is stable: malformed, too_large, unsupported_version."""
+
+    def __init__(self, code: str, detail: str) -> None:
+        super().__init__(f"{code}: {detail}")
+        self.code = code
+        self.detail = detail
+
+
+class EncodeError(ValueError):
+    """A message whose fields are out of the protocol's ranges (a local bug, not a peer's)."""
+
+
+# --------------------------------------------------------------------------------------------
+# field checks (shared by encode and decode: one definition of what is valid)
+
+
+def _bytes(value: object, size: int, name: str) -> bytes:
+    if type(value) is not bytes or len(value) != size:
+        raise DecodeError("malformed", f"{name}: expected {size} bytes")
+    return value
+
+
+def _uint(value: object, maximum: int, name: str) -> int:
+    if type(value) is not int or value < 0 or value > maximum:
+        raise DecodeError("malformed", f"{name}: expected an integer in 0..{maximum}")
+    return value
+
+
+def _str(value: object, maximum: int, name: str) -> str:
+    if type(value) is not str or len(value) > maximum:
+        raise DecodeError("malformed", f"{name}: expected a string of at most {maximum} characters")
+    return value
+
+
+def _fields(raw: list[Any], count: int, name: str) -> list[Any]:
+    if len(raw) != count:
+        raise DecodeError("malformed", f"{name}: expected {count} fields, got {len(raw)}")
+    return raw
+
+
+def _reg_to_list(reg: Registration) -> list[Any]:
+    return [reg.route_key, reg.epoch, reg.issued_at, reg.lifetime, reg.signature]
+
+
+def _reg_from_list(raw: object) -> Registration:
+    if type(raw) is not list:
+        raise DecodeError("malformed", "registration: expected an array")
+    f = _fields(raw, 5, "registration")
+    return Registration(
+        route_key=_bytes(f[0], L.KEY_BYTES, "route_key"),
+        epoch=_uint(f[1], L.MAX_EPOCH, "epoch"),
+        issued_at=_uint(f[2], L.MAX_TIMESTAMP, "issued_at"),
+        lifetime=_uint(f[3], L.MAX_LIFETIME_S, "lifetime"),
+        signature=_bytes(f[4], L.SIGNATURE_BYTES, "signature"),
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# per-message field lists: (to_fields, from_fields) tables, dispatched by type
+
+
+def _hello_from(f: list[Any]) -> Hello:
+    _fields(f, 4, "hello")
+    feats = f[3]
+    if type(feats) is not list or len(feats) > 16:
+        raise DecodeError("malformed", "features: expected at most 16 strings")
+    return Hello(
+        version=_uint(f[0], 2**16, "version"),
+        node_id=_str(f[1], L.MAX_NODE_ID_CHARS, "node_id"),
+        listen_addr=_str(f[2], L.MAX_ADDR_CHARS, "listen_addr"),
+        features=tuple(_str(x, 64, "feature") for x in feats),
+    )
+
+
+def _gossip_from(f: list[Any]) -> RegGossip:
+    _fields(f, 3, "reg_gossip")
+    return RegGossip(
+        registration=_reg_from_list(f[0]),
+        ttl=_uint(f[1], L.MAX_TTL, "ttl"),
+        hops=_uint(f[2], 255, "hops"),
+    )
+
+
+def _push_from(f: list[Any]) -> Push:
+    _fields(f, 9, "push")
+    ct = f[3]
+    if type(ct) is not bytes or len(ct) > L.MAX_CIPHERTEXT_BYTES:
+        raise DecodeError("malformed", f"ciphertext: expected at most {L.MAX_CIPHERTEXT_BYTES} bytes")
+    return Push(
+        push_id=_bytes(f[0], L.PUSH_ID_BYTES, "push_id"),
+        route_id=_bytes(f[1], L.ROUTE_ID_BYTES, "route_id"),
+        token=_bytes(f[2], L.TOKEN_BYTES, "token"),
+        ciphertext=ct,
+        ttl=_uint(f[4], L.MAX_TTL, "ttl"),
+        hops=_uint(f[5], 255, "hops"),
+        attempt=_uint(f[6], 255, "attempt"),
+        ring=_uint(f[7], L.MAX_TTL, "ring"),
+        registration=None if f[8] is None else _reg_from_list(f[8]),
+    )
+
+
+def _enum(kind: type[Any], value: object, name: str) -> Any:
+    if type(value) is not int:
+        raise DecodeError("malformed", f"{name}: expected an integer")
+    try:
+        return kind(value)
+    except ValueError:
+        raise DecodeError("malformed", f"{name}: unknown value {value}") from None
+
+
+def _receipt_from(f: list[Any]) -> Receipt:
+    _fields(f, 3, "receipt")
+    return Receipt(
+        push_id=_bytes(f[0], L.PUSH_ID_BYTES, "push_id"),
+        status=_enum(ReceiptStatus, f[1], "status"),
+        hops=_uint(f[2], 255, "hops"),
+    )
+
+
+def _route_error_from(f: list[Any]) -> RouteError:
+    _fields(f, 3, "route_error")
+    return RouteError(
+        push_id=_bytes(f[0], L.PUSH_ID_BYTES, "push_id"),
+        route_id=_bytes(f[1], L.ROUTE_ID_BYTES, "route_id"),
+        reason=_enum(RouteErrorReason, f[2], "reason"),
+    )
+
+
+def _keepalive_from(f: list[Any]) -> Keepalive:
+    _fields(f, 2, "keepalive")
+    if type(f[1]) is not bool:
+        raise DecodeError("malformed", "reply: expected a boolean")
+    return Keepalive(nonce=_uint(f[0], L.MAX_NONCE, "nonce"), reply=f[1])
+
+
+def _peer_exchange_from(f: list[Any]) -> PeerExchange:
+    _fields(f, 1, "peer_exchange")
+    peers = f[0]
+    if type(peers) is not list or len(peers) > L.MAX_PEERS_IN_EXCHANGE:
+        raise DecodeError("malformed", f"peers: expected at most {L.MAX_PEERS_IN_EXCHANGE} entries")
+    out = []
+    for p in peers:
+        if type(p) is not list or len(p) != 2:
+            raise DecodeError("malformed", "peer: expected [node_id, addr]")
+        out.append(PeerInfo(_str(p[0], L.MAX_NODE_ID_CHARS, "node_id"), _str(p[1], L.MAX_ADDR_CHARS, "addr")))
+    return PeerExchange(peers=tuple(out))
+
+
+def _error_from(f: list[Any]) -> ErrorFrame:
+    _fields(f, 2, "error")
+    return ErrorFrame(
+        code=_enum(ErrorCode, f[0], "code"), detail=_str(f[1], L.MAX_ERROR_DETAIL_CHARS, "detail")
+    )
+
+
+_DECODERS: dict[int, Callable[[list[Any]], Message]] = {
+    MessageType.HELLO: _hello_from,
+    MessageType.REG_GOSSIP: _gossip_from,
+    MessageType.PUSH: _push_from,
+    MessageType.RECEIPT: _receipt_from,
+    MessageType.ROUTE_ERROR: _route_error_from,
+    MessageType.KEEPALIVE: _keepalive_from,
+    MessageType.PEER_EXCHANGE: _peer_exchange_from,
+    MessageType.ERROR: _error_from,
+}
+
+
+def _to_fields(msg: Message) -> tuple[MessageType, list[Any]]:
+    if isinstance(msg, RegGossip):
+        return MessageType.REG_GOSSIP, [_reg_to_list(msg.registration), msg.ttl, msg.hops]
+    if isinstance(msg, Push):
+        reg = None if msg.registration is None else _reg_to_list(msg.registration)
+        return MessageType.PUSH, [
+            msg.push_id, msg.route_id, msg.token, msg.ciphertext,
+            msg.ttl, msg.hops, msg.attempt, msg.ring, reg,
+        ]
+    if isinstance(msg, Receipt):
+        return MessageType.RECEIPT, [msg.push_id, int(msg.status), msg.hops]
+    if isinstance(msg, RouteError):
+        return MessageType.ROUTE_ERROR, [msg.push_id, msg.route_id, int(msg.reason)]
+    if isinstance(msg, Keepalive):
+        return MessageType.KEEPALIVE, [msg.nonce, msg.reply]
+    if isinstance(msg, PeerExchange):
+        return MessageType.PEER_EXCHANGE, [[[p.node_id, p.addr] for p in msg.peers]]
+    if isinstance(msg, Hello):
+        return MessageType.HELLO, [msg.version, msg.node_id, msg.listen_addr, list(msg.features)]
+    if isinstance(msg, ErrorFrame):
+        return MessageType.ERROR, [int(msg.code), msg.detail]
+    raise EncodeError(f"not a wire message: {type(msg).__name__}")
+
+
+def encode(msg: Message) -> bytes:
+    """Encode a message as one frame. Raises EncodeError if any field is out of range."""
+    mtype, fields = _to_fields(msg)
+    frame = msgpack.packb([int(mtype), L.PROTOCOL_VERSION, *fields], use_bin_type=True)
+    try:
+        # The decoder is the single definition of validity: what it refuses we never send.
+        _decode_checked(frame)
+    except DecodeError as exc:
+        raise EncodeError(str(exc)) from None
+    return frame
+
+
+def encode_unchecked(msg: Message) -> bytes:
+    """Encode without re-validating (hot paths that only re-send decoded or engine-built frames)."""
+    mtype, fields = _to_fields(msg)
+    return msgpack.packb([int(mtype), L.PROTOCOL_VERSION, *fields], use_bin_type=True)
+
+
+def decode(data: bytes) -> Message:
+    """Decode one frame; raises DecodeError (and only DecodeError) on anything malformed."""
+    return _decode_checked(data)
+
+
+def _decode_checked(data: bytes) -> Message:
+    if type(data) is not bytes:
+        raise DecodeError("malformed", "frame must be bytes")
+    if len(data) > L.MAX_FRAME_BYTES:
+        raise DecodeError("too_large", f"frame of {len(data)} bytes exceeds {L.MAX_FRAME_BYTES}")
+    try:
+        raw = msgpack.unpackb(
+            data,
+            raw=False,
+            strict_map_key=True,
+            max_bin_len=L.MAX_FRAME_BYTES,
+            max_str_len=L.MAX_FRAME_BYTES,
+            max_array_len=1024,
+            max_map_len=0,
+            max_ext_len=0,
+        )
+    except Exception as exc:  # msgpack raises many types (ValueError, ExtraData, FormatError, ...)
+        raise DecodeError("malformed", f"not msgpack: {type(exc).__name__}") from None
+    if type(raw) is not list or len(raw) < 2:
+        raise DecodeError("malformed", "frame must be an array [type, version, ...]")
+    mtype, version = raw[0], raw[1]
+    if type(mtype) is not int or mtype not in _DECODERS:
+        raise DecodeError("malformed", f"unknown message type {mtype!r}")
+    if version != L.PROTOCOL_VERSION:
+        raise DecodeError("unsupported_version", f"version {version!r}, this relay speaks {L.PROTOCOL_VERSION}")
+    try:
+        return _DECODERS[mtype](raw[2:])
+    except DecodeError:
+        raise
+    except Exception as exc:  # defence in depth: never leak another exception type to a caller
+        raise DecodeError("malformed", f"{type(exc).__name__}") from None
+
+
+def encode_registration(reg: Registration) -> bytes:
+    """A registration alone (push credentials carry it over HTTP, base64-encoded)."""
+    return msgpack.packb([L.PROTOCOL_VERSION, *_reg_to_list(reg)], use_bin_type=True)
+
+
+def decode_registration(data: bytes) -> Registration:
+    """Inverse of encode_registration; raises DecodeError."""
+    if type(data) is not bytes or len(data) > 1024:
+        raise DecodeError("malformed", "registration must be at most 1024 bytes")
+    try:
+        raw = msgpack.unpackb(data, raw=False, max_map_len=0, max_ext_len=0, max_array_len=16)
+    except Exception as exc:
+        raise DecodeError("malformed", f"not msgpack: {type(exc).__name__}") from None
+    if type(raw) is not list or len(raw) != 6:
+        raise DecodeError("malformed", "registration must be [version, key, epoch, issued_at, lifetime, sig]")
+    if raw[0] != L.PROTOCOL_VERSION:
+        raise DecodeError("unsupported_version", f"version {raw[0]!r}")
+    return _reg_from_list(raw[1:])
+
+
+def make_registration(key: Any, epoch: int, issued_at: int, lifetime: int) -> Registration:
+    """Sign a registration with a route key (nacl SigningKey)."""
+    route_key = bytes(key.verify_key)
+    sig = sign(key, registration_signed_bytes(route_key, epoch, issued_at, lifetime))
+    return Registration(route_key, epoch, issued_at, lifetime, sig)
