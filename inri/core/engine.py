@@ -214,21 +214,30 @@ class Engine:
         return out
 
     def peer_up(self, peer: str, now: float, *, outbound: bool, addr: str = "") -> list[Effect]:
-        """A link to peer is open (we dialled it: outbound=True). Inbound beyond active_max is refused."""
+        """A link to peer is open (we dialled it: outbound=True). Beyond active_max it is refused (Disconnect)."""
         self._connecting.pop(peer, None)
         if peer in self._active or peer == self.relay_id:
             return []
-        if not outbound and len(self._active) >= self.config.active_max:
-            self._count("inbound_refused")
-            if addr:
-                self._passive.setdefault(peer, addr)
-            return [Disconnect(peer, "full")]
+        out: list[Effect] = []
+        if len(self._active) >= self.config.active_max:
+            # Full. An outbound link still gets in while we hold fewer than outbound_min dialled links,
+            # by evicting an inbound one: inbound connections alone can never take over the view.
+            dialled = sum(1 for st in self._active.values() if st.outbound)
+            inbound = sorted(p for p, st in self._active.items() if not st.outbound)
+            if not (outbound and dialled < self.config.outbound_min and inbound):
+                self._count("peer_refused_full")
+                if addr:
+                    self._passive.setdefault(peer, addr)
+                return [Disconnect(peer, "full")]
+            victim = self._rng.choice(inbound)
+            out.append(Disconnect(victim, "outbound_quota"))
+            out += self.peer_down(victim, now, "outbound_quota")
         self._passive.pop(peer, None)
         self._active[peer] = _Peer(addr, outbound, now, self.config.reg_budget_peer_burst)
         self._arm_tick(now)
         if self._level:
             self._trace(now, "peer_up", peer=peer, reason="outbound" if outbound else "inbound")
-        return []
+        return out
 
     def peer_down(self, peer: str, now: float, reason: str) -> list[Effect]:
         """The link to peer closed or failed: promote passive candidates to refill the active view."""

@@ -61,8 +61,7 @@ class MiniNet:
             if int(a) < int(b):
                 self.engines[int(a)].add_candidates([PeerInfo(b, f"addr-{b}")], 0.0)
                 self.engines[int(b)].add_candidates([PeerInfo(a, f"addr-{a}")], 0.0)
-                self.apply(a, self.engines[int(a)].peer_up(b, 0.0, outbound=True, addr=f"addr-{b}"))
-                self.apply(b, self.engines[int(b)].peer_up(a, 0.0, outbound=False, addr=f"addr-{a}"))
+                self.link_up(a, b)
         for i, e in enumerate(self.engines):
             self.apply(str(i), e.start(0.0))
 
@@ -91,6 +90,14 @@ class MiniNet:
                     self.apply(eff.peer, other.peer_down(src, self.now, "remote_closed"))
             elif isinstance(eff, CustodyTaken):
                 pass
+
+    def link_up(self, a: str, b: str) -> None:
+        """a dialled b: both engines learn of the link, unless a refuses it (then b never sees it)."""
+        effects = self.engines[int(a)].peer_up(b, self.now, outbound=True, addr=f"addr-{b}")
+        refused = any(isinstance(e, Disconnect) and e.peer == b for e in effects)
+        self.apply(a, [e for e in effects if not (isinstance(e, Disconnect) and e.peer == b)])
+        if not refused:
+            self.apply(b, self.engines[int(b)].peer_up(a, self.now, outbound=False, addr=f"addr-{a}"))
 
     def _push(self, t: float, kind: str, a: str, b: str, payload: object) -> None:
         self._seq += 1
@@ -128,7 +135,6 @@ class MiniNet:
                 else:
                     self.apply(b, eng.receive_message(a, payload, t))  # type: ignore[arg-type]
             elif kind == "up":
-                self.apply(a, self.engines[int(a)].peer_up(b, t, outbound=True, addr=f"addr-{b}"))
-                self.apply(b, eng.peer_up(a, t, outbound=False, addr=f"addr-{a}"))
+                self.link_up(a, b)
             elif kind == "fail":
                 self.apply(a, self.engines[int(a)].connect_failed(b, t))

@@ -239,7 +239,10 @@ def _to_fields(msg: Message) -> tuple[MessageType, list[Any]]:
 def encode(msg: Message) -> bytes:
     """Encode a message as one frame. Raises EncodeError if any field is out of range."""
     mtype, fields = _to_fields(msg)
-    frame = msgpack.packb([int(mtype), L.PROTOCOL_VERSION, *fields], use_bin_type=True)
+    try:
+        frame = msgpack.packb([int(mtype), L.PROTOCOL_VERSION, *fields], use_bin_type=True)
+    except (OverflowError, TypeError, ValueError) as exc:  # msgpack overflows past 64 bits
+        raise EncodeError(f"{type(msg).__name__}: {exc}") from None
     try:
         # The decoder is the single definition of validity: what it refuses we never send.
         _decode_checked(frame)

@@ -1,0 +1,1 @@
+"""The INRI network simulator: thousands of shipped engines over a modelled network."""

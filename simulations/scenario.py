@@ -1,0 +1,211 @@
+"""Scenario files: a TOML document that fixes a whole simulated workload.
+
+```toml
+name = "baseline-1k"
+seed = 1
+duration_s = 120.0            # virtual seconds simulated
+deadline_s = 30.0             # a push counts as delivered when stored within this time
+coverage_after_s = 10.0       # route_coverage is measured this long after each registration
+trace_level = "summary"       # default when the CLI gives none: off | summary | full
+
+[topology]
+kind = "random"               # random | geographic
+relays = 1000
+min_degree = 3                # each relay gets 3-4 neighbours
+max_degree = 4
+latency_min_s = 0.005         # random: per-link base latency, uniform
+latency_max_s = 0.060
+asymmetry = 0.1               # each direction differs from the base by up to +-10%
+processing_min_s = 0.0002     # per-relay processing delay added to each frame it handles
+processing_max_s = 0.002
+
+[network]
+loss = 0.0                    # probability that any one frame is lost
+
+[workload]
+registrations = 200
+registration_start_s = 0.0
+registration_end_s = 20.0
+tokens_per_registration = 8
+refresh_interval_s = 0.0      # re-register with epoch + 1 this often (0: never)
+pushes = 1000
+push_start_s = 30.0
+push_end_s = 90.0
+
+[churn]
+fail_fraction = 0.0           # share of relays that fail during [start_s, end_s]
+rejoin_fraction = 0.5         # of those, the share that rejoin after downtime_s
+start_s = 30.0
+end_s = 90.0
+downtime_s = 30.0
+
+[[partitions]]                # optional: cut the mesh in two for an interval
+start_s = 40.0
+end_s = 60.0
+fraction = 0.5                # relays with index < fraction * relays form one side
+
+[engine]                      # EngineConfig overrides
+keepalive_interval_s = 2.0
+```
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field, fields, replace
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from inri.core.api import TraceLevel
+from inri.core.config import EngineConfig
+
+
+class ScenarioError(ValueError):
+    """A scenario file that cannot be run, with the key at fault."""
+
+
+@dataclass(frozen=True)
+class Topology:
+    kind: str = "random"
+    relays: int = 100
+    min_degree: int = 3
+    max_degree: int = 4
+    latency_min_s: float = 0.005
+    latency_max_s: float = 0.060
+    asymmetry: float = 0.1
+    processing_min_s: float = 0.0002
+    processing_max_s: float = 0.002
+    # geographic: relays on a unit square, latency = base + distance * per_unit (then asymmetry)
+    geo_base_s: float = 0.002
+    geo_per_unit_s: float = 0.150
+
+
+@dataclass(frozen=True)
+class Workload:
+    registrations: int = 10
+    registration_start_s: float = 0.0
+    registration_end_s: float = 5.0
+    tokens_per_registration: int = 8
+    refresh_interval_s: float = 0.0
+    pushes: int = 50
+    push_start_s: float = 10.0
+    push_end_s: float = 20.0
+
+
+@dataclass(frozen=True)
+class Churn:
+    fail_fraction: float = 0.0
+    rejoin_fraction: float = 0.5
+    start_s: float = 0.0
+    end_s: float = 0.0
+    downtime_s: float = 30.0
+
+
+@dataclass(frozen=True)
+class Partition:
+    start_s: float
+    end_s: float
+    fraction: float = 0.5
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    seed: int = 1
+    duration_s: float = 60.0
+    deadline_s: float = 30.0
+    coverage_after_s: float = 10.0
+    trace_level: TraceLevel = TraceLevel.SUMMARY
+    loss: float = 0.0
+    topology: Topology = field(default_factory=Topology)
+    workload: Workload = field(default_factory=Workload)
+    churn: Churn = field(default_factory=Churn)
+    partitions: tuple[Partition, ...] = ()
+    engine: EngineConfig = field(default_factory=EngineConfig)
+
+
+def _section(cls: type, raw: Any, name: str) -> Any:
+    if raw is None:
+        return cls()
+    if not isinstance(raw, dict):
+        raise ScenarioError(f"[{name}] must be a table")
+    known = {f.name: f.type for f in fields(cls)}
+    unknown = sorted(set(raw) - set(known))
+    if unknown:
+        raise ScenarioError(f"[{name}] unknown keys: {', '.join(unknown)}")
+    try:
+        return cls(**raw)
+    except TypeError as exc:
+        raise ScenarioError(f"[{name}] {exc}") from None
+
+
+def parse_level(value: str) -> TraceLevel:
+    """'off' | 'summary' | 'full' -> TraceLevel."""
+    try:
+        return TraceLevel[value.upper()]
+    except KeyError:
+        raise ScenarioError(f"trace level must be off, summary or full, not {value!r}") from None
+
+
+def load(source: str | Path) -> Scenario:
+    """Load a scenario from a path, or by bare name from simulations/scenarios/."""
+    path = Path(source)
+    if not path.exists():
+        name = str(source).removesuffix(".toml") + ".toml"
+        packaged = resources.files("simulations").joinpath("scenarios", name)
+        if not packaged.is_file():
+            raise ScenarioError(f"no scenario file {source!r} (nor simulations/scenarios/{name})")
+        text = packaged.read_text()
+        default_name = name.removesuffix(".toml")
+    else:
+        text = path.read_text()
+        default_name = path.stem
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ScenarioError(f"{source}: {exc}") from None
+    return from_dict(raw, default_name)
+
+
+def from_dict(raw: dict[str, Any], default_name: str = "scenario") -> Scenario:
+    """Build a Scenario from parsed TOML, refusing unknown keys."""
+    raw = dict(raw)
+    top = {f.name for f in fields(Scenario)} | {"network"}
+    unknown = sorted(set(raw) - top)
+    if unknown:
+        raise ScenarioError(f"unknown top-level keys: {', '.join(unknown)}")
+    engine_raw = raw.pop("engine", {}) or {}
+    known_engine = {f.name for f in fields(EngineConfig)}
+    bad = sorted(set(engine_raw) - known_engine)
+    if bad:
+        raise ScenarioError(f"[engine] unknown keys: {', '.join(bad)}")
+    network = raw.pop("network", {}) or {}
+    parts = raw.pop("partitions", []) or []
+    sc = Scenario(
+        name=str(raw.pop("name", default_name)),
+        seed=int(raw.pop("seed", 1)),
+        duration_s=float(raw.pop("duration_s", 60.0)),
+        deadline_s=float(raw.pop("deadline_s", 30.0)),
+        coverage_after_s=float(raw.pop("coverage_after_s", 10.0)),
+        trace_level=parse_level(str(raw.pop("trace_level", "summary"))),
+        loss=float(network.get("loss", 0.0)),
+        topology=_section(Topology, raw.pop("topology", None), "topology"),
+        workload=_section(Workload, raw.pop("workload", None), "workload"),
+        churn=_section(Churn, raw.pop("churn", None), "churn"),
+        partitions=tuple(_section(Partition, p, "partitions") for p in parts),
+        engine=replace(EngineConfig(), **engine_raw),
+    )
+    t = sc.topology
+    if t.relays < 2 or t.min_degree < 1 or t.max_degree < t.min_degree or t.relays <= t.max_degree:
+        raise ScenarioError("[topology] needs relays > max_degree >= min_degree >= 1")
+    if t.kind not in ("random", "geographic"):
+        raise ScenarioError("[topology] kind must be random or geographic")
+    if not 0.0 <= sc.loss < 1.0:
+        raise ScenarioError("[network] loss must be in [0, 1)")
+    w = sc.workload
+    if w.pushes and w.registrations < 1:
+        raise ScenarioError("[workload] pushes need at least one registration")
+    if w.registrations and w.pushes > w.registrations * w.tokens_per_registration:
+        raise ScenarioError("[workload] more pushes than tokens: raise tokens_per_registration")
+    return sc

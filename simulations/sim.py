@@ -1,0 +1,512 @@
+"""The discrete-event simulator: N shipped `inri.core.Engine`s over a modelled network.
+
+The simulator never decides anything about routing: every decision is the engine's. It models only
+the network (directed link latency, per-relay processing delay, loss, relay failures and rejoins,
+partitions), the workload (registrations, pushes) and the clock.
+
+Event loop: one heap of (time, seq, kind, a, b, payload). Engine timers are kept with one heap entry
+per engine and lazy invalidation (an entry is stale when the engine's timer moved). Frames are passed
+as message objects (no encoding on the hot path); gossip sizes come from the engine's trace rows.
+
+Failure model: a failed relay stops handling anything; its neighbours learn of it only through the
+engine's own keepalives (no oracle). A relay that rejoins starts with an empty engine (routes, views
+and custody are lost, as after a crash without disk) but keeps its home store (tokens and mailboxes
+are on disk); it reconnects to its original topology neighbours through the engine's membership.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import math
+import random
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from inri.core.api import Connect, CustodyReleased, Disconnect, Send, TraceLevel
+from inri.core.engine import Engine
+from inri.core.home import MemoryHomeStore
+from inri.core.verify import CachingVerifier
+from inri.protocol.codec import make_registration
+from inri.protocol.keys import new_signing_key
+from inri.protocol.messages import PeerInfo, Registration
+from simulations.metrics import Collector, shortest_latencies
+from simulations.scenario import Scenario
+from simulations.topology import Network, build
+from simulations.tracewriter import TraceWriter
+
+# event kinds (small ints: compared on every event)
+_FRAME, _TIMER, _LINK_UP, _CONNECT_FAIL, _REGISTER, _PUSH, _FAIL, _REJOIN, _PARTITION = range(9)
+
+SUMMARY_KINDS = frozenset(
+    {
+        "reg_originated", "route_set", "reg_dropped", "push_injected", "push_refused", "push_forwarded",
+        "push_fallback", "push_delivered", "push_duplicate", "push_dropped", "push_retry", "push_settled",
+        "receipt_forwarded", "route_error", "peer_up", "peer_down", "relay_down", "relay_up", "push_excluded",
+    }
+)
+
+
+class SimTracer:
+    """The engines' tracer: feeds the metrics collector and, at its level, the trace writer.
+
+    Engines always run at least at summary level so the summary can be computed even when nothing
+    is written (trace level off).
+    """
+
+    def __init__(self, collector: Collector, writer: TraceWriter | None, level: TraceLevel) -> None:
+        self.level = TraceLevel.FULL if level == TraceLevel.FULL else TraceLevel.SUMMARY
+        self._collector = collector
+        self._writer = writer if level != TraceLevel.OFF else None
+        self._full = level == TraceLevel.FULL
+
+    def emit(self, t: float, relay: str, kind: str, *, msg: str | None = None, route: str | None = None,
+             peer: str | None = None, hops: int | None = None, ttl: int | None = None,
+             epoch: int | None = None, count: int | None = None, nbytes: int | None = None,
+             reason: str | None = None) -> None:
+        """Record one event."""
+        row = (t, relay, kind, msg, route, peer, hops, ttl, epoch, count, nbytes, reason)
+        summary = kind in SUMMARY_KINDS
+        if summary:
+            self._collector.add(row)
+        if self._writer is not None and (summary or self._full):
+            self._writer.add(row)
+
+
+@dataclass
+class PushPlan:
+    """One scheduled push."""
+
+    t: float
+    reg_index: int
+    inject: int
+    token: bytes
+    push_id: str | None = None  # hex, once injected
+
+
+@dataclass
+class Result:
+    """The run's summary (the CLI's last line) and where the trace went."""
+
+    summary: dict[str, object]
+    trace_dir: Path | None = None
+    extra: dict[str, object] = field(default_factory=dict)
+
+
+class Simulator:
+    """Runs one scenario with one seed."""
+
+    def __init__(
+        self,
+        scenario: Scenario,
+        *,
+        seed: int | None = None,
+        trace_dir: Path | None = None,
+        trace_level: TraceLevel | None = None,
+        trace_format: str = "parquet",
+        progress: bool = False,
+    ) -> None:
+        self.sc = scenario
+        self.seed = scenario.seed if seed is None else seed
+        self.level = scenario.trace_level if trace_level is None else trace_level
+        self.progress = progress
+        root = random.Random(self.seed)
+        # One generator per purpose, so adding randomness to one does not shift another.
+        self.rng_topo = random.Random(root.getrandbits(64))
+        self.rng_work = random.Random(root.getrandbits(64))
+        self.rng_loss = random.Random(root.getrandbits(64))
+        self.rng_churn = random.Random(root.getrandbits(64))
+        self.rng_engine_seed = root.getrandbits(64)
+        self.rng_links = random.Random(root.getrandbits(64))
+        self.net: Network = build(scenario.topology, self.rng_topo)
+        n = self.net.n
+        self.names = [str(i) for i in range(n)]
+        self.index = {name: i for i, name in enumerate(self.names)}
+        self.collector = Collector(n, scenario.deadline_s, scenario.coverage_after_s)
+        self.trace_dir = trace_dir
+        self.writer = TraceWriter(trace_dir, trace_format) if trace_dir is not None else None
+        self.tracer = SimTracer(self.collector, self.writer, self.level)
+        self.verifier = CachingVerifier(max_entries=1_000_000)
+        self.homes = [MemoryHomeStore() for _ in range(n)]
+        self.alive = [True] * n
+        # live links (either direction): latency per direction; starts as the topology
+        self.lat: list[dict[int, float]] = [{} for _ in range(n)]
+        for (u, v), lat in self.net.latency.items():
+            self.lat[u][v] = lat
+        self.cut: set[tuple[int, int]] = set()
+        self.q: list[tuple] = []
+        self.seq = 0
+        self.engines: list[Engine] = [self._new_engine(i) for i in range(n)]
+        self.timer_at = [math.inf] * n
+        self.events = 0
+        self.lost = 0
+        self.now = 0.0
+        self.regs: list[tuple[int, Registration | None, object]] = []  # (home, registration, key)
+        self.reg_tokens: list[list[bytes]] = []
+        self.pushes: list[PushPlan] = []
+        self.custody_final: dict[bytes, str] = {}
+        self._window: list[PushPlan] = []  # injected pushes whose life is not over (exclusion checks)
+        self._components: list[int] | None = None
+
+    # -- setup ----------------------------------------------------------------------------------
+    def _new_engine(self, i: int) -> Engine:
+        return Engine(self.names[i], self.sc.engine, verifier=self.verifier, home=self.homes[i], tracer=self.tracer,
+                      rng=random.Random(self.rng_engine_seed + i * 7919 + self.seq), listen_addr=self.names[i])
+
+    def _schedule(self, t: float, kind: int, a: int, b: int, payload: object) -> None:
+        self.seq += 1
+        heapq.heappush(self.q, (t, self.seq, kind, a, b, payload))
+
+    def _plan_workload(self) -> None:
+        w = self.sc.workload
+        rng = self.rng_work
+        n = self.net.n
+        for r in range(w.registrations):
+            t = rng.uniform(w.registration_start_s, w.registration_end_s)
+            home = rng.randrange(n)
+            key = new_signing_key(rng.randbytes(32))
+            tokens = [rng.randbytes(16) for _ in range(w.tokens_per_registration)]
+            self._schedule(t, _REGISTER, home, r, (1, tokens))
+            self.regs.append((home, None, key))
+            self.reg_tokens.append(tokens)
+            if w.refresh_interval_s > 0:
+                k = 1
+                while t + k * w.refresh_interval_s < self.sc.duration_s:
+                    self._schedule(t + k * w.refresh_interval_s, _REGISTER, home, r, (k + 1, []))
+                    k += 1
+        tokens_used = [0] * w.registrations
+        for _ in range(w.pushes):
+            t = rng.uniform(w.push_start_s, w.push_end_s)
+            reg = rng.randrange(w.registrations)
+            while tokens_used[reg] >= w.tokens_per_registration:
+                reg = (reg + 1) % w.registrations
+            token = self.reg_tokens[reg][tokens_used[reg]]
+            tokens_used[reg] += 1
+            plan = PushPlan(t, reg, rng.randrange(n), token)
+            self.pushes.append(plan)
+            self._schedule(t, _PUSH, plan.inject, len(self.pushes) - 1, None)
+
+    def _plan_churn(self) -> None:
+        c = self.sc.churn
+        n = self.net.n
+        count = int(round(c.fail_fraction * n))
+        if count <= 0:
+            return
+        victims = self.rng_churn.sample(range(n), count)
+        rejoin = set(victims[: int(round(c.rejoin_fraction * count))])
+        for v in victims:
+            t = self.rng_churn.uniform(c.start_s, c.end_s)
+            self._schedule(t, _FAIL, v, 0, None)
+            if v in rejoin and t + c.downtime_s < self.sc.duration_s:
+                self._schedule(t + c.downtime_s, _REJOIN, v, 0, None)
+
+    def _plan_partitions(self) -> None:
+        for p in self.sc.partitions:
+            self._schedule(p.start_s, _PARTITION, 1, 0, p)
+            self._schedule(p.end_s, _PARTITION, 0, 0, p)
+
+    def _start_links(self) -> None:
+        for i, eng in enumerate(self.engines):
+            eng.add_candidates([PeerInfo(self.names[v], self.names[v]) for v in sorted(self.lat[i])], 0.0)
+        for u, v in self.net.undirected_edges():
+            self._link_up(u, v, 0.0)
+        for i, eng in enumerate(self.engines):
+            self._apply(i, eng.start(0.0))
+
+    def _link_up(self, a: int, b: int, t: float) -> None:
+        """a dialled b: both engines learn of the link unless a refuses it (then b never sees it)."""
+        nb = self.names[b]
+        effects = self.engines[a].peer_up(nb, t, outbound=True, addr=nb)
+        refused = any(type(e) is Disconnect and e.peer == nb for e in effects)
+        self._apply(a, [e for e in effects if not (type(e) is Disconnect and e.peer == nb)])
+        if not refused:
+            self._apply(b, self.engines[b].peer_up(self.names[a], t, outbound=False, addr=self.names[a]))
+
+    # -- effects --------------------------------------------------------------------------------
+    def _apply(self, src: int, effects: list) -> None:
+        for eff in effects:
+            t = type(eff)
+            if t is Send:
+                dst = self.index[eff.peer]
+                lat = self.lat[src].get(dst)
+                if lat is None or (src, dst) in self.cut:
+                    self.lost += 1
+                    continue
+                if self.sc.loss and self.rng_loss.random() < self.sc.loss:
+                    self.lost += 1
+                    continue
+                self.seq += 1
+                heapq.heappush(self.q, (self.now + eff.delay + lat + self.net.processing[dst], self.seq, _FRAME,
+                                        src, dst, eff.msg))
+            elif t is Connect:
+                dst = self.index.get(eff.peer)
+                if dst is None or not self.alive[dst] or dst == src or (src, dst) in self.cut:
+                    self._schedule(self.now + self.sc.engine.connect_timeout_s, _CONNECT_FAIL, src, dst or 0, eff.peer)
+                    continue
+                if dst not in self.lat[src]:
+                    a, b = self.net.link_latency(src, dst, self.rng_links, self.sc.topology)
+                    self.lat[src][dst] = a
+                    self.lat[dst][src] = b
+                self._schedule(self.now + self.lat[src][dst] * 2, _LINK_UP, src, dst, None)
+            elif t is Disconnect:
+                dst = self.index.get(eff.peer)
+                if dst is not None and self.alive[dst]:
+                    self._apply(dst, self.engines[dst].peer_down(self.names[src], self.now, "remote_closed"))
+                    self._rearm(dst)
+            elif t is CustodyReleased:
+                self.custody_final[eff.push_id] = eff.status
+
+    def _rearm(self, i: int) -> None:
+        t = self.engines[i].get_timer()
+        if t is not None and t < self.timer_at[i]:
+            self.timer_at[i] = t
+            self.seq += 1
+            heapq.heappush(self.q, (t, self.seq, _TIMER, i, 0, None))
+
+    # -- exclusion (true topology) ----------------------------------------------------------------
+    def _component_labels(self) -> list[int]:
+        if self._components is None:
+            n = self.net.n
+            label = [-1] * n
+            for s in range(n):
+                if label[s] != -1 or not self.alive[s]:
+                    continue
+                label[s] = s
+                stack = [s]
+                while stack:
+                    u = stack.pop()
+                    for v in self.lat[u]:
+                        if label[v] == -1 and self.alive[v] and (u, v) not in self.cut:
+                            label[v] = s
+                            stack.append(v)
+            self._components = label
+        return self._components
+
+    def _check_window(self) -> None:
+        """After a topology change: exclude live-window pushes whose home is down or cut off."""
+        deadline = self.sc.deadline_s
+        self._window = [p for p in self._window if p.t + deadline >= self.now and p.push_id is not None]
+        if not self._window:
+            return
+        self._components = None
+        labels = self._component_labels()
+        for p in self._window:
+            self._maybe_exclude(p, labels)
+
+    def _maybe_exclude(self, p: PushPlan, labels: list[int]) -> None:
+        home = self.regs[p.reg_index][0]
+        reason = None
+        if not self.alive[home]:
+            reason = "home_down"
+        elif labels[p.inject] == -1 or labels[p.inject] != labels[home]:
+            reason = "partitioned"
+        if reason is not None and p.push_id is not None:
+            self.tracer.emit(self.now, self.names[p.inject], "push_excluded", msg=p.push_id, reason=reason)
+            p.push_id = None  # excluded once; dropped from the window at the next check
+
+    # -- run ------------------------------------------------------------------------------------
+    def run(self) -> Result:
+        wall0 = time.perf_counter()
+        self._plan_workload()
+        self._plan_churn()
+        self._plan_partitions()
+        self._start_links()
+        for i in range(self.net.n):
+            self._rearm(i)
+        end = self.sc.duration_s
+        q = self.q
+        engines = self.engines
+        names = self.names
+        alive = self.alive
+        timer_at = self.timer_at
+        processing = self.net.processing
+        lat = self.lat
+        cut = self.cut
+        loss = self.sc.loss
+        rand = self.rng_loss.random
+        index = self.index
+        heappush, heappop = heapq.heappush, heapq.heappop
+        events = 0
+        bar = _Progress(end, self.progress)
+        while q:
+            ev = heappop(q)
+            t = ev[0]
+            if t > end:
+                break
+            self.now = t
+            kind = ev[2]
+            a = ev[3]
+            events += 1
+            if kind == _FRAME:
+                dst = ev[4]
+                if not alive[dst]:
+                    continue
+                eng = engines[dst]
+                effects = eng.receive_message(names[a], ev[5], t)
+                if effects:
+                    # inline fast path for the common case: only Sends
+                    for eff in effects:
+                        if type(eff) is Send:
+                            to = index[eff.peer]
+                            la = lat[dst].get(to)
+                            if la is None or (cut and (dst, to) in cut) or (loss and rand() < loss):
+                                self.lost += 1
+                                continue
+                            self.seq += 1
+                            heappush(q, (t + eff.delay + la + processing[to], self.seq, _FRAME, dst, to, eff.msg))
+                        else:
+                            self._apply(dst, [eff])
+                nt = eng.get_timer()
+                if nt is not None and nt < timer_at[dst]:
+                    timer_at[dst] = nt
+                    self.seq += 1
+                    heappush(q, (nt, self.seq, _TIMER, dst, 0, None))
+            elif kind == _TIMER:
+                if not alive[a] or timer_at[a] != t:
+                    continue
+                timer_at[a] = math.inf
+                self._apply(a, engines[a].handle_timer(t))
+                self._rearm(a)
+            else:
+                self._control(kind, a, ev[4], ev[5], t)
+            if events & 0xFFFF == 0:
+                bar.update(t, events)
+        bar.close()
+        self.events = events
+        wall = time.perf_counter() - wall0
+        return self._finish(wall)
+
+    def _control(self, kind: int, a: int, b: int, payload: object, t: float) -> None:
+        eng = self.engines[a]
+        if kind == _LINK_UP:
+            if self.alive[a] and self.alive[b] and (a, b) not in self.cut:
+                self._link_up(a, b, t)
+                self._rearm(b)
+            elif self.alive[a]:
+                self._apply(a, eng.connect_failed(self.names[b], t))
+            self._rearm(a)
+        elif kind == _CONNECT_FAIL:
+            if self.alive[a]:
+                self._apply(a, eng.connect_failed(str(payload), t))
+                self._rearm(a)
+        elif kind == _REGISTER:
+            epoch, tokens = payload  # type: ignore[misc]
+            home, _, key = self.regs[b]
+            reg = make_registration(key, epoch, int(t), int(self.sc.duration_s * 4) + 3600)
+            self.regs[b] = (home, reg, key)
+            self.homes[home].add_registration(reg, tokens)
+            if self.alive[home]:
+                self._apply(home, eng.register(reg, t))
+                self._rearm(home)
+        elif kind == _PUSH:
+            plan = self.pushes[b]
+            home, reg, _ = self.regs[plan.reg_index]
+            if reg is None or not self.alive[a]:
+                return  # not registered yet / injecting relay down: the home app would try another relay
+            result = eng.inject_push(reg, plan.token, b"sealed-payload", t, push_id=self._push_id(b))
+            if result.push_id is not None:
+                plan.push_id = result.push_id.hex()
+                self._window.append(plan)
+                self._maybe_exclude(plan, self._component_labels())
+            self._apply(a, result.effects)
+            self._rearm(a)
+        elif kind == _FAIL:
+            if not self.alive[a]:
+                return
+            self.alive[a] = False
+            self.tracer.emit(t, self.names[a], "relay_down", reason="churn")
+            self._check_window()
+        elif kind == _REJOIN:
+            self.alive[a] = True
+            self.tracer.emit(t, self.names[a], "relay_up", reason="churn")
+            self.engines[a] = fresh = self._new_engine(a)
+            self.timer_at[a] = math.inf
+            original = sorted(v for u, v in self.net.latency if u == a)
+            self._apply(a, fresh.add_candidates([PeerInfo(self.names[v], self.names[v]) for v in original], t))
+            self._apply(a, fresh.start(t))
+            self._rearm(a)
+            self._components = None
+        elif kind == _PARTITION:
+            p = payload
+            side = int(p.fraction * self.net.n)  # type: ignore[attr-defined]
+            edges = {(u, v) for u in range(self.net.n) for v in self.lat[u] if (u < side) != (v < side)}
+            if a:
+                self.cut |= edges
+                self._check_window()
+            else:
+                self.cut -= edges
+                self._components = None
+
+    def _push_id(self, b: int) -> bytes:
+        return random.Random(self.seed * 1_000_003 + b).randbytes(16)
+
+    def _finish(self, wall: float) -> Result:
+        n = self.net.n
+        pairs = {(p.inject, self.regs[p.reg_index][0]) for p in self.pushes}
+        dist_idx = shortest_latencies(n, self.net.latency, self.net.processing, pairs)
+        distance = {(self.names[u], self.names[v]): d for (u, v), d in dist_idx.items()}
+        summary = self.collector.summary(distance)
+        summary.update(
+            {
+                "events": self.events,
+                "events_per_s": round(self.events / wall, 1) if wall > 0 else None,
+                "wall_s": round(wall, 3),
+                "frames_lost": self.lost,
+                "signature_checks": self.verifier.checks,
+                "seed": self.seed,
+                "scenario": self.sc.name,
+                "trace_level": self.level.name.lower(),
+            }
+        )
+        if self.writer is not None:
+            meta = {
+                "schema": 1,
+                "source": "sim",
+                "relays": n,
+                "deadline_s": self.sc.deadline_s,
+                "coverage_after_s": self.sc.coverage_after_s,
+                "seed": self.seed,
+                "scenario": self.sc.name,
+                "summary": summary,
+            }
+            self.writer.close(meta, self.net)
+        return Result(summary, self.trace_dir)
+
+
+class _Progress:
+    """A tqdm bar over virtual time on stderr (only when asked and stderr is a terminal or forced)."""
+
+    def __init__(self, total: float, enabled: bool) -> None:
+        self._bar = None
+        if enabled:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=round(total, 1), unit="sim-s", file=sys.stderr, mininterval=1.0,
+                             bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} sim-s [{elapsed}<{remaining}] {postfix}")
+        self._last = 0.0
+
+    def update(self, t: float, events: int) -> None:
+        if self._bar is not None and t > self._last:
+            self._bar.update(round(t - self._last, 3))
+            self._bar.set_postfix_str(f"{events:,} events", refresh=False)
+            self._last = t
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+
+def run_scenario(scenario: Scenario, **kwargs: object) -> Result:
+    """Convenience: build a Simulator and run it."""
+    return Simulator(scenario, **kwargs).run()  # type: ignore[arg-type]
+
+
+def summary_line(result: Result) -> str:
+    """The CLI's last line: the summary as one JSON object."""
+    return json.dumps(result.summary, sort_keys=True)
+
+
+ProgressHook = Callable[[float, int], None]

@@ -1,0 +1,188 @@
+"""Modelled networks: who links to whom, with a latency per direction and a processing delay per relay."""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+
+from simulations.scenario import Topology
+
+
+@dataclass
+class Network:
+    """Directed latencies lat[(u, v)] for every link (both directions present) and processing[v]."""
+
+    n: int
+    latency: dict[tuple[int, int], float]
+    processing: list[float]
+    positions: list[tuple[float, float]] | None = None
+
+    def neighbours(self) -> list[list[int]]:
+        """Adjacency lists, sorted (deterministic)."""
+        adj: list[list[int]] = [[] for _ in range(self.n)]
+        for u, v in self.latency:
+            adj[u].append(v)
+        for a in adj:
+            a.sort()
+        return adj
+
+    def undirected_edges(self) -> list[tuple[int, int]]:
+        """Each link once, (low, high), sorted."""
+        return sorted((u, v) for u, v in self.latency if u < v)
+
+    def link_latency(self, u: int, v: int, rng: random.Random, topo: Topology) -> tuple[float, float]:
+        """Latencies (u->v, v->u) for a link made at run time (membership replacement)."""
+        base = self._base(u, v, rng, topo)
+        return _asym(base, rng, topo.asymmetry), _asym(base, rng, topo.asymmetry)
+
+    def _base(self, u: int, v: int, rng: random.Random, topo: Topology) -> float:
+        if self.positions is not None:
+            (x1, y1), (x2, y2) = self.positions[u], self.positions[v]
+            return topo.geo_base_s + math.hypot(x1 - x2, y1 - y2) * topo.geo_per_unit_s
+        return rng.uniform(topo.latency_min_s, topo.latency_max_s)
+
+
+def _asym(base: float, rng: random.Random, asymmetry: float) -> float:
+    return base * (1.0 + rng.uniform(-asymmetry, asymmetry))
+
+
+def _connected(n: int, edges: set[tuple[int, int]]) -> bool:
+    adj: list[list[int]] = [[] for _ in range(n)]
+    for u, v in edges:
+        adj[u].append(v)
+        adj[v].append(u)
+    seen = [False] * n
+    stack = [0]
+    seen[0] = True
+    count = 1
+    while stack:
+        u = stack.pop()
+        for v in adj[u]:
+            if not seen[v]:
+                seen[v] = True
+                count += 1
+                stack.append(v)
+    return count == n
+
+
+def _random_edges(n: int, topo: Topology, rng: random.Random) -> set[tuple[int, int]]:
+    """Each relay gets min..max degree: a random pairing of degree stubs, repaired to be connected."""
+    target = [rng.randint(topo.min_degree, topo.max_degree) for _ in range(n)]
+    edges: set[tuple[int, int]] = set()
+    deg = [0] * n
+    # A random ring first guarantees connectivity; then random stubs fill the remaining degree.
+    order = list(range(n))
+    rng.shuffle(order)
+    for i in range(n):
+        u, v = order[i], order[(i + 1) % n]
+        e = (min(u, v), max(u, v))
+        if e not in edges:
+            edges.add(e)
+            deg[u] += 1
+            deg[v] += 1
+    stubs = [u for u in range(n) for _ in range(max(0, target[u] - deg[u]))]
+    rng.shuffle(stubs)
+    for _ in range(3):  # a few passes pair what collided
+        left = []
+        for i in range(0, len(stubs) - 1, 2):
+            u, v = stubs[i], stubs[i + 1]
+            e = (min(u, v), max(u, v))
+            if u == v or e in edges or deg[u] >= topo.max_degree or deg[v] >= topo.max_degree:
+                left += [u, v]
+                continue
+            edges.add(e)
+            deg[u] += 1
+            deg[v] += 1
+        if len(stubs) % 2:
+            left.append(stubs[-1])
+        stubs = left
+        rng.shuffle(stubs)
+    return edges
+
+
+def _geo_edges(n: int, topo: Topology, rng: random.Random, pos: list[tuple[float, float]]) -> set[tuple[int, int]]:
+    """Link each relay to its nearest relays (grid buckets keep it O(n)) plus one random far relay."""
+    cells = max(1, int(math.sqrt(n / 4)))
+    grid: dict[tuple[int, int], list[int]] = {}
+    for i, (x, y) in enumerate(pos):
+        grid.setdefault((min(cells - 1, int(x * cells)), min(cells - 1, int(y * cells))), []).append(i)
+    deg = [0] * n
+    edges: set[tuple[int, int]] = set()
+    for u in range(n):
+        x, y = pos[u]
+        cx, cy = min(cells - 1, int(x * cells)), min(cells - 1, int(y * cells))
+        near: list[tuple[float, int]] = []
+        radius = 1
+        while len(near) < topo.max_degree * 3 and radius <= cells:
+            near = []
+            for gx in range(cx - radius, cx + radius + 1):
+                for gy in range(cy - radius, cy + radius + 1):
+                    for v in grid.get((gx, gy), ()):
+                        if v != u:
+                            near.append((math.hypot(pos[v][0] - x, pos[v][1] - y), v))
+            radius += 1
+        near.sort()
+        # All but one link go to the nearest relays; the last one is left for a random far relay,
+        # as a bootstrap node suggests "nearest first, then random others" so the mesh stays a
+        # small world rather than a grid with a diameter in the dozens of hops.
+        want = rng.randint(topo.min_degree, topo.max_degree) - 1
+        for _, v in near:
+            if deg[u] >= want:
+                break
+            e = (min(u, v), max(u, v))
+            if e in edges or deg[v] >= topo.max_degree:
+                continue
+            edges.add(e)
+            deg[u] += 1
+            deg[v] += 1
+    for u in range(n):
+        for _ in range(8):
+            v = rng.randrange(n)
+            e = (min(u, v), max(u, v))
+            if v != u and e not in edges and deg[u] < topo.max_degree and deg[v] < topo.max_degree:
+                edges.add(e)
+                deg[u] += 1
+                deg[v] += 1
+                break
+    # Join islands: connect each component to its nearest relay in the giant one.
+    while not _connected(n, edges):
+        comp = _components(n, edges)
+        main = max(set(comp), key=comp.count)
+        outside = [u for u in range(n) if comp[u] != main]
+        u = outside[0]
+        v = min((w for w in range(n) if comp[w] == main),
+                key=lambda w: math.hypot(pos[w][0] - pos[u][0], pos[w][1] - pos[u][1]))
+        edges.add((min(u, v), max(u, v)))
+    return edges
+
+
+def _components(n: int, edges: set[tuple[int, int]]) -> list[int]:
+    parent = list(range(n))
+
+    def find(x: int) -> int:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for u, v in edges:
+        parent[find(u)] = find(v)
+    return [find(u) for u in range(n)]
+
+
+def build(topo: Topology, rng: random.Random) -> Network:
+    """Build the scenario's network: connected, min..max degree, directed latencies, processing delays."""
+    n = topo.relays
+    positions = None
+    if topo.kind == "geographic":
+        positions = [(rng.random(), rng.random()) for _ in range(n)]
+        edges = _geo_edges(n, topo, rng, positions)
+    else:
+        edges = _random_edges(n, topo, rng)
+    net = Network(n, {}, [rng.uniform(topo.processing_min_s, topo.processing_max_s) for _ in range(n)], positions)
+    for u, v in sorted(edges):
+        a, b = net.link_latency(u, v, rng, topo)
+        net.latency[(u, v)] = a
+        net.latency[(v, u)] = b
+    return net

@@ -1,0 +1,90 @@
+"""Writes a simulator trace directory (docs/trace-schema.md): events as batched Parquet or JSON lines,
+plus meta.json, topology.csv (directed links with latencies) and relays.csv (processing delays)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from inri.core.trace import COLUMNS
+
+if TYPE_CHECKING:
+    from simulations.topology import Network
+
+SCHEMA = pa.schema(
+    [
+        ("t", pa.float64()),
+        ("relay", pa.string()),
+        ("kind", pa.string()),
+        ("msg", pa.string()),
+        ("route", pa.string()),
+        ("peer", pa.string()),
+        ("hops", pa.int32()),
+        ("ttl", pa.int32()),
+        ("epoch", pa.int64()),
+        ("count", pa.int32()),
+        ("bytes", pa.int32()),
+        ("reason", pa.string()),
+    ]
+)
+BATCH_ROWS = 500_000
+
+
+class TraceWriter:
+    """Buffers rows and writes them in batches: one Parquet file (row groups) or one .jsonl file."""
+
+    def __init__(self, directory: Path, fmt: str = "parquet") -> None:
+        if fmt not in ("parquet", "jsonl"):
+            raise ValueError("trace format must be parquet or jsonl")
+        self.dir = Path(directory)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        for old in ("events.parquet", "events.jsonl"):
+            (self.dir / old).unlink(missing_ok=True)
+        self.fmt = fmt
+        self._rows: list[tuple] = []
+        self._pq: pq.ParquetWriter | None = None
+        self._jsonl = open(self.dir / "events.jsonl", "w") if fmt == "jsonl" else None  # noqa: SIM115
+        self.rows_written = 0
+
+    def add(self, row: tuple) -> None:
+        """Queue one row (COLUMNS order)."""
+        self._rows.append(row)
+        if len(self._rows) >= BATCH_ROWS:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write what is buffered."""
+        if not self._rows:
+            return
+        rows, self._rows = self._rows, []
+        self.rows_written += len(rows)
+        if self._jsonl is not None:
+            self._jsonl.write("".join(json.dumps(dict(zip(COLUMNS, r, strict=True))) + "\n" for r in rows))
+            return
+        cols = list(zip(*rows, strict=True))
+        table = pa.Table.from_arrays([pa.array(c, type=f.type) for c, f in zip(cols, SCHEMA, strict=True)],
+                                     schema=SCHEMA)
+        if self._pq is None:
+            self._pq = pq.ParquetWriter(self.dir / "events.parquet", SCHEMA, compression="zstd")
+        self._pq.write_table(table)
+
+    def close(self, meta: dict, net: Network) -> None:
+        """Flush, close, and write meta.json, topology.csv and relays.csv."""
+        self.flush()
+        if self._pq is not None:
+            self._pq.close()
+        if self._jsonl is not None:
+            self._jsonl.close()
+        (self.dir / "meta.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+        with open(self.dir / "topology.csv", "w") as f:
+            f.write("src,dst,latency_s\n")
+            for (u, v), lat in sorted(net.latency.items()):
+                f.write(f"{u},{v},{lat!r}\n")
+        with open(self.dir / "relays.csv", "w") as f:
+            f.write("relay,processing_s\n")
+            for i, p in enumerate(net.processing):
+                f.write(f"{i},{p!r}\n")

@@ -1,0 +1,201 @@
+"""The sans-IO engine, driven through inri.core.testing.MiniNet (in-memory frames, virtual clock)."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+from inri.core.api import Connect, Disconnect, InjectOutcome, Send, TraceLevel
+from inri.core.config import EngineConfig
+from inri.core.engine import Engine
+from inri.core.home import MemoryHomeStore
+from inri.core.testing import MiniNet
+from inri.core.trace import ListTracer, NullTracer
+from inri.core.verify import CachingVerifier
+from inri.protocol.codec import make_registration
+from inri.protocol.keys import new_signing_key
+from inri.protocol.messages import ErrorFrame, Keepalive, PeerInfo, RegGossip, Registration
+
+KEY = new_signing_key(b"\x07" * 32)
+TOKENS = [bytes([i]) * 16 for i in range(1, 30)]
+# 0 - 1 - 2 - 3 - 4 - 5, with a detour 1 - 6 - 7 - 3 (slower) so relays have alternatives
+EDGES = [(0, 1), (1, 2), (2, 3), (3, 4), (4, 5), (1, 6), (6, 7), (7, 3)]
+SLOW = {(6, 1): 0.05, (1, 6): 0.05, (7, 6): 0.05, (6, 7): 0.05, (3, 7): 0.05, (7, 3): 0.05}
+
+
+def registered_net(epoch: int = 1, **kw: object) -> tuple[MiniNet, Registration]:
+    net = MiniNet(8, EDGES, latency=SLOW, **kw)  # type: ignore[arg-type]
+    reg = make_registration(KEY, epoch, 0, 3600)
+    net.homes[0].add_registration(reg, TOKENS)
+    net.apply("0", net.engines[0].register(reg, 0.0))
+    net.run_until(1.0)
+    return net, reg
+
+
+def push(net: MiniNet, at: int, reg: Registration, token: bytes, **kw: object) -> bytes:
+    res = net.engines[at].inject_push(reg, token, b"sealed", net.now, **kw)  # type: ignore[arg-type]
+    assert res.outcome == InjectOutcome.ACCEPTED and res.push_id is not None
+    net.apply(str(at), res.effects)
+    return res.push_id
+
+
+def test_gossip_builds_route_vectors_along_the_fastest_paths() -> None:
+    net, reg = registered_net()
+    rid = reg.route_id
+    assert net.engines[0].next_hops(rid) == []  # home
+    assert net.engines[5].next_hops(rid)[0] == ("4", 5)
+    assert net.engines[3].next_hops(rid)[0] == ("2", 3)  # via 2 (fast), not via 7
+    # 7 hears first from 3 (0-1-2-3-7, 80 ms, distance 4), then from 6 (110 ms, distance 3): 6's own
+    # distance 2 is < 4, so 6 is a feasible backup. 3 hears from 7 too late, and 7's distance 4 is not
+    # < 3: no backup there.
+    assert net.engines[7].next_hops(rid) == [("3", 4), ("6", 3)]
+    assert net.engines[3].next_hops(rid) == [("2", 3)]
+    rows = net.tracer.of_kind("route_set")
+    assert len(rows) == 7 and {r[1] for r in rows} == {str(i) for i in range(1, 8)}
+    assert sum(r[9] for r in rows) + net.tracer.of_kind("reg_originated")[0][9] == sum(
+        1 for _, _, m in net.sent if isinstance(m, RegGossip))
+
+
+def test_push_follows_the_vector_and_the_receipt_settles_custody() -> None:
+    net, reg = registered_net(wire=True)
+    pid = push(net, 5, reg, TOKENS[0])
+    net.run_until(3.0)
+    assert net.delivered == [("0", pid)]
+    assert net.custody[pid] == "delivered"
+    path = [r[1] for r in net.tracer.of_kind("push_forwarded") if r[3] == pid.hex()]
+    assert path == ["5", "4", "3", "2", "1"]
+    assert net.homes[0].mailboxes[reg.route_id][pid][0] == b"sealed"
+
+
+def test_token_is_spent_once_and_a_resent_push_id_gets_the_same_receipt() -> None:
+    net, reg = registered_net()
+    pid = push(net, 5, reg, TOKENS[0])
+    net.run_until(3.0)
+    again = push(net, 4, reg, TOKENS[0], push_id=pid)  # custody restored elsewhere: same push id
+    other = push(net, 5, reg, TOKENS[0])  # a different push with the spent token
+    net.run_until(6.0)
+    assert again == pid
+    assert net.custody[pid] == "delivered"
+    assert net.custody[other] == "spent"
+    assert [d for d in net.delivered if d[1] == pid] == [("0", pid)]
+    assert len(net.homes[0].mailboxes[reg.route_id]) == 1
+
+
+def test_bad_registrations_are_refused_before_anything_is_sent() -> None:
+    net, reg = registered_net()
+    e = net.engines[5]
+    forged = Registration(reg.route_key, reg.epoch + 1, reg.issued_at, reg.lifetime, reg.signature)
+    expired = make_registration(KEY, 2, 0, 10)
+    for bad, why in ((forged, InjectOutcome.BAD_REGISTRATION), (expired, InjectOutcome.BAD_REGISTRATION)):
+        res = e.inject_push(bad, TOKENS[1], b"x", 100.0)
+        assert res.outcome == why and res.effects == [] and res.push_id is None
+    assert e.inject_push(reg, b"short", b"x", 1.0).outcome == InjectOutcome.TOKEN_MISMATCH
+    assert {r[11] for r in net.tracer.of_kind("push_refused")} == {"bad_signature", "stale_registration", "malformed"}
+
+
+def test_dead_next_hop_triggers_route_error_then_ring_fallback_delivers() -> None:
+    net, reg = registered_net()
+    net.kill(2)  # 3's primary next hop; 3 has no feasible backup, 7 -> 6 -> 1 still reaches home
+    pid = push(net, 5, reg, TOKENS[2])
+    net.run_until(30.0)
+    assert net.delivered == [("0", pid)]
+    assert net.custody[pid] == "delivered"
+    assert net.tracer.of_kind("route_error") or net.tracer.of_kind("push_dropped")
+    assert any(r[3] == pid.hex() for r in net.tracer.of_kind("push_fallback"))
+
+
+def test_unreachable_home_ends_custody_as_unreachable() -> None:
+    net, reg = registered_net(config=replace(EngineConfig(), custody_retry_s=0.5))
+    net.kill(1)  # home 0 only links to 1
+    pid = push(net, 5, reg, TOKENS[3])
+    net.run_until(60.0)
+    assert net.delivered == []
+    assert net.custody[pid] == "unreachable"
+
+
+def test_older_epoch_never_overrides_newer() -> None:
+    net, reg2 = registered_net(epoch=2)
+    old = make_registration(KEY, 1, 0, 3600)
+    e = net.engines[3]
+    before = e.next_hops(reg2.route_id)
+    assert e.receive_message("7", RegGossip(old, 10, 0), 2.0) == []
+    assert e.route_epoch(reg2.route_id) == 2 and e.next_hops(reg2.route_id) == before
+    assert net.tracer.of_kind("reg_dropped")[-1][11] == "stale_epoch"
+    newer = make_registration(KEY, 3, 0, 3600)
+    out = e.receive_message("7", RegGossip(newer, 10, 0), 2.0)
+    assert e.route_epoch(reg2.route_id) == 3 and e.next_hops(reg2.route_id) == [("7", 1)]
+    assert {s.peer for s in out if isinstance(s, Send)} == {"2", "4"}  # never back to the sender
+
+
+def lone_engine(cfg: EngineConfig | None = None, level: TraceLevel = TraceLevel.FULL) -> tuple[Engine, ListTracer]:
+    tracer = ListTracer(level)
+    eng = Engine("me", cfg or EngineConfig(), verifier=CachingVerifier(), home=MemoryHomeStore(), tracer=tracer,
+                 rng=random.Random(5))
+    return eng, tracer
+
+
+def test_per_neighbour_flood_budget_drops_excess_registrations() -> None:
+    cfg = replace(EngineConfig(), reg_budget_peer_burst=5, reg_budget_per_peer_per_s=1.0)
+    eng, tracer = lone_engine(cfg)
+    eng.peer_up("spammer", 0.0, outbound=True)
+    for i in range(20):
+        eng.receive_message("spammer", RegGossip(make_registration(new_signing_key(bytes([i]) * 32), 1, 0, 60), 5, 0),
+                            0.0)
+    assert eng.route_count() == 5
+    assert len([r for r in tracer.of_kind("reg_dropped") if r[11] == "budget_peer"]) == 15
+
+
+def test_garbage_frames_get_an_error_frame_and_change_nothing() -> None:
+    eng, _ = lone_engine()
+    eng.peer_up("p", 0.0, outbound=True)
+    before = eng.stats()
+    out = eng.receive_frame("p", b"\xc1\xff garbage", 0.1)
+    assert len(out) == 1 and isinstance(out[0], Send) and isinstance(out[0].msg, ErrorFrame)
+    after = eng.stats()
+    assert after.pop("frames_invalid") == 1 and after == before
+
+
+def test_membership_refuses_inbound_over_capacity_and_replaces_lost_neighbours() -> None:
+    cfg = replace(EngineConfig(), active_min=3, active_max=4)
+    eng, _ = lone_engine(cfg)
+    effects = eng.add_candidates([PeerInfo(f"c{i}", f"addr{i}") for i in range(6)], 0.0) + eng.start(0.0)
+    connects = [e for e in effects if isinstance(e, Connect)]
+    assert len(connects) == 3
+    for c in connects:
+        assert eng.peer_up(c.peer, 0.1, outbound=True, addr=c.addr) == []
+    assert eng.peer_up("in1", 0.2, outbound=False) == []
+    assert eng.peer_up("in2", 0.2, outbound=False) == [Disconnect("in2", "full")]
+    refill = eng.peer_down(connects[0].peer, 0.3, "link_lost")
+    assert refill == []  # still 3 active (2 outbound + in1) = active_min
+    refill = eng.peer_down("in1", 0.4, "link_lost")
+    assert len(refill) == 1 and isinstance(refill[0], Connect) and refill[0].peer not in eng.active_peers()
+
+
+def test_silent_neighbour_is_declared_down_by_keepalive() -> None:
+    cfg = replace(EngineConfig(), keepalive_interval_s=1.0, keepalive_misses=3)
+    eng, tracer = lone_engine(cfg)
+    eng.peer_up("quiet", 0.0, outbound=True)
+    eng.peer_up("chatty", 0.0, outbound=True)
+    sent_keepalive = False
+    t = 0.0
+    while t < 5.0:
+        t = eng.get_timer() or t + 1
+        out = eng.handle_timer(t)
+        sent_keepalive |= any(isinstance(e, Send) and isinstance(e.msg, Keepalive) for e in out)
+        eng.receive_message("chatty", Keepalive(1, True), t)
+    assert sent_keepalive
+    assert eng.active_peers() == ["chatty"]
+    assert tracer.of_kind("peer_down")[0][5] == "quiet"
+
+
+def test_null_tracer_level_off_emits_nothing_and_routes_the_same() -> None:
+    eng, _ = lone_engine(level=TraceLevel.OFF)
+    quiet = Engine("me", EngineConfig(), verifier=CachingVerifier(), home=MemoryHomeStore(), tracer=NullTracer(),
+                   rng=random.Random(5))
+    reg = make_registration(KEY, 1, 0, 60)
+    for e in (eng, quiet):
+        e.peer_up("a", 0.0, outbound=True)
+        e.peer_up("b", 0.0, outbound=True)
+        out = e.receive_message("a", RegGossip(reg, 5, 2), 0.0)
+        assert [s.peer for s in out] == ["b"]
+        assert e.next_hops(reg.route_id) == [("a", 3)]
