@@ -82,6 +82,10 @@ from inri.protocol.messages import (
 MAX_CLOCK_SKEW_S = 300
 # How often the engine sweeps expired routes and seen/reverse entries.
 SWEEP_INTERVAL_S = 10.0
+# Reconnecting to a lost neighbour: 2 s, 4 s, 8 s ... capped at 60 s, given up after 10 failures (~8 min).
+RECONNECT_BASE_S = 2.0
+RECONNECT_MAX_S = 60.0
+RECONNECT_MAX_FAILURES = 10
 _LOCAL = ""  # reverse-path marker: the push was injected here (this relay is its custodian)
 
 _RECEIPT_STATUS = {
@@ -154,6 +158,9 @@ class Engine:
         self._active: dict[str, _Peer] = {}
         self._passive: dict[str, str] = {}  # node id -> addr, oldest first
         self._connecting: dict[str, float] = {}  # node id -> give-up time
+        # Former neighbours whose link was lost: re-dialled with exponential backoff while the active
+        # view is below active_max, so a mesh torn by a partition or a crash knits itself back.
+        self._lost: dict[str, list] = {}  # node id -> [addr, retry_at, failures]
         # route id -> (epoch, expires, feasibility distance, peer1, hops1, peer2, hops2, ...)
         self._routes: dict[bytes, tuple] = {}
         self._origin_bucket: dict[bytes, tuple[float, float]] = {}  # route id -> (tokens, t)
@@ -202,12 +209,21 @@ class Engine:
         return self._refill(now)
 
     def _refill(self, now: float) -> list[Effect]:
-        want = self.config.active_min - len(self._active) - len(self._connecting)
+        out: list[Effect] = []
+        have = len(self._active) + len(self._connecting)
+        if have < self.config.active_max and self._lost:
+            for peer, (addr, retry_at, _) in sorted(self._lost.items(), key=lambda kv: kv[1][1]):
+                if have >= self.config.active_max or retry_at > now:
+                    break
+                if peer not in self._connecting and peer not in self._active:
+                    self._connecting[peer] = now + self.config.connect_timeout_s
+                    out.append(Connect(peer, addr))
+                    have += 1
+        want = self.config.active_min - have
         if want <= 0 or not self._passive:
-            return []
+            return out
         choices = [p for p in self._passive if p not in self._connecting]
         self._rng.shuffle(choices)
-        out: list[Effect] = []
         for peer in choices[:want]:
             self._connecting[peer] = now + self.config.connect_timeout_s
             out.append(Connect(peer, self._passive[peer]))
@@ -233,6 +249,7 @@ class Engine:
             out.append(Disconnect(victim, "outbound_quota"))
             out += self.peer_down(victim, now, "outbound_quota")
         self._passive.pop(peer, None)
+        self._lost.pop(peer, None)
         self._active[peer] = _Peer(addr, outbound, now, self.config.reg_budget_peer_burst)
         self._arm_tick(now)
         if self._level:
@@ -240,22 +257,28 @@ class Engine:
         return out
 
     def peer_down(self, peer: str, now: float, reason: str) -> list[Effect]:
-        """The link to peer closed or failed: promote passive candidates to refill the active view."""
+        """The link to peer closed or failed: refill the active view (passive view, lost neighbours)."""
         state = self._active.pop(peer, None)
         self._connecting.pop(peer, None)
         if state is None:
             return self._refill(now)
-        if state.addr:
-            self._passive.pop(peer, None)
-            self._passive[peer] = state.addr  # may come back: a candidate again, at the back
+        if state.addr and reason not in ("full", "outbound_quota"):
+            self._lost[peer] = [state.addr, now + RECONNECT_BASE_S, 0]
         if self._level:
             self._trace(now, "peer_down", peer=peer, reason=reason)
         return self._refill(now)
 
     def connect_failed(self, peer: str, now: float) -> list[Effect]:
-        """A Connect effect did not produce a link: forget the candidate, try another."""
+        """A Connect effect did not produce a link: back off (former neighbour) or forget the candidate."""
         self._connecting.pop(peer, None)
         self._passive.pop(peer, None)
+        lost = self._lost.get(peer)
+        if lost is not None:
+            lost[2] += 1
+            if lost[2] >= RECONNECT_MAX_FAILURES:
+                del self._lost[peer]
+            else:
+                lost[1] = now + min(RECONNECT_MAX_S, RECONNECT_BASE_S * 2 ** lost[2])
         return self._refill(now)
 
     # ------------------------------------------------------------------------------------------
@@ -704,7 +727,7 @@ class Engine:
         for p, give_up in list(self._connecting.items()):
             if now >= give_up:
                 out += self.connect_failed(p, now)
-        if len(self._active) + len(self._connecting) < cfg.active_min:
+        if len(self._active) + len(self._connecting) < cfg.active_max:
             out += self._refill(now)
         if now >= self._next_exchange and self._active:
             self._next_exchange = now + cfg.peer_exchange_interval_s
@@ -712,7 +735,8 @@ class Engine:
         if now >= self._next_sweep:
             self._next_sweep = now + SWEEP_INTERVAL_S
             self._sweep(now)
-        self._next_tick = now + interval if (self._active or self._connecting or self._passive) else None
+        busy = self._active or self._connecting or self._passive or self._lost
+        self._next_tick = now + interval if busy else None
         return out
 
     def _peer_exchange(self, now: float) -> list[Effect]:
@@ -780,5 +804,6 @@ class Engine:
             "active": len(self._active),
             "passive": len(self._passive),
             "connecting": len(self._connecting),
+            "lost": len(self._lost),
             **self.counters,
         }

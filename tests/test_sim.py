@@ -1,0 +1,175 @@
+"""The simulator: delivery and stretch against an independent shortest path, exclusions, determinism, CLI."""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from simulations.scenario import ScenarioError, from_dict, load
+from simulations.sim import Simulator
+
+REQUIRED_KEYS = {
+    "relays", "registrations", "pushes", "delivered", "delivery_ratio", "gossip_messages", "gossip_bytes",
+    "overhead_ratio", "stretch_median", "stretch_p95", "hops_p50", "fallback_pushes", "events", "events_per_s",
+    "wall_s", "pushes_counted", "pushes_excluded", "delivery_ratio_all", "route_coverage", "fallback_messages",
+    "messages_per_delivered_push", "convergence_p50_s", "convergence_p90_s", "loss_by_reason",
+}
+
+
+def small(**over: object) -> dict:
+    raw: dict = {
+        "name": "small", "seed": 11, "duration_s": 60.0, "deadline_s": 20.0, "coverage_after_s": 5.0,
+        "topology": {"relays": 60},
+        "workload": {"registrations": 12, "registration_end_s": 3.0, "tokens_per_registration": 10,
+                     "pushes": 80, "push_start_s": 8.0, "push_end_s": 30.0},
+        "engine": {"keepalive_interval_s": 1.0, "keepalive_misses": 3, "custody_retry_s": 1.0},
+    }
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(raw.get(k), dict):
+            raw[k] = {**raw[k], **v}
+        else:
+            raw[k] = v
+    return raw
+
+
+def dijkstra(n: int, edges: dict[tuple[int, int], float], processing: list[float], src: int) -> list[float]:
+    adj: list[list[tuple[int, float]]] = [[] for _ in range(n)]
+    for (u, v), lat in edges.items():
+        adj[u].append((v, lat + processing[v]))
+    dist = [float("inf")] * n
+    dist[src] = 0.0
+    heap = [(0.0, src)]
+    while heap:
+        d, u = heapq.heappop(heap)
+        if d > dist[u]:
+            continue
+        for v, w in adj[u]:
+            if d + w < dist[v]:
+                dist[v] = d + w
+                heapq.heappush(heap, (dist[v], v))
+    return dist
+
+
+def read_trace(directory: Path) -> list[dict]:
+    return pq.read_table(directory / "events.parquet").to_pylist()
+
+
+def test_tiny_scenario_delivers_everything_with_stretch_from_an_independent_shortest_path(tmp_path: Path) -> None:
+    result = Simulator(load("tiny-50"), trace_dir=tmp_path).run()
+    s = result.summary
+    assert s["delivery_ratio"] == 1.0 and s["delivered"] == s["pushes"] == 60
+    assert s["route_coverage"] == 1.0
+    rows = read_trace(tmp_path)
+    lines = (tmp_path / "topology.csv").read_text().splitlines()[1:]
+    edges = {(int(a), int(b)): float(c) for a, b, c in (ln.split(",") for ln in lines)}
+    proc = [float(ln.split(",")[1]) for ln in (tmp_path / "relays.csv").read_text().splitlines()[1:]]
+    injected = {r["msg"]: r for r in rows if r["kind"] == "push_injected"}
+    delivered = {r["msg"]: r for r in rows if r["kind"] == "push_delivered"}
+    stretches = []
+    for pid, inj in injected.items():
+        dl = delivered[pid]
+        if inj["relay"] == dl["relay"]:
+            continue
+        best = dijkstra(len(proc), edges, proc, int(inj["relay"]))[int(dl["relay"])]
+        stretch = (dl["t"] - inj["t"]) / best
+        assert stretch >= 1.0 - 1e-9  # nothing beats the shortest path
+        stretches.append(stretch)
+    stretches.sort()
+    median = stretches[(len(stretches) + 1) // 2 - 1]
+    assert median == pytest.approx(s["stretch_median"], rel=1e-9)
+    assert median <= 1.05
+    hops = sorted(r["hops"] for r in delivered.values())
+    assert s["hops_p50"] == hops[(len(hops) + 1) // 2 - 1]
+
+
+def test_churn_excludes_exactly_the_pushes_whose_home_went_down(tmp_path: Path) -> None:
+    sc = from_dict(small(churn={"fail_fraction": 0.2, "rejoin_fraction": 0.5, "start_s": 8.0, "end_s": 30.0,
+                                "downtime_s": 10.0}))
+    s = Simulator(sc, trace_dir=tmp_path).run().summary
+    rows = read_trace(tmp_path)
+    home = {r["route"]: r["relay"] for r in rows if r["kind"] == "reg_originated"}
+    downs: dict[str, list[tuple[float, bool]]] = {}
+    for r in rows:
+        if r["kind"] in ("relay_down", "relay_up"):
+            downs.setdefault(r["relay"], []).append((r["t"], r["kind"] == "relay_up"))
+
+    def home_down_during(relay: str, t0: float, t1: float) -> bool:
+        state, changes = True, downs.get(relay, [])
+        for t, up in changes:
+            if t <= t0:
+                state = up
+        return not state or any(t0 <= t <= t1 and not up for t, up in changes)
+
+    excluded = {r["msg"] for r in rows if r["kind"] == "push_excluded"}
+    assert downs and excluded  # the scenario really churned homes
+    for r in rows:
+        if r["kind"] == "push_injected":
+            expect = home_down_during(home[r["route"]], r["t"], r["t"] + sc.deadline_s)
+            assert (r["msg"] in excluded) == expect or r["msg"] in excluded  # cut-off also excludes
+            if expect:
+                assert r["msg"] in excluded
+    assert s["pushes_excluded"] == len(excluded)
+    assert s["delivery_ratio"] >= 0.95
+    assert s["delivery_ratio_all"] <= s["delivery_ratio"]
+
+
+def test_partition_excludes_pushes_across_the_cut(tmp_path: Path) -> None:
+    sc = from_dict(small(partitions=[{"start_s": 10.0, "end_s": 25.0, "fraction": 0.5}]))
+    s = Simulator(sc, trace_dir=tmp_path).run().summary
+    rows = read_trace(tmp_path)
+    reasons = {r["reason"] for r in rows if r["kind"] == "push_excluded"}
+    assert reasons == {"partitioned"}
+    assert s["pushes_excluded"] > 0
+    assert s["delivery_ratio"] >= 0.95
+
+
+def test_same_seed_same_trace_whatever_the_hash_seed(tmp_path: Path) -> None:
+    digests = []
+    for hash_seed in ("1", "4242"):
+        out = tmp_path / hash_seed
+        env = {**os.environ, "PYTHONHASHSEED": hash_seed}
+        subprocess.run([sys.executable, "-m", "simulations.cli", "run", "tiny-50", "--trace-dir", str(out),
+                        "--trace-format", "jsonl", "--trace-level", "full"], env=env, check=True,
+                       capture_output=True)
+        digests.append(hashlib.sha256((out / "events.jsonl").read_bytes()).hexdigest())
+    assert digests[0] == digests[1]
+
+
+def test_cli_last_line_is_json_with_every_required_key(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "simulations.cli", "run", "tiny-50", "--seed", "3",
+                           "--trace-level", "off"], capture_output=True, text=True, check=True)
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert REQUIRED_KEYS <= set(summary)
+    assert summary["seed"] == 3 and summary["relays"] == 50
+
+
+def test_bad_scenarios_are_refused_with_the_key_at_fault(tmp_path: Path) -> None:
+    with pytest.raises(ScenarioError, match="unknown keys: bogus"):
+        from_dict(small(topology={"bogus": 1}))
+    with pytest.raises(ScenarioError, match="more pushes than tokens"):
+        from_dict(small(workload={"pushes": 1000}))
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[engine]\nnot_a_knob = 1\n")
+    proc = subprocess.run([sys.executable, "-m", "simulations.cli", "run", str(bad)], capture_output=True, text=True)
+    assert proc.returncode == 2 and "not_a_knob" in proc.stderr
+
+
+def test_geographic_topology_is_connected_with_bounded_degree() -> None:
+    sim = Simulator(from_dict(small(topology={"kind": "geographic", "relays": 200})))
+    adj = sim.net.neighbours()
+    assert all(1 <= len(a) <= 4 for a in adj)
+    seen, stack = {0}, [0]
+    while stack:
+        for v in adj[stack.pop()]:
+            if v not in seen:
+                seen.add(v)
+                stack.append(v)
+    assert len(seen) == 200
