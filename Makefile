@@ -16,6 +16,9 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(BIN)/inri demo
+	@echo
+	@echo 'The same engine at scale: a 50-relay simulated mesh (inri-sim run tiny-50), summary as JSON:'
+	$(BIN)/inri-sim run tiny-50 --progress off
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests

@@ -93,15 +93,31 @@ def test_bad_registrations_are_refused_before_anything_is_sent() -> None:
     assert {r[11] for r in net.tracer.of_kind("push_refused")} == {"bad_signature", "stale_registration", "malformed"}
 
 
-def test_dead_next_hop_triggers_route_error_then_ring_fallback_delivers() -> None:
+def test_dead_next_hop_is_repaired_locally_through_a_neighbour_with_its_own_route() -> None:
     net, reg = registered_net()
     net.kill(2)  # 3's primary next hop; 3 has no feasible backup, 7 -> 6 -> 1 still reaches home
     pid = push(net, 5, reg, TOKENS[2])
     net.run_until(30.0)
     assert net.delivered == [("0", pid)]
     assert net.custody[pid] == "delivered"
-    assert net.tracer.of_kind("route_error") or net.tracer.of_kind("push_dropped")
-    assert any(r[3] == pid.hex() for r in net.tracer.of_kind("push_fallback"))
+    repair = [r for r in net.tracer.of_kind("push_fallback") if r[3] == pid.hex()]
+    assert [r[1] for r in repair] == ["3"]  # relay 3 searched its neighbourhood; 7 carried it on via 6
+    path = [r[1] for r in net.tracer.of_kind("push_forwarded") if r[3] == pid.hex()]
+    assert path == ["5", "4", "7", "6", "1"]
+
+
+def test_route_error_reaches_the_custodian_when_no_repair_is_possible() -> None:
+    net = MiniNet(4, [(0, 1), (1, 2), (2, 3)])  # a line: no alternative anywhere
+    reg = make_registration(KEY, 1, 0, 3600)
+    net.homes[0].add_registration(reg, TOKENS)
+    net.apply("0", net.engines[0].register(reg, 0.0))
+    net.run_until(1.0)
+    net.kill(1)  # 2's next hop; 2 was two hops from home (not adjacent) and has no one left to ask
+    pid = push(net, 3, reg, TOKENS[0])
+    net.run_until(1.5)
+    errors = net.tracer.of_kind("route_error")
+    assert [(r[1], r[11]) for r in errors] == [("2", "no_route")]
+    assert any(r[1] == "3" and r[3] == pid.hex() for r in net.tracer.of_kind("push_retry"))  # retried at once
 
 
 def test_unreachable_home_ends_custody_as_unreachable() -> None:

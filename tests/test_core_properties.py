@@ -20,11 +20,20 @@ CAPS = replace(EngineConfig(), push_seen_max=50, reverse_max=40, custody_retry_s
 @st.composite
 def topologies(draw: st.DrawFn) -> tuple[int, list[tuple[int, int]], dict[tuple[int, int], float]]:
     n = draw(st.integers(3, 9))
-    edges = {(draw(st.integers(0, i - 1)), i) for i in range(1, n)}  # a random spanning tree: connected
+    cap = EngineConfig().active_max  # relays hold at most active_max links: so do the topologies
+    deg = [0] * n
+    edges = set()
+    for i in range(1, n):  # a random spanning tree (connected), degrees capped
+        parent = draw(st.sampled_from([j for j in range(i) if deg[j] < cap - 1] or [i - 1]))
+        edges.add((parent, i))
+        deg[parent] += 1
+        deg[i] += 1
     for _ in range(draw(st.integers(0, n))):
         a, b = draw(st.integers(0, n - 1)), draw(st.integers(0, n - 1))
-        if a != b:
+        if a != b and deg[a] < cap and deg[b] < cap and (min(a, b), max(a, b)) not in edges:
             edges.add((min(a, b), max(a, b)))
+            deg[a] += 1
+            deg[b] += 1
     lat = {}
     for a, b in edges:
         lat[(a, b)] = draw(st.floats(0.001, 0.1))
@@ -86,8 +95,8 @@ def test_safety_under_random_events(topo: tuple, data: st.DataObject) -> None:
                     assert ep >= epochs.get((i, rg.route_id), 0)
                     epochs[(i, rg.route_id)] = ep
     net.run_until(net.now + 20.0)
-    # no relay sends the same (push id, attempt) to the same neighbour twice
-    sends = Counter((a, b, m.push_id, m.attempt) for a, b, m in net.sent if isinstance(m, Push))
+    # no relay sends the same (push id, attempt, mode) to the same neighbour twice
+    sends = Counter((a, b, m.push_id, m.attempt, m.ring > 0) for a, b, m in net.sent if isinstance(m, Push))
     assert max(sends.values(), default=1) == 1
     # a push id is stored at most once; a token is spent at most once
     assert max(Counter(p for _, p in net.delivered).values(), default=1) == 1

@@ -40,7 +40,7 @@ class EngineConfig:
     reverse_max: int = 200_000
     custody_max: int = 100_000
     custody_retry_s: float = 2.0  # re-send with the same push id when no receipt came back
-    custody_max_attempts: int = 6  # route, then rings 1, 3, 5, 7, then full
+    custody_max_attempts: int = 7  # route, route via backups, rings 1, 3, 5, 7, then the full TTL
     custody_deadline_s: float = 300.0
     push_seen_max: int = 200_000
 

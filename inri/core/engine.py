@@ -84,6 +84,8 @@ MAX_CLOCK_SKEW_S = 300
 SWEEP_INTERVAL_S = 10.0
 # Reconnecting to a lost neighbour: 2 s, 4 s, 8 s ... capped at 60 s, given up after 10 failures (~8 min).
 RECONNECT_BASE_S = 2.0
+LOCAL_REPAIR_RADIUS = 2  # a relay whose route broke searches this far before the custodian must
+ROUTE_ATTEMPTS = 2  # custody attempts that follow routes before the expanding ring starts
 RECONNECT_MAX_S = 60.0
 RECONNECT_MAX_FAILURES = 10
 _LOCAL = ""  # reverse-path marker: the push was injected here (this relay is its custodian)
@@ -121,12 +123,13 @@ class _Peer:
 class _Custody:
     """A push this relay accepted from a home app, kept until its receipt returns."""
 
-    __slots__ = ("push", "attempt", "ring_step", "deadline", "next_retry", "hops")
+    __slots__ = ("push", "attempt", "ring_step", "deadline", "next_retry", "hops", "home_down")
 
     def __init__(self, push: Push, deadline: float) -> None:
         self.push = push
         self.attempt = 0
         self.ring_step = 0
+        self.home_down = False  # a relay next to the home reported it unreachable
         self.deadline = deadline
         self.next_retry = 0.0
         self.hops: int | None = None
@@ -440,26 +443,35 @@ class Engine:
         if self._level >= TraceLevel.FULL:
             self._trace(now, "route_expired", route=victim.hex(), reason="evicted")
 
-    def _next_hop(self, rid: bytes, exclude: str) -> str | None:
-        """The first live next hop for rid other than `exclude`; drops dead ones (local repair)."""
+    def _next_hop(self, rid: bytes, exclude: str, alternate: bool = False) -> str | None:
+        """The first live next hop for rid other than `exclude` (None: no live one).
+
+        Next hops whose link is down are skipped, not forgotten: when the link comes back (a crashed
+        neighbour restarting, a partition healing), the route works again at once.
+        alternate: prefer the backup over the primary (odd custody attempts take the other path, so a
+        re-send does not walk into the same silent failure as the first copy).
+        """
         entry = self._routes.get(rid)
         if entry is None or len(entry) < 5:
             return None
         active = self._active
         hops = entry[3::2]
+        if alternate and len(hops) > 1:
+            hops = hops[1:] + hops[:1]
         for p in hops:
             if p in active and p != exclude:
                 return p
-        dead = [i for i, p in enumerate(hops) if p not in active]
-        if dead:
-            kept = [x for i in range(len(hops)) if i not in dead for x in (entry[3 + 2 * i], entry[4 + 2 * i])]
-            self._routes[rid] = (entry[0], entry[1], entry[2], *kept)
         return None
 
+    def _home_adjacent(self, rid: bytes) -> bool:
+        """True when our route for rid had distance 1 (the home relay was our neighbour) and no live
+        next hop remains: the home relay itself is unreachable from here, not just a path to it."""
+        entry = self._routes.get(rid)
+        return entry is not None and entry[2] == 1 and (len(entry) < 5 or entry[3] not in self._active)
+
     def has_route(self, route_id: bytes) -> bool:
-        """True when a next hop (or home) is known for route_id."""
-        entry = self._routes.get(route_id)
-        return entry is not None and len(entry) >= 5
+        """True when a live next hop is known for route_id."""
+        return self._next_hop(route_id, _LOCAL) is not None
 
     # ------------------------------------------------------------------------------------------
     # pushes
@@ -509,16 +521,19 @@ class Engine:
         self._reverse[pid] = (_LOCAL, now + cfg.reverse_ttl_s)
         c.next_retry = now + cfg.custody_retry_s * (1 + c.attempt)
         self._schedule(pid, c.next_retry)
-        self._push_seen[(pid, c.attempt)] = now + cfg.seen_ttl_s
+        self._push_seen[(pid, c.attempt * 2)] = now + cfg.seen_ttl_s
+        self._push_seen[(pid, c.attempt * 2 + 1)] = now + cfg.seen_ttl_s
         if c.attempt and self._level:
             self._trace(now, "push_retry", msg=pid.hex(), route=push.route_id.hex(), count=c.attempt)
-        # The first attempt follows the route when there is one; every later attempt (no receipt in
-        # time, or a route error) widens the ring: 1, 3, 5, 7, then the full TTL.
-        if c.attempt == 0:
-            nh = self._next_hop(push.route_id, _LOCAL)
+        # The first two attempts follow the route when there is one (the second prefers backups all
+        # along the way); every later attempt (no receipt in time, or a route error) widens the ring:
+        # 1, 3, 5, 7, then the full TTL.
+        if c.attempt < ROUTE_ATTEMPTS or c.home_down:
+            c.home_down = False
+            nh = self._next_hop(push.route_id, _LOCAL, alternate=c.attempt == 1)
             if nh is not None:
-                return [self._forward(Push(pid, push.route_id, push.token, push.ciphertext, cfg.push_ttl, 0, 0, 0,
-                                           push.registration), nh, now)]
+                return [self._forward(Push(pid, push.route_id, push.token, push.ciphertext, cfg.push_ttl, 0,
+                                           c.attempt, 0, push.registration), nh, now)]
         radii = limits.RING_RADII
         ring = radii[c.ring_step] if c.ring_step < len(radii) else cfg.push_ttl
         c.ring_step += 1
@@ -547,7 +562,9 @@ class Engine:
 
     def _on_push(self, peer: str, msg: Push, now: float) -> list[Effect]:
         pid = msg.push_id
-        key = (pid, msg.attempt)
+        # Seen per (push, attempt, mode): a ring copy that met a route continues in route mode through
+        # relays that already saw (and flooded) the ring copy of the same attempt.
+        key = (pid, msg.attempt * 2 + (1 if msg.ring else 0))
         if key in self._push_seen:
             self._count("push_seen_dropped")
             return []
@@ -576,16 +593,34 @@ class Engine:
                 self._verifier.verify_registration(msg.registration)
             ):
                 return self._push_drop(peer, msg, now, "bad_registration", None)
-            nh = self._next_hop(rid, peer)
-            if nh is not None:  # a route is known here: leave the ring, follow the route
+            nh = self._next_hop(rid, peer, alternate=bool(msg.attempt & 1))
+            if nh is not None:  # a route is known here: leave the ring, follow the route (once)
+                route_key = (pid, msg.attempt * 2)
+                if route_key in self._push_seen:
+                    self._count("push_seen_dropped")
+                    return []
+                self._push_seen[route_key] = now + cfg.seen_ttl_s
                 return [self._forward(Push(pid, rid, msg.token, msg.ciphertext, msg.ttl - 1, msg.hops + 1,
                                            msg.attempt, 0, msg.registration), nh, now)]
+            if self._home_adjacent(rid):  # tell the custodian: widening the ring cannot help
+                return self._push_drop(peer, msg, now, "home_unreachable", RouteErrorReason.HOME_UNREACHABLE)
             if msg.ring <= 1:
                 return self._push_drop(peer, msg, now, "ring_end", None)
             return self._ring_flood(Push(pid, rid, msg.token, msg.ciphertext, msg.ttl - 1, msg.hops + 1,
                                          msg.attempt, msg.ring - 1, msg.registration), peer, now)
-        nh = self._next_hop(rid, peer)
+        nh = self._next_hop(rid, peer, alternate=bool(msg.attempt & 1))
         if nh is None:
+            if self._home_adjacent(rid):
+                return self._push_drop(peer, msg, now, "home_unreachable", RouteErrorReason.HOME_UNREACHABLE)
+            ring_key = (pid, msg.attempt * 2 + 1)
+            if (msg.registration is not None and msg.ttl > LOCAL_REPAIR_RADIUS and len(self._active) > 1
+                    and ring_key not in self._push_seen):
+                # Local repair (AODV): our route broke; ask the neighbourhood before giving up. Neighbours
+                # with a route of their own (not through us: the sender is excluded) carry it on.
+                self._count("push_local_repair")
+                self._push_seen[ring_key] = now + cfg.seen_ttl_s
+                return self._ring_flood(Push(pid, rid, msg.token, msg.ciphertext, msg.ttl - 1, msg.hops + 1,
+                                             msg.attempt, LOCAL_REPAIR_RADIUS, msg.registration), peer, now)
             return self._push_drop(peer, msg, now, "no_route", RouteErrorReason.NO_ROUTE)
         return [self._forward(Push(pid, rid, msg.token, msg.ciphertext, msg.ttl - 1, msg.hops + 1, msg.attempt,
                                    0, msg.registration), nh, now)]
@@ -660,6 +695,11 @@ class Engine:
         if prev == _LOCAL:
             c = self._custody.get(msg.push_id)
             if c is None:
+                return []
+            if msg.reason == RouteErrorReason.HOME_UNREACHABLE:
+                # The home relay is down: flooding cannot reach it. Keep custody and re-send along the
+                # route at the next scheduled retry (it may be back by then); never widen the ring.
+                c.home_down = True
                 return []
             return self._retry(c, now)
         if prev not in self._active:

@@ -51,6 +51,7 @@ class RouteErrorReason(IntEnum):
     TTL_EXHAUSTED = 3
     NOT_HOME = 4  # route pointed here but this relay is not (or no longer) home
     OVERLOADED = 5
+    HOME_UNREACHABLE = 6  # this relay's next hop WAS the home relay, and that link is gone
 
 
 class ErrorCode(IntEnum):
