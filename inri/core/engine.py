@@ -100,6 +100,13 @@ _RECEIPT_STATUS = {
 
 
 @lru_cache(maxsize=8192)
+def _reg_label(route_id: bytes, epoch: int) -> tuple[str, str]:
+    # Trace labels of a registration: every relay emits the same ones, so compute them once.
+    route_hex = route_id.hex()
+    return f"{route_hex}:{epoch}", route_hex
+
+
+@lru_cache(maxsize=8192)
 def _gossip_frame_bytes(registration: Registration) -> int:
     # TTL and hops are positive fixints (< 128) so the frame size depends on the registration only.
     return len(encode_unchecked(RegGossip(registration, 0, 0)))
@@ -410,7 +417,8 @@ class Engine:
                     st.last_sent = now
                     out.append(Send(p, fwd, self._rng.random() * jitter if jitter else 0.0))
         if self._level:
-            self._trace(now, "route_set", msg=f"{rid.hex()}:{epoch}", route=rid.hex(), peer=peer, hops=hops,
+            label, route_hex = _reg_label(rid, epoch)
+            self._trace(now, "route_set", msg=label, route=route_hex, peer=peer, hops=hops,
                         ttl=msg.ttl, epoch=epoch, count=len(out), nbytes=_gossip_frame_bytes(reg))
         return out
 

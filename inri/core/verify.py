@@ -30,16 +30,24 @@ class CachingVerifier(SignatureVerifier):
 
     def __init__(self, max_entries: int = 100_000) -> None:
         self._cache: dict[Registration, bool] = {}
+        # Identity fast path: the simulator hands the same registration object to thousands of
+        # engines; an id() lookup skips hashing its five fields. The entry holds the object itself,
+        # so its id cannot be reused while cached.
+        self._by_id: dict[int, tuple[Registration, bool]] = {}
         self._max = max_entries
         self.checks = 0  # signature verifications actually performed (the rest were cache hits)
 
     def verify_registration(self, registration: Registration) -> bool:
+        same = self._by_id.get(id(registration))
+        if same is not None and same[0] is registration:
+            return same[1]
         hit = self._cache.get(registration)
-        if hit is not None:
-            return hit
-        self.checks += 1
-        ok = super().verify_registration(registration)
-        if len(self._cache) >= self._max:
-            self._cache.clear()
-        self._cache[registration] = ok
-        return ok
+        if hit is None:
+            self.checks += 1
+            hit = super().verify_registration(registration)
+            if len(self._cache) >= self._max:
+                self._cache.clear()
+                self._by_id.clear()
+            self._cache[registration] = hit
+        self._by_id[id(registration)] = (registration, hit)
+        return hit
