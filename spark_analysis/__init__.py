@@ -1,0 +1,1 @@
+"""PySpark analysis of INRI traces (docs/trace-schema.md, docs/metrics.md)."""

@@ -1,0 +1,284 @@
+"""The metrics of docs/metrics.md as Spark DataFrame jobs.
+
+Everything large stays in Spark; the driver only receives per-metric scalars, the small per-push /
+per-registration tables for plots, and the topology (small) for shortest paths. Quantiles are exact
+nearest-rank (row_number over the sorted values), never percentile_approx, so a simulator run and its
+analysis agree to the last digit.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+
+from spark_analysis.load import Trace
+
+PUSH_MESSAGE_KINDS = ("push_forwarded", "push_fallback", "receipt_forwarded", "route_error")
+
+
+def nearest_rank(df: DataFrame, col: str, q: float, n: int | None = None) -> float | None:
+    """x[ceil(q*n)] of the values of `col` sorted ascending (x[1] when q*n < 1); None when empty."""
+    n = df.count() if n is None else n
+    if n == 0:
+        return None
+    rank = min(n, max(1, math.ceil(q * n - 1e-12)))
+    w = Window.orderBy(F.col(col).asc())
+    row = df.select(col).withColumn("_rn", F.row_number().over(w)).filter(F.col("_rn") == rank).first()
+    return None if row is None else row[0]
+
+
+@dataclass
+class Analysis:
+    """The summary plus the small tables the report draws."""
+
+    summary: dict[str, object]
+    tables: dict[str, DataFrame] = field(default_factory=dict)
+
+
+def _down_counts(keys: DataFrame, transitions: DataFrame, time_col: str) -> DataFrame:
+    """Per key row (msg, origin, <time_col>): how many relays other than origin are down at that time."""
+    j = keys.join(transitions, transitions.tt <= keys[time_col]).filter(F.col("trelay") != F.col("origin"))
+    w = Window.partitionBy("msg", "trelay").orderBy(F.col("tt").desc(), F.col("tseq").desc())
+    latest = j.withColumn("_rn", F.row_number().over(w)).filter("_rn = 1")
+    return latest.groupBy("msg").agg(F.sum(F.when(~F.col("up"), 1).otherwise(0)).alias("down"))
+
+
+def analyse(
+    spark: SparkSession,
+    trace: Trace,
+    progress: Callable[[str], None] = lambda _: None,
+) -> Analysis:
+    """Compute every key of docs/metrics.md from a loaded trace."""
+    ev = trace.events.cache()
+    meta = trace.meta
+    deadline = float(meta.get("deadline_s", 30.0))
+    cover_after = float(meta.get("coverage_after_s", 10.0))
+    progress("counting relays and events")
+    n_relays = int(meta["relays"]) if "relays" in meta else ev.select("relay").distinct().count()
+
+    progress("registrations")
+    w_first = Window.partitionBy("msg").orderBy(F.col("t").asc(), F.col("seq").asc())
+    regs = (
+        ev.filter(F.col("kind") == "reg_originated")
+        .withColumn("_rn", F.row_number().over(w_first)).filter("_rn = 1")
+        .select("msg", F.col("t").alias("t0"), F.col("relay").alias("origin"))
+        .cache()
+    )
+    n_regs = regs.count()
+    gossip = ev.filter(F.col("kind").isin("reg_originated", "route_set")).agg(
+        F.sum(F.coalesce(F.col("count"), F.lit(0))).alias("m"),
+        F.sum(F.coalesce(F.col("count"), F.lit(0)) * F.coalesce(F.col("bytes"), F.lit(0))).alias("b"),
+    ).first()
+    gossip_messages = int(gossip["m"] or 0)
+    gossip_bytes = int(gossip["b"] or 0)
+
+    progress("pushes and deliveries")
+    pushes = (
+        ev.filter(F.col("kind") == "push_injected")
+        .withColumn("_rn", F.row_number().over(w_first)).filter("_rn = 1")
+        .select("msg", F.col("t").alias("t_inj"), F.col("relay").alias("r_inj"))
+    )
+    excluded = ev.filter(F.col("kind") == "push_excluded").select("msg").distinct().withColumn("excluded", F.lit(True))
+    delivered = (
+        ev.filter(F.col("kind") == "push_delivered")
+        .withColumn("_rn", F.row_number().over(w_first)).filter("_rn = 1")
+        .select("msg", F.col("t").alias("t_del"), F.col("relay").alias("r_del"), F.col("hops"))
+    )
+    w_last = Window.partitionBy("msg").orderBy(F.col("t").desc(), F.col("seq").desc())
+    dropped = (
+        ev.filter(F.col("kind") == "push_dropped")
+        .withColumn("_rn", F.row_number().over(w_last)).filter("_rn = 1")
+        .select("msg", F.coalesce(F.col("reason"), F.lit("unknown")).alias("drop_reason"))
+    )
+    fallback = ev.filter(F.col("kind") == "push_fallback").select("msg").distinct().withColumn("fb", F.lit(True))
+    per_push = (
+        pushes.join(excluded, "msg", "left").join(delivered, "msg", "left").join(dropped, "msg", "left")
+        .join(fallback, "msg", "left")
+        .withColumn("excluded", F.coalesce(F.col("excluded"), F.lit(False)))
+        .withColumn("fallback", F.coalesce(F.col("fb"), F.lit(False))).drop("fb")
+        .withColumn("latency_s", F.col("t_del") - F.col("t_inj"))
+        .withColumn("on_time", F.col("t_del").isNotNull() & (F.col("latency_s") <= F.lit(deadline)))
+        .cache()
+    )
+    counts = per_push.agg(
+        F.count("*").alias("pushes"),
+        F.sum(F.col("excluded").cast("int")).alias("excluded"),
+        F.sum(F.col("on_time").cast("int")).alias("delivered_all"),
+        F.sum((F.col("on_time") & ~F.col("excluded")).cast("int")).alias("delivered"),
+        F.sum(F.col("fallback").cast("int")).alias("fallback_pushes"),
+    ).first()
+    n_pushes = int(counts["pushes"])
+    n_excl = int(counts["excluded"] or 0)
+    n_deliv_all = int(counts["delivered_all"] or 0)
+    n_deliv = int(counts["delivered"] or 0)
+    counted = n_pushes - n_excl
+    good = per_push.filter(F.col("on_time") & ~F.col("excluded")).cache()
+    hops_p50 = nearest_rank(good.select("hops"), "hops", 0.5, n_deliv)
+
+    progress("push message costs")
+    pm = ev.filter(F.col("kind").isin(*PUSH_MESSAGE_KINDS)).groupBy("kind").agg(
+        F.sum(F.coalesce(F.col("count"), F.lit(1))).alias("c")).collect()
+    pm_by_kind = {r["kind"]: int(r["c"]) for r in pm}
+    push_messages = sum(pm_by_kind.values())
+
+    progress("stretch (shortest paths over the topology)")
+    stretch_df = _stretch(spark, trace, good)
+    n_stretch = stretch_df.count() if stretch_df is not None else 0
+    stretch_median = nearest_rank(stretch_df, "stretch", 0.5, n_stretch) if stretch_df is not None else None
+    stretch_p95 = nearest_rank(stretch_df, "stretch", 0.95, n_stretch) if stretch_df is not None else None
+
+    progress("route coverage and convergence")
+    transitions = (
+        ev.filter(F.col("kind").isin("relay_down", "relay_up"))
+        .select(F.col("relay").alias("trelay"), F.col("t").alias("tt"), F.col("seq").alias("tseq"),
+                (F.col("kind") == "relay_up").alias("up"))
+        .cache()
+    )
+    reg_times = regs.withColumn("t_cov", F.col("t0") + F.lit(cover_after))
+    down_cov = _down_counts(reg_times, transitions, "t_cov").withColumnRenamed("down", "down_cov")
+    down0 = _down_counts(reg_times, transitions, "t0").withColumnRenamed("down", "down0")
+    reg_live = (
+        reg_times.join(down_cov, "msg", "left").join(down0, "msg", "left")
+        .withColumn("live_cov", F.lit(n_relays - 1) - F.coalesce(F.col("down_cov"), F.lit(0)))
+        .withColumn("live0", F.lit(n_relays - 1) - F.coalesce(F.col("down0"), F.lit(0)))
+        # an origin that is itself down does not count against the others (docs/metrics.md)
+    )
+    route_set = ev.filter(F.col("kind") == "route_set").select("msg", "relay", "t", "seq")
+    rs = route_set.join(reg_times.select("msg", "origin", "t0", "t_cov"), "msg").filter(F.col("relay") != F.col("origin"))
+    got = rs.filter(F.col("t") <= F.col("t_cov")).select("msg", "relay", "t_cov", "origin").distinct()
+    # live at t_cov: latest transition of that relay at or before t_cov is not a down
+    gt = got.join(transitions, (transitions.trelay == got.relay) & (transitions.tt <= got.t_cov), "left")
+    wl = Window.partitionBy("msg", "relay").orderBy(F.col("tt").desc_nulls_last(), F.col("tseq").desc_nulls_last())
+    got_live = (
+        gt.withColumn("_rn", F.row_number().over(wl)).filter("_rn = 1")
+        .filter(F.col("up").isNull() | F.col("up"))
+        .groupBy("msg").agg(F.count("*").alias("got"))
+    )
+    cov = reg_live.join(got_live, "msg", "left").agg(
+        F.sum(F.coalesce(F.col("got"), F.lit(0))).alias("num"), F.sum("live_cov").alias("den")).first()
+    route_coverage = (int(cov["num"]) / int(cov["den"])) if cov and cov["den"] else None
+
+    need = reg_live.withColumn("need", F.ceil(F.lit(0.9) * F.col("live0") - F.lit(1e-12)).cast("long"))
+    wr = Window.partitionBy("msg").orderBy(F.col("t").asc(), F.col("seq").asc())
+    ranked = rs.select("msg", "t", "seq").withColumn("_rn", F.row_number().over(wr))
+    reached = ranked.join(need.select("msg", "need", "t0"), "msg").filter(F.col("_rn") == F.col("need")).select(
+        "msg", (F.col("t") - F.col("t0")).alias("convergence_s"))
+    conv = (
+        need.join(reached, "msg", "left")
+        .withColumn("convergence_s", F.when(F.col("need") <= 0, F.lit(0.0)).otherwise(F.col("convergence_s")))
+        .cache()
+    )
+    converged = conv.filter(F.col("convergence_s").isNotNull()).select("msg", "convergence_s").cache()
+    n_conv = converged.count()
+    unconverged = n_regs - n_conv
+    conv_p50 = nearest_rank(converged, "convergence_s", 0.5, n_conv)
+    conv_p90 = nearest_rank(converged, "convergence_s", 0.9, n_conv)
+
+    progress("losses")
+    lost = per_push.filter(~F.col("excluded") & ~F.col("on_time")).withColumn(
+        "loss_reason",
+        F.when(F.col("drop_reason").isNotNull(), F.col("drop_reason"))
+        .when(F.col("t_del").isNotNull(), F.lit("late")).otherwise(F.lit("unknown")),
+    )
+    loss_rows = lost.groupBy("loss_reason").count().orderBy("loss_reason").collect()
+    loss_by_reason = {r["loss_reason"]: int(r["count"]) for r in loss_rows}
+
+    per_reg_overhead = (
+        ev.filter(F.col("kind").isin("reg_originated", "route_set"))
+        .groupBy("msg").agg(F.sum(F.coalesce(F.col("count"), F.lit(0))).alias("messages"))
+        .withColumn("overhead", F.col("messages") / F.lit(max(1, n_relays - 1)))
+    )
+    summary: dict[str, object] = {
+        "relays": n_relays,
+        "registrations": n_regs,
+        "pushes": n_pushes,
+        "pushes_counted": counted,
+        "pushes_excluded": n_excl,
+        "delivered": n_deliv,
+        "delivered_all": n_deliv_all,
+        "delivery_ratio": n_deliv / counted if counted else 1.0,
+        "delivery_ratio_all": n_deliv_all / n_pushes if n_pushes else 1.0,
+        "gossip_messages": gossip_messages,
+        "gossip_bytes": gossip_bytes,
+        "overhead_ratio": gossip_messages / n_regs / (n_relays - 1) if n_regs and n_relays > 1 else None,
+        "stretch_median": stretch_median,
+        "stretch_p95": stretch_p95,
+        "hops_p50": hops_p50,
+        "fallback_pushes": int(counts["fallback_pushes"] or 0),
+        "fallback_messages": pm_by_kind.get("push_fallback", 0),
+        "messages_per_delivered_push": push_messages / n_deliv_all if n_deliv_all else None,
+        "route_coverage": route_coverage,
+        "convergence_p50_s": conv_p50,
+        "convergence_p90_s": conv_p90,
+        "unconverged_registrations": unconverged,
+        "loss_by_reason": loss_by_reason,
+        "malformed_lines": trace.malformed,
+        "events_read": ev.count(),
+        "stretch_basis": "latency" if trace.topology else ("hops" if stretch_df is not None else None),
+    }
+    tables = {
+        "pushes": per_push.drop("_rn"),
+        "registrations": conv.select("msg", "origin", "t0", "live0", "need", "convergence_s"),
+        "loss_by_reason": lost.groupBy("loss_reason").count(),
+        "overhead_per_registration": per_reg_overhead,
+    }
+    if stretch_df is not None:
+        tables["stretch"] = stretch_df
+    return Analysis(summary, tables)
+
+
+def _stretch(spark: SparkSession, trace: Trace, good: DataFrame) -> DataFrame | None:
+    """Stretch of delivered counted pushes: delivery time over the directed latency-shortest path
+    (simulator traces, topology.csv + relays.csv); daemon traces without a topology use the links seen
+    in peer_up rows and hop counts (hops taken over fewest hops)."""
+    pairs = [(r["r_inj"], r["r_del"]) for r in
+             good.filter(F.col("r_inj") != F.col("r_del")).select("r_inj", "r_del").distinct().collect()]
+    if not pairs:
+        return None
+    import numpy as np
+    from scipy.sparse import csr_matrix
+    from scipy.sparse.csgraph import dijkstra
+
+    if trace.topology:
+        n = 1 + max(max(u, v) for u, v, _ in trace.topology)
+        proc = trace.processing or {}
+        src = np.array([u for u, _, _ in trace.topology])
+        dst = np.array([v for _, v, _ in trace.topology])
+        w = np.array([lat + proc.get(v, 0.0) for _, v, lat in trace.topology])
+        names = {str(i): i for i in range(n)}
+        basis = "latency"
+    else:
+        links = trace.events.filter(F.col("kind") == "peer_up").select("relay", "peer").distinct().collect()
+        relays = sorted({r["relay"] for r in links} | {r["peer"] for r in links if r["peer"]})
+        names = {name: i for i, name in enumerate(relays)}
+        n = len(relays)
+        edges = {(names[r["relay"]], names[r["peer"]]) for r in links if r["peer"]}
+        edges |= {(v, u) for u, v in edges}
+        src = np.array([u for u, _ in edges])
+        dst = np.array([v for _, v in edges])
+        w = np.ones(len(edges))
+        basis = "hops"
+    if n == 0 or len(src) == 0:
+        return None
+    graph = csr_matrix((w, (src, dst)), shape=(n, n))
+    dist_rows = []
+    by_src: dict[str, list[str]] = {}
+    for a, b in pairs:
+        by_src.setdefault(a, []).append(b)
+    sources = sorted(s for s in by_src if s in names)
+    for start in range(0, len(sources), 256):
+        chunk = sources[start:start + 256]
+        d = dijkstra(graph, directed=True, indices=[names[s] for s in chunk])
+        for i, s in enumerate(chunk):
+            for b in by_src[s]:
+                if b in names and np.isfinite(d[i, names[b]]) and d[i, names[b]] > 0:
+                    dist_rows.append((s, b, float(d[i, names[b]])))
+    if not dist_rows:
+        return None
+    dist = spark.createDataFrame(dist_rows, "r_inj string, r_del string, shortest double")
+    measured = F.col("latency_s") if basis == "latency" else F.col("hops").cast("double")
+    return good.join(dist, ["r_inj", "r_del"]).select("msg", (measured / F.col("shortest")).alias("stretch"))

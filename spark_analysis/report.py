@@ -1,0 +1,132 @@
+"""Plots (matplotlib, Agg) and report.html from an Analysis. Only small per-push / per-registration
+columns are brought to the driver, and only after Spark has reduced them."""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from spark_analysis.metrics import Analysis  # noqa: E402
+
+PLOTS = {
+    "convergence_cdf.png": "Registration convergence (time until 90% of live relays hold a route)",
+    "latency_cdf.png": "Push delivery latency (injection to storage at home)",
+    "hops_histogram.png": "Hops per delivered push",
+    "loss_by_reason.png": "Undelivered pushes by reason",
+    "overhead_per_registration.png": "Gossip messages per registration / (relays - 1)",
+}
+MAX_PLOT_POINTS = 200_000  # a CDF needs no more points than a screen has pixels, times a margin
+
+
+def _values(df, col: str) -> list[float]:  # noqa: ANN001
+    rows = df.select(col).where(f"{col} IS NOT NULL").orderBy(col).limit(MAX_PLOT_POINTS).collect()
+    return [float(r[0]) for r in rows]
+
+
+def _cdf(ax, values: list[float], xlabel: str) -> None:  # noqa: ANN001
+    if values:
+        n = len(values)
+        ax.step(values, [(i + 1) / n for i in range(n)], where="post")
+    else:
+        ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("fraction")
+    ax.grid(True, alpha=0.3)
+
+
+def write_plots(analysis: Analysis, out: Path) -> list[str]:
+    """Draw every plot of PLOTS into out/; returns the file names."""
+    t = analysis.tables
+    made = []
+    fig, ax = plt.subplots(figsize=(6, 4))
+    _cdf(ax, _values(t["registrations"], "convergence_s"), "seconds")
+    ax.set_title(PLOTS["convergence_cdf.png"], fontsize=9)
+    fig.savefig(out / "convergence_cdf.png", dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    made.append("convergence_cdf.png")
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    _cdf(ax, _values(t["pushes"].where("on_time"), "latency_s"), "seconds")
+    ax.set_title(PLOTS["latency_cdf.png"], fontsize=9)
+    fig.savefig(out / "latency_cdf.png", dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    made.append("latency_cdf.png")
+
+    hops = t["pushes"].where("on_time").groupBy("hops").count().orderBy("hops").collect()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.bar([r["hops"] for r in hops if r["hops"] is not None], [r["count"] for r in hops if r["hops"] is not None])
+    ax.set_xlabel("hops")
+    ax.set_ylabel("pushes")
+    ax.set_title(PLOTS["hops_histogram.png"], fontsize=9)
+    fig.savefig(out / "hops_histogram.png", dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    made.append("hops_histogram.png")
+
+    loss = analysis.summary.get("loss_by_reason") or {}
+    fig, ax = plt.subplots(figsize=(6, 4))
+    if loss:
+        ax.barh(list(loss), list(loss.values()))  # type: ignore[arg-type]
+    else:
+        ax.text(0.5, 0.5, "no undelivered pushes", ha="center", va="center", transform=ax.transAxes)
+    ax.set_xlabel("pushes")
+    ax.set_title(PLOTS["loss_by_reason.png"], fontsize=9)
+    fig.savefig(out / "loss_by_reason.png", dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    made.append("loss_by_reason.png")
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    vals = _values(t["overhead_per_registration"], "overhead")
+    if vals:
+        ax.hist(vals, bins=min(50, max(5, len(vals) // 5)))
+    ax.set_xlabel("messages per registration / (relays - 1)")
+    ax.set_ylabel("registrations")
+    ax.set_title(PLOTS["overhead_per_registration.png"], fontsize=9)
+    fig.savefig(out / "overhead_per_registration.png", dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    made.append("overhead_per_registration.png")
+    return made
+
+
+KEY_FIGURES = ("relays", "registrations", "pushes", "delivered", "delivery_ratio", "delivery_ratio_all",
+               "route_coverage", "convergence_p50_s", "convergence_p90_s", "stretch_median", "stretch_p95",
+               "hops_p50", "overhead_ratio", "gossip_messages", "fallback_pushes", "messages_per_delivered_push",
+               "pushes_excluded", "malformed_lines")
+
+
+def _fmt(v: object) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    if isinstance(v, dict):
+        return ", ".join(f"{k}: {n}" for k, n in v.items()) or "none"
+    return "n/a" if v is None else str(v)
+
+
+def write_html(analysis: Analysis, out: Path, plots: list[str], source: str) -> Path:
+    """report.html: the key figures, then every plot."""
+    s = analysis.summary
+    rows = "\n".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(_fmt(s.get(k)))}</td></tr>"
+                     for k in (*KEY_FIGURES, "loss_by_reason"))
+    imgs = "\n".join(
+        f'<figure><img src="{p}" alt="{html.escape(PLOTS[p])}"><figcaption>{html.escape(PLOTS[p])}</figcaption></figure>'
+        for p in plots
+    )
+    doc = f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>INRI trace analysis</title>
+<style>body{{font-family:sans-serif;max-width:1100px;margin:2em auto}}table{{border-collapse:collapse}}
+th,td{{border:1px solid #ccc;padding:4px 10px;text-align:left}}figure{{display:inline-block;margin:1em}}
+img{{max-width:500px}}</style></head>
+<body><h1>INRI trace analysis</h1><p>Trace: <code>{html.escape(source)}</code></p>
+<h2>Key figures</h2><table>{rows}</table>
+<h2>Plots</h2>{imgs}
+<h2>Full summary</h2><pre>{html.escape(json.dumps(s, indent=2, sort_keys=True))}</pre>
+</body></html>
+"""
+    path = out / "report.html"
+    path.write_text(doc)
+    return path
