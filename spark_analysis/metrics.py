@@ -148,7 +148,8 @@ def analyse(
         # an origin that is itself down does not count against the others (docs/metrics.md)
     )
     route_set = ev.filter(F.col("kind") == "route_set").select("msg", "relay", "t", "seq")
-    rs = route_set.join(reg_times.select("msg", "origin", "t0", "t_cov"), "msg").filter(F.col("relay") != F.col("origin"))
+    rs = route_set.join(reg_times.select("msg", "origin", "t0", "t_cov"), "msg")
+    rs = rs.filter(F.col("relay") != F.col("origin"))
     got = rs.filter(F.col("t") <= F.col("t_cov")).select("msg", "relay", "t_cov", "origin").distinct()
     # live at t_cov: latest transition of that relay at or before t_cov is not a down
     gt = got.join(transitions, (transitions.trelay == got.relay) & (transitions.tt <= got.t_cov), "left")

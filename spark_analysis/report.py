@@ -113,7 +113,8 @@ def write_html(analysis: Analysis, out: Path, plots: list[str], source: str) -> 
     rows = "\n".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(_fmt(s.get(k)))}</td></tr>"
                      for k in (*KEY_FIGURES, "loss_by_reason"))
     imgs = "\n".join(
-        f'<figure><img src="{p}" alt="{html.escape(PLOTS[p])}"><figcaption>{html.escape(PLOTS[p])}</figcaption></figure>'
+        f'<figure><img src="{p}" alt="{html.escape(PLOTS[p])}">'
+        f"<figcaption>{html.escape(PLOTS[p])}</figcaption></figure>"
         for p in plots
     )
     doc = f"""<!doctype html>
