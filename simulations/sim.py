@@ -68,8 +68,11 @@ class SimTracer:
              epoch: int | None = None, count: int | None = None, nbytes: int | None = None,
              reason: str | None = None) -> None:
         """Record one event."""
-        row = (t, relay, kind, msg, route, peer, hops, ttl, epoch, count, nbytes, reason)
-        summary = kind in SUMMARY_KINDS
+        self.emit_row((t, relay, kind, msg, route, peer, hops, ttl, epoch, count, nbytes, reason))
+
+    def emit_row(self, row: tuple) -> None:
+        """Record one row given in trace column order."""
+        summary = row[2] in SUMMARY_KINDS
         if summary:
             self._collector.add(row)
         if self._writer is not None and (summary or self._full):

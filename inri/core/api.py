@@ -31,7 +31,11 @@ class TraceLevel(IntEnum):
 
 
 class Tracer(Protocol):
-    """Receives trace events. Field meanings: docs/trace-schema.md. Unused fields are None."""
+    """Receives trace events. Field meanings: docs/trace-schema.md. Unused fields are None.
+
+    A tracer may also offer `emit_row(row)`, taking a whole row as a tuple in the schema's column order
+    (inri.core.trace.COLUMNS); the engine then uses it for its hottest row (route_set).
+    """
 
     level: TraceLevel
 

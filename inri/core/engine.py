@@ -81,7 +81,7 @@ from inri.protocol.messages import (
 # Clock skew tolerated on a registration's issued_at (relays' clocks are not synchronised).
 MAX_CLOCK_SKEW_S = 300
 # How often the engine sweeps expired routes and seen/reverse entries.
-SWEEP_INTERVAL_S = 10.0
+SWEEP_INTERVAL_S = 30.0
 # Reconnecting to a lost neighbour: 2 s, 4 s, 8 s ... capped at 60 s, given up after 10 failures (~8 min).
 RECONNECT_BASE_S = 2.0
 LOCAL_REPAIR_RADIUS = 2  # a relay whose route broke searches this far before the custodian must
@@ -164,6 +164,8 @@ class Engine:
         self._tracer = tracer
         self._level = int(tracer.level)
         self._emit = tracer.emit
+        # Optional fast path: a tracer may take whole rows in trace-schema column order.
+        self._emit_row = getattr(tracer, "emit_row", None)
         self._rng = rng
         self._active: dict[str, _Peer] = {}
         self._passive: dict[str, str] = {}  # node id -> addr, oldest first
@@ -418,8 +420,12 @@ class Engine:
                     out.append(Send(p, fwd, self._rng.random() * jitter if jitter else 0.0))
         if self._level:
             label, route_hex = _reg_label(rid, epoch)
-            self._trace(now, "route_set", msg=label, route=route_hex, peer=peer, hops=hops,
-                        ttl=msg.ttl, epoch=epoch, count=len(out), nbytes=_gossip_frame_bytes(reg))
+            if self._emit_row is not None:  # the hottest trace row: positional, no keyword dict
+                self._emit_row((now, self.relay_id, "route_set", label, route_hex, peer, hops, msg.ttl, epoch,
+                                len(out), _gossip_frame_bytes(reg), None))
+            else:
+                self._trace(now, "route_set", msg=label, route=route_hex, peer=peer, hops=hops,
+                            ttl=msg.ttl, epoch=epoch, count=len(out), nbytes=_gossip_frame_bytes(reg))
         return out
 
     def _on_gossip_duplicate(
