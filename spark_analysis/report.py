@@ -40,33 +40,33 @@ def _cdf(ax, values: list[float], xlabel: str) -> None:  # noqa: ANN001
     ax.grid(True, alpha=0.3)
 
 
+def _save(fig, ax, out: Path, name: str) -> str:  # noqa: ANN001
+    ax.set_title(PLOTS[name], fontsize=9)
+    fig.savefig(out / name, dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    return name
+
+
 def write_plots(analysis: Analysis, out: Path) -> list[str]:
     """Draw every plot of PLOTS into out/; returns the file names."""
     t = analysis.tables
+    delivered = t["pushes"].where("on_time")
     made = []
+
     fig, ax = plt.subplots(figsize=(6, 4))
     _cdf(ax, _values(t["registrations"], "convergence_s"), "seconds")
-    ax.set_title(PLOTS["convergence_cdf.png"], fontsize=9)
-    fig.savefig(out / "convergence_cdf.png", dpi=100, bbox_inches="tight")
-    plt.close(fig)
-    made.append("convergence_cdf.png")
+    made.append(_save(fig, ax, out, "convergence_cdf.png"))
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    _cdf(ax, _values(t["pushes"].where("on_time"), "latency_s"), "seconds")
-    ax.set_title(PLOTS["latency_cdf.png"], fontsize=9)
-    fig.savefig(out / "latency_cdf.png", dpi=100, bbox_inches="tight")
-    plt.close(fig)
-    made.append("latency_cdf.png")
+    _cdf(ax, _values(delivered, "latency_s"), "seconds")
+    made.append(_save(fig, ax, out, "latency_cdf.png"))
 
-    hops = t["pushes"].where("on_time").groupBy("hops").count().orderBy("hops").collect()
+    hops = [r for r in delivered.groupBy("hops").count().orderBy("hops").collect() if r["hops"] is not None]
     fig, ax = plt.subplots(figsize=(6, 4))
-    ax.bar([r["hops"] for r in hops if r["hops"] is not None], [r["count"] for r in hops if r["hops"] is not None])
+    ax.bar([r["hops"] for r in hops], [r["count"] for r in hops])
     ax.set_xlabel("hops")
     ax.set_ylabel("pushes")
-    ax.set_title(PLOTS["hops_histogram.png"], fontsize=9)
-    fig.savefig(out / "hops_histogram.png", dpi=100, bbox_inches="tight")
-    plt.close(fig)
-    made.append("hops_histogram.png")
+    made.append(_save(fig, ax, out, "hops_histogram.png"))
 
     loss = analysis.summary.get("loss_by_reason") or {}
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -75,10 +75,7 @@ def write_plots(analysis: Analysis, out: Path) -> list[str]:
     else:
         ax.text(0.5, 0.5, "no undelivered pushes", ha="center", va="center", transform=ax.transAxes)
     ax.set_xlabel("pushes")
-    ax.set_title(PLOTS["loss_by_reason.png"], fontsize=9)
-    fig.savefig(out / "loss_by_reason.png", dpi=100, bbox_inches="tight")
-    plt.close(fig)
-    made.append("loss_by_reason.png")
+    made.append(_save(fig, ax, out, "loss_by_reason.png"))
 
     fig, ax = plt.subplots(figsize=(6, 4))
     vals = _values(t["overhead_per_registration"], "overhead")
@@ -86,10 +83,7 @@ def write_plots(analysis: Analysis, out: Path) -> list[str]:
         ax.hist(vals, bins=min(50, max(5, len(vals) // 5)))
     ax.set_xlabel("messages per registration / (relays - 1)")
     ax.set_ylabel("registrations")
-    ax.set_title(PLOTS["overhead_per_registration.png"], fontsize=9)
-    fig.savefig(out / "overhead_per_registration.png", dpi=100, bbox_inches="tight")
-    plt.close(fig)
-    made.append("overhead_per_registration.png")
+    made.append(_save(fig, ax, out, "overhead_per_registration.png"))
     return made
 
 
