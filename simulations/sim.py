@@ -427,8 +427,16 @@ class Simulator:
         elif kind == _PUSH:
             plan = self.pushes[b]
             home, reg, _ = self.regs[plan.reg_index]
-            if reg is None or not self.alive[a]:
-                return  # not registered yet / injecting relay down: the home app would try another relay
+            if reg is None:
+                return  # not registered yet: the home app has no credential to push with
+            if not self.alive[a]:
+                # The home app's relay is down: like a real app it tries the next relay on its list.
+                n = self.net.n
+                nxt = next((i % n for i in range(a + 1, a + 1 + n) if self.alive[i % n]), None)
+                if nxt is None:
+                    return
+                a = plan.inject = nxt
+                eng = self.engines[a]
             result = eng.inject_push(reg, plan.token, b"sealed-payload", t, push_id=self._push_id(b))
             if result.push_id is not None:
                 plan.push_id = result.push_id.hex()
