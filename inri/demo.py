@@ -78,7 +78,8 @@ def main(as_json: bool = False) -> int:
     w("   \\         /\n")
     w("    `- R3 --'\n\n")
     w("Registration gossip: each relay caches where the blinded route id first arrived from\n")
-    for relay, hops in out["route_vectors"].items():  # type: ignore[union-attr]
+    vectors: dict[str, list[str]] = out["route_vectors"]  # type: ignore[assignment]
+    for relay, hops in vectors.items():
         w(f"  {relay}: {'home (device is here)' if not hops else 'next hops ' + ', '.join(hops)}\n")
     w(f"\nPush injected at R6 took the path: {' -> '.join(out['path'])}\n")  # type: ignore[arg-type]
     w(f"Delivered: {out['delivered']} in {out['latency_ms']} ms (virtual), custody at R6: {out['custody']}\n")

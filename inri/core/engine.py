@@ -812,13 +812,12 @@ class Engine:
             self._origin_bucket.pop(r, None)
             if self._level >= TraceLevel.FULL:
                 self._trace(now, "route_expired", route=r.hex(), reason="lifetime")
-        for table in (self._push_seen,):
-            for k in [k for k, exp in table.items() if exp <= now]:
-                del table[k]
-        for k in [k for k, v in self._reverse.items() if v[1] <= now and v[0] != _LOCAL]:
-            del self._reverse[k]
+        for key in [key for key, exp in self._push_seen.items() if exp <= now]:
+            del self._push_seen[key]
+        for pid in [pid for pid, v in self._reverse.items() if v[1] <= now and v[0] != _LOCAL]:
+            del self._reverse[pid]
         for pid in [pid for pid, c in self._custody.items() if now >= c.deadline]:
-            self._custody.pop(pid)
+            del self._custody[pid]
             self._count("custody_expired")
 
     # ------------------------------------------------------------------------------------------

@@ -57,11 +57,11 @@ class MiniNet:
             lat = (latency or {}).get((a, b), 0.01)
             self.links[(str(a), str(b))] = lat
             self.links[(str(b), str(a))] = (latency or {}).get((b, a), lat)
-        for (a, b) in sorted(self.links):
-            if int(a) < int(b):
-                self.engines[int(a)].add_candidates([PeerInfo(b, f"addr-{b}")], 0.0)
-                self.engines[int(b)].add_candidates([PeerInfo(a, f"addr-{a}")], 0.0)
-                self.link_up(a, b)
+        for (sa, sb) in sorted(self.links):
+            if int(sa) < int(sb):
+                self.engines[int(sa)].add_candidates([PeerInfo(sb, f"addr-{sb}")], 0.0)
+                self.engines[int(sb)].add_candidates([PeerInfo(sa, f"addr-{sa}")], 0.0)
+                self.link_up(sa, sb)
         for i, e in enumerate(self.engines):
             self.apply(str(i), e.start(0.0))
 
