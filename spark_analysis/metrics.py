@@ -221,6 +221,13 @@ def analyse(
         "events_read": ev.count(),
         "stretch_basis": "latency" if trace.topology else ("hops" if stretch_df is not None else None),
     }
+    # Run properties only the simulator knows (events, wall time, seed, scenario ...) come from its
+    # meta.json summary, so summary.json carries every key the simulator's summary has; they are listed
+    # in "from_simulator" and never override a key computed here.
+    copied = sorted(k for k in (meta.get("summary") or {}) if k not in summary)
+    for key in copied:
+        summary[key] = meta["summary"][key]
+    summary["from_simulator"] = copied
     tables = {
         "pushes": per_push.drop("_rn"),
         "registrations": conv.select("msg", "origin", "t0", "live0", "need", "convergence_s"),
