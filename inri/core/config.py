@@ -24,10 +24,8 @@ class EngineConfig:
     # Registration gossip
     gossip_ttl: int = 16  # > eccentricity of a 10k-relay 4-regular mesh (11) with churn margin
     route_k: int = 2  # keep the first k arrivals from distinct neighbours
-    seen_ttl_s: float = 120.0  # gossipsub seen-cache TTL: longer than any propagation delay
-    seen_max: int = 200_000
+    seen_ttl_s: float = 120.0  # push seen-cache TTL (gossipsub: 120 s): longer than any propagation delay
     route_max: int = 1_000_000  # cached route ids; oldest-expiring evicted past this
-    route_default_lifetime_s: float = 3600.0
     forward_jitter_s: float = 0.0  # random extra delay on forwards (rushing-attack resistance)
     reg_budget_per_origin_per_s: float = 1.0  # one route id may refresh at most this often
     reg_budget_burst: int = 3

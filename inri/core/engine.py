@@ -130,7 +130,7 @@ class _Peer:
 class _Custody:
     """A push this relay accepted from a home app, kept until its receipt returns."""
 
-    __slots__ = ("push", "attempt", "ring_step", "deadline", "next_retry", "hops", "home_down")
+    __slots__ = ("push", "attempt", "ring_step", "deadline", "next_retry", "home_down")
 
     def __init__(self, push: Push, deadline: float) -> None:
         self.push = push
@@ -139,7 +139,6 @@ class _Custody:
         self.home_down = False  # a relay next to the home reported it unreachable
         self.deadline = deadline
         self.next_retry = 0.0
-        self.hops: int | None = None
 
 
 class Engine:
@@ -405,10 +404,8 @@ class Engine:
         elif len(self._routes) >= cfg.route_max:
             self._evict_route(now)
         hops = msg.hops + 1
-        expires = reg.expires_at
-        if cfg.route_default_lifetime_s and expires > now + cfg.route_default_lifetime_s * 24:
-            expires = int(now + cfg.route_default_lifetime_s * 24)
-        self._routes[rid] = (epoch, expires, hops, peer, hops)
+        # The route lives as long as the registration (at most 30 days, limits.MAX_LIFETIME_S).
+        self._routes[rid] = (epoch, reg.expires_at, hops, peer, hops)
         out: list[Effect] = []
         ttl = msg.ttl - 1
         if ttl > 0:
