@@ -118,6 +118,24 @@ def test_route_error_reaches_the_custodian_when_no_repair_is_possible() -> None:
     errors = net.tracer.of_kind("route_error")
     assert [(r[1], r[11]) for r in errors] == [("2", "no_route")]
     assert any(r[1] == "3" and r[3] == pid.hex() for r in net.tracer.of_kind("push_retry"))  # retried at once
+    assert net.engines[3].next_hops(reg.route_id) == []  # 2 said it cannot reach home: 3 stops using it
+
+
+def test_a_dead_home_is_reported_and_never_flooded_for_and_routes_survive() -> None:
+    net = MiniNet(4, [(0, 1), (1, 2), (2, 3)])
+    reg = make_registration(KEY, 1, 0, 3600)
+    net.homes[0].add_registration(reg, TOKENS)
+    net.apply("0", net.engines[0].register(reg, 0.0))
+    net.run_until(1.0)
+    net.kill(0)
+    net.run_until(10.0)  # 1 has noticed (keepalive) that the home is gone
+    pid = push(net, 3, reg, TOKENS[0])
+    net.run_until(200.0)
+    assert net.custody[pid] == "unreachable"
+    assert {r[11] for r in net.tracer.of_kind("route_error")} == {"home_unreachable"}
+    assert not net.tracer.of_kind("push_fallback")  # no ring can reach a relay that is down
+    assert net.engines[2].next_hops(reg.route_id) == [("1", 2)]  # the path stays for when home returns
+    assert net.engines[3].next_hops(reg.route_id) == [("2", 3)]
 
 
 def test_unreachable_home_ends_custody_as_unreachable() -> None:

@@ -319,7 +319,7 @@ class Engine:
         if t is Receipt:
             return self._on_receipt(msg, now)  # type: ignore[arg-type]
         if t is RouteError:
-            return self._on_route_error(msg, now)  # type: ignore[arg-type]
+            return self._on_route_error(peer, msg, now)  # type: ignore[arg-type]
         if t is Keepalive:
             if not msg.reply:  # type: ignore[union-attr]
                 state.last_sent = now
@@ -694,15 +694,18 @@ class Engine:
             self._trace(now, "push_settled", msg=pid.hex(), route=c.push.route_id.hex(), hops=hops, reason=final)
         return [CustodyReleased(pid, final, hops)]
 
-    def _on_route_error(self, msg: RouteError, now: float) -> list[Effect]:
+    def _on_route_error(self, peer: str, msg: RouteError, now: float) -> list[Effect]:
         back = self._reverse.pop(msg.push_id, None)
         if back is None:
             return []
         prev = back[0]
-        # Local repair: our next hop toward that route failed downstream; forget it (a backup stays).
+        # The neighbour that sent the error cannot reach the home: stop using it as a next hop for this
+        # route (a backup takes over). Relays further back keep their routes: their next hop is fine.
+        # A home that is down is no fault of the path, and the route is right again when it returns.
         entry = self._routes.get(msg.route_id)
-        if entry is not None and len(entry) >= 5:
-            self._routes[msg.route_id] = (entry[0], entry[1], entry[2], *entry[5:])
+        if entry is not None and msg.reason != RouteErrorReason.HOME_UNREACHABLE and peer in entry[3::2]:
+            i = 3 + 2 * entry[3::2].index(peer)
+            self._routes[msg.route_id] = entry[:i] + entry[i + 2:]
         if prev == _LOCAL:
             c = self._custody.get(msg.push_id)
             if c is None:
