@@ -223,7 +223,7 @@ def test_silent_neighbour_is_declared_down_by_keepalive() -> None:
 
 
 def test_null_tracer_level_off_emits_nothing_and_routes_the_same() -> None:
-    eng, _ = lone_engine(level=TraceLevel.OFF)
+    eng, off_tracer = lone_engine(level=TraceLevel.OFF)
     quiet = Engine("me", EngineConfig(), verifier=CachingVerifier(), home=MemoryHomeStore(), tracer=NullTracer(),
                    rng=random.Random(5))
     reg = make_registration(KEY, 1, 0, 60)
@@ -233,3 +233,4 @@ def test_null_tracer_level_off_emits_nothing_and_routes_the_same() -> None:
         out = e.receive_message("a", RegGossip(reg, 5, 2), 0.0)
         assert [s.peer for s in out] == ["b"]
         assert e.next_hops(reg.route_id) == [("a", 3)]
+    assert off_tracer.rows == []  # level off: the engine builds no rows at all
