@@ -521,6 +521,31 @@ class Engine:
         effects += self._attempt(custody, now)
         return InjectResult(InjectOutcome.ACCEPTED, pid, effects)
 
+    def restore_custody(self, push: Push, deadline: float, attempt: int, now: float) -> list[Effect]:
+        """Re-adopt a push this relay held in custody before a restart (the daemon reads it from disk).
+
+        It is re-sent with the same push id and a higher attempt number, so relays whose seen-caches
+        still hold the earlier attempt forward it, and the home relay answers DUPLICATE if it already
+        stored it: a push answered 202 is neither lost nor delivered twice across a crash.
+        """
+        pid = push.push_id
+        if pid in self._custody:
+            return []
+        if deadline <= now:
+            self._count("custody_expired")
+            return [CustodyReleased(pid, "expired")]
+        custody = _Custody(push, deadline)
+        custody.attempt = max(0, attempt)
+        # A restarted relay has no routes yet: skip straight to ring searches after the route attempts.
+        custody.ring_step = max(0, custody.attempt - ROUTE_ATTEMPTS)
+        self._custody[pid] = custody
+        return self._attempt(custody, now)
+
+    def custody_attempt(self, push_id: bytes) -> int | None:
+        """The current attempt number of a push in custody (the daemon persists it), or None."""
+        c = self._custody.get(push_id)
+        return None if c is None else c.attempt
+
     def _attempt(self, c: _Custody, now: float) -> list[Effect]:
         """Send attempt number c.attempt of a push in custody: route first, then widening rings."""
         push = c.push

@@ -1,0 +1,511 @@
+"""Relay-to-relay links: aioquic driven sans-IO from trio, each side authenticated by its node key.
+
+One `QuicEndpoint` owns one UDP socket. A receive task routes datagrams to connections by connection
+id; each connection has one task that sleeps until its aioquic timer or a wake-up (new datagram, data
+to send), then runs timers, drains events and transmits (the pattern of hypercorn's trio UDP server
+and dnspython's trio QUIC client).
+
+Key binding (docs/protocol.md, "Links"):
+- The server's TLS certificate is self-signed with its Ed25519 node key, so the TLS handshake itself
+  (CertificateVerify) proves the server holds that key; the client reads the key off the certificate
+  and refuses the link when its node id is not the one it dialled.
+- The client proves its own node key in the first frame on stream 0: a signature over a context
+  string, the server's certificate key, its own key and its listen address. Binding the server's key
+  into the signature means a man in the middle (who must present its own certificate) cannot reuse
+  the proof toward the real server. The server answers with an "ok" frame; only then is the link up.
+
+Frames on stream 0 are length-prefixed (4 bytes, big-endian) and at most `limits.MAX_FRAME_BYTES`;
+a larger prefix closes the link (a peer cannot make us buffer more than one frame).
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import math
+import ssl
+import struct
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import msgpack
+import trio
+from aioquic.buffer import Buffer
+from aioquic.quic import events
+from aioquic.quic.configuration import QuicConfiguration
+from aioquic.quic.connection import QuicConnection, QuicConnectionState
+from aioquic.quic.packet import PACKET_TYPE_INITIAL, pull_quic_header
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.x509.oid import NameOID
+
+from inri.node.identity import NodeIdentity
+from inri.protocol import keys, limits
+
+ALPN = "inri/1"
+AUTH_CONTEXT = b"inri/link-auth/v1\x00"
+AUTH_TIMEOUT_S = 5.0  # an inbound connection that has not proved its key by then is dropped
+MAX_CONNECTIONS = 512  # per endpoint: bounds memory a flood of handshakes can take
+RECV_QUEUE_BYTES = 16 * 1024 * 1024  # frames buffered per link, unread, before it is closed as overloaded
+_LEN = struct.Struct(">I")
+_STREAM = 0  # the client's first bidirectional stream carries every frame
+
+
+class ConnectError(Exception):
+    """A link could not be opened: timeout, refusal, or the peer is not the node we dialled."""
+
+
+class LinkClosed(Exception):
+    """The link is gone (peer closed, idle timeout, protocol error, or we closed it)."""
+
+
+def parse_addr(addr: str) -> tuple[str, int]:
+    """'host:port' or '[v6]:port' -> (host, port); ValueError with a clear message otherwise."""
+    host, sep, port_s = addr.rpartition(":")
+    if not sep or not host:
+        raise ValueError(f"address {addr!r} is not host:port")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    try:
+        port = int(port_s)
+    except ValueError:
+        raise ValueError(f"address {addr!r}: port {port_s!r} is not a number") from None
+    if not 0 <= port <= 65535:
+        raise ValueError(f"address {addr!r}: port out of range")
+    return host, port
+
+
+def format_addr(host: str, port: int) -> str:
+    """(host, port) -> 'host:port' ('[v6]:port' for IPv6)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _certificate(identity: NodeIdentity) -> tuple[Any, Any]:
+    """A self-signed certificate over the node key (the key binding, not a CA trust chain)."""
+    key = Ed25519PrivateKey.from_private_bytes(identity.seed)
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, identity.node_id)])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(days=1))
+        .not_valid_after(now + datetime.timedelta(days=3650))
+        .sign(key, None)
+    )
+    return cert, key
+
+
+def _peer_key(quic: QuicConnection) -> bytes | None:
+    # aioquic exposes no public accessor for the peer certificate; tls.Context keeps it here.
+    cert = getattr(quic.tls, "_peer_certificate", None)
+    if cert is None:
+        return None
+    try:
+        return cert.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    except (ValueError, TypeError, AttributeError):
+        return None  # not an Ed25519 certificate: not an INRI relay
+
+
+def _auth_bytes(server_key: bytes, client_key: bytes, listen_addr: str) -> bytes:
+    return AUTH_CONTEXT + server_key + client_key + listen_addr.encode()
+
+
+class Link:
+    """One authenticated relay-to-relay connection carrying whole frames (bytes) both ways.
+
+    `send` queues the frame in aioquic and wakes the connection task (QUIC flow control paces the
+    wire; the caller bounds what it queues). `receive` waits for the next frame and raises LinkClosed
+    once the connection is gone.
+    """
+
+    def __init__(self, conn: _Connection, peer_key: bytes, listen_addr: str, outbound: bool) -> None:
+        self._conn = conn
+        self.peer_key = peer_key
+        self.peer_node_id = keys.node_id_for(peer_key)
+        self.remote_addr = format_addr(*conn.addr[:2])
+        self.listen_addr = listen_addr  # where the peer accepts links ("" if it said none)
+        self.outbound = outbound
+
+    async def send(self, frame: bytes) -> None:
+        """Queue one frame (at most limits.MAX_FRAME_BYTES); raises LinkClosed when the link is gone."""
+        self._conn.send_frame(frame)
+        await trio.lowlevel.checkpoint()
+
+    def send_nowait(self, frame: bytes) -> None:
+        """Queue one frame without yielding (raises LinkClosed when the link is gone)."""
+        self._conn.send_frame(frame)
+
+    async def receive(self) -> bytes:
+        """The next frame from the peer."""
+        try:
+            frame = await self._conn.frames_rx.receive()
+        except (trio.EndOfChannel, trio.ClosedResourceError):
+            raise LinkClosed(self._conn.close_reason) from None
+        self._conn.queued -= len(frame)
+        return frame
+
+    @property
+    def closed(self) -> bool:
+        return self._conn.closed
+
+    async def aclose(self, reason: str = "closed") -> None:
+        """Close the connection (the peer sees LinkClosed)."""
+        self._conn.close(reason)
+        await trio.lowlevel.checkpoint()
+
+
+class _Connection:
+    """One aioquic connection and the state our link protocol keeps on it."""
+
+    def __init__(self, endpoint: QuicEndpoint, quic: QuicConnection, addr: tuple, outbound: bool) -> None:
+        self.endpoint = endpoint
+        self.quic = quic
+        self.addr = addr
+        self.outbound = outbound
+        self.wake = trio.Event()
+        self.closed = False
+        self.close_reason = ""
+        self.rx_buf = bytearray()
+        self.handshake_done = trio.Event()
+        self.authed: Link | None = None
+        self.auth_result = trio.Event()
+        send, recv = trio.open_memory_channel[bytes](math.inf)
+        self.frames_tx = send
+        self.frames_rx = recv
+        self.queued = 0
+
+    # -- driving aioquic --------------------------------------------------------------------------
+
+    def poke(self) -> None:
+        self.wake.set()
+
+    def send_frame(self, frame: bytes) -> None:
+        if self.closed:
+            raise LinkClosed(self.close_reason)
+        if len(frame) > limits.MAX_FRAME_BYTES:
+            raise ValueError(f"frame of {len(frame)} bytes exceeds {limits.MAX_FRAME_BYTES}")
+        self.quic.send_stream_data(_STREAM, _LEN.pack(len(frame)) + frame)
+        self.poke()
+
+    def close(self, reason: str, error_code: int = 0) -> None:
+        if not self.closed:
+            self.close_reason = reason
+            self.quic.close(error_code=error_code, reason_phrase=reason[:100])
+            self.poke()
+            self._mark_closed(reason)
+
+    def _mark_closed(self, reason: str) -> None:
+        self.closed = True
+        self.close_reason = self.close_reason or reason
+        self.frames_tx.close()
+        self.handshake_done.set()
+        self.auth_result.set()
+
+    async def run(self) -> None:
+        """Drive this connection until it terminates."""
+        ep = self.endpoint
+        try:
+            while True:
+                # A fresh event before transmitting: a poke during the awaits below is never lost.
+                self.wake = trio.Event()
+                await ep.transmit(self)
+                # aioquic has no public "terminated" flag; the state leaves CLOSING/DRAINING for this.
+                if self.quic._state == QuicConnectionState.TERMINATED:
+                    break
+                timer = self.quic.get_timer()
+                with trio.move_on_at(timer if timer is not None else math.inf):
+                    await self.wake.wait()
+                now = trio.current_time()
+                if timer is not None and now >= timer:
+                    self.quic.handle_timer(now)
+                self.process_events()
+        finally:
+            self._mark_closed(self.close_reason or "terminated")
+            ep.forget(self)
+
+    def process_events(self) -> None:
+        while True:
+            ev = self.quic.next_event()
+            if ev is None:
+                return
+            if isinstance(ev, events.HandshakeCompleted):
+                self.handshake_done.set()
+            elif isinstance(ev, events.StreamDataReceived):
+                if ev.stream_id != _STREAM:
+                    self.close("unexpected stream", error_code=1)
+                    return
+                self.rx_buf += ev.data
+                self._drain_frames()
+            elif isinstance(ev, events.ConnectionIdIssued):
+                self.endpoint.cids[ev.connection_id] = self
+            elif isinstance(ev, events.ConnectionIdRetired):
+                self.endpoint.cids.pop(ev.connection_id, None)
+            elif isinstance(ev, events.ConnectionTerminated):
+                self._mark_closed(ev.reason_phrase or f"terminated (error {ev.error_code})")
+
+    def _drain_frames(self) -> None:
+        buf = self.rx_buf
+        while len(buf) >= 4 and not self.closed:
+            (n,) = _LEN.unpack_from(buf)
+            if n > limits.MAX_FRAME_BYTES:
+                self.close("frame too large", error_code=2)
+                return
+            if len(buf) < 4 + n:
+                return
+            frame = bytes(buf[4 : 4 + n])
+            del buf[: 4 + n]
+            if self.authed is None:
+                self._handle_auth(frame)
+            else:
+                if self.queued + len(frame) > RECV_QUEUE_BYTES:
+                    self.close("receive queue overloaded", error_code=3)
+                    return
+                self.queued += len(frame)
+                self.frames_tx.send_nowait(frame)
+
+    def _handle_auth(self, frame: bytes) -> None:
+        ep = self.endpoint
+        try:
+            msg = msgpack.unpackb(frame, raw=False, use_list=True)
+        except Exception:  # noqa: BLE001 - any garbage is an auth failure, never a crash
+            msg = None
+        if self.outbound:
+            if msg == ["ok"]:
+                key = _peer_key(self.quic)
+                if key is not None:
+                    self.authed = Link(self, key, format_addr(*self.addr[:2]), outbound=True)
+                    self.auth_result.set()
+                    return
+            self.close("link auth refused", error_code=4)
+            return
+        ok = (
+            isinstance(msg, list)
+            and len(msg) == 3
+            and isinstance(msg[0], bytes)
+            and len(msg[0]) == limits.KEY_BYTES
+            and isinstance(msg[1], str)
+            and len(msg[1]) <= limits.MAX_ADDR_CHARS
+            and isinstance(msg[2], bytes)
+            and keys.verify(msg[0], _auth_bytes(ep.identity.public_key, msg[0], msg[1]), msg[2])
+        )
+        if not ok or msg[0] == ep.identity.public_key:
+            self.close("bad link auth", error_code=4)
+            return
+        self.send_frame(msgpack.packb(["ok"]))
+        self.authed = Link(self, msg[0], msg[1], outbound=False)
+        self.auth_result.set()
+        ep.spawn_link(self.authed)
+
+
+class QuicEndpoint:
+    """One UDP socket, every QUIC connection on it, and the key that authenticates them."""
+
+    def __init__(self, identity: NodeIdentity, *, idle_timeout_s: float = 30.0, listen_addr: str = "") -> None:
+        self.identity = identity
+        self.idle_timeout_s = idle_timeout_s
+        self.listen_addr = listen_addr  # announced to peers we dial; set from bind() when empty
+        self.cids: dict[bytes, _Connection] = {}
+        self._conns: set[_Connection] = set()
+        self._sock: trio.socket.SocketType | None = None
+        self._nursery: trio.Nursery | None = None
+        self._on_link: Callable[[Link], Awaitable[None]] | None = None
+        self.local_addr: tuple[str, int] = ("", 0)
+        cert, key = _certificate(identity)
+        self._server_config = self._config(is_client=False)
+        self._server_config.certificate = cert
+        self._server_config.private_key = key
+        self._client_config = self._config(is_client=True)
+        self.stats = {"datagrams_in": 0, "datagrams_out": 0, "bad_datagrams": 0, "refused": 0}
+
+    def _config(self, *, is_client: bool) -> QuicConfiguration:
+        cfg = QuicConfiguration(is_client=is_client, alpn_protocols=[ALPN], idle_timeout=self.idle_timeout_s)
+        if is_client:
+            cfg.verify_mode = ssl.CERT_NONE  # we check the key binding ourselves (_peer_key)
+        return cfg
+
+    async def bind(self, host: str, port: int) -> None:
+        """Open the UDP socket (port 0: ephemeral; read local_addr)."""
+        family = trio.socket.AF_INET6 if ":" in host else trio.socket.AF_INET
+        sock = trio.socket.socket(family, trio.socket.SOCK_DGRAM)
+        await sock.bind((host, port))
+        self._sock = sock
+        self.local_addr = sock.getsockname()[:2]
+        if not self.listen_addr:
+            self.listen_addr = format_addr(*self.local_addr)
+
+    async def serve(
+        self,
+        on_link: Callable[[Link], Awaitable[None]] | None = None,
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Run the receive loop until cancelled; each authenticated inbound link runs on_link(link).
+
+        With on_link None, inbound links are refused (a client-only endpoint, e.g. a probe).
+        """
+        if self._sock is None:
+            raise RuntimeError("bind() first")
+        self._on_link = on_link
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                task_status.started()
+                await self._receive_loop()
+        finally:
+            self._nursery = None
+            for conn in list(self._conns):
+                conn.close("endpoint closed")
+            self._sock.close()
+
+    async def _receive_loop(self) -> None:
+        assert self._sock is not None
+        while True:
+            try:
+                data, addr = await self._sock.recvfrom(65536)
+            except ConnectionResetError:
+                continue  # an ICMP port-unreachable from an earlier send: not fatal on UDP
+            self.stats["datagrams_in"] += 1
+            try:
+                header = pull_quic_header(Buffer(data=data), host_cid_length=8)
+            except ValueError:
+                self.stats["bad_datagrams"] += 1
+                continue
+            conn = self.cids.get(header.destination_cid)
+            if conn is None:
+                if (
+                    self._on_link is None
+                    or header.packet_type != PACKET_TYPE_INITIAL
+                    or len(data) < 1200
+                    or len(self._conns) >= MAX_CONNECTIONS
+                ):
+                    self.stats["refused"] += 1
+                    continue
+                quic = QuicConnection(
+                    configuration=self._server_config, original_destination_connection_id=header.destination_cid
+                )
+                conn = self._add(quic, addr, outbound=False)
+                self.cids[header.destination_cid] = conn
+                assert self._nursery is not None
+                self._nursery.start_soon(self._expire_unauthed, conn)
+            conn.quic.receive_datagram(data, addr, trio.current_time())
+            conn.process_events()
+            conn.poke()
+
+    def _add(self, quic: QuicConnection, addr: tuple, outbound: bool) -> _Connection:
+        conn = _Connection(self, quic, addr, outbound)
+        self._conns.add(conn)
+        self.cids[quic.host_cid] = conn
+        assert self._nursery is not None
+        self._nursery.start_soon(conn.run)
+        return conn
+
+    async def _expire_unauthed(self, conn: _Connection) -> None:
+        with trio.move_on_after(AUTH_TIMEOUT_S):
+            await conn.auth_result.wait()
+        if conn.authed is None:
+            conn.close("link auth timeout")
+
+    def forget(self, conn: _Connection) -> None:
+        self._conns.discard(conn)
+        for cid in [c for c, v in self.cids.items() if v is conn]:
+            del self.cids[cid]
+
+    def spawn_link(self, link: Link) -> None:
+        if self._on_link is not None and self._nursery is not None:
+            self._nursery.start_soon(self._run_link, link)
+
+    async def _run_link(self, link: Link) -> None:
+        assert self._on_link is not None
+        try:
+            await self._on_link(link)
+        finally:
+            await link.aclose("handler done")
+
+    async def transmit(self, conn: _Connection) -> None:
+        assert self._sock is not None
+        for data, addr in conn.quic.datagrams_to_send(now=trio.current_time()):
+            try:
+                await self._sock.sendto(data, addr)
+                self.stats["datagrams_out"] += 1
+            except OSError:
+                pass  # unreachable right now: QUIC retransmits or times out
+
+    async def connect(
+        self, addr: str, *, expect_node_id: str | None = None, timeout_s: float = 5.0, authenticate: bool = True
+    ) -> Link:
+        """Dial addr; with authenticate=False only the TLS handshake runs (a probe), and no link is opened."""
+        if self._nursery is None:
+            raise RuntimeError("serve() must be running to connect")
+        try:
+            host, port = parse_addr(addr)
+            ipaddress.ip_address(host)
+        except ValueError as exc:
+            raise ConnectError(f"bad address: {exc}") from None
+        sock_family_v6 = ":" in self.local_addr[0]
+        if (":" in host) != sock_family_v6:
+            raise ConnectError(f"address family of {addr} does not match the endpoint's socket")
+        quic = QuicConnection(configuration=self._client_config)
+        remote = (host, port)
+        quic.connect(remote, now=trio.current_time())
+        conn = self._add(quic, remote, outbound=True)
+        conn.poke()
+        try:
+            with trio.fail_after(timeout_s):
+                await conn.handshake_done.wait()
+                key = _peer_key(quic)
+                if conn.closed or key is None:
+                    raise ConnectError(f"{addr}: handshake failed ({conn.close_reason or 'no key'})")
+                if expect_node_id is not None and keys.node_id_for(key) != expect_node_id:
+                    raise ConnectError(f"{addr}: node key is {keys.node_id_for(key)}, expected {expect_node_id}")
+                if not authenticate:
+                    conn.close("probe done")
+                    return Link(conn, key, "", outbound=True)
+                me = self.identity
+                proof = me.sign(_auth_bytes(key, me.public_key, self.listen_addr))
+                conn.send_frame(msgpack.packb([me.public_key, self.listen_addr, proof]))
+                await conn.auth_result.wait()
+                if conn.authed is None:
+                    raise ConnectError(f"{addr}: link refused ({conn.close_reason})")
+                return conn.authed
+        except trio.TooSlowError:
+            conn.close("connect timeout")
+            raise ConnectError(f"{addr}: no answer within {timeout_s} s") from None
+        except BaseException:
+            conn.close("connect failed")
+            raise
+
+    async def aclose(self) -> None:
+        """Close every connection (the serve() task ends when its caller cancels it)."""
+        for conn in list(self._conns):
+            conn.close("endpoint closed")
+        await trio.lowlevel.checkpoint()
+
+
+async def probe(identity: NodeIdentity, addr: str, expect_node_id: str, *, timeout_s: float = 3.0) -> bool:
+    """True iff a QUIC handshake with addr proves it holds the node key whose id is expect_node_id.
+
+    Only the TLS handshake runs (the certificate's CertificateVerify proves the key); no link is
+    opened, so the probed relay never treats the prober as a neighbour. Network errors give False.
+    """
+    try:
+        host, _ = parse_addr(addr)
+    except ValueError:
+        return False
+    ep = QuicEndpoint(identity, idle_timeout_s=max(timeout_s, 1.0))
+    try:
+        await ep.bind("::" if ":" in host else "0.0.0.0", 0)
+    except OSError:
+        return False
+    async with trio.open_nursery() as nursery:
+        await nursery.start(ep.serve, None)
+        try:
+            await ep.connect(addr, expect_node_id=expect_node_id, timeout_s=timeout_s, authenticate=False)
+            ok = True
+        except (ConnectError, OSError):
+            ok = False
+        nursery.cancel_scope.cancel()
+    return ok
