@@ -29,6 +29,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgpack
+import structlog
 import trio
 from aioquic.buffer import Buffer
 from aioquic.quic import events
@@ -49,6 +50,7 @@ AUTH_TIMEOUT_S = 5.0  # an inbound connection that has not proved its key by the
 MAX_CONNECTIONS = 512  # per endpoint: bounds memory a flood of handshakes can take
 RECV_QUEUE_BYTES = 16 * 1024 * 1024  # frames buffered per link, unread, before it is closed as overloaded
 _LEN = struct.Struct(">I")
+log = structlog.get_logger("inri.quic")
 _STREAM = 0  # the client's first bidirectional stream carries every frame
 
 
@@ -108,6 +110,31 @@ def _peer_key(quic: QuicConnection) -> bytes | None:
         return cert.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
     except (ValueError, TypeError, AttributeError):
         return None  # not an Ed25519 certificate: not an INRI relay
+
+
+_OK = msgpack.packb(["ok"])
+
+
+def parse_auth(frame: bytes, server_key: bytes) -> tuple[bytes, str] | None:
+    """A client's key proof -> (client key, listen addr), or None when it is anything else.
+
+    Valid: msgpack [key (32 B), listen_addr (str), signature over _auth_bytes(server_key, key,
+    listen_addr)] from a key other than the server's own.
+    """
+    try:
+        msg = msgpack.unpackb(frame, raw=False, use_list=True)
+    except Exception:  # noqa: BLE001 - any garbage is an auth failure, never a crash
+        return None
+    if not (isinstance(msg, list) and len(msg) == 3):
+        return None
+    key, addr, sig = msg
+    if not (isinstance(key, bytes) and len(key) == limits.KEY_BYTES and key != server_key):
+        return None
+    if not (isinstance(addr, str) and len(addr) <= limits.MAX_ADDR_CHARS and isinstance(sig, bytes)):
+        return None
+    if not keys.verify(key, _auth_bytes(server_key, key, addr), sig):
+        return None
+    return key, addr
 
 
 def _auth_bytes(server_key: bytes, client_key: bytes, listen_addr: str) -> bytes:
@@ -269,12 +296,8 @@ class _Connection:
 
     def _handle_auth(self, frame: bytes) -> None:
         ep = self.endpoint
-        try:
-            msg = msgpack.unpackb(frame, raw=False, use_list=True)
-        except Exception:  # noqa: BLE001 - any garbage is an auth failure, never a crash
-            msg = None
         if self.outbound:
-            if msg == ["ok"]:
+            if frame == _OK:
                 key = _peer_key(self.quic)
                 if key is not None:
                     self.authed = Link(self, key, format_addr(*self.addr[:2]), outbound=True)
@@ -282,21 +305,12 @@ class _Connection:
                     return
             self.close("link auth refused", error_code=4)
             return
-        ok = (
-            isinstance(msg, list)
-            and len(msg) == 3
-            and isinstance(msg[0], bytes)
-            and len(msg[0]) == limits.KEY_BYTES
-            and isinstance(msg[1], str)
-            and len(msg[1]) <= limits.MAX_ADDR_CHARS
-            and isinstance(msg[2], bytes)
-            and keys.verify(msg[0], _auth_bytes(ep.identity.public_key, msg[0], msg[1]), msg[2])
-        )
-        if not ok or msg[0] == ep.identity.public_key:
+        proof = parse_auth(frame, ep.identity.public_key)
+        if proof is None:
             self.close("bad link auth", error_code=4)
             return
         self.send_frame(msgpack.packb(["ok"]))
-        self.authed = Link(self, msg[0], msg[1], outbound=False)
+        self.authed = Link(self, proof[0], proof[1], outbound=False)
         self.auth_result.set()
         ep.spawn_link(self.authed)
 
@@ -422,6 +436,10 @@ class QuicEndpoint:
         assert self._on_link is not None
         try:
             await self._on_link(link)
+        except LinkClosed:
+            pass
+        except Exception:  # noqa: BLE001 - one link's failure must never take the endpoint down
+            log.exception("link handler failed", peer=link.peer_node_id)
         finally:
             await link.aclose("handler done")
 

@@ -1,0 +1,166 @@
+"""The link manager: carries the engine's Send/Connect/Disconnect effects over QUIC links.
+
+It implements the `NetworkSink` the relay service drives (inri.node.service) and feeds link events
+back into it: `peer_up` when a link is authenticated, `receive_frame` for every frame, `peer_down`
+when a link dies, `connect_failed` when a dial does not produce a link. Membership decisions (whom to
+dial, whom to drop) stay in the engine; this module only owns sockets.
+
+At most one link per neighbour: when two relays dial each other at once, the link dialled by the
+smaller node id wins on both sides, so neither ends up with two half-used connections.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import structlog
+import trio
+
+from inri.node.quic import ConnectError, Link, LinkClosed, QuicEndpoint
+
+log = structlog.get_logger("inri.links")
+
+
+class LinkEvents(Protocol):
+    """What the link manager reports (RelayService implements it)."""
+
+    def peer_up(self, peer: str, *, outbound: bool, addr: str) -> None: ...
+
+    def peer_down(self, peer: str, reason: str) -> None: ...
+
+    def connect_failed(self, peer: str) -> None: ...
+
+    def receive_frame(self, peer: str, data: bytes) -> None: ...
+
+
+class LinkManager:
+    """Owns the QUIC endpoint's links; one per neighbour node id."""
+
+    def __init__(self, endpoint: QuicEndpoint, *, connect_timeout_s: float = 5.0) -> None:
+        self.endpoint = endpoint
+        self.connect_timeout_s = connect_timeout_s
+        self.events: LinkEvents | None = None
+        self._links: dict[str, Link] = {}
+        self._dropped_by_us: set[Link] = set()
+        self._dialling: set[str] = set()
+        self._nursery: trio.Nursery | None = None
+        self.stats = {"frames_out": 0, "frames_in": 0, "frames_unroutable": 0, "links_opened": 0,
+                      "links_closed": 0, "dial_failures": 0, "duplicate_links": 0}
+
+    # -- NetworkSink ------------------------------------------------------------------------------
+
+    def send(self, peer: str, frame: bytes, delay: float) -> None:
+        """Queue frame to peer (after delay seconds); a frame for a peer with no link is dropped."""
+        link = self._links.get(peer)
+        if link is None:
+            self.stats["frames_unroutable"] += 1
+            return
+        if delay > 0 and self._nursery is not None:
+            self._nursery.start_soon(self._send_later, link, frame, delay)
+            return
+        self._send_now(link, frame)
+
+    def _send_now(self, link: Link, frame: bytes) -> None:
+        try:
+            link.send_nowait(frame)
+            self.stats["frames_out"] += 1
+        except LinkClosed:
+            self.stats["frames_unroutable"] += 1
+
+    async def _send_later(self, link: Link, frame: bytes, delay: float) -> None:
+        await trio.sleep(delay)
+        self._send_now(link, frame)
+
+    def connect(self, peer: str, addr: str) -> None:
+        """Dial peer at addr in the background; reports peer_up or connect_failed."""
+        if peer in self._links or peer in self._dialling or self._nursery is None:
+            if peer in self._links and self.events is not None:
+                # Already linked (it dialled us first): tell the engine the link it wants exists.
+                link = self._links[peer]
+                self.events.peer_up(peer, outbound=link.outbound, addr=link.listen_addr or addr)
+            return
+        self._dialling.add(peer)
+        self._nursery.start_soon(self._dial, peer, addr)
+
+    def disconnect(self, peer: str, reason: str) -> None:
+        """Close the link to peer; the engine already forgot it, so no peer_down follows."""
+        link = self._links.pop(peer, None)
+        if link is None:
+            return
+        self._dropped_by_us.add(link)
+        self._nursery_close(link, reason)
+
+    # -- running ----------------------------------------------------------------------------------
+
+    def _nursery_close(self, link: Link, reason: str) -> None:
+        if self._nursery is not None:
+            self._nursery.start_soon(link.aclose, reason)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Serve inbound links on the endpoint until cancelled."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            await nursery.start(self.endpoint.serve, self._inbound)
+            task_status.started()
+            await trio.sleep_forever()
+
+    def neighbours(self) -> list[dict[str, object]]:
+        """Current links (for /v1/status)."""
+        return [
+            {"node_id": p, "addr": link.listen_addr or link.remote_addr, "outbound": link.outbound}
+            for p, link in sorted(self._links.items())
+        ]
+
+    async def _dial(self, peer: str, addr: str) -> None:
+        try:
+            link = await self.endpoint.connect(addr, expect_node_id=peer, timeout_s=self.connect_timeout_s)
+        except (ConnectError, OSError) as exc:
+            self._dialling.discard(peer)
+            self.stats["dial_failures"] += 1
+            log.debug("dial failed", peer=peer, addr=addr, error=str(exc))
+            if peer not in self._links and self.events is not None:
+                self.events.connect_failed(peer)
+            return
+        self._dialling.discard(peer)
+        await self._serve_link(link, addr)
+
+    async def _inbound(self, link: Link) -> None:
+        await self._serve_link(link, link.listen_addr)
+
+    async def _serve_link(self, link: Link, addr: str) -> None:
+        peer = link.peer_node_id
+        existing = self._links.get(peer)
+        if existing is not None and not existing.closed:
+            # Simultaneous dials: keep the link whose dialler has the smaller node id.
+            me = self.endpoint.identity.node_id
+            keep_new = (link.outbound and me < peer) or (not link.outbound and peer < me)
+            self.stats["duplicate_links"] += 1
+            if not keep_new:
+                await link.aclose("duplicate link")
+                return
+            self._links[peer] = link
+            self._dropped_by_us.add(existing)
+            await existing.aclose("duplicate link")
+        else:
+            self._links[peer] = link
+            self.stats["links_opened"] += 1
+            if self.events is not None:
+                self.events.peer_up(peer, outbound=link.outbound, addr=addr)
+        reason = "closed"
+        try:
+            while True:
+                frame = await link.receive()
+                self.stats["frames_in"] += 1
+                if self.events is not None:
+                    self.events.receive_frame(peer, frame)
+        except LinkClosed as exc:
+            reason = str(exc) or "closed"
+        finally:
+            self.stats["links_closed"] += 1
+            ours = link in self._dropped_by_us
+            self._dropped_by_us.discard(link)
+            if self._links.get(peer) is link:
+                del self._links[peer]
+                if not ours and self.events is not None:
+                    self.events.peer_down(peer, "link_closed: " + reason[:80])
+            await link.aclose(reason)
