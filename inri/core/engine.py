@@ -184,6 +184,7 @@ class Engine:
         self._next_sweep = 0.0
         self._next_exchange = 0.0
         self.counters: dict[str, int] = {}
+        self.reg_duplicates = 0  # gossip arrivals of a known (route, epoch): a plain int on the hot path
 
     # ------------------------------------------------------------------------------------------
     # helpers
@@ -429,6 +430,7 @@ class Engine:
         self, peer: str, msg: RegGossip, entry: tuple, rid: bytes, now: float
     ) -> list[Effect]:
         # R3: a backup only if feasible (neighbour's distance < our feasibility distance) and new.
+        self.reg_duplicates += 1
         fd = entry[2]
         reg = msg.registration
         if (
@@ -883,5 +885,6 @@ class Engine:
             "passive": len(self._passive),
             "connecting": len(self._connecting),
             "lost": len(self._lost),
+            "reg_duplicate": self.reg_duplicates,
             **self.counters,
         }

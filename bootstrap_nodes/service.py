@@ -1,0 +1,308 @@
+"""The bootstrap node: announce, peer lists, record sync, health and metrics over HTTP (hypercorn/trio).
+
+Announce rules, in the order they are checked (each refusal has a stable code, docs/operations.md):
+size (413 too_large) -> rate (429 rate_limited) -> decoding (400 malformed) -> signature (403
+bad_signature) -> freshness (400 stale_record) -> sequence (409 replayed_seq) -> addresses (403
+address_not_allowed) -> per-prefix cap (409 prefix_full) -> capacity (503 full) -> QUIC handshake
+back to the address proving the node key (422 unreachable). Only then is the record stored and
+listed; a refused announcement changes nothing.
+
+Records from peer bootstraps go through the same checks (they are signed by the relays, not by the
+peer bootstrap) including the probe, so one bad bootstrap cannot list what it could not prove.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import ipaddress
+import json
+import math
+import random
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl
+
+import httpx
+import structlog
+import trio
+
+from bootstrap_nodes.config import BootstrapConfig
+from bootstrap_nodes.ranking import Candidate, prefix_of, rank
+from bootstrap_nodes.store import RecordStore
+from inri.node.ratelimit import RateLimiter, client_key
+from inri.protocol.codec import DecodeError
+from inri.protocol.peer_record import PeerRecord, decode_record, verify_record
+
+log = structlog.get_logger("inri.bootstrap")
+
+Prober = Callable[[str, str], Awaitable[bool]]  # (addr, node_id) -> key proven at addr
+MAX_PROBES = 16  # concurrent QUIC probes: bounds what an announce flood can make us send
+SWEEP_S = 10.0
+
+
+class Refused(Exception):
+    """An announcement or request refused with an HTTP status and a stable code."""
+
+    def __init__(self, status: int, code: str, detail: str, retry_after: int | None = None) -> None:
+        super().__init__(detail)
+        self.status, self.code, self.detail, self.retry_after = status, code, detail, retry_after
+
+
+def b64e(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+
+
+def b64d(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def _host(addr: str) -> str:
+    host = addr.rpartition(":")[0]
+    return host[1:-1] if host.startswith("[") else host
+
+
+class Bootstrap:
+    """The bootstrap node's state and rules (the ASGI app and background loops wrap it)."""
+
+    def __init__(self, cfg: BootstrapConfig, prober: Prober, *, clock: Callable[[], float] = time.time) -> None:
+        self.cfg = cfg
+        data = Path(cfg.data_dir)
+        data.mkdir(parents=True, exist_ok=True)
+        self.store = RecordStore(data / "records.sqlite3")
+        self.prober = prober
+        self.clock = clock
+        self.rng = random.Random()
+        self.rate = RateLimiter(cfg.rate_per_s, cfg.rate_burst)
+        self.probe_limit = trio.CapacityLimiter(MAX_PROBES)
+        self.counters: dict[str, int] = {}
+        self.store.expire(clock())
+
+    def _count(self, name: str) -> None:
+        self.counters[name] = self.counters.get(name, 0) + 1
+
+    def close(self) -> None:
+        self.store.close()
+
+    # -- records ----------------------------------------------------------------------------------
+
+    def _address_allowed(self, addr: str) -> bool:
+        try:
+            ip = ipaddress.ip_address(_host(addr))
+        except ValueError:
+            return False  # IP literals only: a bootstrap never resolves names relays hand it
+        if ip.is_unspecified or ip.is_multicast or ip.is_reserved:
+            return False
+        if ip.is_loopback or ip.is_private or ip.is_link_local:
+            return self.cfg.allow_private
+        return True
+
+    async def admit(self, raw: bytes, *, source: str, max_age_s: float | None = None) -> PeerRecord:
+        """Check a record fully (module docstring order) and store it; Refused otherwise."""
+        try:
+            rec = decode_record(raw)
+        except DecodeError as exc:
+            code = "too_large" if exc.code == "too_large" else "malformed"
+            raise Refused(413 if code == "too_large" else 400, code, exc.detail) from None
+        if not verify_record(rec):
+            raise Refused(403, "bad_signature", "record signature does not verify for its node key")
+        now = self.clock()
+        skew = self.cfg.max_skew_s
+        oldest = now - (max_age_s if max_age_s is not None else skew)
+        if rec.timestamp < oldest or rec.timestamp > now + skew:
+            raise Refused(400, "stale_record", f"record timestamp {rec.timestamp} is outside the accepted window")
+        old = self.store.get(rec.node_id)
+        if old is not None and rec.seq <= old.record.seq:
+            raise Refused(409, "replayed_seq", f"seq {rec.seq} is not newer than the stored {old.record.seq}")
+        bad = [a for a in rec.addrs if not self._address_allowed(a)]
+        if bad:
+            raise Refused(403, "address_not_allowed", f"address {bad[0]} is not a public IP literal "
+                          "(loopback/private need allow_private)")
+        prefix = prefix_of(_host(rec.addrs[0]))
+        if self.store.count_prefix(prefix, rec.node_id) >= self.cfg.per_prefix_max:
+            raise Refused(409, "prefix_full", f"{prefix} already has {self.cfg.per_prefix_max} relays listed")
+        if old is None and len(self.store.entries) >= self.cfg.max_records:
+            raise Refused(503, "full", "this bootstrap holds its maximum number of records", retry_after=60)
+        async with self.probe_limit:
+            proven = [a for a in rec.addrs if await self.prober(a, rec.node_id)]
+        if len(proven) != len(rec.addrs):
+            missing = next(a for a in rec.addrs if a not in proven)
+            raise Refused(422, "unreachable", f"no QUIC handshake with this node key at {missing}")
+        current = self.store.get(rec.node_id)
+        if current is not None and rec.seq <= current.record.seq:  # a newer one arrived while we probed
+            raise Refused(409, "replayed_seq", "a newer record arrived meanwhile")
+        self.store.put(rec, prefix, rec.timestamp + self.cfg.record_ttl_s, now, source)
+        return rec
+
+    def peers(self, asker: str | None, asker_geo: str | None, source_host: str, count: int) -> list[dict[str, Any]]:
+        now = self.clock()
+        entries = [e for e in self.store.entries.values() if e.expires_at > now]
+        mine = self.store.get(asker) if asker else None
+        asker_prefix = mine.prefix if mine is not None else prefix_of(source_host)
+        if asker_geo is None and mine is not None:
+            asker_geo = mine.record.geo
+        cands = [Candidate(e.record.node_id, e.record.addrs[0], e.prefix, e.record.geo) for e in entries]
+        by_id = {e.record.node_id: e for e in entries}
+        chosen = rank(cands, asker=asker, asker_prefix=asker_prefix, asker_geo=asker_geo,
+                      count=min(count, self.cfg.max_peers_answer), rng=self.rng)
+        return [{"node_id": c.node_id, "addr": c.addr, "geo": c.geo, "capacity": by_id[c.node_id].record.capacity,
+                 "record": b64e(by_id[c.node_id].raw)} for c in chosen]
+
+    # -- background -------------------------------------------------------------------------------
+
+    async def sweep_loop(self) -> None:
+        while True:
+            await trio.sleep(SWEEP_S)
+            n = self.store.expire(self.clock())
+            if n:
+                log.info("records expired", count=n)
+
+    async def sync_loop(self) -> None:
+        """Pull records from peer bootstraps (each re-checked and probed like an announcement)."""
+        cursors: dict[str, float] = {}
+        async with httpx.AsyncClient(timeout=5.0) as client:
+            while True:
+                for url in self.cfg.peers:
+                    try:
+                        await self._sync_from(client, url, cursors)
+                    except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+                        self._count("sync_failed")
+                        log.debug("sync failed", peer=url, error=str(exc))
+                await trio.sleep(self.cfg.sync_interval_s)
+
+    async def _sync_from(self, client: httpx.AsyncClient, url: str, cursors: dict[str, float]) -> None:
+        r = await client.get(url.rstrip("/") + "/v1/records", params={"since": cursors.get(url, 0.0)})
+        r.raise_for_status()
+        data = r.json()
+        for text in data["records"][:1000]:
+            try:
+                await self.admit(b64d(text), source=url, max_age_s=self.cfg.record_ttl_s)
+                self._count("sync_admitted")
+            except (Refused, binascii.Error, ValueError) as exc:
+                if not (isinstance(exc, Refused) and exc.code == "replayed_seq"):
+                    self._count("sync_refused")
+        cursors[url] = float(data["now"]) - 1.0  # a little overlap: clocks of peers differ
+
+
+class BootstrapApp:
+    """ASGI app over a Bootstrap."""
+
+    def __init__(self, boot: Bootstrap) -> None:
+        self.boot = boot
+        self.http_codes: dict[int, int] = {}
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                msg = await receive()
+                if msg["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif msg["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        if scope["type"] != "http":
+            return
+        try:
+            status, payload, ctype = await self._route(scope, receive)
+        except Refused as r:
+            self.boot._count("refused_" + r.code)
+            await self._send(send, r.status, {"type": "https://inri.dev/problems/" + r.code, "title": r.code,
+                                              "status": r.status, "detail": r.detail, "code": r.code},
+                             "application/problem+json", r.retry_after)
+            return
+        except Exception:  # noqa: BLE001 - answer 500, keep serving
+            log.exception("request failed", path=scope.get("path"))
+            await self._send(send, 500, {"code": "internal", "status": 500, "title": "internal",
+                                         "detail": "internal error"}, "application/problem+json")
+            return
+        await self._send(send, status, payload, ctype)
+
+    async def _send(self, send: Any, status: int, payload: Any, ctype: str, retry_after: int | None = None) -> None:
+        self.http_codes[status] = self.http_codes.get(status, 0) + 1
+        body = payload.encode() if isinstance(payload, str) else json.dumps(payload).encode()
+        headers = [(b"content-type", ctype.encode()), (b"content-length", str(len(body)).encode())]
+        if retry_after is not None:
+            headers.append((b"retry-after", str(retry_after).encode()))
+        if status == 413:
+            headers.append((b"connection", b"close"))
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    async def _body(self, scope: dict[str, Any], receive: Any) -> bytes:
+        limit = self.boot.cfg.max_body_bytes
+        for k, v in scope.get("headers", []):
+            if k.lower() == b"content-length":
+                try:
+                    declared = int(v)
+                except ValueError:
+                    raise Refused(400, "malformed", "bad Content-Length") from None
+                if declared > limit:
+                    raise Refused(413, "too_large", f"body over {limit} bytes")
+        chunks, size = [], 0
+        while True:
+            msg = await receive()
+            if msg["type"] == "http.disconnect":
+                raise Refused(400, "malformed", "client went away")
+            chunk = msg.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise Refused(413, "too_large", f"body over {limit} bytes")
+            chunks.append(chunk)
+            if not msg.get("more_body"):
+                return b"".join(chunks)
+
+    async def _route(self, scope: dict[str, Any], receive: Any) -> tuple[int, Any, str]:
+        path, method = scope["path"], scope["method"]
+        boot = self.boot
+        js = "application/json"
+        if path == "/healthz" and method == "GET":
+            return 200, {"status": "ok", "records": len(boot.store.entries)}, js
+        if path == "/metrics" and method == "GET":
+            return 200, self._metrics(), "text/plain; version=0.0.4"
+        if path not in ("/v1/announce", "/v1/peers", "/v1/records"):
+            raise Refused(404, "not_found", f"no endpoint {path}")
+        wait = boot.rate.take(client_key(scope))
+        if wait:
+            raise Refused(429, "rate_limited", "too many requests from this address", max(1, math.ceil(wait)))
+        query = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1")))
+        if path == "/v1/announce":
+            if method != "POST":
+                raise Refused(405, "method_not_allowed", "POST a msgpack record")
+            raw = await self._body(scope, receive)
+            rec = await boot.admit(raw, source="announce")
+            boot._count("announce_accepted")
+            expires = rec.timestamp + boot.cfg.record_ttl_s
+            return 200, {"listed": True, "node_id": rec.node_id, "expires_at": expires}, js
+        if method != "GET":
+            raise Refused(405, "method_not_allowed", "GET only")
+        if path == "/v1/peers":
+            try:
+                count = int(query.get("count", "8"))
+            except ValueError:
+                raise Refused(400, "malformed", "count must be an integer") from None
+            if not 1 <= count <= 64:
+                raise Refused(400, "malformed", "count must be 1..64")
+            host = str((scope.get("client") or ("", 0))[0])
+            peers = boot.peers(query.get("node_id") or None, query.get("geo") or None, host, count)
+            boot._count("peer_lists")
+            return 200, {"peers": peers}, js
+        try:
+            since = float(query.get("since", "0"))
+        except ValueError:
+            raise Refused(400, "malformed", "since must be a number") from None
+        now = boot.clock()
+        records = [b64e(e.raw) for e in boot.store.since(since, 1000) if e.expires_at > now]
+        return 200, {"records": records, "now": now}, js
+
+    def _metrics(self) -> str:
+        b = self.boot
+        lines = ["# TYPE inri_bootstrap_records gauge", f"inri_bootstrap_records {len(b.store.entries)}",
+                 "# TYPE inri_bootstrap_events_total counter"]
+        lines += [f'inri_bootstrap_events_total{{event="{k}"}} {v}' for k, v in sorted(b.counters.items())]
+        lines += ["# TYPE inri_bootstrap_rate_limited_total counter",
+                  f"inri_bootstrap_rate_limited_total {b.rate.hits}",
+                  "# TYPE inri_bootstrap_http_responses_total counter"]
+        lines += [f'inri_bootstrap_http_responses_total{{code="{c}"}} {n}' for c, n in sorted(self.http_codes.items())]
+        return "\n".join(lines) + "\n"

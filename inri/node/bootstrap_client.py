@@ -1,0 +1,143 @@
+"""The relay side of bootstrap nodes: announce this relay, refresh the announcement, fetch peers.
+
+A relay configured with several bootstrap URLs uses any that answers: announcements go to the
+first that accepts (in shuffled order, so load spreads), peer lists merge the answers of two.
+Peer entries are signed records; the client re-verifies each signature, so a bootstrap can omit
+relays but cannot invent or alter one.
+"""
+
+from __future__ import annotations
+
+import base64
+import random
+import tomllib
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from inri.node.identity import NodeIdentity
+from inri.protocol.codec import DecodeError
+from inri.protocol.messages import PeerInfo
+from inri.protocol.peer_record import PeerRecord, decode_record, encode_record, make_peer_record, verify_record
+
+
+class BootstrapError(Exception):
+    """No bootstrap accepted the request; `code` is the last problem code (or 'unreachable')."""
+
+    def __init__(self, code: str, detail: str) -> None:
+        super().__init__(f"{code}: {detail}")
+        self.code = code
+        self.detail = detail
+
+
+def load_seed_list(path: str | Path | None = None) -> list[str]:
+    """Bootstrap URLs from a seed-list TOML file (default: bootstrap_nodes/default.toml)."""
+    if path is None:
+        text = resources.files("bootstrap_nodes").joinpath("default.toml").read_text(encoding="utf-8")
+    else:
+        text = Path(path).read_text(encoding="utf-8")
+    data = tomllib.loads(text)
+    urls = []
+    for entry in data.get("bootstrap", []):
+        url = entry.get("url") if isinstance(entry, dict) else None
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise ValueError(f"seed list entry without a valid url: {entry!r}")
+        urls.append(url)
+    return urls
+
+
+def make_record(
+    identity: NodeIdentity, addrs: list[str], geo: str | None, capacity: int, seq: int, now: int
+) -> PeerRecord:
+    """This relay's signed announcement."""
+    return make_peer_record(identity.signing_key, addrs, geo or "", capacity, now, seq)
+
+
+def _problem(r: httpx.Response) -> tuple[str, str]:
+    try:
+        body = r.json()
+        return str(body.get("code", r.status_code)), str(body.get("detail", ""))
+    except ValueError:
+        return str(r.status_code), r.text[:200]
+
+
+class BootstrapClient:
+    """Talks to a list of bootstrap nodes."""
+
+    def __init__(self, urls: list[str], *, timeout_s: float = 3.0, local_address: str | None = None) -> None:
+        if not urls:
+            raise ValueError("no bootstrap URLs configured")
+        self.urls = [u.rstrip("/") for u in urls]
+        self.timeout_s = timeout_s
+        self.local_address = local_address  # bind the source address (tests with many 127.0.0.x relays)
+
+    def _client(self) -> httpx.AsyncClient:
+        transport = httpx.AsyncHTTPTransport(local_address=self.local_address) if self.local_address else None
+        return httpx.AsyncClient(timeout=self.timeout_s, transport=transport)
+
+    async def announce(self, record: PeerRecord) -> str:
+        """Announce to the first bootstrap that accepts; returns its URL. BootstrapError if none did."""
+        body = encode_record(record)
+        last = ("unreachable", "no bootstrap answered")
+        urls = self.urls[:]
+        random.shuffle(urls)
+        async with self._client() as client:
+            for url in urls:
+                try:
+                    r = await client.post(url + "/v1/announce", content=body,
+                                          headers={"content-type": "application/msgpack"})
+                except httpx.HTTPError as exc:
+                    last = ("unreachable", f"{url}: {type(exc).__name__}")
+                    continue
+                if r.status_code == 200:
+                    return url
+                last = _problem(r)
+                if last[0] in ("bad_signature", "malformed", "too_large", "replayed_seq"):
+                    break  # every bootstrap would refuse this record the same way
+        raise BootstrapError(*last)
+
+    async def fetch_peers(self, node_id: str, geo: str | None, count: int) -> list[PeerInfo]:
+        """Peers from up to two bootstraps, signatures re-checked, merged without duplicates or ourselves."""
+        urls = self.urls[:]
+        random.shuffle(urls)
+        found: dict[str, PeerInfo] = {}
+        answered = 0
+        last = ("unreachable", "no bootstrap answered")
+        async with self._client() as client:
+            for url in urls:
+                if answered >= 2:
+                    break
+                params: dict[str, Any] = {"node_id": node_id, "count": count}
+                if geo:
+                    params["geo"] = geo
+                try:
+                    r = await client.get(url + "/v1/peers", params=params)
+                except httpx.HTTPError as exc:
+                    last = ("unreachable", f"{url}: {type(exc).__name__}")
+                    continue
+                if r.status_code != 200:
+                    last = _problem(r)
+                    continue
+                answered += 1
+                try:
+                    entries = r.json()["peers"]
+                except (ValueError, KeyError, TypeError):
+                    continue
+                for entry in entries if isinstance(entries, list) else []:
+                    rec = _verified(entry)
+                    if rec is not None and rec.node_id != node_id:
+                        found.setdefault(rec.node_id, PeerInfo(rec.node_id, rec.addrs[0]))
+        if not answered:
+            raise BootstrapError(*last)
+        return list(found.values())
+
+
+def _verified(entry: Any) -> PeerRecord | None:
+    try:
+        text = entry["record"]
+        rec = decode_record(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
+    except (KeyError, TypeError, ValueError, DecodeError):
+        return None
+    return rec if verify_record(rec) else None

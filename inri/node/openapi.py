@@ -1,0 +1,126 @@
+"""The OpenAPI 3.1 document of the relay API, served at GET /openapi.json (prose: docs/api.md)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+B64 = {"type": "string", "contentEncoding": "base64url", "description": "base64url, padding optional"}
+HEX_ID = {"type": "string", "pattern": "^[0-9a-f]{32}$"}
+
+
+def _problem_ref(*codes: str) -> dict[str, Any]:
+    return {
+        "description": "problem+json; code one of: " + ", ".join(codes),
+        "content": {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}},
+    }
+
+
+def _json(schema: dict[str, Any], description: str = "OK") -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _body(schema: dict[str, Any], required: bool = True) -> dict[str, Any]:
+    return {"required": required, "content": {"application/json": {"schema": schema}}}
+
+
+DEVICE_PARAM = {"name": "device_id", "in": "path", "required": True, "schema": HEX_ID,
+                "description": "the device's route id (hex)"}
+AUTH_ERRORS = {"401": _problem_ref("bad_credentials"), "404": _problem_ref("unknown_device"),
+               "429": _problem_ref("rate_limited")}
+
+
+def openapi_document(version: str) -> dict[str, Any]:
+    """The whole document."""
+    message = {"type": "object", "properties": {"id": HEX_ID, "ciphertext": B64, "received_at": {"type": "number"}}}
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "INRI relay API",
+            "version": version,
+            "description": "Register devices, push sealed payloads at any relay, receive them live or by pull. "
+            "See docs/api.md.",
+        },
+        "components": {
+            "securitySchemes": {"device": {"type": "http", "scheme": "bearer",
+                                           "description": "the device_secret returned at registration"}},
+            "schemas": {
+                "Problem": {
+                    "type": "object",
+                    "required": ["type", "title", "status", "code"],
+                    "properties": {"type": {"type": "string"}, "title": {"type": "string"},
+                                   "status": {"type": "integer"}, "detail": {"type": "string"},
+                                   "code": {"type": "string"}, "instance": {"type": "string"}},
+                },
+            },
+        },
+        "paths": {
+            "/v1/devices": {"post": {
+                "summary": "Register a device at this (home) relay",
+                "requestBody": _body({"type": "object", "required": ["registration"], "properties": {
+                    "registration": B64, "tokens": {"type": "integer", "minimum": 1, "maximum": 500}}}),
+                "responses": {
+                    "201": _json({"type": "object", "properties": {
+                        "device_id": HEX_ID, "device_secret": B64, "tokens": {"type": "array", "items": B64},
+                        "relay": {"type": "string"}, "expires_at": {"type": "integer"}}}, "registered"),
+                    "400": _problem_ref("malformed_json", "bad_registration"),
+                    "409": _problem_ref("already_registered"), "413": _problem_ref("too_large"),
+                    "422": _problem_ref("invalid_field"), "429": _problem_ref("rate_limited")}}},
+            "/v1/devices/{device_id}/registration": {"post": {
+                "summary": "Refresh the registration (a newer epoch under the same route key)",
+                "security": [{"device": []}], "parameters": [DEVICE_PARAM],
+                "requestBody": _body({"type": "object", "required": ["registration"],
+                                      "properties": {"registration": B64}}),
+                "responses": {"200": _json({"type": "object"}),
+                              "400": _problem_ref("bad_registration", "not_newer"), **AUTH_ERRORS}}},
+            "/v1/devices/{device_id}/tokens": {"post": {
+                "summary": "More one-use tokens", "security": [{"device": []}], "parameters": [DEVICE_PARAM],
+                "requestBody": _body({"type": "object", "properties": {"count": {"type": "integer"}}}, False),
+                "responses": {"200": _json({"type": "object", "properties": {
+                    "tokens": {"type": "array", "items": B64}}}), **AUTH_ERRORS}}},
+            "/v1/devices/{device_id}": {"delete": {
+                "summary": "Unregister: delete everything about the device", "security": [{"device": []}],
+                "parameters": [DEVICE_PARAM], "responses": {"204": {"description": "deleted"}, **AUTH_ERRORS}}},
+            "/v1/devices/{device_id}/messages": {"get": {
+                "summary": "Pull unacknowledged messages, oldest first", "security": [{"device": []}],
+                "parameters": [DEVICE_PARAM, {"name": "limit", "in": "query",
+                                              "schema": {"type": "integer", "minimum": 1, "maximum": 1000}}],
+                "responses": {"200": _json({"type": "object", "properties": {
+                    "messages": {"type": "array", "items": message}}}), **AUTH_ERRORS}}},
+            "/v1/devices/{device_id}/ack": {"post": {
+                "summary": "Acknowledge messages: they are deleted and never sent again",
+                "security": [{"device": []}], "parameters": [DEVICE_PARAM],
+                "requestBody": _body({"type": "object", "required": ["ids"], "properties": {
+                    "ids": {"type": "array", "items": HEX_ID, "maxItems": 500}}}),
+                "responses": {"200": _json({"type": "object", "properties": {"deleted": {"type": "integer"}}}),
+                              **AUTH_ERRORS}}},
+            "/v1/devices/{device_id}/stream": {"get": {
+                "summary": "WebSocket: live delivery (see docs/api.md for the frame protocol)",
+                "security": [{"device": []}], "parameters": [DEVICE_PARAM],
+                "responses": {"101": {"description": "switching to WebSocket"}}}},
+            "/v1/push": {"post": {
+                "summary": "Push a sealed payload with a push credential, at any relay",
+                "requestBody": _body({"type": "object", "required": ["registration", "token", "ciphertext"],
+                                      "properties": {"registration": B64, "token": B64, "ciphertext": B64}}),
+                "responses": {
+                    "202": _json({"type": "object", "properties": {"push_id": HEX_ID, "status": {"type": "string"}}},
+                                 "accepted and durably in custody"),
+                    "400": _problem_ref("malformed_json", "bad_registration"), "413": _problem_ref("too_large"),
+                    "422": _problem_ref("invalid_field"), "429": _problem_ref("rate_limited"),
+                    "503": _problem_ref("overloaded")}}},
+            "/v1/push/{push_id}": {"get": {
+                "summary": "Status of a push accepted by this relay",
+                "parameters": [{"name": "push_id", "in": "path", "required": True, "schema": HEX_ID}],
+                "responses": {"200": _json({"type": "object", "properties": {
+                    "push_id": HEX_ID,
+                    "status": {"enum": ["pending", "delivered", "duplicate", "spent", "unknown_token",
+                                        "mailbox_full", "expired", "unreachable"]},
+                    "hops": {"type": ["integer", "null"]}, "accepted_at": {"type": "number"},
+                    "settled_at": {"type": ["number", "null"]}}}), "404": _problem_ref("not_found")}}},
+            "/healthz": {"get": {"summary": "Liveness", "responses": {"200": _json({"type": "object"})}}},
+            "/v1/status": {"get": {"summary": "Neighbours, routes, queues",
+                                   "responses": {"200": _json({"type": "object"})}}},
+            "/metrics": {"get": {"summary": "Prometheus metrics",
+                                 "responses": {"200": {"description": "text/plain; version=0.0.4"}}}},
+            "/openapi.json": {"get": {"summary": "This document", "responses": {"200": _json({"type": "object"})}}},
+        },
+    }

@@ -1,0 +1,304 @@
+"""The relay service: drives one sans-IO `Engine` with real time, a durable store and a network sink.
+
+Every input (a frame, a link event, an API call, the timer) goes into the engine with `now`, and the
+effects come out in order: Send/Connect/Disconnect go to the network sink (QUIC links in the daemon,
+memory channels in tests), CustodyTaken is committed to SQLite before the API answers 202,
+CustodyReleased records the final status, Delivered wakes the device's live streams.
+
+Calls are synchronous and short (one SQLite transaction at most), so they run on the trio thread
+without blocking it for long; `run()` is the only task: it restores custody after a restart,
+re-originates the gossip of every device homed here, and sleeps until the engine's next timer.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import structlog
+import trio
+
+from inri.core.api import (
+    Connect,
+    CustodyReleased,
+    CustodyTaken,
+    Delivered,
+    Disconnect,
+    Effect,
+    InjectOutcome,
+    InjectResult,
+    Send,
+    Tracer,
+    Verifier,
+)
+from inri.core.config import EngineConfig
+from inri.core.engine import Engine
+from inri.core.verify import CachingVerifier
+from inri.node.store import Store
+from inri.protocol.codec import encode
+from inri.protocol.messages import (
+    ErrorFrame,
+    Hello,
+    Keepalive,
+    MessageType,
+    PeerExchange,
+    PeerInfo,
+    Push,
+    Receipt,
+    RegGossip,
+    Registration,
+    RouteError,
+)
+
+log = structlog.get_logger("inri.service")
+
+_OUT_NAMES = {cls: "frames_out_" + cls.__name__.lower() for cls in
+              (Hello, RegGossip, Push, Receipt, RouteError, Keepalive, PeerExchange, ErrorFrame)}
+_IN_NAMES = {int(t): "frames_in_" + t.name.lower() for t in MessageType}
+PUSH_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+
+
+class NetworkSink(Protocol):
+    """Where the engine's network effects go (inri.node.links.LinkManager over QUIC)."""
+
+    def send(self, peer: str, frame: bytes, delay: float) -> None: ...
+
+    def connect(self, peer: str, addr: str) -> None: ...
+
+    def disconnect(self, peer: str, reason: str) -> None: ...
+
+
+class RegistrationError(ValueError):
+    """A device registration was refused (code: bad_registration, already_registered, not_newer)."""
+
+    def __init__(self, code: str, detail: str) -> None:
+        super().__init__(detail)
+        self.code = code
+        self.detail = detail
+
+
+class RelayService:
+    """One relay's protocol state plus its durable side effects (see module docstring)."""
+
+    def __init__(
+        self,
+        node_id: str,
+        engine_config: EngineConfig,
+        store: Store,
+        network: NetworkSink,
+        tracer: Tracer,
+        *,
+        listen_addr: str = "",
+        rng: random.Random | None = None,
+        verifier: Verifier | None = None,
+        clock: Callable[[], float] = time.time,
+        mailbox_max: int | None = None,
+    ) -> None:
+        self.node_id = node_id
+        self.store = store
+        if mailbox_max is not None:
+            store.mailbox_max = mailbox_max
+        self.network = network
+        self.clock = clock
+        self.verifier = verifier or CachingVerifier()
+        self.engine = Engine(node_id, engine_config, verifier=self.verifier, home=store, tracer=tracer,
+                             rng=rng or random.Random(), listen_addr=listen_addr)
+        self._wake = trio.Event()
+        self._mail_events: dict[bytes, trio.Event] = {}
+        self._custody: set[bytes] = set()
+        self.started_at = clock()
+        self.counters: dict[str, int] = {}
+        self.push_latency = [0] * (len(PUSH_LATENCY_BUCKETS) + 1)
+        self.push_latency_sum = 0.0
+
+    def _count(self, name: str, n: int = 1) -> None:
+        self.counters[name] = self.counters.get(name, 0) + n
+
+    # -- effects ----------------------------------------------------------------------------------
+
+    def _apply(self, effects: list[Effect]) -> None:
+        now = self.clock()
+        attempts: list[tuple[bytes, int]] = []
+        for e in effects:
+            if type(e) is Send:
+                msg = e.msg
+                self.network.send(e.peer, encode(msg), e.delay)
+                self._count(_OUT_NAMES[type(msg)])
+                if type(msg) is Push and msg.push_id in self._custody and msg.hops == 0:
+                    attempts.append((msg.push_id, msg.attempt))
+            elif type(e) is CustodyTaken:
+                self.store.save_custody(e.push, e.deadline, now)
+                self._custody.add(e.push.push_id)
+            elif type(e) is CustodyReleased:
+                self.store.release_custody(e.push_id, e.status, e.hops, now)
+                self._custody.discard(e.push_id)
+                self._count("custody_" + e.status)
+            elif type(e) is Delivered:
+                self._count("delivered_here")
+                ev = self._mail_events.pop(e.route_id, None)
+                if ev is not None:
+                    ev.set()
+            elif type(e) is Connect:
+                self.network.connect(e.peer, e.addr)
+            elif type(e) is Disconnect:
+                self.network.disconnect(e.peer, e.reason)
+        if attempts:
+            self.store.update_attempts(attempts)
+        self._wake.set()  # the engine's timer may have moved earlier
+
+    # -- link events (LinkManager) ----------------------------------------------------------------
+
+    def peer_up(self, peer: str, *, outbound: bool, addr: str) -> None:
+        self._apply(self.engine.peer_up(peer, self.clock(), outbound=outbound, addr=addr))
+
+    def peer_down(self, peer: str, reason: str) -> None:
+        self._apply(self.engine.peer_down(peer, self.clock(), reason))
+
+    def connect_failed(self, peer: str) -> None:
+        self._apply(self.engine.connect_failed(peer, self.clock()))
+
+    def receive_frame(self, peer: str, data: bytes) -> None:
+        # Frames are msgpack arrays [type, ...]: peek the type for the per-type counters.
+        self._count(_IN_NAMES.get(data[1] if len(data) > 1 and 0x90 <= data[0] <= 0x9F else 0, "frames_in_other"))
+        try:
+            effects = self.engine.receive_frame(peer, data, self.clock())
+        except Exception:  # noqa: BLE001 - a bug on one frame must not take the relay down
+            self._count("internal_errors")
+            log.exception("frame handling failed", peer=peer, size=len(data))
+            return
+        self._apply(effects)
+
+    def add_candidates(self, peers: list[PeerInfo]) -> None:
+        self._apply(self.engine.add_candidates(peers, self.clock()))
+
+    # -- the timer task ---------------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Restore custody and homed routes, then run the engine's timers until cancelled."""
+        now = self.clock()
+        restored = 0
+        for push, deadline, attempt in self.store.load_custody():
+            self._custody.add(push.push_id)
+            # attempt + 1: relays' seen-caches may still hold the attempt sent before the crash.
+            self._apply(self.engine.restore_custody(push, deadline, attempt + 1, now))
+            restored += 1
+        self._apply(self.engine.start(now))
+        for reg in self.store.homed():
+            if reg.expires_at > now:
+                self._apply(self.engine.register(reg, now))
+        if restored:
+            log.info("custody restored", pushes=restored)
+        task_status.started()
+        while True:
+            when = self.engine.get_timer()
+            self._wake = trio.Event()
+            delay = math.inf if when is None else max(0.0, when - self.clock())
+            with trio.move_on_after(delay):
+                await self._wake.wait()
+            now = self.clock()
+            if when is not None and now >= when:
+                self._apply(self.engine.handle_timer(now))
+
+    # -- device API -------------------------------------------------------------------------------
+
+    def register_device(self, registration: Registration, n_tokens: int) -> tuple[bytes, list[bytes]]:
+        """Home a device: verify its self-signed registration, store it, gossip its route id.
+
+        Returns (device secret, tokens). The secret authenticates the device to this relay only.
+        """
+        self._check_registration(registration)
+        secret = os.urandom(32)
+        tokens = [os.urandom(16) for _ in range(n_tokens)]
+        if not self.store.add_device(registration, secret, tokens, self.clock()):
+            raise RegistrationError("already_registered", "this route key is already registered here")
+        self._apply(self.engine.register(registration, self.clock()))
+        self._count("devices_registered")
+        return secret, tokens
+
+    def refresh_registration(self, registration: Registration) -> None:
+        """A newer epoch under the same route key: store it and gossip it (routes refresh mesh-wide)."""
+        self._check_registration(registration)
+        if not self.store.refresh_registration(registration):
+            raise RegistrationError("not_newer", "the registration's epoch must be newer than the stored one")
+        self._apply(self.engine.register(registration, self.clock()))
+
+    def _check_registration(self, registration: Registration) -> None:
+        now = self.clock()
+        if registration.expires_at <= now:
+            raise RegistrationError("bad_registration", "registration has expired")
+        if registration.issued_at > now + 300:
+            raise RegistrationError("bad_registration", "registration is issued in the future")
+        if not self.verifier.verify_registration(registration):
+            raise RegistrationError("bad_registration", "registration signature does not verify")
+
+    def add_tokens(self, route_id: bytes, n: int) -> list[bytes]:
+        tokens = [os.urandom(16) for _ in range(n)]
+        self.store.add_tokens(route_id, tokens)
+        return tokens
+
+    def unregister(self, route_id: bytes) -> None:
+        """Delete everything about the device here and stop originating its route."""
+        self.store.remove_device(route_id)
+        self._apply(self.engine.unregister(route_id, self.clock()))
+        ev = self._mail_events.pop(route_id, None)
+        if ev is not None:
+            ev.set()  # live streams notice the device is gone
+
+    def inject_push(self, registration: Registration, token: bytes, ciphertext: bytes) -> InjectResult:
+        """A home app's push: verified, committed to custody, then sent on its way."""
+        t0 = time.perf_counter()
+        result = self.engine.inject_push(registration, token, ciphertext, self.clock())
+        if result.outcome == InjectOutcome.ACCEPTED:
+            self._apply(result.effects)
+            dt = time.perf_counter() - t0
+            self.push_latency_sum += dt
+            for i, b in enumerate(PUSH_LATENCY_BUCKETS):
+                if dt <= b:
+                    self.push_latency[i] += 1
+                    break
+            else:
+                self.push_latency[-1] += 1
+            self._count("pushes_accepted")
+        else:
+            self._count("pushes_refused_" + result.outcome.name.lower())
+        return result
+
+    def push_status(self, push_id: bytes) -> dict[str, Any] | None:
+        return self.store.push_status(push_id)
+
+    def pending(self, route_id: bytes, limit: int = 100) -> list[tuple[bytes, bytes, float]]:
+        return self.store.pending(route_id, limit)
+
+    def ack(self, route_id: bytes, push_ids: list[bytes]) -> int:
+        n = self.store.ack(route_id, push_ids)
+        self._count("messages_acked", n)
+        return n
+
+    async def wait_for_mail(self, route_id: bytes) -> None:
+        """Return when a message is delivered for route_id (or the device is unregistered)."""
+        ev = self._mail_events.get(route_id)
+        if ev is None:
+            ev = self._mail_events[route_id] = trio.Event()
+        await ev.wait()
+
+    # -- introspection ----------------------------------------------------------------------------
+
+    def active_peers(self) -> list[str]:
+        return self.engine.active_peers()
+
+    def status(self) -> dict[str, Any]:
+        eng = self.engine
+        return {
+            "node_id": self.node_id,
+            "quic_addr": eng.listen_addr,
+            "passive": len(eng.passive_peers()),
+            "routes": eng.route_count(),
+            "custody": len(self._custody),
+            "devices": self.store.device_count(),
+            "messages_stored": self.store.mailbox_size(),
+            "uptime_s": round(self.clock() - self.started_at, 3),
+        }

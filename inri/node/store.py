@@ -1,0 +1,244 @@
+"""The relay's durable store: SQLite in WAL mode, one connection, every write committed before return.
+
+It holds the home relay's devices (registration, hashed device secret), their one-use tokens and
+mailboxes, the pushes this relay holds in custody, and the final status of pushes it accepted.
+It implements the engine's `HomeStore` contract with exactly MemoryHomeStore's semantics.
+
+Durability: WAL with synchronous=NORMAL survives a crash or kill -9 of the process (a committed
+transaction is in the WAL file); a power loss may lose the last transactions, which
+synchronous=FULL (config `store_sync_full`) prevents at the cost of an fsync per push.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import hmac
+import sqlite3
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from inri.protocol.codec import decode, decode_registration, encode, encode_registration
+from inri.protocol.messages import Push, ReceiptStatus, Registration
+
+SCHEMA_VERSION = 1
+STATUS_RETENTION_S = 7 * 24 * 3600  # push status answers kept a week after settling
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS devices (
+    route_id BLOB PRIMARY KEY, registration BLOB NOT NULL, epoch INTEGER NOT NULL,
+    secret_hash BLOB NOT NULL, created REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS tokens (
+    token BLOB NOT NULL, route_id BLOB NOT NULL, spent_by BLOB,
+    PRIMARY KEY (route_id, token)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS mailbox (
+    push_id BLOB PRIMARY KEY, route_id BLOB NOT NULL, ciphertext BLOB NOT NULL, received_at REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS mailbox_route ON mailbox (route_id, received_at);
+CREATE TABLE IF NOT EXISTS custody (
+    push_id BLOB PRIMARY KEY, frame BLOB NOT NULL, deadline REAL NOT NULL, attempt INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS push_status (
+    push_id BLOB PRIMARY KEY, status TEXT NOT NULL, hops INTEGER, accepted_at REAL NOT NULL, settled_at REAL);
+"""
+
+
+def secret_hash(secret: bytes) -> bytes:
+    """What the store keeps of a device secret (a leaked database does not let anyone act as the device)."""
+    return hashlib.blake2b(secret, digest_size=32, person=b"inri-dev-secret").digest()
+
+
+class Store:
+    """SQLite-backed home store, custody table and push status (see module docstring)."""
+
+    def __init__(self, path: str | Path, *, mailbox_max: int = 1000, sync_full: bool = False) -> None:
+        self.path = str(path)
+        self.mailbox_max = mailbox_max
+        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute(f"PRAGMA synchronous={'FULL' if sync_full else 'NORMAL'}")
+        self._db.execute("PRAGMA foreign_keys=ON")
+        self._db.executescript(_SCHEMA)
+        row = self._db.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+        if row is None:
+            self._db.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
+        elif int(row[0]) != SCHEMA_VERSION:
+            raise RuntimeError(f"{self.path}: store schema {row[0]}, this relay knows {SCHEMA_VERSION}")
+        self._home: dict[bytes, Registration] = {}
+        for rid, blob in self._db.execute("SELECT route_id, registration FROM devices"):
+            self._home[bytes(rid)] = decode_registration(bytes(blob))
+
+    @contextlib.contextmanager
+    def _tx(self) -> Iterator[None]:
+        """One transaction: BEGIN IMMEDIATE ... COMMIT, rolled back on any exception."""
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+    def close(self) -> None:
+        """Close the connection (everything is committed already)."""
+        self._db.close()
+
+    # -- devices ----------------------------------------------------------------------------------
+
+    def add_device(self, registration: Registration, secret: bytes, tokens: list[bytes], now: float) -> bool:
+        """Home a new device; False when its route id is already homed here (nothing changes)."""
+        rid = registration.route_id
+        with self._tx():
+            try:
+                self._db.execute(
+                    "INSERT INTO devices VALUES (?, ?, ?, ?, ?)",
+                    (rid, encode_registration(registration), registration.epoch, secret_hash(secret), now),
+                )
+            except sqlite3.IntegrityError:
+                return False
+            self._db.executemany("INSERT OR IGNORE INTO tokens VALUES (?, ?, NULL)", [(t, rid) for t in tokens])
+        self._home[rid] = registration
+        return True
+
+    def check_secret(self, route_id: bytes, secret: bytes) -> bool:
+        """True when secret is this device's secret (constant-time compare)."""
+        row = self._db.execute("SELECT secret_hash FROM devices WHERE route_id=?", (route_id,)).fetchone()
+        return row is not None and hmac.compare_digest(bytes(row[0]), secret_hash(secret))
+
+    def refresh_registration(self, registration: Registration) -> bool:
+        """Store a newer epoch of a homed device's registration; False if not newer or not homed here."""
+        rid = registration.route_id
+        old = self._home.get(rid)
+        if old is None or registration.epoch <= old.epoch:
+            return False
+        with self._tx():
+            self._db.execute("UPDATE devices SET registration=?, epoch=? WHERE route_id=?",
+                             (encode_registration(registration), registration.epoch, rid))
+        self._home[rid] = registration
+        return True
+
+    def add_tokens(self, route_id: bytes, tokens: list[bytes]) -> None:
+        """More one-use tokens for a homed device."""
+        with self._tx():
+            self._db.executemany("INSERT OR IGNORE INTO tokens VALUES (?, ?, NULL)", [(t, route_id) for t in tokens])
+
+    def unspent_tokens(self, route_id: bytes) -> int:
+        """How many tokens of route_id are still unspent."""
+        row = self._db.execute("SELECT COUNT(*) FROM tokens WHERE route_id=? AND spent_by IS NULL",
+                               (route_id,)).fetchone()
+        return int(row[0])
+
+    def remove_device(self, route_id: bytes) -> None:
+        """Unregister: delete the device, its tokens and its mailbox (nothing about it remains)."""
+        with self._tx():
+            for table in ("devices", "tokens", "mailbox"):
+                self._db.execute(f"DELETE FROM {table} WHERE route_id=?", (route_id,))  # noqa: S608 - fixed names
+        self._home.pop(route_id, None)
+
+    def homed(self) -> list[Registration]:
+        """Every registration homed here (re-gossiped after a restart)."""
+        return list(self._home.values())
+
+    # -- HomeStore --------------------------------------------------------------------------------
+
+    def is_home(self, route_id: bytes) -> bool:
+        return route_id in self._home
+
+    def registration(self, route_id: bytes) -> Registration | None:
+        return self._home.get(route_id)
+
+    def accept_push(
+        self, route_id: bytes, token: bytes, push_id: bytes, ciphertext: bytes, now: float
+    ) -> ReceiptStatus:
+        """Spend token for push_id and store the message, in one transaction (see HomeStore)."""
+        if route_id not in self._home:
+            return ReceiptStatus.UNKNOWN_TOKEN
+        db = self._db
+        with self._tx():
+            row = db.execute("SELECT spent_by FROM tokens WHERE route_id=? AND token=?", (route_id, token)).fetchone()
+            if row is None:
+                return ReceiptStatus.UNKNOWN_TOKEN
+            if row[0] is not None:
+                return ReceiptStatus.DUPLICATE if bytes(row[0]) == push_id else ReceiptStatus.SPENT
+            n = db.execute("SELECT COUNT(*) FROM mailbox WHERE route_id=?", (route_id,)).fetchone()[0]
+            if n >= self.mailbox_max:
+                return ReceiptStatus.MAILBOX_FULL
+            db.execute("UPDATE tokens SET spent_by=? WHERE route_id=? AND token=?", (push_id, route_id, token))
+            db.execute("INSERT INTO mailbox VALUES (?, ?, ?, ?)", (push_id, route_id, ciphertext, now))
+        return ReceiptStatus.STORED
+
+    # -- mailboxes --------------------------------------------------------------------------------
+
+    def pending(self, route_id: bytes, limit: int = 100) -> list[tuple[bytes, bytes, float]]:
+        """Unacknowledged messages, oldest first: (push id, ciphertext, received_at)."""
+        rows = self._db.execute(
+            "SELECT push_id, ciphertext, received_at FROM mailbox WHERE route_id=? "
+            "ORDER BY received_at, push_id LIMIT ?", (route_id, limit))
+        return [(bytes(p), bytes(c), float(t)) for p, c, t in rows]
+
+    def mailbox_size(self, route_id: bytes | None = None) -> int:
+        """Stored messages of one device, or of all devices."""
+        if route_id is None:
+            return int(self._db.execute("SELECT COUNT(*) FROM mailbox").fetchone()[0])
+        return int(self._db.execute("SELECT COUNT(*) FROM mailbox WHERE route_id=?", (route_id,)).fetchone()[0])
+
+    def ack(self, route_id: bytes, push_ids: list[bytes]) -> int:
+        """Delete acknowledged messages of route_id; returns how many were deleted."""
+        with self._tx():
+            cur = self._db.executemany("DELETE FROM mailbox WHERE route_id=? AND push_id=?",
+                                       [(route_id, p) for p in push_ids])
+        return cur.rowcount
+
+    # -- custody and push status ------------------------------------------------------------------
+
+    def save_custody(self, push: Push, deadline: float, now: float) -> None:
+        """Persist a push this relay accepted, before the 202 goes out."""
+        with self._tx():
+            self._db.execute("INSERT OR REPLACE INTO custody VALUES (?, ?, ?, ?)",
+                             (push.push_id, encode(push), deadline, push.attempt))
+            self._db.execute("INSERT OR IGNORE INTO push_status VALUES (?, 'pending', NULL, ?, NULL)",
+                             (push.push_id, now))
+
+    def update_attempts(self, attempts: list[tuple[bytes, int]]) -> None:
+        """Record custody attempt numbers (a restarted relay continues from them)."""
+        with self._tx():
+            self._db.executemany("UPDATE custody SET attempt=? WHERE push_id=?", [(a, p) for p, a in attempts])
+
+    def release_custody(self, push_id: bytes, status: str, hops: int | None, now: float) -> None:
+        """Custody ended: drop the push from disk and record its final status."""
+        with self._tx():
+            self._db.execute("DELETE FROM custody WHERE push_id=?", (push_id,))
+            self._db.execute("UPDATE push_status SET status=?, hops=?, settled_at=? WHERE push_id=?",
+                             (status, hops, now, push_id))
+
+    def load_custody(self) -> list[tuple[Push, float, int]]:
+        """Every push still in custody: (push, deadline, attempt). A corrupt row is skipped, not fatal."""
+        out = []
+        for _pid, frame, deadline, attempt in self._db.execute("SELECT * FROM custody ORDER BY deadline"):
+            msg = decode(bytes(frame))
+            if isinstance(msg, Push):
+                out.append((msg, float(deadline), int(attempt)))
+        return out
+
+    def custody_count(self) -> int:
+        return int(self._db.execute("SELECT COUNT(*) FROM custody").fetchone()[0])
+
+    def push_status(self, push_id: bytes) -> dict[str, object] | None:
+        """The status row of a push this relay accepted, or None."""
+        row = self._db.execute("SELECT status, hops, accepted_at, settled_at FROM push_status WHERE push_id=?",
+                               (push_id,)).fetchone()
+        if row is None:
+            return None
+        return {"push_id": push_id.hex(), "status": row[0], "hops": row[1], "accepted_at": row[2],
+                "settled_at": row[3]}
+
+    def prune(self, now: float | None = None) -> int:
+        """Forget settled push statuses older than the retention; returns rows deleted."""
+        now = time.time() if now is None else now
+        with self._tx():
+            cur = self._db.execute("DELETE FROM push_status WHERE settled_at IS NOT NULL AND settled_at < ?",
+                                   (now - STATUS_RETENTION_S,))
+        return cur.rowcount
+
+    def device_count(self) -> int:
+        return len(self._home)

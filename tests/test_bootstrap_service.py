@@ -1,0 +1,163 @@
+"""Three real `inri-bootstrap` processes and 20 relay identities on distinct 127.0.x.y addresses."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import httpx
+import pytest
+import trio
+
+from inri.node.bootstrap_client import BootstrapClient, BootstrapError, make_record
+from inri.node.identity import NodeIdentity
+from inri.node.quic import Link, QuicEndpoint
+from inri.protocol.peer_record import encode_record
+from tests.procs import Proc, bootstrap_cmd, free_port, wait_http
+
+pytestmark = pytest.mark.integration
+
+# Short sync interval, generous rates (the syncs of two peers come from 127.0.0.1), 5 relays per /24.
+ENV = {"INRI_BOOTSTRAP_SYNC_INTERVAL_S": "0.3", "INRI_BOOTSTRAP_RATE_PER_S": "20", "INRI_BOOTSTRAP_RATE_BURST": "40",
+       "INRI_BOOTSTRAP_PER_PREFIX_MAX": "5", "INRI_BOOTSTRAP_PROBE_TIMEOUT_S": "1.0",
+       "INRI_BOOTSTRAP_LOG_FORMAT": "json"}
+N_RELAYS = 20
+
+
+def relay_host(i: int) -> str:
+    """Relay i on 127.0.<1..4>.<10+i>: four /24 prefixes of five relays each."""
+    return f"127.0.{i % 4 + 1}.{10 + i}"
+
+
+class Mesh:
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.ports = [free_port() for _ in range(3)]
+        self.urls = [f"http://127.0.0.1:{p}" for p in self.ports]
+        self.procs: list[Proc | None] = [None, None, None]
+
+    def start(self, i: int) -> None:
+        peers = [u for j, u in enumerate(self.urls) if j != i]
+        proc = Proc(bootstrap_cmd(f"127.0.0.1:{self.ports[i]}", self.tmp / f"b{i}", peers), self.tmp / f"b{i}.log",
+                    ENV)
+        self.procs[i] = proc
+        wait_http(self.urls[i] + "/healthz", proc=proc)
+
+    def stop(self, i: int) -> None:
+        proc = self.procs[i]
+        if proc is not None:
+            assert proc.stop() == 0, proc.tail()
+            self.procs[i] = None
+
+
+@pytest.fixture
+def mesh(tmp_path: Path) -> Iterator[Mesh]:
+    m = Mesh(tmp_path)
+    try:
+        for i in range(3):
+            m.start(i)
+        yield m
+    finally:
+        for p in m.procs:
+            if p is not None:
+                p.stop()
+
+
+def records(url: str) -> int:
+    return int(httpx.get(url + "/healthz", timeout=5).json()["records"])
+
+
+async def _closer(link: Link) -> None:
+    await link.aclose()
+
+
+async def test_bootstrap_mesh_announce_sync_refuse_restart(mesh: Mesh) -> None:
+    idents = [NodeIdentity.generate() for _ in range(N_RELAYS)]
+    with trio.fail_after(90):
+        async with trio.open_nursery() as nursery:
+            eps = []
+            for i, ident in enumerate(idents):
+                ep = QuicEndpoint(ident, idle_timeout_s=5)
+                await ep.bind(relay_host(i), 0)
+                await nursery.start(ep.serve, _closer)
+                eps.append(ep)
+            now = int(time.time())
+            recs = [make_record(ident, [eps[i].listen_addr], "", 100, 1, now) for i, ident in enumerate(idents)]
+
+            # 20 relays announce, each through one bootstrap, from its own source address.
+            for i, rec in enumerate(recs):
+                client = BootstrapClient([mesh.urls[i % 3]], local_address=relay_host(i))
+                assert await client.announce(rec) == mesh.urls[i % 3]
+
+            # Records sync between bootstraps: each ends up with all 20.
+            deadline = trio.current_time() + 30
+            while any(records(u) < N_RELAYS for u in mesh.urls):
+                assert trio.current_time() < deadline, [records(u) for u in mesh.urls]
+                await trio.sleep(0.2)
+
+            # One bootstrap stops; relays configured with all three still get peers from the others.
+            mesh.stop(2)
+            ranked_ok = 0
+            for i, ident in enumerate(idents):
+                client = BootstrapClient(mesh.urls, local_address=relay_host(i), timeout_s=2)
+                peers = await client.fetch_peers(ident.node_id, None, 8)
+                ids = [p.node_id for p in peers]
+                assert len(set(ids)) == len(ids) >= 4
+                assert ident.node_id not in ids
+                # Prefix ranking: the first answer's near half is the asker's own /24.
+                one = httpx.get(mesh.urls[i % 2] + "/v1/peers", params={"node_id": ident.node_id, "count": 8},
+                                timeout=5).json()["peers"]
+                same = [p for p in one[:4] if p["addr"].split(".")[2] == relay_host(i).split(".")[2]]
+                ranked_ok += len(same) == 4
+            assert ranked_ok == N_RELAYS
+
+            url = mesh.urls[0]
+            before = httpx.get(url + "/v1/records", timeout=5).json()["records"]
+            victim = recs[0]
+
+            def refused(body: bytes, status: int, code: str) -> None:
+                r = httpx.post(url + "/v1/announce", content=body, timeout=10,
+                               headers={"content-type": "application/msgpack"})
+                assert r.status_code == status, r.text
+                assert r.headers["content-type"] == "application/problem+json"
+                assert r.json()["code"] == code
+
+            forged = replace(victim, seq=5, signature=bytes(64))
+            refused(encode_record(forged), 403, "bad_signature")
+            refused(encode_record(victim), 409, "replayed_seq")
+            expired = make_record(idents[0], [eps[0].listen_addr], "", 100, 9, now - 3600)
+            refused(encode_record(expired), 400, "stale_record")
+            refused(b"\x00" * (1024 * 1024), 413, "too_large")
+            refused(b"\xc1garbage", 400, "malformed")
+            # An address where no relay with the announcing key answers (another relay's address) is
+            # never listed; nor is a dead one.
+            stranger, squatted = NodeIdentity.generate(), NodeIdentity.generate()
+            ep_s = QuicEndpoint(squatted, idle_timeout_s=5)
+            await ep_s.bind("127.0.6.6", 0)
+            await nursery.start(ep_s.serve, _closer)
+            refused(encode_record(make_record(stranger, [ep_s.listen_addr], "", 1, 1, now)), 422, "unreachable")
+            dead = f"127.0.9.9:{free_port('127.0.9.9', 2)}"
+            refused(encode_record(make_record(stranger, [dead], "", 1, 1, now)), 422, "unreachable")
+            # A sixth relay in a full /24 is refused.
+            extra = NodeIdentity.generate()
+            ep_x = QuicEndpoint(extra, idle_timeout_s=5)
+            await ep_x.bind("127.0.1.99", 0)
+            await nursery.start(ep_x.serve, _closer)
+            refused(encode_record(make_record(extra, [ep_x.listen_addr], "", 1, 1, now)), 409, "prefix_full")
+            assert httpx.get(url + "/v1/records", timeout=5).json()["records"] == before  # nothing changed
+
+            # Per-source rate limit: one address hammering gets 429 with Retry-After; others are unaffected.
+            async with httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(local_address="127.0.5.5")) as c:
+                codes = [(await c.get(url + "/v1/peers", params={"count": 1})).status_code for _ in range(60)]
+            assert 429 in codes and codes[0] == 200
+            ok = httpx.get(url + "/v1/peers", params={"count": 1}, timeout=5)
+            assert ok.status_code == 200
+
+            # Restarting a bootstrap keeps its live records.
+            mesh.start(2)
+            assert records(mesh.urls[2]) == N_RELAYS
+            with pytest.raises(BootstrapError):
+                await BootstrapClient(["http://127.0.0.1:9"], timeout_s=1).fetch_peers("x", None, 4)
+            nursery.cancel_scope.cancel()
