@@ -1,0 +1,18 @@
+"""The INRI client SDK: devices (register, listen, pull, ack, decrypt) and home apps (push).
+
+    device = DeviceClient("http://relay.example:8480", state_path="device.json")
+    await device.register()
+    credential = device.export_credential(20)      # hand this to your home app
+    app = HomeAppClient(["http://any-relay.example:8480"])
+    await app.push(credential, b"new mail")
+    async with device.stream() as messages:
+        async for message in messages: ...
+"""
+
+from inri.client.app import HomeAppClient, PushReceipt
+from inri.client.credential import DeviceKeys, PushCredential, open_sealed, seal
+from inri.client.device import DeviceClient, Message
+from inri.client.errors import ApiError, NoTokensLeft
+
+__all__ = ["ApiError", "DeviceClient", "DeviceKeys", "HomeAppClient", "Message", "NoTokensLeft", "PushCredential",
+           "PushReceipt", "open_sealed", "seal"]

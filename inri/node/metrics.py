@@ -65,7 +65,7 @@ def render_metrics(service: RelayService, api: RelayApi, extra: dict[str, int]) 
         "inri_pushes_in_total": ("push frames received from neighbours", "frames_in_push"),
         "inri_pushes_out_total": ("push frames sent to neighbours", "frames_out_push"),
         "inri_gossip_in_total": ("registration gossip frames received", "frames_in_reg_gossip"),
-        "inri_gossip_out_total": ("registration gossip frames sent", "frames_out_reggossip"),
+        "inri_gossip_out_total": ("registration gossip frames sent", "frames_out_reg_gossip"),
         "inri_gossip_duplicates_total": ("gossip arrivals already known (dropped)", "reg_duplicate"),
         "inri_frames_invalid_total": ("malformed frames from peers", "frames_invalid"),
         "inri_internal_errors_total": ("frames whose handling raised (bugs)", "internal_errors"),

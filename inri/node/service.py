@@ -56,8 +56,10 @@ from inri.protocol.messages import (
 
 log = structlog.get_logger("inri.service")
 
-_OUT_NAMES = {cls: "frames_out_" + cls.__name__.lower() for cls in
-              (Hello, RegGossip, Push, Receipt, RouteError, Keepalive, PeerExchange, ErrorFrame)}
+_OUT_NAMES = {cls: "frames_out_" + t.name.lower() for cls, t in (
+    (Hello, MessageType.HELLO), (RegGossip, MessageType.REG_GOSSIP), (Push, MessageType.PUSH),
+    (Receipt, MessageType.RECEIPT), (RouteError, MessageType.ROUTE_ERROR), (Keepalive, MessageType.KEEPALIVE),
+    (PeerExchange, MessageType.PEER_EXCHANGE), (ErrorFrame, MessageType.ERROR))}
 _IN_NAMES = {int(t): "frames_in_" + t.name.lower() for t in MessageType}
 PUSH_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 

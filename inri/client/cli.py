@@ -1,0 +1,141 @@
+"""`inri device ...` and `inri app ...`: the SDK from the command line (JSON on stdout, errors on stderr)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import trio
+
+from inri.client.app import HomeAppClient
+from inri.client.credential import PushCredential
+from inri.client.device import DeviceClient
+from inri.client.errors import ApiError, NoTokensLeft
+
+
+def _print(obj: Any) -> None:
+    print(json.dumps(obj), flush=True)
+
+
+async def _device(args: argparse.Namespace) -> int:
+    cmd = args.device_cmd
+    if cmd == "register":
+        dev = DeviceClient(args.relay, state_path=args.state)
+        device_id = await dev.register(tokens=args.tokens)
+        _print({"device_id": device_id, "relay": args.relay, "tokens": len(dev.tokens), "state": str(args.state)})
+        return 0
+    dev = DeviceClient.from_state(args.state)
+    if cmd == "credential":
+        cred = dev.export_credential(args.tokens)
+        if args.out:
+            cred.save(args.out)
+            _print({"credential": str(args.out), "tokens": len(cred.tokens)})
+        else:
+            print(cred.to_json())
+    elif cmd == "tokens":
+        _print({"tokens": await dev.more_tokens(args.count)})
+    elif cmd == "pull":
+        msgs = await dev.pull()
+        for m in msgs:
+            _print({"id": m.id, "message": m.plaintext.decode("utf-8", "replace"), "received_at": m.received_at})
+        if args.ack and msgs:
+            await dev.ack([m.id for m in msgs])
+    elif cmd == "listen":
+        n = 0
+        with trio.move_on_after(args.timeout if args.timeout else float("inf")):
+            async with dev.stream(ack=False) as messages:
+                async for m in messages:
+                    _print({"id": m.id, "message": m.plaintext.decode("utf-8", "replace"),
+                            "received_at": m.received_at})
+                    await dev.ack([m.id])  # printed, so acknowledged: never shown again
+                    n += 1
+                    if args.count and n >= args.count:
+                        break
+        if args.count and n < args.count:
+            print(f"inri device listen: timed out after {n} of {args.count} messages", file=sys.stderr)
+            return 1
+    elif cmd == "unregister":
+        await dev.unregister()
+        _print({"unregistered": True})
+    return 0
+
+
+async def _app(args: argparse.Namespace) -> int:
+    if args.app_cmd == "push":
+        cred = PushCredential.load(args.credential)
+        app = HomeAppClient(args.relay)
+        receipt = await app.push(cred, args.message.encode())
+        cred.save(args.credential)  # without the spent token
+        _print({"push_id": receipt.push_id, "relay": receipt.relay_url, "status": receipt.status,
+                "tokens_left": len(cred.tokens)})
+    else:
+        _print(await HomeAppClient([args.relay]).status(args.push_id, args.relay))
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    fn = _device if args.command == "device" else _app
+    try:
+        return trio.run(fn, args)
+    except ApiError as exc:
+        print(f"inri {args.command}: {exc.code}: {exc.detail}", file=sys.stderr)
+    except NoTokensLeft as exc:
+        print(f"inri {args.command}: no_tokens: {exc}", file=sys.stderr)
+    except httpx.HTTPError as exc:
+        print(f"inri {args.command}: unreachable: {type(exc).__name__}: {exc}", file=sys.stderr)
+    except (OSError, ValueError, KeyError, RuntimeError) as exc:
+        print(f"inri {args.command}: error: {exc}", file=sys.stderr)
+    return 1
+
+
+def add_commands(sub: Any) -> None:
+    """Add `device` and `app` to the `inri` command's subparsers."""
+    dev = sub.add_parser("device", help="act as a device: register, export credentials, receive")
+    dsub = dev.add_subparsers(dest="device_cmd", required=True)
+    p = dsub.add_parser("register", help="register at a home relay")
+    p.add_argument("--relay", required=True, help="home relay API URL")
+    p.add_argument("--state", required=True, type=Path, help="device state file (created, mode 0600)")
+    p.add_argument("--tokens", type=int, default=50)
+    p = dsub.add_parser("credential", help="export a push credential for a home app")
+    p.add_argument("--state", required=True, type=Path)
+    p.add_argument("--tokens", type=int, default=20)
+    p.add_argument("--out", type=Path, help="write it here (mode 0600) instead of stdout")
+    p = dsub.add_parser("tokens", help="fetch more tokens from the home relay")
+    p.add_argument("--state", required=True, type=Path)
+    p.add_argument("--count", type=int, default=50)
+    p = dsub.add_parser("pull", help="print stored messages (JSON lines)")
+    p.add_argument("--state", required=True, type=Path)
+    p.add_argument("--ack", action="store_true", help="acknowledge (delete) what was printed")
+    p = dsub.add_parser("listen", help="print live messages as they arrive (JSON lines), acknowledging them")
+    p.add_argument("--state", required=True, type=Path)
+    p.add_argument("--count", type=int, default=0, help="stop after this many messages")
+    p.add_argument("--timeout", type=float, default=0.0, help="stop after this many seconds")
+    p = dsub.add_parser("unregister", help="delete the device at its relay")
+    p.add_argument("--state", required=True, type=Path)
+    dev.set_defaults(func=_run)
+
+    app = sub.add_parser("app", help="act as a home app: push with a device's credential")
+    asub = app.add_subparsers(dest="app_cmd", required=True)
+    p = asub.add_parser("push", help="push a message (at any relay)")
+    p.add_argument("--relay", required=True, action="append", help="relay API URL (repeat for fallbacks)")
+    p.add_argument("--credential", required=True, type=Path, help="push credential file (rewritten without the token)")
+    p.add_argument("--message", required=True)
+    p = asub.add_parser("status", help="status of a push at the relay that accepted it")
+    p.add_argument("--relay", required=True)
+    p.add_argument("push_id")
+    app.set_defaults(func=_run)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="inri-client")
+    add_commands(ap.add_subparsers(dest="command", required=True))
+    args = ap.parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,182 @@
+"""The device side: register at a home relay, export push credentials, receive (live or pull), ack.
+
+State (keys, device id and secret, unexported tokens) lives in a JSON file with mode 0600 when a
+`state_path` is given, so a device survives restarts. Tokens are handed to home apps once each:
+`export_credential` moves them out of the state.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import trio
+from trio_websocket import ConnectionClosed, HandshakeError, open_websocket_url
+
+from inri.client.credential import DeviceKeys, PushCredential, _write_private, b64d, b64e, open_sealed
+from inri.client.errors import ApiError
+
+
+@dataclass(frozen=True)
+class Message:
+    """A delivered push, decrypted."""
+
+    id: str
+    plaintext: bytes
+    received_at: float
+
+
+class DeviceClient:
+    """One device registered at one home relay."""
+
+    def __init__(self, relay_url: str, *, state_path: str | Path | None = None, timeout_s: float = 10.0) -> None:
+        self.relay_url = relay_url.rstrip("/")
+        self.state_path = Path(state_path) if state_path else None
+        self.timeout_s = timeout_s
+        self.keys = DeviceKeys()
+        self.device_id: str | None = None
+        self.secret: str | None = None
+        self.tokens: list[bytes] = []
+        if self.state_path is not None and self.state_path.exists():
+            self._load()
+
+    # -- state ------------------------------------------------------------------------------------
+
+    @classmethod
+    def from_state(cls, state_path: str | Path) -> DeviceClient:
+        """A device from its state file (the relay URL is in it)."""
+        d = json.loads(Path(state_path).read_text(encoding="utf-8"))
+        return cls(d["relay_url"], state_path=state_path)
+
+    def _load(self) -> None:
+        assert self.state_path is not None
+        d = json.loads(self.state_path.read_text(encoding="utf-8"))
+        self.keys = DeviceKeys.from_dict(d["keys"])
+        self.device_id, self.secret = d.get("device_id"), d.get("device_secret")
+        self.tokens = [b64d(t, "token", 16) for t in d.get("tokens", [])]
+
+    def _save(self) -> None:
+        if self.state_path is not None:
+            _write_private(self.state_path, json.dumps({
+                "relay_url": self.relay_url, "keys": self.keys.to_dict(), "device_id": self.device_id,
+                "device_secret": self.secret, "tokens": [b64e(t) for t in self.tokens]}))
+
+    def _auth(self) -> dict[str, str]:
+        if self.secret is None:
+            raise RuntimeError("device is not registered")
+        return {"authorization": f"Bearer {self.secret}"}
+
+    async def _call(self, method: str, path: str, **kw: Any) -> Any:
+        async with httpx.AsyncClient(timeout=self.timeout_s) as c:
+            r = await c.request(method, self.relay_url + path, **kw)
+        if r.status_code >= 400:
+            raise ApiError.from_response(r)
+        return r.json() if r.content else None
+
+    # -- API --------------------------------------------------------------------------------------
+
+    async def register(self, tokens: int = 50, lifetime_s: int = 7 * 24 * 3600) -> str:
+        """Register at the relay; returns the device id."""
+        reg = self.keys.registration(lifetime_s)
+        body = await self._call("POST", "/v1/devices",
+                                json={"registration": b64e(_enc(reg)), "tokens": tokens})
+        self.device_id, self.secret = body["device_id"], body["device_secret"]
+        self.tokens = [b64d(t, "token", 16) for t in body["tokens"]]
+        self._save()
+        return str(self.device_id)
+
+    async def refresh(self, lifetime_s: int = 7 * 24 * 3600) -> int:
+        """Re-register under a newer epoch (routes refresh across the mesh); returns the epoch."""
+        self.keys.epoch += 1
+        reg = self.keys.registration(lifetime_s)
+        await self._call("POST", f"/v1/devices/{self.device_id}/registration", headers=self._auth(),
+                         json={"registration": b64e(_enc(reg))})
+        self._save()
+        return self.keys.epoch
+
+    async def more_tokens(self, n: int = 50) -> int:
+        body = await self._call("POST", f"/v1/devices/{self.device_id}/tokens", headers=self._auth(), json={"count": n})
+        self.tokens += [b64d(t, "token", 16) for t in body["tokens"]]
+        self._save()
+        return len(self.tokens)
+
+    async def unregister(self) -> None:
+        await self._call("DELETE", f"/v1/devices/{self.device_id}", headers=self._auth())
+        self.device_id = self.secret = None
+        self.tokens = []
+        self._save()
+
+    def export_credential(self, n_tokens: int = 20) -> PushCredential:
+        """A push credential with n unexported tokens (each token is exported once)."""
+        if n_tokens < 1 or n_tokens > len(self.tokens):
+            raise ValueError(f"asked for {n_tokens} tokens, {len(self.tokens)} left: call more_tokens()")
+        give, self.tokens = self.tokens[:n_tokens], self.tokens[n_tokens:]
+        self._save()
+        return PushCredential(self.keys.registration(), bytes(self.keys.seal_key.public_key), give)
+
+    def _decrypt(self, item: dict[str, Any]) -> Message:
+        return Message(item["id"], open_sealed(self.keys.seal_key, b64d(item["ciphertext"], "ciphertext")),
+                       float(item["received_at"]))
+
+    async def pull(self, limit: int = 100) -> list[Message]:
+        body = await self._call("GET", f"/v1/devices/{self.device_id}/messages", headers=self._auth(),
+                                params={"limit": limit})
+        return [self._decrypt(m) for m in body["messages"]]
+
+    async def ack(self, ids: list[str]) -> int:
+        body = await self._call("POST", f"/v1/devices/{self.device_id}/ack", headers=self._auth(), json={"ids": ids})
+        return int(body["deleted"])
+
+    @asynccontextmanager
+    async def stream(self, *, ack: bool = True) -> AsyncIterator[trio.MemoryReceiveChannel[Message]]:
+        """Live messages over the WebSocket stream, decrypted, as a channel:
+
+            async with device.stream() as messages:
+                async for m in messages: ...
+
+        A message is acknowledged (deleted at the relay) once the caller has received it from the
+        channel (ack=True). The stream reconnects with exponential backoff (0.2 s .. 10 s); the relay
+        re-sends whatever was not acknowledged, so nothing is lost across reconnects (ids may repeat).
+        Wrong credentials raise ApiError(bad_credentials).
+        """
+        send, recv = trio.open_memory_channel[Message](0)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._pump, send, ack)
+            try:
+                yield recv
+            finally:
+                nursery.cancel_scope.cancel()
+
+    async def _pump(self, out: trio.MemorySendChannel[Message], ack: bool) -> None:
+        url = self.relay_url.replace("http://", "ws://").replace("https://", "wss://")
+        url += f"/v1/devices/{self.device_id}/stream"
+        headers = [(b"authorization", f"Bearer {self.secret}".encode())]
+        backoff = 0.2
+        while True:
+            try:
+                async with open_websocket_url(url, extra_headers=headers) as ws:
+                    backoff = 0.2
+                    while True:
+                        data = json.loads(await ws.get_message())
+                        if data.get("type") != "message":
+                            continue
+                        msg = self._decrypt(data)
+                        await out.send(msg)
+                        if ack:
+                            await ws.send_message(json.dumps({"type": "ack", "ids": [msg.id]}))
+            except (ConnectionClosed, HandshakeError, OSError) as exc:
+                if isinstance(exc, ConnectionClosed) and exc.reason is not None and exc.reason.code == 4401:
+                    raise ApiError("bad_credentials", 401, "stream refused the device secret") from None
+            await trio.sleep(backoff)
+            backoff = min(10.0, backoff * 2)
+
+
+def _enc(reg: Any) -> bytes:
+    from inri.protocol.codec import encode_registration
+
+    return encode_registration(reg)

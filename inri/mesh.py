@@ -1,0 +1,194 @@
+"""`inri mesh up|down`: a local mesh of real relay and bootstrap processes on loopback.
+
+`up` starts M bootstrap nodes and N relays (each its own process, data dir and ports under DIR),
+waits until every relay answers and has neighbours, writes DIR/mesh.json and prints it. The processes
+outlive the command (their own sessions); `down` stops them (SIGTERM, then SIGKILL after a grace).
+
+Lab settings: short timers (relay profile "test"), loopback/private addresses allowed at the
+bootstraps, full traces with one shared salt so `inri demo` can follow a push across relays.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+MESH_FILE = "mesh.json"
+
+
+class MeshError(RuntimeError):
+    """The mesh could not be started or stopped (the message says which process and why)."""
+
+
+def _free_port(kind: int) -> int:
+    with socket.socket(socket.AF_INET, kind) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _spawn(args: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    with open(log, "ab") as f:
+        return subprocess.Popen(args, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1", **env}, start_new_session=True)
+
+
+def _wait(url: str, proc: subprocess.Popen[bytes], log: Path, deadline: float) -> None:
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise MeshError(f"process {proc.args!r} exited ({proc.returncode}); log {log}:\n"
+                            + "\n".join(log.read_text(errors="replace").splitlines()[-15:]))
+        try:
+            if httpx.get(url, timeout=1.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise MeshError(f"{url} did not come up in time; log {log}")
+
+
+def relay_config(data_dir: Path, api_port: int, quic_port: int, bootstraps: list[str], salt: str) -> str:
+    """The TOML of one lab relay."""
+    boots = ", ".join(json.dumps(b) for b in bootstraps)
+    return (
+        "[relay]\n"
+        f'data_dir = "{data_dir}"\napi = "127.0.0.1:{api_port}"\nquic = "127.0.0.1:{quic_port}"\n'
+        f'bootstrap = [{boots}]\nprofile = "test"\nlog_format = "json"\npeers_interval_s = 2.0\n'
+        "[api]\nrate_per_s = 5000.0\nrate_burst = 10000\n"
+        f'[trace]\nlevel = "full"\nsalt = "{salt}"\n'
+    )
+
+
+def up(directory: str | Path, relays: int = 6, bootstraps: int = 1, *, timeout_s: float = 60.0,
+       min_neighbours: int = 2) -> dict[str, Any]:
+    """Start the mesh; returns (and writes to DIR/mesh.json) its processes and URLs."""
+    d = Path(directory).resolve()
+    if (d / MESH_FILE).exists():
+        raise MeshError(f"{d / MESH_FILE} exists: a mesh is already up there (inri mesh down --dir {d})")
+    if relays < 1 or bootstraps < 1:
+        raise MeshError("need at least one relay and one bootstrap node")
+    d.mkdir(parents=True, exist_ok=True)
+    py = sys.executable
+    deadline = time.monotonic() + timeout_s
+    salt = secrets.token_hex(8)
+    info: dict[str, Any] = {"dir": str(d), "trace_salt": salt, "bootstraps": [], "relays": []}
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        ports = [_free_port(socket.SOCK_STREAM) for _ in range(bootstraps)]
+        urls = [f"http://127.0.0.1:{p}" for p in ports]
+        benv = {"INRI_BOOTSTRAP_PER_PREFIX_MAX": "10000", "INRI_BOOTSTRAP_RATE_PER_S": "1000",
+                "INRI_BOOTSTRAP_RATE_BURST": "2000", "INRI_BOOTSTRAP_SYNC_INTERVAL_S": "1",
+                "INRI_BOOTSTRAP_LOG_FORMAT": "json"}
+        for i, port in enumerate(ports):
+            peers = [u for u in urls if u != urls[i]]
+            args = [py, "-m", "bootstrap_nodes.cli", "serve", "--listen", f"127.0.0.1:{port}",
+                    "--data-dir", str(d / f"bootstrap-{i + 1}"), "--allow-private"]
+            for p in peers:
+                args += ["--peer", p]
+            log = d / f"bootstrap-{i + 1}.log"
+            proc = _spawn(args, log, benv)
+            procs.append(proc)
+            info["bootstraps"].append({"name": f"B{i + 1}", "url": urls[i], "pid": proc.pid, "log": str(log)})
+        for i, b in enumerate(info["bootstraps"]):
+            _wait(b["url"] + "/healthz", procs[i], Path(b["log"]), deadline)
+        for i in range(relays):
+            name = f"R{i + 1}"
+            rdir = d / name.lower()
+            rdir.mkdir(exist_ok=True)
+            api_port, quic_port = _free_port(socket.SOCK_STREAM), _free_port(socket.SOCK_DGRAM)
+            cfg = rdir / "relay.toml"
+            cfg.write_text(relay_config(rdir, api_port, quic_port, urls, salt))
+            log = d / f"{name.lower()}.log"
+            proc = _spawn([py, "-m", "inri.cli", "relay", "--config", str(cfg)], log, {})
+            procs.append(proc)
+            info["relays"].append({"name": name, "api": f"http://127.0.0.1:{api_port}",
+                                   "quic": f"127.0.0.1:{quic_port}", "pid": proc.pid, "data_dir": str(rdir),
+                                   "log": str(log)})
+        for j, r in enumerate(info["relays"]):
+            _wait(r["api"] + "/healthz", procs[bootstraps + j], Path(r["log"]), deadline)
+            r["node_id"] = httpx.get(r["api"] + "/healthz", timeout=2).json()["node_id"]
+        _write(d, info)
+        want = min(min_neighbours, relays - 1)
+        while want > 0:
+            counts = [len(status(r["api"])["neighbours"]) for r in info["relays"]]
+            if min(counts) >= want:
+                break
+            if time.monotonic() > deadline:
+                raise MeshError(f"mesh did not form in {timeout_s} s: neighbour counts {counts}")
+            time.sleep(0.2)
+        return info
+    except BaseException:
+        for proc in procs:
+            _stop_pid(proc.pid, 3.0)
+        (d / MESH_FILE).unlink(missing_ok=True)
+        raise
+
+
+def status(api: str) -> dict[str, Any]:
+    result: dict[str, Any] = httpx.get(api + "/v1/status", timeout=5).json()
+    return result
+
+
+def _write(d: Path, info: dict[str, Any]) -> None:
+    tmp = d / (MESH_FILE + ".tmp")
+    tmp.write_text(json.dumps(info, indent=2))
+    os.replace(tmp, d / MESH_FILE)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child of ours counts as gone.
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        return done == 0
+    except ChildProcessError:
+        return True
+
+
+def _stop_pid(pid: int, grace: float) -> None:
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    end = time.monotonic() + grace
+    while time.monotonic() < end and _alive(pid):
+        time.sleep(0.05)
+    if _alive(pid):
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def down(directory: str | Path, *, grace_s: float = 10.0) -> int:
+    """Stop every process of the mesh in DIR; returns how many were running."""
+    d = Path(directory).resolve()
+    path = d / MESH_FILE
+    if not path.exists():
+        raise MeshError(f"no mesh in {d} ({MESH_FILE} not found)")
+    info = json.loads(path.read_text())
+    pids = [r["pid"] for r in info["relays"]] + [b["pid"] for b in info["bootstraps"]]
+    running = [p for p in pids if _alive(p)]
+    for pid in running:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    for pid in running:
+        _stop_pid(pid, grace_s)
+    path.unlink()
+    return len(running)
