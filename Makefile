@@ -17,6 +17,9 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/inri demo
 	@echo
+	@echo "The seed's exact six-relay figure, same engine, in memory on a virtual clock (inri demo --virtual):"
+	$(BIN)/inri demo --virtual
+	@echo
 	@echo 'The same engine at scale: a 50-relay simulated mesh (inri-sim run tiny-50), summary as JSON:'
 	$(BIN)/inri-sim run tiny-50 --progress off
 

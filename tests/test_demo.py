@@ -8,7 +8,7 @@ import sys
 
 
 def test_demo_json_shows_the_seed_path_and_a_decrypted_delivery() -> None:
-    proc = subprocess.run([sys.executable, "-m", "inri.cli", "demo", "--json"], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "inri.cli", "demo", "--virtual", "--json"], capture_output=True, text=True,
                           check=True)
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["relays"] == 6
@@ -19,7 +19,7 @@ def test_demo_json_shows_the_seed_path_and_a_decrypted_delivery() -> None:
 
 
 def test_demo_text_names_every_relay() -> None:
-    proc = subprocess.run([sys.executable, "-m", "inri.cli", "demo"], capture_output=True, text=True, check=True)
+    proc = subprocess.run([sys.executable, "-m", "inri.cli", "demo", "--virtual"], capture_output=True, text=True, check=True)
     for relay in ("R1", "R2", "R3", "R4", "R5", "R6"):
         assert f"  {relay}:" in proc.stdout
     assert "R6 -> R5 -> R4 -> R2 -> R1" in proc.stdout
