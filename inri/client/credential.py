@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,7 +38,7 @@ def b64e(data: bytes) -> str:
 
 
 def b64d(text: object, what: str, size: int | None = None) -> bytes:
-    if not isinstance(text, str):
+    if not isinstance(text, str) or not re.fullmatch(r"[A-Za-z0-9_-]*={0,2}", text):
         raise ValueError(f"{what}: expected a base64url string")
     try:
         data = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))

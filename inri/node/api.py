@@ -38,6 +38,7 @@ Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
+_B64URL = re.compile(r"[A-Za-z0-9_-]*={0,2}")  # the stdlib decoder silently skips other characters
 PROBLEM_BASE = "https://inri.dev/problems/"
 WS_AUTH_TIMEOUT_S = 10.0
 WS_PING_S = 20.0
@@ -82,6 +83,8 @@ def b64d(value: object, field: str, *, size: int | None = None, max_size: int | 
     """Strict base64url (padding optional) -> bytes, or Problem(422 invalid_field)."""
     if not isinstance(value, str) or len(value) > 4 * ((max_size or size or 65536) + 3) // 3 + 4:
         raise Problem(422, "invalid_field", f"{field}: expected a base64url string")
+    if not _B64URL.fullmatch(value):
+        raise Problem(422, "invalid_field", f"{field}: not valid base64url")
     try:
         data = base64.urlsafe_b64decode(value + "=" * (-len(value) % 4))
     except (binascii.Error, ValueError):

@@ -1,0 +1,250 @@
+"""Real relay processes on loopback: 8 relays + 1 bootstrap (inri mesh up), the issue's acceptance runs.
+
+The tests share one mesh and run in file order: delivery across the mesh, 1,000 concurrent pushes,
+hostile peers, then kill -9 of a relay on the path and of the home relay.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import msgpack
+import pytest
+import trio
+
+from inri import mesh
+from inri.client import DeviceClient, HomeAppClient
+from inri.live_demo import _label, _path
+from inri.node.identity import NodeIdentity
+from inri.node.quic import ConnectError, QuicEndpoint, parse_addr
+from inri.node.tracefile import read_trace
+from inri.protocol.codec import decode
+from inri.protocol.messages import ErrorFrame
+from tests.procs import wait_http
+
+pytestmark = pytest.mark.integration
+N = 8
+STATE: dict[str, Any] = {}  # shared between the ordered tests of this module
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    d = tmp_path_factory.mktemp("mesh")
+    info = mesh.up(d, relays=N, bootstraps=1, timeout_s=90, min_neighbours=3)
+    try:
+        yield info
+    finally:
+        for r in info["relays"]:
+            pid = r.get("restarted_pid")
+            if pid:
+                r["pid"] = pid
+        mesh._write(Path(info["dir"]), info)
+        mesh.down(d)
+
+
+def graph(info: dict[str, Any]) -> dict[str, set[str]]:
+    names = {r["node_id"]: r["name"] for r in info["relays"]}
+    g: dict[str, set[str]] = {r["name"]: set() for r in info["relays"]}
+    for r in info["relays"]:
+        try:
+            st = mesh.status(r["api"])
+        except httpx.HTTPError:
+            continue
+        for n in st["neighbours"]:
+            if n["node_id"] in names:
+                g[r["name"]].add(names[n["node_id"]])
+                g[names[n["node_id"]]].add(r["name"])
+    return g
+
+
+def distances(g: dict[str, set[str]], src: str) -> dict[str, int]:
+    dist = {src: 0}
+    q = collections.deque([src])
+    while q:
+        u = q.popleft()
+        for v in sorted(g[u]):
+            if v not in dist:
+                dist[v] = dist[u] + 1
+                q.append(v)
+    return dist
+
+
+def relay(info: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(r for r in info["relays"] if r["name"] == name)
+
+
+async def wait_route(api: str, want: int = 1, timeout: float = 30) -> None:
+    async with httpx.AsyncClient(timeout=5) as c:
+        with trio.fail_after(timeout):
+            while (await c.get(api + "/v1/status")).json()["routes"] < want:
+                await trio.sleep(0.05)
+
+
+async def test_push_at_the_farthest_relay_reaches_the_device_along_the_route_vectors(lab: dict[str, Any]) -> None:
+    g = graph(lab)
+    dist = distances(g, "R1")
+    assert len(dist) == N, f"mesh not connected: {g}"
+    far = max(sorted(dist), key=lambda n: dist[n])
+    dev = DeviceClient(relay(lab, "R1")["api"])
+    await dev.register(tokens=20)
+    cred = dev.export_credential(20)
+    await wait_route(relay(lab, far)["api"])
+    app = HomeAppClient([relay(lab, far)["api"]])
+    with trio.fail_after(30):
+        async with dev.stream() as messages:
+            receipt = await app.push(cred, b"from the far side")
+            msg = await messages.receive()
+    assert (msg.id, msg.plaintext) == (receipt.push_id, b"from the far side")
+    with trio.fail_after(10):
+        while (st := await app.status(receipt.push_id, relay(lab, far)["api"]))["status"] == "pending":
+            await trio.sleep(0.05)
+    assert st["status"] == "delivered"
+    path = _path(lab, receipt.push_id, far)
+    assert path[0] == far and path[-1] == "R1"
+    assert len(path) - 1 == st["hops"] >= dist[far]
+    # Each hop followed the route vector its relay cached from the registration gossip (route_set or
+    # route_backup rows of that relay's trace name the next hop as an arrival of this route id).
+    route_label = _label(lab["trace_salt"], dev.device_id or "")
+    for a, b in zip(path[:-1], path[1:], strict=False):
+        rows = read_trace(Path(relay(lab, a)["data_dir"]) / "traces")
+        vector = {r["peer"] for r in rows if r["route"] == route_label and r["kind"] in ("route_set", "route_backup")}
+        assert relay(lab, b)["node_id"] in vector, (a, b)
+    STATE.update(far=far, path=path, device=dev, cred=cred)
+
+
+async def test_thousand_pushes_from_concurrent_home_apps_delivered_exactly_once(lab: dict[str, Any]) -> None:
+    homes = ["R2", "R3", "R5", "R7"]
+    devices = [DeviceClient(relay(lab, h)["api"]) for h in homes]
+    for d in devices:
+        await d.register(tokens=250)
+    for r in lab["relays"]:
+        # Five devices in all (one at R1 from the test before); a home does not count its own devices.
+        await wait_route(r["api"], want=5 - (r["name"] in homes + ["R1"]))
+    accepted: dict[int, list[str]] = {i: [] for i in range(len(devices))}
+    urls = [r["api"] for r in lab["relays"]]
+
+    async def home_app(i: int) -> None:
+        cred = devices[i].export_credential(250)
+        apps = [HomeAppClient([urls[(i + k) % N]]) for k in range(N)]
+        async with httpx.AsyncClient(timeout=30) as client:
+            for a in apps:
+                a._client = client
+            for k in range(250):
+                receipt = await apps[k % N].push(cred, f"m{i}-{k}".encode())
+                accepted[i].append(receipt.push_id)
+
+    with trio.fail_after(240):
+        async with trio.open_nursery() as n:
+            for i in range(len(devices)):
+                n.start_soon(home_app, i)
+        # Every accepted push reaches its device's mailbox, once.
+        for i, d in enumerate(devices):
+            want = set(accepted[i])
+            assert len(want) == 250
+            got: list[str] = []
+            while len(set(got)) < len(want):
+                got = [m.id for m in await d.pull(limit=1000)]
+                await trio.sleep(0.2)
+            assert len(got) == len(set(got)) == 250 and set(got) == want
+            texts = {m.plaintext for m in await d.pull(limit=1000)}
+            assert texts == {f"m{i}-{k}".encode() for k in range(250)}
+
+
+async def test_garbage_frames_from_a_peer_get_error_frames_and_the_relay_stays_up(lab: dict[str, Any]) -> None:
+    # A relay with room for one more neighbour accepts the hostile link (a full one refuses it, "full").
+    by_room = sorted(lab["relays"], key=lambda r: len(mesh.status(r["api"])["neighbours"]))
+    with trio.fail_after(30):
+        async with trio.open_nursery() as n:
+            ep = QuicEndpoint(NodeIdentity.generate(), idle_timeout_s=5)
+            await ep.bind("127.0.0.1", 0)
+            await n.start(ep.serve, None)
+            for target in by_room:
+                try:
+                    link = await ep.connect(target["quic"], expect_node_id=target["node_id"])
+                    break
+                except ConnectError as exc:
+                    assert "full" in str(exc)
+            else:
+                pytest.fail("every relay refused a new neighbour as full")
+            host, port = parse_addr(target["quic"])
+            errors = 0
+            for frame in (b"\xc1", b"", msgpack.packb([99, 1, 2]), msgpack.packb([3, "x"]), os.urandom(300)):
+                await link.send(frame)
+            while errors < 5:
+                msg = decode(await link.receive())
+                errors += isinstance(msg, ErrorFrame)
+            # Raw UDP garbage at its QUIC port.
+            sock = trio.socket.socket(trio.socket.AF_INET, trio.socket.SOCK_DGRAM)
+            await sock.bind(("127.0.0.1", 0))
+            for _ in range(50):
+                await sock.sendto(os.urandom(1300), (host, port))
+            sock.close()
+            await link.aclose()
+            n.cancel_scope.cancel()
+    async with httpx.AsyncClient(timeout=5) as c:
+        assert (await c.get(target["api"] + "/healthz")).status_code == 200
+        metrics = (await c.get(target["api"] + "/metrics")).text
+    assert "inri_frames_invalid_total 5" in metrics
+
+
+async def test_kill9_of_a_relay_on_the_path_next_push_still_delivered(lab: dict[str, Any]) -> None:
+    path: list[str] = STATE["path"]
+    dev: DeviceClient = STATE["device"]
+    far = STATE["far"]
+    victims = path[1:-1]
+    if not victims:  # home and far are neighbours: kill another neighbour of far so repair still runs
+        victims = [sorted(graph(lab)[far] - {"R1"})[0]]
+    victim = relay(lab, victims[0])
+    os.killpg(victim["pid"], signal.SIGKILL)
+    app = HomeAppClient([relay(lab, far)["api"]])
+    with trio.fail_after(60):
+        async with dev.stream() as messages:
+            receipt = await app.push(STATE["cred"], b"after the crash")
+            while (msg := await messages.receive()).id != receipt.push_id:
+                pass
+    assert msg.plaintext == b"after the crash"
+    STATE["dead"] = victim["name"]
+
+
+async def test_kill9_of_the_home_relay_after_accept_device_gets_it_once_after_restart(lab: dict[str, Any]) -> None:
+    home = relay(lab, "R1")
+    dev: DeviceClient = STATE["device"]
+    far = STATE["far"]
+    # Drain what is pending so "once" is measurable.
+    await dev.ack([m.id for m in await dev.pull(limit=1000)])
+    os.killpg(home["pid"], signal.SIGKILL)
+    app = HomeAppClient([relay(lab, far)["api"]])
+    receipt = await app.push(STATE["cred"], b"while home was down")  # 202: in custody at `far`
+    log = open(Path(home["log"]), "ab")  # noqa: SIM115 - the restarted relay owns it
+    proc = subprocess.Popen([sys.executable, "-m", "inri.cli", "relay", "--config",
+                             str(Path(home["data_dir"]) / "relay.toml")], stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    home["restarted_pid"] = proc.pid
+    wait_http(home["api"] + "/healthz", timeout=30)
+    assert (await HomeAppClient([home["api"]]).status(receipt.push_id, relay(lab, far)["api"]))["status"] in (
+        "pending", "delivered")
+    seen: list[str] = []
+    with trio.fail_after(90):
+        async with dev.stream(ack=False) as messages:
+            while receipt.push_id not in seen:
+                seen.append((await messages.receive()).id)
+            # Give a duplicate every chance to show up: custody retries run every second in the test profile.
+            with trio.move_on_after(3):
+                seen.append((await messages.receive()).id)
+    assert seen.count(receipt.push_id) == 1
+    pulled = [m for m in await dev.pull(limit=1000) if m.id == receipt.push_id]
+    assert len(pulled) == 1 and pulled[0].plaintext == b"while home was down"
+    with trio.fail_after(30):
+        while (st := await app.status(receipt.push_id, relay(lab, far)["api"]))["status"] == "pending":
+            await trio.sleep(0.1)
+    assert st["status"] in ("delivered", "duplicate")
+    print(json.dumps({"home_restart": st}))
