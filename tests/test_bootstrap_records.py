@@ -83,7 +83,10 @@ def test_ranking_never_returns_asker_or_duplicates(
     distinct_others = {c.node_id for c in pool} - {asker}
     assert len(out) == min(count, len(distinct_others))
     # Same-prefix candidates come first, up to the near half of the answer.
-    same = {c.node_id for c in pool if c.prefix == f"127.0.{asker_p}.0/24"} - {asker}
+    first: dict[str, Candidate] = {}
+    for c in pool:
+        first.setdefault(c.node_id, c)  # rank keeps the first entry of a repeated node id
+    same = {n for n, c in first.items() if c.prefix == f"127.0.{asker_p}.0/24"} - {asker}
     near = (count + 1) // 2
     assert sum(1 for c in out[:near] if c.node_id in same) == min(near, len(same), len(out))
 
