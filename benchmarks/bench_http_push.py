@@ -1,0 +1,315 @@
+"""HTTP pushes through one relay and over one QUIC hop, beside their ceilings measured in the same run.
+
+1. QUIC frames/s on one link (in process, one direction, 200-byte frames), beside the same frames over
+   a loopback TCP stream with the same 4-byte framing (the kernel-transport ceiling).
+2. End-to-end latency, unloaded: a push injected at relay A (HTTP 202) until the device's WebSocket at
+   home relay B receives it (one QUIC hop), p50/p99 over sequential pushes.
+3. Throughput: pushes/s accepted by A's HTTP API (202) from CONCURRENCY concurrent clients, and pushes/s
+   stored at B, beside a bare hypercorn ASGI endpoint answering 202 to the same load generator.
+
+Real processes: one bootstrap and two relays (`inri mesh up`); the load generator is this process.
+Env: BENCH_PUSHES (default 3000), BENCH_CONCURRENCY (32), BENCH_LATENCY_N (200).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import trio
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from inri import mesh  # noqa: E402
+from inri.client import DeviceClient, HomeAppClient  # noqa: E402
+from inri.client.credential import b64e, seal  # noqa: E402
+from inri.node.identity import NodeIdentity  # noqa: E402
+from inri.node.quic import QuicEndpoint  # noqa: E402
+from inri.protocol.codec import encode_registration  # noqa: E402
+
+PUSHES = int(os.environ.get("BENCH_PUSHES", "12000"))  # distinct pushes (tokens) the load cycles through
+CONC = int(os.environ.get("BENCH_CONCURRENCY", "32"))
+LAT_N = int(os.environ.get("BENCH_LATENCY_N", "200"))
+WORKDIR = [Path(".")]
+FRAMES = int(os.environ.get("BENCH_FRAMES", "50000"))
+
+BARE_APP = '''
+import json
+async def app(scope, receive, send):
+    if scope["type"] == "lifespan":
+        while True:
+            msg = await receive()
+            await send({"type": msg["type"] + ".complete"})
+            if msg["type"] == "lifespan.shutdown":
+                return
+    if scope["type"] != "http":
+        return
+    more = True
+    while more:
+        more = (await receive()).get("more_body", False)
+    body = json.dumps({"push_id": "00" * 16, "status": "pending"}).encode()
+    await send({"type": "http.response.start", "status": 202,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+'''
+
+
+def pct(xs: list[float], p: float) -> float:
+    s = sorted(xs)
+    return s[max(0, min(len(s) - 1, int(round(p / 100 * len(s) + 0.5)) - 1))]  # nearest rank
+
+
+async def quic_frames() -> float:
+    a, b = NodeIdentity.generate(), NodeIdentity.generate()
+    got = trio.Event()
+    rate: list[float] = []
+
+    async def on_link(link) -> None:  # type: ignore[no-untyped-def]
+        t0 = None
+        for i in range(FRAMES):
+            await link.receive()
+            if i == 0:
+                t0 = time.perf_counter()
+        rate.append((FRAMES - 1) / (time.perf_counter() - t0))
+        got.set()
+
+    async with trio.open_nursery() as n:
+        ea, eb = QuicEndpoint(a), QuicEndpoint(b)
+        await ea.bind("127.0.0.1", 0)
+        await eb.bind("127.0.0.1", 0)
+        await n.start(ea.serve, on_link)
+        await n.start(eb.serve, None)
+        link = await eb.connect(ea.listen_addr, expect_node_id=a.node_id)
+        frame = os.urandom(200)
+        for i in range(FRAMES):
+            await link.send(frame)
+            if i % 256 == 0:
+                await trio.sleep(0)
+        await got.wait()
+        n.cancel_scope.cancel()
+    return rate[0]
+
+
+async def tcp_frames() -> float:
+    rate: list[float] = []
+    done = trio.Event()
+
+    async def handler(stream: trio.SocketStream) -> None:
+        buf = bytearray()
+        n = 0
+        t0 = None
+        while n < FRAMES:
+            data = await stream.receive_some(65536)
+            if t0 is None:
+                t0 = time.perf_counter()
+            buf += data
+            while len(buf) >= 4:
+                size = int.from_bytes(buf[:4], "big")
+                if len(buf) < 4 + size:
+                    break
+                del buf[: 4 + size]
+                n += 1
+        rate.append((FRAMES - 1) / (time.perf_counter() - t0))
+        done.set()
+
+    async with trio.open_nursery() as n:
+        listeners = await n.start(trio.serve_tcp, handler, 0)
+        port = listeners[0].socket.getsockname()[1]
+        s = await trio.open_tcp_stream("127.0.0.1", port)
+        frame = (200).to_bytes(4, "big") + os.urandom(200)
+        for _ in range(FRAMES):
+            await s.send_all(frame)
+        await done.wait()
+        n.cancel_scope.cancel()
+    return rate[0]
+
+
+async def load(url: str, bodies: list[dict]) -> tuple[float, list[float], int]:
+    """POST every body at url with CONC workers; returns (requests/s, latencies, 202 count)."""
+    lat: list[float] = []
+    ok = 0
+    it = iter(bodies)
+
+    async def worker(c: httpx.AsyncClient) -> None:
+        nonlocal ok
+        for body in it:
+            t = time.perf_counter()
+            r = await c.post(url, json=body)
+            lat.append(time.perf_counter() - t)
+            ok += r.status_code == 202
+
+    limits = httpx.Limits(max_connections=CONC, max_keepalive_connections=CONC)
+    async with httpx.AsyncClient(timeout=60, limits=limits) as c:
+        t0 = time.perf_counter()
+        async with trio.open_nursery() as n:
+            for _ in range(CONC):
+                n.start_soon(worker, c)
+        wall = time.perf_counter() - t0
+    return len(bodies) / wall, lat, ok
+
+
+WRK_SECONDS = float(os.environ.get("BENCH_WRK_SECONDS", "5"))
+
+
+def wrk_load(url: str, bodies: list[dict], workdir: Path) -> tuple[float, float, float, int]:
+    """wrk (one thread, CONC connections) POSTing the bodies in turn; (req/s, p50 s, p99 s, non-2xx)."""
+    script = workdir / f"push_{abs(hash(url))}.lua"
+    lines = ["bodies = {"] + ["  " + json.dumps(json.dumps(b)) + "," for b in bodies] + ["}", "i = 0",
+             "request = function()", "  i = i + 1",
+             '  local body = bodies[((i - 1) % #bodies) + 1]',
+             '  return wrk.format("POST", nil, {["Content-Type"] = "application/json"}, body)',
+             "end"]
+    script.write_text("\n".join(lines))
+    proc = subprocess.run(["wrk", "-t1", f"-c{CONC}", f"-d{int(WRK_SECONDS)}s", "--latency", "-s", str(script), url],
+                          capture_output=True, text=True, timeout=WRK_SECONDS + 60)
+    out = proc.stdout
+    if "Requests/sec" not in out:
+        print("wrk failed:", out[-500:], proc.stderr[-500:])
+
+    def grab(pattern: str) -> str:
+        import re
+
+        m = re.search(pattern, out)
+        return m.group(1) if m else "0"
+
+    def secs(text: str) -> float:
+        import re
+
+        m = re.match(r"([\d.]+)(us|ms|s)", text)
+        if not m:
+            return float("nan")
+        return float(m.group(1)) * {"us": 1e-6, "ms": 1e-3, "s": 1.0}[m.group(2)]
+
+    rps = float(grab(r"Requests/sec:\s+([\d.]+)"))
+    p50 = secs(grab(r"50%\s+(\S+)"))
+    p99 = secs(grab(r"99%\s+(\S+)"))
+    bad = int(grab(r"Non-2xx or 3xx responses:\s+(\d+)"))
+    return rps, p50, p99, bad
+
+
+async def relay_bench(info: dict) -> dict:
+    a, b = info["relays"][0], info["relays"][1]
+    # Several devices at B: one device's mailbox holds at most 1,000 unacknowledged messages.
+    devices = [DeviceClient(b["api"]) for _ in range(PUSHES // 800 + 1)]
+    for d in devices:
+        await d.register(tokens=500)
+        while len(d.tokens) < PUSHES // len(devices) + LAT_N:
+            await d.more_tokens(500)
+    dev = devices[0]
+    async with httpx.AsyncClient(timeout=5) as c:
+        while (await c.get(a["api"] + "/v1/status")).json()["routes"] < 1:
+            await trio.sleep(0.05)
+    # Unloaded end-to-end latency, one QUIC hop.
+    cred = dev.export_credential(LAT_N)
+    app = HomeAppClient([a["api"]])
+    e2e: list[float] = []
+    async with dev.stream() as messages:
+        for _ in range(LAT_N):
+            t = time.perf_counter()
+            receipt = await app.push(cred, b"x" * 64)
+            while (await messages.receive()).id != receipt.push_id:
+                pass
+            e2e.append(time.perf_counter() - t)
+    await dev.ack([m.id for m in await dev.pull(limit=1000)])
+    # Throughput.
+    bodies = []
+    for d in devices:
+        cred = d.export_credential(PUSHES // len(devices))
+        reg = b64e(encode_registration(cred.registration))
+        bodies += [{"registration": reg, "token": b64e(t), "ciphertext": b64e(seal(cred.seal_key, b"y" * 64))}
+                   for t in cred.tokens]
+    bodies = [bodies[i] for i in sorted(range(len(bodies)), key=lambda i: (i % len(devices), i))]
+    t0 = time.perf_counter()
+    if shutil.which("wrk"):
+        rps, p50, p99, bad = await trio.to_thread.run_sync(wrk_load, a["api"] + "/v1/push", bodies, WORKDIR[0])
+        lat = [p50, p99]
+        tool = "wrk"
+    else:
+        rps, lat_all, ok = await load(a["api"] + "/v1/push", bodies)
+        lat = [pct(lat_all, 50), pct(lat_all, 99)]
+        tool = "httpx"
+    # Stored at B: wait until A holds nothing in custody, then count what A saw delivered.
+    async with httpx.AsyncClient(timeout=10) as c:
+        with trio.fail_after(300):
+            while (await c.get(a["api"] + "/v1/status")).json()["custody"] > 0:
+                await trio.sleep(0.02)
+        t_settled = time.perf_counter()
+        metrics = (await c.get(a["api"] + "/metrics")).text
+    delivered = int(float(next((ln.split()[-1] for ln in metrics.splitlines()
+                                if ln.startswith('inri_custody_settled_total{status="delivered"}')), "0")))
+    delivered -= LAT_N  # the latency run's pushes
+    stored_rate = delivered / (t_settled - t0)
+    ok = delivered
+    return {"e2e": e2e, "rps": rps, "lat": lat, "ok": ok, "stored_rate": stored_rate, "tool": tool}
+
+
+async def bare_bench(url: str) -> tuple[float, list[float]]:
+    bodies = [{"registration": "x" * 200, "token": "y" * 22, "ciphertext": "z" * 150}] * PUSHES
+    if shutil.which("wrk"):
+        rps, p50, p99, _ = await trio.to_thread.run_sync(wrk_load, url, bodies[:100], WORKDIR[0])
+        return rps, [p50, p99]
+    rps, lat, _ = await load(url, bodies)
+    return rps, [pct(lat, 50), pct(lat, 99)]
+
+
+def main() -> None:
+    quic = trio.run(quic_frames)
+    tcp = trio.run(tcp_frames)
+    print(f"QUIC frames/s on one link (200 B):        {quic:,.0f}")
+    print(f"TCP loopback frames/s, same framing:      {tcp:,.0f}")
+    with tempfile.TemporaryDirectory(prefix="inri-bench-") as d:
+        WORKDIR[0] = Path(d)
+        info = mesh.up(d, relays=2, bootstraps=1, timeout_s=60, min_neighbours=1)
+        try:
+            res = trio.run(relay_bench, info)
+        finally:
+            mesh.down(d)
+        app_file = Path(d) / "bare_app.py"
+        app_file.write_text(BARE_APP)
+        port = mesh._free_port(1)
+        proc = subprocess.Popen([sys.executable, "-m", "hypercorn", "--worker-class", "trio", "-b",
+                                 f"127.0.0.1:{port}", "bare_app:app"], cwd=d, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                try:
+                    httpx.post(f"http://127.0.0.1:{port}/", json={}, timeout=1)
+                    break
+                except httpx.HTTPError:
+                    time.sleep(0.1)
+            bare_rps, bare_lat = trio.run(bare_bench, f"http://127.0.0.1:{port}/v1/push")
+        finally:
+            proc.terminate()
+            proc.wait(10)
+    e2e = res["e2e"]
+    print(f"end-to-end push latency, unloaded, 1 QUIC hop: p50 {pct(e2e, 50) * 1000:.1f} ms, "
+          f"p99 {pct(e2e, 99) * 1000:.1f} ms (n={len(e2e)})")
+    print(f"HTTP pushes accepted/s at one relay ({res['tool']}, {CONC} connections): {res['rps']:,.0f} "
+          f"(p50 {res['lat'][0] * 1000:.1f} ms, p99 {res['lat'][1] * 1000:.1f} ms)")
+    print(f"pushes stored/s at the home relay (one QUIC hop):     {res['stored_rate']:,.0f}")
+    print(f"bare hypercorn ASGI 202 endpoint, same load:         {bare_rps:,.0f} "
+          f"(p50 {bare_lat[0] * 1000:.1f} ms, p99 {bare_lat[1] * 1000:.1f} ms)")
+    print(json.dumps({"bench": "http_push", "figures": [
+        {"metric": "QUIC frames/s one link", "value": round(quic), "unit": "/s",
+         "ceiling": f"TCP loopback {tcp:,.0f}/s", "note": "200-byte frames, in process"},
+        {"metric": "e2e push latency p50 (1 hop)", "value": round(pct(e2e, 50) * 1000, 1), "unit": "ms",
+         "ceiling": "aim < 50 ms", "note": f"p99 {pct(e2e, 99) * 1000:.1f} ms, n={len(e2e)}"},
+        {"metric": "HTTP pushes accepted/s", "value": round(res["rps"]), "unit": "/s",
+         "ceiling": f"bare hypercorn {bare_rps:,.0f}/s",
+         "note": f"p50 {res['lat'][0] * 1000:.1f} ms p99 {res['lat'][1] * 1000:.1f} ms, {res['tool']} {CONC} conns"},
+        {"metric": "pushes stored/s at home (1 QUIC hop)", "value": round(res["stored_rate"]), "unit": "/s",
+         "ceiling": "aim >= 2,000/s", "note": f"{res['ok']} pushes"},
+    ]}))
+
+
+if __name__ == "__main__":
+    main()
