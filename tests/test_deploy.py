@@ -32,3 +32,32 @@ def test_unit_verifies_and_is_sandboxed(unit: str, tmp_path: Path) -> None:
                               capture_output=True, text=True)
     score = float(exposure.stdout.strip().splitlines()[-1].split("level for")[1].split(":")[1].split()[0])
     assert score <= 2.0, exposure.stdout[-500:]
+
+
+def test_every_config_key_is_documented_with_its_default() -> None:
+    """docs/operations.md lists every relay and bootstrap option with the default the code uses."""
+    import re
+    from dataclasses import fields
+    from pathlib import Path
+
+    from bootstrap_nodes.config import BootstrapConfig
+    from inri.core.config import EngineConfig
+    from inri.node.config import ApiSection, QuicSection, RelaySection, TraceSection
+
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "operations.md").read_text()
+    rows: dict[str, set[str]] = {}
+    for key, value in re.findall(r"^\| `([a-z_]+)` \| `([^`]*)` \|", doc, re.M):
+        rows.setdefault(key, set()).add(value)  # a key both daemons have is documented once per daemon
+    for cls in (RelaySection, QuicSection, ApiSection, TraceSection, EngineConfig, BootstrapConfig):
+        for f in fields(cls):
+            default = getattr(cls(), f.name)
+            assert f.name in rows, f"{cls.__name__}.{f.name} is not documented"
+            if isinstance(default, bool):
+                want = str(default).lower()
+            elif isinstance(default, tuple):
+                want = "[]"
+            elif isinstance(default, str):
+                want = default or '""'
+            else:
+                want = str(default)
+            assert want in rows[f.name], f"{cls.__name__}.{f.name}: docs say {rows[f.name]}, code says {want}"
