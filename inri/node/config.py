@@ -106,6 +106,8 @@ def _coerce(value: Any, default: Any, where: str) -> Any:
         if isinstance(value, str):
             return value
     elif isinstance(default, tuple):
+        if isinstance(value, tuple):
+            value = list(value)
         if isinstance(value, str):
             value = [v.strip() for v in value.split(",") if v.strip()]
         if isinstance(value, list) and all(isinstance(v, str) for v in value):

@@ -34,8 +34,9 @@ CREATE TABLE IF NOT EXISTS tokens (
     token BLOB NOT NULL, route_id BLOB NOT NULL, spent_by BLOB,
     PRIMARY KEY (route_id, token)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS mailbox (
-    push_id BLOB PRIMARY KEY, route_id BLOB NOT NULL, ciphertext BLOB NOT NULL, received_at REAL NOT NULL);
-CREATE INDEX IF NOT EXISTS mailbox_route ON mailbox (route_id, received_at);
+    push_id BLOB NOT NULL, route_id BLOB NOT NULL, ciphertext BLOB NOT NULL, received_at REAL NOT NULL,
+    PRIMARY KEY (route_id, push_id));
+CREATE INDEX IF NOT EXISTS mailbox_order ON mailbox (route_id, received_at);
 CREATE TABLE IF NOT EXISTS custody (
     push_id BLOB PRIMARY KEY, frame BLOB NOT NULL, deadline REAL NOT NULL, attempt INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS push_status (
