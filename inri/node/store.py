@@ -165,7 +165,8 @@ class Store:
             if n >= self.mailbox_max:
                 return ReceiptStatus.MAILBOX_FULL
             db.execute("UPDATE tokens SET spent_by=? WHERE route_id=? AND token=?", (push_id, route_id, token))
-            db.execute("INSERT INTO mailbox VALUES (?, ?, ?, ?)", (push_id, route_id, ciphertext, now))
+            # A push id reused with another token replaces its message (as MemoryHomeStore does).
+            db.execute("INSERT OR REPLACE INTO mailbox VALUES (?, ?, ?, ?)", (push_id, route_id, ciphertext, now))
         return ReceiptStatus.STORED
 
     # -- mailboxes --------------------------------------------------------------------------------
