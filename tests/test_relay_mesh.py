@@ -82,7 +82,7 @@ def relay(info: dict[str, Any], name: str) -> dict[str, Any]:
     return next(r for r in info["relays"] if r["name"] == name)
 
 
-async def wait_route(api: str, want: int = 1, timeout: float = 30) -> None:
+async def wait_route(api: str, want: int = 1, timeout: float = 30.0) -> None:
     async with httpx.AsyncClient(timeout=5) as c:
         with trio.fail_after(timeout):
             while (await c.get(api + "/v1/status")).json()["routes"] < want:
@@ -119,6 +119,30 @@ async def test_push_at_the_farthest_relay_reaches_the_device_along_the_route_vec
         vector = {r["peer"] for r in rows if r["route"] == route_label and r["kind"] in ("route_set", "route_backup")}
         assert relay(lab, b)["node_id"] in vector, (a, b)
     STATE.update(far=far, path=path, device=dev, cred=cred)
+
+
+def test_device_and_app_commands(lab: dict[str, Any], tmp_path: Path) -> None:
+    """`inri device ...` and `inri app push` as a user types them, against the live mesh."""
+
+    def inri(*args: str) -> list[dict[str, Any]]:
+        proc = subprocess.run([sys.executable, "-m", "inri.cli", *args], capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+
+    state, cred = str(tmp_path / "dev.json"), str(tmp_path / "cred.json")
+    home, entry = relay(lab, "R3")["api"], relay(lab, "R8")["api"]
+    assert inri("device", "register", "--relay", home, "--state", state, "--tokens", "5")[0]["tokens"] == 5
+    assert inri("device", "credential", "--state", state, "--tokens", "3", "--out", cred)[0]["tokens"] == 3
+    trio.run(wait_route, entry, 2)  # the device of the first test, and this one
+    pushed = inri("app", "push", "--relay", entry, "--credential", cred, "--message", "hi there")[0]
+    assert pushed["tokens_left"] == 2 and pushed["status"] == "pending"
+    got = inri("device", "listen", "--state", state, "--count", "1", "--timeout", "30")
+    assert got[0]["id"] == pushed["push_id"] and got[0]["message"] == "hi there"
+    assert inri("device", "pull", "--state", state) == []  # listen acknowledged it
+    bad = subprocess.run([sys.executable, "-m", "inri.cli", "app", "push", "--relay", entry, "--credential",
+                          str(tmp_path / "missing.json"), "--message", "x"], capture_output=True, text=True)
+    assert bad.returncode == 1 and "error" in bad.stderr and "Traceback" not in bad.stderr
+    inri("device", "unregister", "--state", state)
 
 
 async def test_thousand_pushes_from_concurrent_home_apps_delivered_exactly_once(lab: dict[str, Any]) -> None:
