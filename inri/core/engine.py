@@ -89,6 +89,9 @@ ROUTE_ATTEMPTS = 2  # custody attempts that follow routes before the expanding r
 RECONNECT_MAX_S = 60.0
 RECONNECT_MAX_FAILURES = 10
 _LOCAL = ""  # reverse-path marker: the push was injected here (this relay is its custodian)
+# Reverse-path marker after custody gave up: a receipt that still comes back (the last attempt got
+# through late) corrects the final status instead of being lost. Not a valid node id.
+_LATE = "\x00late"
 
 _RECEIPT_STATUS = {
     ReceiptStatus.STORED: "delivered",
@@ -703,6 +706,9 @@ class Engine:
         prev = back[0]
         if prev == _LOCAL:
             return self._settle(msg.push_id, msg.status, msg.hops, now)
+        if prev == _LATE:
+            self._count("receipt_late")
+            return [CustodyReleased(msg.push_id, _RECEIPT_STATUS[msg.status], msg.hops)]
         if prev not in self._active:
             self._count("receipt_lost_link")
             return []
@@ -753,7 +759,7 @@ class Engine:
         pid = c.push.push_id
         if c.attempt + 1 >= self.config.custody_max_attempts or now >= c.deadline:
             self._custody.pop(pid, None)
-            self._reverse.pop(pid, None)
+            self._reverse[pid] = (_LATE, now + self.config.reverse_ttl_s)
             final = "expired" if now >= c.deadline else "unreachable"
             if self._level:
                 self._trace(now, "push_settled", msg=pid.hex(), route=c.push.route_id.hex(), reason=final)
