@@ -201,7 +201,8 @@ async def test_garbage_frames_from_a_peer_get_error_frames_and_the_relay_stays_u
                 pytest.fail("every relay refused a new neighbour as full")
             host, port = parse_addr(target["quic"])
             errors = 0
-            for frame in (b"\xc1", b"", msgpack.packb([99, 1, 2]), msgpack.packb([3, "x"]), b"\x92\x03" + b"\xff" * 300):
+            garbage = (b"\xc1", b"", msgpack.packb([99, 1, 2]), msgpack.packb([3, "x"]), b"\x92\x03" + b"\xff" * 300)
+            for frame in garbage:
                 await link.send(frame)
             while errors < 5:
                 msg = decode(await link.receive())
