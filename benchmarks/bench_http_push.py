@@ -267,7 +267,9 @@ def main() -> None:
     print(f"TCP loopback frames/s, same framing:      {tcp:,.0f}")
     with tempfile.TemporaryDirectory(prefix="inri-bench-") as d:
         WORKDIR[0] = Path(d)
-        info = mesh.up(d, relays=2, bootstraps=1, timeout_s=60, min_neighbours=1)
+        # Relays as an operator runs them: default timers, traces off.
+        info = mesh.up(d, relays=2, bootstraps=1, timeout_s=60, min_neighbours=1, trace_level="off",
+                       profile="default")
         try:
             res = trio.run(relay_bench, info)
         finally:

@@ -56,20 +56,21 @@ def _wait(url: str, proc: subprocess.Popen[bytes], log: Path, deadline: float) -
     raise MeshError(f"{url} did not come up in time; log {log}")
 
 
-def relay_config(data_dir: Path, api_port: int, quic_port: int, bootstraps: list[str], salt: str) -> str:
+def relay_config(data_dir: Path, api_port: int, quic_port: int, bootstraps: list[str], salt: str,
+                 trace_level: str = "full", profile: str = "test") -> str:
     """The TOML of one lab relay."""
     boots = ", ".join(json.dumps(b) for b in bootstraps)
     return (
         "[relay]\n"
         f'data_dir = "{data_dir}"\napi = "127.0.0.1:{api_port}"\nquic = "127.0.0.1:{quic_port}"\n'
-        f'bootstrap = [{boots}]\nprofile = "test"\nlog_format = "json"\npeers_interval_s = 2.0\n'
+        f'bootstrap = [{boots}]\nprofile = "{profile}"\nlog_format = "json"\npeers_interval_s = 2.0\n'
         "[api]\nrate_per_s = 5000.0\nrate_burst = 10000\n"
-        f'[trace]\nlevel = "full"\nsalt = "{salt}"\n'
+        f'[trace]\nlevel = "{trace_level}"\nsalt = "{salt}"\n'
     )
 
 
 def up(directory: str | Path, relays: int = 6, bootstraps: int = 1, *, timeout_s: float = 60.0,
-       min_neighbours: int = 2) -> dict[str, Any]:
+       min_neighbours: int = 2, trace_level: str = "full", profile: str = "test") -> dict[str, Any]:
     """Start the mesh; returns (and writes to DIR/mesh.json) its processes and URLs."""
     d = Path(directory).resolve()
     if (d / MESH_FILE).exists():
@@ -106,7 +107,7 @@ def up(directory: str | Path, relays: int = 6, bootstraps: int = 1, *, timeout_s
             rdir.mkdir(exist_ok=True)
             api_port, quic_port = _free_port(socket.SOCK_STREAM), _free_port(socket.SOCK_DGRAM)
             cfg = rdir / "relay.toml"
-            cfg.write_text(relay_config(rdir, api_port, quic_port, urls, salt))
+            cfg.write_text(relay_config(rdir, api_port, quic_port, urls, salt, trace_level, profile))
             log = d / f"{name.lower()}.log"
             proc = _spawn([py, "-m", "inri.cli", "relay", "--config", str(cfg)], log, {})
             procs.append(proc)

@@ -22,13 +22,20 @@ def _print(obj: Any) -> None:
 
 
 async def _device(args: argparse.Namespace) -> int:
+    if args.device_cmd == "register":
+        dev = DeviceClient(args.relay, state_path=args.state)
+    else:
+        dev = DeviceClient.from_state(args.state)
+    async with dev:
+        return await _device_cmd(args, dev)
+
+
+async def _device_cmd(args: argparse.Namespace, dev: DeviceClient) -> int:
     cmd = args.device_cmd
     if cmd == "register":
-        dev = DeviceClient(args.relay, state_path=args.state)
         device_id = await dev.register(tokens=args.tokens)
         _print({"device_id": device_id, "relay": args.relay, "tokens": len(dev.tokens), "state": str(args.state)})
         return 0
-    dev = DeviceClient.from_state(args.state)
     if cmd == "credential":
         cred = dev.export_credential(args.tokens)
         if args.out:
@@ -67,13 +74,14 @@ async def _device(args: argparse.Namespace) -> int:
 async def _app(args: argparse.Namespace) -> int:
     if args.app_cmd == "push":
         cred = PushCredential.load(args.credential)
-        app = HomeAppClient(args.relay)
-        receipt = await app.push(cred, args.message.encode())
+        async with HomeAppClient(args.relay) as app:
+            receipt = await app.push(cred, args.message.encode())
         cred.save(args.credential)  # without the spent token
         _print({"push_id": receipt.push_id, "relay": receipt.relay_url, "status": receipt.status,
                 "tokens_left": len(cred.tokens)})
     else:
-        _print(await HomeAppClient([args.relay]).status(args.push_id, args.relay))
+        async with HomeAppClient([args.relay]) as app:
+            _print(await app.status(args.push_id, args.relay))
     return 0
 
 

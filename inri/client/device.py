@@ -42,8 +42,21 @@ class DeviceClient:
         self.device_id: str | None = None
         self.secret: str | None = None
         self.tokens: list[bytes] = []
+        self._http: httpx.AsyncClient | None = None
         if self.state_path is not None and self.state_path.exists():
             self._load()
+
+    async def aclose(self) -> None:
+        """Close the HTTP client (the device's state stays on disk)."""
+        if self._http is not None:
+            await self._http.aclose()
+            self._http = None
+
+    async def __aenter__(self) -> DeviceClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
 
     # -- state ------------------------------------------------------------------------------------
 
@@ -72,8 +85,9 @@ class DeviceClient:
         return {"authorization": f"Bearer {self.secret}"}
 
     async def _call(self, method: str, path: str, **kw: Any) -> Any:
-        async with httpx.AsyncClient(timeout=self.timeout_s) as c:
-            r = await c.request(method, self.relay_url + path, **kw)
+        if self._http is None:  # one client for every call (building one costs more than a request)
+            self._http = httpx.AsyncClient(timeout=self.timeout_s)
+        r = await self._http.request(method, self.relay_url + path, **kw)
         if r.status_code >= 400:
             raise ApiError.from_response(r)
         return r.json() if r.content else None

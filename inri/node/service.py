@@ -130,7 +130,7 @@ class RelayService:
                 msg = e.msg
                 self.network.send(e.peer, encode(msg), e.delay)
                 self._count(_OUT_NAMES[type(msg)])
-                if type(msg) is Push and msg.push_id in self._custody and msg.hops == 0:
+                if type(msg) is Push and msg.attempt and msg.hops == 0 and msg.push_id in self._custody:
                     attempts.append((msg.push_id, msg.attempt))
             elif type(e) is CustodyTaken:
                 self.store.save_custody(e.push, e.deadline, now)

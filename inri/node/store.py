@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from inri.protocol.codec import decode, decode_registration, encode, encode_registration
+from inri.protocol.codec import DecodeError, decode, decode_registration, encode, encode_registration
 from inri.protocol.messages import Push, ReceiptStatus, Registration
 
 SCHEMA_VERSION = 1
@@ -38,7 +38,8 @@ CREATE TABLE IF NOT EXISTS mailbox (
     PRIMARY KEY (route_id, push_id));
 CREATE INDEX IF NOT EXISTS mailbox_order ON mailbox (route_id, received_at);
 CREATE TABLE IF NOT EXISTS custody (
-    push_id BLOB PRIMARY KEY, frame BLOB NOT NULL, deadline REAL NOT NULL, attempt INTEGER NOT NULL);
+    push_id BLOB PRIMARY KEY, frame BLOB NOT NULL, deadline REAL NOT NULL, attempt INTEGER NOT NULL,
+    accepted_at REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS push_status (
     push_id BLOB PRIMARY KEY, status TEXT NOT NULL, hops INTEGER, accepted_at REAL NOT NULL, settled_at REAL);
 """
@@ -195,11 +196,10 @@ class Store:
 
     def save_custody(self, push: Push, deadline: float, now: float) -> None:
         """Persist a push this relay accepted, before the 202 goes out."""
-        with self._tx():
-            self._db.execute("INSERT OR REPLACE INTO custody VALUES (?, ?, ?, ?)",
-                             (push.push_id, encode(push), deadline, push.attempt))
-            self._db.execute("INSERT OR IGNORE INTO push_status VALUES (?, 'pending', NULL, ?, NULL)",
-                             (push.push_id, now))
+        # One statement, autocommitted: the hot path of every push. Its status row is written when
+        # custody ends; until then the custody row itself answers "pending".
+        self._db.execute("INSERT OR REPLACE INTO custody VALUES (?, ?, ?, ?, ?)",
+                         (push.push_id, encode(push), deadline, push.attempt, now))
 
     def update_attempts(self, attempts: list[tuple[bytes, int]]) -> None:
         """Record custody attempt numbers (a restarted relay continues from them)."""
@@ -209,15 +209,24 @@ class Store:
     def release_custody(self, push_id: bytes, status: str, hops: int | None, now: float) -> None:
         """Custody ended: drop the push from disk and record its final status."""
         with self._tx():
-            self._db.execute("DELETE FROM custody WHERE push_id=?", (push_id,))
-            self._db.execute("UPDATE push_status SET status=?, hops=?, settled_at=? WHERE push_id=?",
-                             (status, hops, now, push_id))
+            row = self._db.execute("SELECT accepted_at FROM custody WHERE push_id=?", (push_id,)).fetchone()
+            if row is not None:
+                self._db.execute("DELETE FROM custody WHERE push_id=?", (push_id,))
+                self._db.execute("INSERT OR REPLACE INTO push_status VALUES (?, ?, ?, ?, ?)",
+                                 (push_id, status, hops, row[0], now))
+            else:  # a late receipt correcting a settled push (or a push this relay never held)
+                self._db.execute("UPDATE push_status SET status=?, hops=?, settled_at=? WHERE push_id=?",
+                                 (status, hops, now, push_id))
 
     def load_custody(self) -> list[tuple[Push, float, int]]:
         """Every push still in custody: (push, deadline, attempt). A corrupt row is skipped, not fatal."""
         out = []
-        for _pid, frame, deadline, attempt in self._db.execute("SELECT * FROM custody ORDER BY deadline"):
-            msg = decode(bytes(frame))
+        rows = self._db.execute("SELECT frame, deadline, attempt FROM custody ORDER BY deadline")
+        for frame, deadline, attempt in rows:
+            try:
+                msg = decode(bytes(frame))
+            except DecodeError:
+                continue
             if isinstance(msg, Push):
                 out.append((msg, float(deadline), int(attempt)))
         return out
@@ -230,7 +239,10 @@ class Store:
         row = self._db.execute("SELECT status, hops, accepted_at, settled_at FROM push_status WHERE push_id=?",
                                (push_id,)).fetchone()
         if row is None:
-            return None
+            held = self._db.execute("SELECT accepted_at FROM custody WHERE push_id=?", (push_id,)).fetchone()
+            if held is None:
+                return None
+            row = ("pending", None, held[0], None)
         return {"push_id": push_id.hex(), "status": row[0], "hops": row[1], "accepted_at": row[2],
                 "settled_at": row[3]}
 
