@@ -131,20 +131,25 @@ def test_a_dead_home_is_reported_and_never_flooded_for_and_routes_survive() -> N
     net.run_until(10.0)  # 1 has noticed (keepalive) that the home is gone
     pid = push(net, 3, reg, TOKENS[0])
     net.run_until(200.0)
-    assert net.custody[pid] == "unreachable"
+    assert pid not in net.custody  # still in custody: retried along the route until the deadline
+    net.run_until(400.0)
+    assert net.custody[pid] == "expired"  # routes existed; the home never answered
     assert {r[11] for r in net.tracer.of_kind("route_error")} == {"home_unreachable"}
     assert not net.tracer.of_kind("push_fallback")  # no ring can reach a relay that is down
     assert net.engines[2].next_hops(reg.route_id) == [("1", 2)]  # the path stays for when home returns
     assert net.engines[3].next_hops(reg.route_id) == [("2", 3)]
 
 
-def test_unreachable_home_ends_custody_as_unreachable() -> None:
-    net, reg = registered_net(config=replace(EngineConfig(), custody_retry_s=0.5))
-    net.kill(1)  # home 0 only links to 1
-    pid = push(net, 5, reg, TOKENS[3])
-    net.run_until(60.0)
+def test_a_device_no_relay_has_a_route_to_ends_custody_as_unreachable() -> None:
+    net, _ = registered_net(config=replace(EngineConfig(), custody_retry_s=0.5, custody_deadline_s=60.0))
+    stranger = make_registration(new_signing_key(b"\x09" * 32), 1, 0, 3600)  # never registered anywhere
+    pid = push(net, 5, stranger, TOKENS[3])
+    net.run_until(100.0)
     assert net.delivered == []
     assert net.custody[pid] == "unreachable"
+    floods = [r for r in net.tracer.of_kind("push_fallback") if r[1] == "5" and r[3] == pid.hex()]
+    # One search per escalation attempt (rings 1, 3, 5, 7, then the full TTL); parked retries never flood.
+    assert 0 < len(floods) <= EngineConfig().custody_max_attempts
 
 
 def test_older_epoch_never_overrides_newer() -> None:
@@ -241,7 +246,7 @@ def test_a_receipt_after_custody_gave_up_corrects_the_final_status() -> None:
     from inri.core.api import CustodyReleased
     from inri.protocol.messages import Push, Receipt, ReceiptStatus
 
-    cfg = replace(EngineConfig(), custody_max_attempts=1)
+    cfg = replace(EngineConfig(), custody_deadline_s=2.0)
     eng = Engine("a", cfg, verifier=CachingVerifier(), home=MemoryHomeStore(), tracer=NullTracer(),
                  rng=random.Random(1))
     eng.peer_up("b", 0.0, outbound=True, addr="b:1")
@@ -250,10 +255,25 @@ def test_a_receipt_after_custody_gave_up_corrects_the_final_status() -> None:
     res = eng.inject_push(reg, b"t" * 16, b"c", 1.0)
     assert res.outcome == InjectOutcome.ACCEPTED and any(isinstance(e, Send) and isinstance(e.msg, Push)
                                                          for e in res.effects)
-    # No receipt by the retry time (1 + custody_retry_s): with one attempt allowed, custody gives up.
+    # No receipt by the retry time (1 + custody_retry_s), which is past the deadline: custody ends.
     gave_up = [e for e in eng.handle_timer(1.0 + cfg.custody_retry_s) if isinstance(e, CustodyReleased)]
-    assert [(e.push_id, e.status) for e in gave_up] == [(res.push_id, "unreachable")]
+    assert [(e.push_id, e.status) for e in gave_up] == [(res.push_id, "expired")]  # a route existed
     late = eng.receive_message("b", Receipt(res.push_id, ReceiptStatus.STORED, 2), 3.1)
     assert [(e.push_id, e.status, e.hops) for e in late if isinstance(e, CustodyReleased)] == [
         (res.push_id, "delivered", 2)]
     assert eng.receive_message("b", Receipt(res.push_id, ReceiptStatus.STORED, 2), 3.2) == []  # once only
+
+
+def test_custody_parks_after_the_escalation_and_delivers_when_the_home_returns() -> None:
+    """A home relay down longer than every attempt: the push waits in custody, then follows the new route."""
+    net, reg = registered_net()
+    net.kill(0)  # the home relay crashes
+    pid = push(net, 5, reg, TOKENS[0])
+    net.run_until(net.now + 90.0)  # route, backups, rings 1/3/5/7, full TTL: all fail; parked retries continue
+    assert pid not in net.custody and pid in net.engines[5]._custody  # noqa: SLF001 - custody kept
+    net.restart(0)
+    net.run_until(net.now + 5.0)  # links come back
+    net.apply("0", net.engines[0].register(reg, net.now))  # the restarted home re-gossips its registration
+    net.run_until(net.now + 60.0)
+    assert net.custody.get(pid) == "delivered"
+    assert sum(1 for d in net.delivered if d[1] == pid) == 1

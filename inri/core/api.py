@@ -139,7 +139,9 @@ class CustodyReleased:
     """Custody of push_id ended: the daemon deletes it from disk and records the final status.
 
     status: "delivered", "duplicate" (home had it already), "spent", "unknown_token",
-    "mailbox_full", "unreachable" (every retry failed), "expired".
+    "mailbox_full", "expired" (no receipt by the deadline though routes existed), "unreachable" (no
+    route to the device was ever found). A receipt after the deadline corrects the status with a second
+    CustodyReleased.
     """
 
     push_id: bytes

@@ -86,6 +86,7 @@ SWEEP_INTERVAL_S = 30.0
 RECONNECT_BASE_S = 2.0
 LOCAL_REPAIR_RADIUS = 2  # a relay whose route broke searches this far before the custodian must
 ROUTE_ATTEMPTS = 2  # custody attempts that follow routes before the expanding ring starts
+PARK_FACTOR = 4  # parked custody (escalation exhausted) retries along the route every 4 retry periods
 RECONNECT_MAX_S = 60.0
 RECONNECT_MAX_FAILURES = 10
 _LOCAL = ""  # reverse-path marker: the push was injected here (this relay is its custodian)
@@ -133,13 +134,14 @@ class _Peer:
 class _Custody:
     """A push this relay accepted from a home app, kept until its receipt returns."""
 
-    __slots__ = ("push", "attempt", "ring_step", "deadline", "next_retry", "home_down")
+    __slots__ = ("push", "attempt", "ring_step", "deadline", "next_retry", "home_down", "routed")
 
     def __init__(self, push: Push, deadline: float) -> None:
         self.push = push
         self.attempt = 0
         self.ring_step = 0
         self.home_down = False  # a relay next to the home reported it unreachable
+        self.routed = False  # some attempt left along a cached route
         self.deadline = deadline
         self.next_retry = 0.0
 
@@ -544,6 +546,8 @@ class Engine:
         # A restarted relay has no routes yet: skip straight to ring searches after the route attempts.
         custody.ring_step = max(0, custody.attempt - ROUTE_ATTEMPTS)
         self._custody[pid] = custody
+        if custody.attempt >= self.config.custody_max_attempts:
+            return self._parked_attempt(custody, now)
         return self._attempt(custody, now)
 
     def custody_attempt(self, push_id: bytes) -> int | None:
@@ -573,6 +577,7 @@ class Engine:
             c.home_down = False
             nh = self._next_hop(push.route_id, _LOCAL, alternate=c.attempt == 1)
             if nh is not None:
+                c.routed = True
                 return [self._forward(Push(pid, push.route_id, push.token, push.ciphertext, cfg.push_ttl, 0,
                                            c.attempt, 0, push.registration), nh, now)]
         radii = limits.RING_RADII
@@ -748,6 +753,8 @@ class Engine:
                 # route at the next scheduled retry (it may be back by then); never widen the ring.
                 c.home_down = True
                 return []
+            if c.attempt + 1 >= self.config.custody_max_attempts:
+                return []  # parked: the next slow retry is already scheduled
             return self._retry(c, now)
         if prev not in self._active:
             return []
@@ -757,16 +764,43 @@ class Engine:
 
     def _retry(self, c: _Custody, now: float) -> list[Effect]:
         pid = c.push.push_id
-        if c.attempt + 1 >= self.config.custody_max_attempts or now >= c.deadline:
+        if now >= c.deadline:
             self._custody.pop(pid, None)
             self._reverse[pid] = (_LATE, now + self.config.reverse_ttl_s)
-            final = "expired" if now >= c.deadline else "unreachable"
+            # expired: routes existed but no receipt came back in time; unreachable: no relay on our
+            # side ever had a route to the device.
+            final = "expired" if c.routed else "unreachable"
             if self._level:
                 self._trace(now, "push_settled", msg=pid.hex(), route=c.push.route_id.hex(), reason=final)
                 self._trace(now, "push_dropped", msg=pid.hex(), route=c.push.route_id.hex(), reason=final)
             return [CustodyReleased(pid, final)]
         c.attempt += 1
+        if c.attempt >= self.config.custody_max_attempts:
+            return self._parked_attempt(c, now)
         return self._attempt(c, now)
+
+    def _parked_attempt(self, c: _Custody, now: float) -> list[Effect]:
+        """After the escalation (route, backups, rings, full TTL): keep custody until the deadline.
+
+        A home relay that crashed comes back and re-gossips its registrations, so the route returns:
+        a parked push is re-sent along it every PARK_FACTOR retry periods (never flooded: that was
+        tried), so a push answered 202 survives a home relay's downtime up to the custody deadline.
+        """
+        cfg = self.config
+        pid = c.push.push_id
+        c.next_retry = min(now + cfg.custody_retry_s * PARK_FACTOR, c.deadline)
+        self._schedule(pid, c.next_retry)
+        nh = self._next_hop(c.push.route_id, _LOCAL)
+        if nh is None:
+            return []
+        c.routed = True
+        self._reverse[pid] = (_LOCAL, now + cfg.reverse_ttl_s)
+        self._push_seen[(pid, c.attempt * 2)] = now + cfg.seen_ttl_s
+        push = c.push
+        if self._level:
+            self._trace(now, "push_retry", msg=pid.hex(), route=push.route_id.hex(), count=c.attempt)
+        return [self._forward(Push(pid, push.route_id, push.token, push.ciphertext, cfg.push_ttl, 0, c.attempt, 0,
+                                   push.registration), nh, now)]
 
     def _schedule(self, pid: bytes, when: float) -> None:
         self._seq += 1

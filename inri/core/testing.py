@@ -110,6 +110,16 @@ class MiniNet:
             if a == str(i) and self.alive[int(b)]:
                 self.apply(b, self.engines[int(b)].peer_down(a, self.now, "link_lost"))
 
+    def restart(self, i: int) -> None:
+        """Relay i comes back after a crash: a fresh engine (memory lost) over the same home store."""
+        self.alive[i] = True
+        eng = Engine(str(i), self.config, verifier=self.verifier, home=self.homes[i], tracer=self.tracer,
+                     rng=random.Random(self.rng.random()), listen_addr=f"addr-{i}")
+        self.engines[i] = eng
+        peers = sorted({b for (a, b) in self.links if a == str(i)}, key=int)
+        self.apply(str(i), eng.add_candidates([PeerInfo(p, f"addr-{p}") for p in peers], self.now))
+        self.apply(str(i), eng.start(self.now))
+
     def run_until(self, t_end: float) -> None:
         """Advance the clock to t_end, delivering frames and firing timers in time order."""
         while True:
