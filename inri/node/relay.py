@@ -104,6 +104,9 @@ async def run_relay(cfg: RelayConfig, *, shutdown: trio.Event | None = None) -> 
     qhost, qport = parse_addr(cfg.relay.quic)
     endpoint = QuicEndpoint(identity, idle_timeout_s=cfg.quic.idle_timeout_s, listen_addr=cfg.relay.public_addr)
     await endpoint.bind(qhost, qport)
+    if parse_addr(endpoint.listen_addr)[0] in ("0.0.0.0", "::"):
+        log.warning("announcing an unspecified address: bootstraps will refuse it; set relay.public_addr "
+                    "(--public-addr) to the address peers can reach", quic=endpoint.listen_addr)
     links = LinkManager(endpoint, connect_timeout_s=cfg.engine.connect_timeout_s)
     tracer = TraceFile(data / "traces", identity.node_id, level=cfg.trace.level, salt=cfg.trace.salt or None,
                        max_bytes=cfg.trace.max_bytes, keep=cfg.trace.keep)
