@@ -7,10 +7,11 @@ Every key is documented in docs/operations.md.
 from __future__ import annotations
 
 import os
-import tomllib
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
+
+from inri.node.config import read_toml
 
 
 class ConfigError(ValueError):
@@ -77,13 +78,7 @@ def load_bootstrap_config(
     where = "defaults"
     if path is not None:
         where = str(path)
-        try:
-            with open(path, "rb") as f:
-                data = tomllib.load(f)
-        except FileNotFoundError:
-            raise ConfigError(f"{path}: no such file") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+        data = read_toml(path, ConfigError)
         extra = set(data) - {"bootstrap"}
         if extra:
             raise ConfigError(f"{path}: unknown section(s) {sorted(extra)} (expected [bootstrap])")

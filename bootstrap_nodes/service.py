@@ -32,6 +32,7 @@ import trio
 from bootstrap_nodes.config import BootstrapConfig
 from bootstrap_nodes.ranking import Candidate, prefix_of, rank
 from bootstrap_nodes.store import RecordStore
+from inri.node.asgi import serve_lifespan
 from inri.node.ratelimit import RateLimiter, client_key
 from inri.protocol.codec import DecodeError
 from inri.protocol.peer_record import PeerRecord, decode_record, verify_record
@@ -195,13 +196,8 @@ class BootstrapApp:
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
-            while True:
-                msg = await receive()
-                if msg["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif msg["type"] == "lifespan.shutdown":
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
+            await serve_lifespan(receive, send)
+            return
         if scope["type"] != "http":
             return
         try:

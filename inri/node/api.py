@@ -24,6 +24,7 @@ import trio
 
 from inri import __version__
 from inri.core.api import InjectOutcome
+from inri.node.asgi import serve_lifespan
 from inri.node.config import ApiSection, RelayConfig
 from inri.node.metrics import render_metrics
 from inri.node.openapi import openapi_document
@@ -157,13 +158,7 @@ class RelayApi:
         elif kind == "websocket":
             await self._websocket(scope, receive, send)
         elif kind == "lifespan":
-            while True:
-                msg = await receive()
-                if msg["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif msg["type"] == "lifespan.shutdown":
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
+            await serve_lifespan(receive, send)
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:

@@ -167,6 +167,17 @@ def _validate(cfg: RelayConfig) -> None:
         raise ConfigError("quic.idle_timeout_s must exceed engine.keepalive_interval_s (keepalives keep links up)")
 
 
+def read_toml(path: str | Path, error: type[ValueError]) -> dict[str, Any]:
+    """A TOML file as a dict; `error` (a ValueError subclass) names the file when it is missing or invalid."""
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise error(f"{path}: no such file") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise error(f"{path}: not valid TOML: {exc}") from None
+
+
 def load_config(
     path: str | Path | None = None,
     *,
@@ -179,13 +190,7 @@ def load_config(
     where = "defaults"
     if path is not None:
         where = str(path)
-        try:
-            with open(path, "rb") as f:
-                data = tomllib.load(f)
-        except FileNotFoundError:
-            raise ConfigError(f"{path}: no such file") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+        data = read_toml(path, ConfigError)
         for section, values in data.items():
             if section not in _SECTIONS:
                 raise ConfigError(f"{path}: unknown section [{section}] (known: {', '.join(_SECTIONS)})")
