@@ -110,6 +110,7 @@ class RelayService:
         self.engine = Engine(node_id, engine_config, verifier=self.verifier, home=store, tracer=tracer,
                              rng=rng or random.Random(), listen_addr=listen_addr)
         self._wake = trio.Event()
+        self._armed_at = -math.inf  # when the timer task will next wake (-inf: not sleeping yet)
         self._mail_events: dict[bytes, trio.Event] = {}
         self._custody: set[bytes] = set()
         self.started_at = clock()
@@ -150,7 +151,9 @@ class RelayService:
                 self.network.disconnect(e.peer, e.reason)
         if attempts:
             self.store.update_attempts(attempts)
-        self._wake.set()  # the engine's timer may have moved earlier
+        when = self.engine.get_timer()
+        if when is not None and when < self._armed_at:
+            self._wake.set()  # the engine's timer moved earlier than the timer task sleeps
 
     # -- link events (LinkManager) ----------------------------------------------------------------
 
@@ -198,6 +201,7 @@ class RelayService:
         while True:
             when = self.engine.get_timer()
             self._wake = trio.Event()
+            self._armed_at = math.inf if when is None else when
             delay = math.inf if when is None else max(0.0, when - self.clock())
             with trio.move_on_after(delay):
                 await self._wake.wait()

@@ -67,6 +67,7 @@ class Store:
         elif int(row[0]) != SCHEMA_VERSION:
             raise RuntimeError(f"{self.path}: store schema {row[0]}, this relay knows {SCHEMA_VERSION}")
         self._home: dict[bytes, Registration] = {}
+        self._box_counts: dict[bytes, int] = {}  # route id -> stored messages (see _box_count)
         for rid, blob in self._db.execute("SELECT route_id, registration FROM devices"):
             self._home[bytes(rid)] = decode_registration(bytes(blob))
 
@@ -136,6 +137,7 @@ class Store:
             for table in ("devices", "tokens", "mailbox"):
                 self._db.execute(f"DELETE FROM {table} WHERE route_id=?", (route_id,))  # noqa: S608 - fixed names
         self._home.pop(route_id, None)
+        self._box_counts.pop(route_id, None)
 
     def homed(self) -> list[Registration]:
         """Every registration homed here (re-gossiped after a restart)."""
@@ -162,12 +164,17 @@ class Store:
                 return ReceiptStatus.UNKNOWN_TOKEN
             if row[0] is not None:
                 return ReceiptStatus.DUPLICATE if bytes(row[0]) == push_id else ReceiptStatus.SPENT
-            n = db.execute("SELECT COUNT(*) FROM mailbox WHERE route_id=?", (route_id,)).fetchone()[0]
+            n = self._box_count(route_id)
             if n >= self.mailbox_max:
                 return ReceiptStatus.MAILBOX_FULL
             db.execute("UPDATE tokens SET spent_by=? WHERE route_id=? AND token=?", (push_id, route_id, token))
             # A push id reused with another token replaces its message (as MemoryHomeStore does).
-            db.execute("INSERT OR REPLACE INTO mailbox VALUES (?, ?, ?, ?)", (push_id, route_id, ciphertext, now))
+            cur = db.execute("INSERT OR IGNORE INTO mailbox VALUES (?, ?, ?, ?)", (push_id, route_id, ciphertext, now))
+            if cur.rowcount:
+                self._box_counts[route_id] = n + 1
+            else:
+                db.execute("UPDATE mailbox SET ciphertext=?, received_at=? WHERE route_id=? AND push_id=?",
+                           (ciphertext, now, route_id, push_id))
         return ReceiptStatus.STORED
 
     # -- mailboxes --------------------------------------------------------------------------------
@@ -179,17 +186,27 @@ class Store:
             "ORDER BY received_at, push_id LIMIT ?", (route_id, limit))
         return [(bytes(p), bytes(c), float(t)) for p, c, t in rows]
 
+    def _box_count(self, route_id: bytes) -> int:
+        # Mailbox sizes are cached: a COUNT(*) per push scans up to mailbox_max index entries. One
+        # connection in one process writes this database, so the cache cannot go stale.
+        n = self._box_counts.get(route_id)
+        if n is None:
+            n = int(self._db.execute("SELECT COUNT(*) FROM mailbox WHERE route_id=?", (route_id,)).fetchone()[0])
+            self._box_counts[route_id] = n
+        return n
+
     def mailbox_size(self, route_id: bytes | None = None) -> int:
         """Stored messages of one device, or of all devices."""
         if route_id is None:
             return int(self._db.execute("SELECT COUNT(*) FROM mailbox").fetchone()[0])
-        return int(self._db.execute("SELECT COUNT(*) FROM mailbox WHERE route_id=?", (route_id,)).fetchone()[0])
+        return self._box_count(route_id)
 
     def ack(self, route_id: bytes, push_ids: list[bytes]) -> int:
         """Delete acknowledged messages of route_id; returns how many were deleted."""
         with self._tx():
             cur = self._db.executemany("DELETE FROM mailbox WHERE route_id=? AND push_id=?",
                                        [(route_id, p) for p in push_ids])
+        self._box_counts.pop(route_id, None)  # recounted on the next push
         return cur.rowcount
 
     # -- custody and push status ------------------------------------------------------------------
