@@ -204,12 +204,21 @@ def shortest_latencies(
     w = np.fromiter((lat + processing[v] for (_, v), lat in latency.items()), dtype=np.float64, count=len(latency))
     graph = csr_matrix((w, (src, dst)), shape=(n, n))
     sources = sorted({u for u, _ in pairs})
+    targets = sorted({v for _, v in pairs})
+    # One Dijkstra per distinct source, or per distinct target on the transposed graph (the same path
+    # sums, walked backwards): pushes come from thousands of relays but go to far fewer homes.
+    reverse = len(targets) < len(sources)
+    if reverse:
+        graph = graph.T.tocsr()
+    roots = targets if reverse else sources
+    by_root: dict[int, list[tuple[int, int]]] = {}
+    for u, v in pairs:
+        by_root.setdefault(v if reverse else u, []).append((u, v))
     out: dict[tuple[int, int], float] = {}
-    for start in range(0, len(sources), 256):  # bounded memory: 256 rows of n floats at a time
-        chunk = sources[start:start + 256]
+    for start in range(0, len(roots), 256):  # bounded memory: 256 rows of n floats at a time
+        chunk = roots[start:start + 256]
         dist = dijkstra(graph, directed=True, indices=chunk)
-        row = {u: i for i, u in enumerate(chunk)}
-        for u, v in pairs:
-            if u in row:
-                out[(u, v)] = float(dist[row[u], v])
+        for i, root in enumerate(chunk):
+            for u, v in by_root[root]:
+                out[(u, v)] = float(dist[i, u if reverse else v])
     return out
