@@ -119,6 +119,16 @@ async def test_push_at_the_farthest_relay_reaches_the_device_along_the_route_vec
         vector = {r["peer"] for r in rows if r["route"] == route_label and r["kind"] in ("route_set", "route_backup")}
         assert relay(lab, b)["node_id"] in vector, (a, b)
     STATE.update(far=far, path=path, device=dev, cred=cred)
+    # The relays' metrics moved with this traffic.
+    from inri.node.metrics import parse_metrics
+
+    async with httpx.AsyncClient(timeout=5) as c:
+        m_far = parse_metrics((await c.get(relay(lab, far)["api"] + "/metrics")).text)
+        m_home = parse_metrics((await c.get(relay(lab, "R1")["api"] + "/metrics")).text)
+    assert m_far["inri_pushes_accepted_total"] >= 1 and m_far["inri_pushes_out_total"] >= 1
+    assert m_far["inri_gossip_in_total"] >= 1 and m_far["inri_routes_cached"] >= 1 and m_far["inri_neighbours"] >= 1
+    assert m_far['inri_custody_settled_total{status="delivered"}'] >= 1
+    assert m_home["inri_pushes_delivered_total"] >= 1 and m_home["inri_gossip_out_total"] >= 1
 
 
 def test_device_and_app_commands(lab: dict[str, Any], tmp_path: Path) -> None:
@@ -158,10 +168,8 @@ async def test_thousand_pushes_from_concurrent_home_apps_delivered_exactly_once(
 
     async def home_app(i: int) -> None:
         cred = devices[i].export_credential(250)
-        apps = [HomeAppClient([urls[(i + k) % N]]) for k in range(N)]
         async with httpx.AsyncClient(timeout=30) as client:
-            for a in apps:
-                a._client = client
+            apps = [HomeAppClient([urls[(i + k) % N]], client=client) for k in range(N)]
             for k in range(250):
                 receipt = await apps[k % N].push(cred, f"m{i}-{k}".encode())
                 accepted[i].append(receipt.push_id)
