@@ -64,7 +64,8 @@ def relay_config(data_dir: Path, api_port: int, quic_port: int, bootstraps: list
         "[relay]\n"
         f'data_dir = "{data_dir}"\napi = "127.0.0.1:{api_port}"\nquic = "127.0.0.1:{quic_port}"\n'
         f'bootstrap = [{boots}]\nprofile = "{profile}"\nlog_format = "json"\npeers_interval_s = 2.0\n'
-        "[api]\nrate_per_s = 5000.0\nrate_burst = 10000\n"
+        # Lab limits: load tests and benchmarks push thousands per second from one address and device.
+        "[api]\nrate_per_s = 5000.0\nrate_burst = 10000\ndevice_rate_per_s = 100000.0\ndevice_rate_burst = 100000\n"
         f'[trace]\nlevel = "{trace_level}"\nsalt = "{salt}"\n'
     )
 

@@ -172,7 +172,38 @@ async def test_rate_limit_answers_429_with_retry_after(tmp_path: Path) -> None:
                 problem(r, 429, "rate_limited")
                 assert int(r.headers["retry-after"]) >= 1
                 assert (await c.get(url + "/healthz")).status_code == 200  # health is never limited
-                assert parse_metrics((await c.get(url + "/metrics")).text)["inri_rate_limited_total"] >= 4
+                assert parse_metrics((await c.get(url + "/metrics")).text)['inri_rate_limited_total{key="client"}'] >= 4
+
+
+async def test_per_device_and_per_token_push_limits(tmp_path: Path) -> None:
+    """One credential cannot flood a device at a relay, nor re-send one token without end; others unaffected."""
+    cfg = RelayConfig()
+    cfg = replace(cfg, api=replace(cfg.api, device_rate_per_s=0.01, device_rate_burst=4, token_rate_burst=2))
+    with trio.fail_after(30):
+        async with relay(tmp_path, cfg) as (url, service):
+            flooded, other = DeviceClient(url), DeviceClient(url)
+            await flooded.register(tokens=10)
+            await other.register(tokens=2)
+            cred, cred2 = flooded.export_credential(10), other.export_credential(2)
+            async with HomeAppClient([url]) as app, httpx.AsyncClient() as c:
+                for _ in range(4):
+                    await app.push(cred, b"ok")
+                with pytest.raises(ApiError) as e:
+                    await app.push(cred, b"one too many")
+                assert e.value.code == "rate_limited" and e.value.status == 429 and e.value.retry_after
+                assert len(cred.tokens) == 6  # the refused push did not spend a token
+                assert (await app.push(cred2, b"another device")).status == "pending"
+                body = {"registration": b64e(_reg_bytes(cred2)), "token": b64e(cred2.tokens[0]),
+                        "ciphertext": b64e(b"x" * 48)}
+                codes = [(await c.post(url + "/v1/push", json=body)).status_code for _ in range(3)]
+                assert codes == [202, 202, 429]  # the same token re-sent: a retry or two, then refused
+                r = await c.post(url + "/v1/push", json=body)
+                problem(r, 429, "rate_limited")
+                assert "token" in r.json()["detail"] and int(r.headers["retry-after"]) >= 1
+                metrics = parse_metrics((await c.get(url + "/metrics")).text)
+            assert metrics['inri_rate_limited_total{key="device"}'] == 1
+            assert metrics['inri_rate_limited_total{key="token"}'] == 2
+            assert service.store.mailbox_size(bytes.fromhex(flooded.device_id or "")) == 4
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))

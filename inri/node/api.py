@@ -130,6 +130,8 @@ class RelayApi:
         self.neighbours = neighbours or (lambda: [])
         self.extra_metrics = extra_metrics or (lambda: {})
         self.rate = RateLimiter(self.limits.rate_per_s, self.limits.rate_burst)
+        self.device_rate = RateLimiter(self.limits.device_rate_per_s, self.limits.device_rate_burst)
+        self.token_rate = RateLimiter(self.limits.token_rate_per_s, self.limits.token_rate_burst)
         self.http_codes: dict[int, int] = {}
         self.ws_open = 0
         rid = r"(?P<rid>[^/]+)"
@@ -309,6 +311,12 @@ class RelayApi:
         reg = self._registration(body)
         token = b64d(body.get("token"), "token", size=limits.TOKEN_BYTES)
         ciphertext = b64d(body.get("ciphertext"), "ciphertext", max_size=limits.MAX_CIPHERTEXT_BYTES)
+        for limiter, key, what in ((self.token_rate, token.hex(), "this token"),
+                                   (self.device_rate, reg.route_id.hex(), "this device")):
+            wait = limiter.take(key)
+            if wait:
+                raise Problem(429, "rate_limited", f"too many pushes for {what} at this relay",
+                              retry_after=max(1, math.ceil(wait)))
         result = self.service.inject_push(reg, token, ciphertext)
         if result.outcome == InjectOutcome.ACCEPTED:
             assert result.push_id is not None

@@ -51,6 +51,10 @@ class ApiSection:
     tokens_default: int = 50  # tokens handed out per registration / refill
     tokens_max: int = 500
     mailbox_max: int = 1000  # stored, unacknowledged messages per device
+    device_rate_per_s: float = 10.0  # pushes accepted here per device (route id): one credential cannot flood it
+    device_rate_burst: int = 50
+    token_rate_per_s: float = 0.1  # pushes accepted here per token: a one-use token re-sent is a retry, not traffic
+    token_rate_burst: int = 3
 
 
 @dataclass(frozen=True)
@@ -156,6 +160,8 @@ def _validate(cfg: RelayConfig) -> None:
     a = cfg.api
     if a.max_body_bytes < 1024 or a.rate_per_s <= 0 or a.rate_burst < 1 or a.mailbox_max < 1:
         raise ConfigError("api: max_body_bytes >= 1024, rate_per_s > 0, rate_burst >= 1, mailbox_max >= 1")
+    if min(a.device_rate_per_s, a.token_rate_per_s) <= 0 or min(a.device_rate_burst, a.token_rate_burst) < 1:
+        raise ConfigError("api: device/token rates must be > 0 and their bursts >= 1")
     if not 1 <= a.tokens_default <= a.tokens_max:
         raise ConfigError("api: need 1 <= tokens_default <= tokens_max")
     e = cfg.engine

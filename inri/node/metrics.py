@@ -80,8 +80,10 @@ def render_metrics(service: RelayService, api: RelayApi, extra: dict[str, int]) 
         for key in sorted(counters):
             if key.startswith(prefix):
                 _line(out, name, counters[key], {label: key[len(prefix):]})
-    typed("inri_rate_limited_total", "counter", "requests refused by the per-client rate limit")
-    _line(out, "inri_rate_limited_total", api.rate.hits)
+    typed("inri_rate_limited_total", "counter", "requests refused by a rate limit (per client, device, token)")
+    _line(out, "inri_rate_limited_total", api.rate.hits, {"key": "client"})
+    _line(out, "inri_rate_limited_total", api.device_rate.hits, {"key": "device"})
+    _line(out, "inri_rate_limited_total", api.token_rate.hits, {"key": "token"})
     typed("inri_http_responses_total", "counter", "HTTP responses by status code")
     for code in sorted(api.http_codes):
         _line(out, "inri_http_responses_total", api.http_codes[code], {"code": str(code)})
