@@ -43,12 +43,14 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     try:
         yield info
     finally:
-        for r in info["relays"]:
-            pid = r.get("restarted_pid")
-            if pid:
-                r["pid"] = pid
-        mesh._write(Path(info["dir"]), info)
-        mesh.down(d)
+        try:
+            for r in info["relays"]:
+                pid = r.get("restarted_pid")
+                if pid:
+                    r["pid"] = pid  # the home relay restarted by the last test
+            mesh._write(Path(info["dir"]), info)
+        finally:
+            mesh.down(d)  # always: a failed test must not leave relays running
 
 
 def graph(info: dict[str, Any]) -> dict[str, set[str]]:
