@@ -92,6 +92,8 @@ os.kill(os.getpid(), signal.SIGKILL)
     assert s.push_status(b"q" * 16)["status"] == "pending"  # type: ignore[index]
     s.release_custody(b"q" * 16, "delivered", 3, 4.0)
     assert s.load_custody() == [] and s.push_status(b"q" * 16)["status"] == "delivered"  # type: ignore[index]
+    assert s.prune(4.0 + 6 * 24 * 3600) == 0  # settled statuses are kept a week...
+    assert s.prune(4.0 + 8 * 24 * 3600) == 1 and s.push_status(b"q" * 16) is None  # ...then forgotten
     s.remove_device(rid)
     assert not s.is_home(rid) and s.pending(rid) == [] and s.unspent_tokens(rid) == 0
     s.close()

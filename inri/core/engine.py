@@ -550,11 +550,6 @@ class Engine:
             return self._parked_attempt(custody, now)
         return self._attempt(custody, now)
 
-    def custody_attempt(self, push_id: bytes) -> int | None:
-        """The current attempt number of a push in custody (the daemon persists it), or None."""
-        c = self._custody.get(push_id)
-        return None if c is None else c.attempt
-
     def _attempt(self, c: _Custody, now: float) -> list[Effect]:
         """Send attempt number c.attempt of a push in custody: route first, then widening rings."""
         push = c.push

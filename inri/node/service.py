@@ -61,6 +61,7 @@ _OUT_NAMES = {cls: "frames_out_" + t.name.lower() for cls, t in (
     (Receipt, MessageType.RECEIPT), (RouteError, MessageType.ROUTE_ERROR), (Keepalive, MessageType.KEEPALIVE),
     (PeerExchange, MessageType.PEER_EXCHANGE), (ErrorFrame, MessageType.ERROR))}
 _IN_NAMES = {int(t): "frames_in_" + t.name.lower() for t in MessageType}
+PRUNE_INTERVAL_S = 3600.0
 PUSH_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 
 
@@ -198,7 +199,11 @@ class RelayService:
         if restored:
             log.info("custody restored", pushes=restored)
         task_status.started()
+        next_prune = self.clock()
         while True:
+            if self.clock() >= next_prune:  # push statuses are kept a week after settling (store.prune)
+                self.store.prune(self.clock())
+                next_prune = self.clock() + PRUNE_INTERVAL_S
             when = self.engine.get_timer()
             self._wake = trio.Event()
             self._armed_at = math.inf if when is None else when
