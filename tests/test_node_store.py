@@ -125,7 +125,8 @@ def test_config_precedence_and_clear_errors(tmp_path: Path) -> None:
     assert cfg.relay.data_dir == "/tmp/x"
     for text, where in (('[relay]\napi = "nope"\n', "relay.api"), ("[relay]\ncolour = 1\n", "unknown key 'colour'"),
                         ("[nope]\n", "unknown section"), ('[trace]\nlevel = "loud"\n', "trace.level"),
-                        ("[engine]\nactive_min = 'x'\n", "active_min"), ("[relay\n", "not valid TOML")):
+                        ("[engine]\nactive_min = 'x'\n", "active_min"), ("[relay\n", "not valid TOML"),
+                        ('[relay]\ngeo = "48.8566,2.35"\n', "relay.geo")):
         f.write_text(text)
         with pytest.raises(ConfigError, match=where):
             load_config(f, env={})

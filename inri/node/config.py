@@ -150,6 +150,10 @@ def _validate(cfg: RelayConfig) -> None:
         raise ConfigError(f"relay.log_format: expected auto, json or console, got {r.log_format!r}")
     if r.log_level.lower() not in ("debug", "info", "warning", "error"):
         raise ConfigError(f"relay.log_level: expected debug, info, warning or error, got {r.log_level!r}")
+    from inri.protocol.peer_record import parse_geo
+
+    if r.geo and parse_geo(r.geo) is None:
+        raise ConfigError(f"relay.geo: {r.geo!r} is not a coarse 'lat,lon' with at most one decimal (e.g. 48.8,2.3)")
     if not 1 <= r.capacity <= 65535:
         raise ConfigError("relay.capacity: must be 1..65535")
     for url in r.bootstrap:
