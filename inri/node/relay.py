@@ -81,6 +81,9 @@ class _BootstrapLoop:
                 except BootstrapError as exc:
                     next_announce = now + min(30.0, cfg.announce_interval_s)
                     log.warning("announce failed", error=str(exc))
+                except Exception:  # noqa: BLE001 - bootstraps are optional helpers: never fatal to the relay
+                    next_announce = now + min(30.0, cfg.announce_interval_s)
+                    log.exception("announce failed")
             if len(self.service.active_peers()) < self.cfg.engine.active_max:
                 try:
                     peers = await self.client.fetch_peers(self.identity.node_id, cfg.geo or None, 16)
@@ -88,6 +91,8 @@ class _BootstrapLoop:
                         self.service.add_candidates(peers)
                 except BootstrapError as exc:
                     log.warning("peer list failed", error=str(exc))
+                except Exception:  # noqa: BLE001 - as above
+                    log.exception("peer list failed")
                 # Ask again soon while the mesh is forming, slowly once it has formed.
                 await trio.sleep(min(cfg.peers_interval_s, 2.0 if not self.service.active_peers() else 10.0))
             else:
