@@ -20,6 +20,7 @@ from trio_websocket import ConnectionClosed, HandshakeError, open_websocket_url
 
 from inri.client.credential import DeviceKeys, PushCredential, _write_private, b64d, b64e, open_sealed
 from inri.client.errors import ApiError
+from inri.protocol.codec import encode_registration
 
 
 @dataclass(frozen=True)
@@ -98,7 +99,7 @@ class DeviceClient:
         """Register at the relay; returns the device id."""
         reg = self.keys.registration(lifetime_s)
         body = await self._call("POST", "/v1/devices",
-                                json={"registration": b64e(_enc(reg)), "tokens": tokens})
+                                json={"registration": b64e(encode_registration(reg)), "tokens": tokens})
         self.device_id, self.secret = body["device_id"], body["device_secret"]
         self.tokens = [b64d(t, "token", 16) for t in body["tokens"]]
         self._save()
@@ -109,7 +110,7 @@ class DeviceClient:
         self.keys.epoch += 1
         reg = self.keys.registration(lifetime_s)
         await self._call("POST", f"/v1/devices/{self.device_id}/registration", headers=self._auth(),
-                         json={"registration": b64e(_enc(reg))})
+                         json={"registration": b64e(encode_registration(reg))})
         self._save()
         return self.keys.epoch
 
@@ -188,9 +189,3 @@ class DeviceClient:
                     raise ApiError("bad_credentials", 401, "stream refused the device secret") from None
             await trio.sleep(backoff)
             backoff = min(10.0, backoff * 2)
-
-
-def _enc(reg: Any) -> bytes:
-    from inri.protocol.codec import encode_registration
-
-    return encode_registration(reg)

@@ -18,6 +18,7 @@ import math
 import re
 from collections.abc import Awaitable, Callable
 from typing import Any
+from urllib.parse import parse_qsl
 
 import structlog
 import trio
@@ -455,8 +456,6 @@ class _Request:
             return None
 
     def query(self) -> dict[str, str]:
-        from urllib.parse import parse_qsl
-
         qs = self.scope.get("query_string", b"").decode("latin-1")
         return dict(parse_qsl(qs))
 
