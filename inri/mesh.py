@@ -57,9 +57,11 @@ def _wait(url: str, proc: subprocess.Popen[bytes], log: Path, deadline: float) -
 
 
 def relay_config(data_dir: Path, api_port: int, quic_port: int, bootstraps: list[str], salt: str,
-                 trace_level: str = "full", profile: str = "test") -> str:
-    """The TOML of one lab relay."""
+                 trace_level: str = "full", profile: str = "test",
+                 engine: dict[str, Any] | None = None) -> str:
+    """The TOML of one lab relay (engine: extra [engine] settings, e.g. {"active_max": 8})."""
     boots = ", ".join(json.dumps(b) for b in bootstraps)
+    extra = "".join(f"{k} = {json.dumps(v)}\n" for k, v in (engine or {}).items())
     return (
         "[relay]\n"
         f'data_dir = "{data_dir}"\napi = "127.0.0.1:{api_port}"\nquic = "127.0.0.1:{quic_port}"\n'
@@ -67,12 +69,17 @@ def relay_config(data_dir: Path, api_port: int, quic_port: int, bootstraps: list
         # Lab limits: load tests and benchmarks push thousands per second from one address and device.
         "[api]\nrate_per_s = 5000.0\nrate_burst = 10000\ndevice_rate_per_s = 100000.0\ndevice_rate_burst = 100000\n"
         f'[trace]\nlevel = "{trace_level}"\nsalt = "{salt}"\n'
+        + (f"[engine]\n{extra}" if extra else "")
     )
 
 
 def up(directory: str | Path, relays: int = 6, bootstraps: int = 1, *, timeout_s: float = 60.0,
-       min_neighbours: int = 2, trace_level: str = "full", profile: str = "test") -> dict[str, Any]:
-    """Start the mesh; returns (and writes to DIR/mesh.json) its processes and URLs."""
+       min_neighbours: int = 2, trace_level: str = "full", profile: str = "test",
+       engine: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Start the mesh; returns (and writes to DIR/mesh.json) its processes and URLs.
+
+    engine maps a relay name ("R3") to extra [engine] settings for that relay only.
+    """
     d = Path(directory).resolve()
     if (d / MESH_FILE).exists():
         raise MeshError(f"{d / MESH_FILE} exists: a mesh is already up there (inri mesh down --dir {d})")
@@ -108,7 +115,8 @@ def up(directory: str | Path, relays: int = 6, bootstraps: int = 1, *, timeout_s
             rdir.mkdir(exist_ok=True)
             api_port, quic_port = _free_port(socket.SOCK_STREAM), _free_port(socket.SOCK_DGRAM)
             cfg = rdir / "relay.toml"
-            cfg.write_text(relay_config(rdir, api_port, quic_port, urls, salt, trace_level, profile))
+            cfg.write_text(relay_config(rdir, api_port, quic_port, urls, salt, trace_level, profile,
+                                        (engine or {}).get(name)))
             log = d / f"{name.lower()}.log"
             proc = _spawn([py, "-m", "inri.cli", "relay", "--config", str(cfg)], log, {})
             procs.append(proc)
