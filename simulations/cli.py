@@ -22,6 +22,8 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--seed", type=int, help="override the scenario's seed")
     run.add_argument("--trace-level", help="off | summary | full (default: the scenario's)")
     run.add_argument("--trace-format", default="parquet", choices=("parquet", "jsonl"))
+    run.add_argument("--no-adversaries", action="store_true",
+                     help="hostile relays behave honestly and spammers stay silent: the comparison run")
     run.add_argument("--progress", choices=("auto", "on", "off"), default="auto",
                      help="progress bar on stderr (auto: when stderr is a terminal)")
     args = parser.parse_args(argv)
@@ -33,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     progress = args.progress == "on" or (args.progress == "auto" and sys.stderr.isatty())
     sim = Simulator(scenario, seed=args.seed, trace_dir=args.trace_dir, trace_level=level,
-                    trace_format=args.trace_format, progress=progress)
+                    trace_format=args.trace_format, progress=progress, adversaries=not args.no_adversaries)
     n = sim.net.n
     print(f"inri-sim: {scenario.name}: {n} relays, {len(sim.net.undirected_edges())} links, seed {sim.seed}",
           file=sys.stderr)

@@ -46,11 +46,16 @@ fraction = 0.5                # relays with index < fraction * relays form one s
 
 [engine]                      # EngineConfig overrides
 keepalive_interval_s = 2.0
+
+[[adversaries]]               # optional: hostile relays or clients (simulations/adversary.py)
+kind = "black_hole"           # black_hole | rushing | forger | reg_spammer | push_spammer
+fraction = 0.1                # share of relays (or count = N)
 ```
 """
 
 from __future__ import annotations
 
+import math
 import tomllib
 from dataclasses import dataclass, field, fields, replace
 from importlib import resources
@@ -59,6 +64,7 @@ from typing import Any
 
 from inri.core.api import TraceLevel
 from inri.core.config import EngineConfig
+from simulations.adversary import KINDS, Adversary
 
 
 class ScenarioError(ValueError):
@@ -123,6 +129,23 @@ class Scenario:
     churn: Churn = field(default_factory=Churn)
     partitions: tuple[Partition, ...] = ()
     engine: EngineConfig = field(default_factory=EngineConfig)
+    adversaries: tuple[Adversary, ...] = ()
+
+
+def _typed(value: Any, kind: str, where: str) -> Any:
+    """Check one scalar against its declared type ('float' also takes an integer)."""
+    if kind == "float" and type(value) in (int, float):
+        return float(value)
+    if kind == "int" and type(value) is int:
+        return value
+    if kind == "str" and type(value) is str:
+        return value
+    if kind == "bool" and type(value) is bool:
+        return value
+    if kind not in ("float", "int", "str", "bool"):
+        return value
+    want = {"float": "a number", "int": "an integer", "str": "a string", "bool": "true or false"}[kind]
+    raise ScenarioError(f"{where} must be {want}, not {value!r:.60}")
 
 
 def _section(cls: type, raw: Any, name: str) -> Any:
@@ -134,8 +157,9 @@ def _section(cls: type, raw: Any, name: str) -> Any:
     unknown = sorted(set(raw) - set(known))
     if unknown:
         raise ScenarioError(f"[{name}] unknown keys: {', '.join(unknown)}")
+    values = {k: _typed(v, str(known[k]), f"[{name}] {k}") for k, v in raw.items()}
     try:
-        return cls(**raw)
+        return cls(**values)
     except TypeError as exc:
         raise ScenarioError(f"[{name}] {exc}") from None
 
@@ -170,39 +194,66 @@ def load(source: str | Path) -> Scenario:
 
 def from_dict(raw: dict[str, Any], default_name: str = "scenario") -> Scenario:
     """Build a Scenario from parsed TOML, refusing unknown keys."""
+    if not isinstance(raw, dict):
+        raise ScenarioError("a scenario must be a table")
     raw = dict(raw)
-    top = {f.name for f in fields(Scenario)} | {"network"}
+    top = {f.name for f in fields(Scenario)} | {"network"}  # includes "adversaries"
     unknown = sorted(set(raw) - top)
     if unknown:
         raise ScenarioError(f"unknown top-level keys: {', '.join(unknown)}")
     engine_raw = raw.pop("engine", {}) or {}
-    known_engine = {f.name for f in fields(EngineConfig)}
-    bad = sorted(set(engine_raw) - known_engine)
+    if not isinstance(engine_raw, dict):
+        raise ScenarioError("[engine] must be a table")
+    known_engine = {f.name: str(f.type) for f in fields(EngineConfig)}
+    bad = sorted(set(engine_raw) - set(known_engine))
     if bad:
         raise ScenarioError(f"[engine] unknown keys: {', '.join(bad)}")
+    engine_raw = {k: _typed(v, known_engine[k], f"[engine] {k}") for k, v in engine_raw.items()}
     network = raw.pop("network", {}) or {}
+    if not isinstance(network, dict) or set(network) - {"loss"}:
+        raise ScenarioError("[network] must be a table with only the key loss")
     parts = raw.pop("partitions", []) or []
+    advs = raw.pop("adversaries", []) or []
+    if not isinstance(parts, list) or not isinstance(advs, list):
+        raise ScenarioError("[[partitions]] and [[adversaries]] must be arrays of tables")
     sc = Scenario(
-        name=str(raw.pop("name", default_name)),
-        seed=int(raw.pop("seed", 1)),
-        duration_s=float(raw.pop("duration_s", 60.0)),
-        deadline_s=float(raw.pop("deadline_s", 30.0)),
-        coverage_after_s=float(raw.pop("coverage_after_s", 10.0)),
-        trace_level=parse_level(str(raw.pop("trace_level", "summary"))),
-        loss=float(network.get("loss", 0.0)),
+        name=_typed(raw.pop("name", default_name), "str", "name"),
+        seed=_typed(raw.pop("seed", 1), "int", "seed"),
+        duration_s=_typed(raw.pop("duration_s", 60.0), "float", "duration_s"),
+        deadline_s=_typed(raw.pop("deadline_s", 30.0), "float", "deadline_s"),
+        coverage_after_s=_typed(raw.pop("coverage_after_s", 10.0), "float", "coverage_after_s"),
+        trace_level=parse_level(_typed(raw.pop("trace_level", "summary"), "str", "trace_level")),
+        loss=_typed(network.get("loss", 0.0), "float", "[network] loss"),
         topology=_section(Topology, raw.pop("topology", None), "topology"),
         workload=_section(Workload, raw.pop("workload", None), "workload"),
         churn=_section(Churn, raw.pop("churn", None), "churn"),
         partitions=tuple(_section(Partition, p, "partitions") for p in parts),
+        adversaries=tuple(_section(Adversary, a, "adversaries") for a in advs),
         engine=replace(EngineConfig(), **engine_raw),
     )
+    for key in ("duration_s", "deadline_s", "coverage_after_s"):
+        v = getattr(sc, key)
+        if not (math.isfinite(v) and v >= 0):
+            raise ScenarioError(f"{key} must be a finite number >= 0")
     t = sc.topology
+    if t.relays > 1_000_000:
+        raise ScenarioError("[topology] relays: at most 1,000,000")
     if t.relays < 2 or t.min_degree < 1 or t.max_degree < t.min_degree or t.relays <= t.max_degree:
         raise ScenarioError("[topology] needs relays > max_degree >= min_degree >= 1")
     if t.kind not in ("random", "geographic"):
         raise ScenarioError("[topology] kind must be random or geographic")
     if not 0.0 <= sc.loss < 1.0:
         raise ScenarioError("[network] loss must be in [0, 1)")
+    hostile = 0
+    for a in sc.adversaries:
+        if a.kind not in KINDS:
+            raise ScenarioError(f"[[adversaries]] kind must be one of {', '.join(KINDS)}, not {a.kind!r}")
+        if not 0.0 <= a.fraction < 1.0 or a.count < 0 or a.rate_per_s < 0 or a.rate_x < 0 or a.capacity_per_s <= 0:
+            raise ScenarioError("[[adversaries]] needs 0 <= fraction < 1, count >= 0, rates >= 0, capacity_per_s > 0")
+        if a.kind != "push_spammer":
+            hostile += a.count or int(round(a.fraction * t.relays))
+    if hostile >= t.relays:
+        raise ScenarioError("[[adversaries]] leave no honest relay")
     w = sc.workload
     if w.pushes and w.registrations < 1:
         raise ScenarioError("[workload] pushes need at least one registration")

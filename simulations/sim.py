@@ -34,19 +34,21 @@ from inri.core.verify import CachingVerifier
 from inri.protocol.codec import make_registration
 from inri.protocol.keys import new_signing_key
 from inri.protocol.messages import PeerInfo, Registration
-from simulations.metrics import Collector, shortest_latencies
+from simulations.adversary import Adversary, Ingress, RegSpammer, make_engine
+from simulations.metrics import Collector, nearest_rank, shortest_latencies
 from simulations.scenario import Scenario
 from simulations.topology import Network, build
 from simulations.tracewriter import TraceWriter
 
 # event kinds (small ints: compared on every event)
-_FRAME, _TIMER, _LINK_UP, _CONNECT_FAIL, _REGISTER, _PUSH, _FAIL, _REJOIN, _PARTITION = range(9)
+_FRAME, _TIMER, _LINK_UP, _CONNECT_FAIL, _REGISTER, _PUSH, _FAIL, _REJOIN, _PARTITION, _ARRIVE, _SERVED = range(11)
 
 SUMMARY_KINDS = frozenset(
     {
         "reg_originated", "route_set", "reg_dropped", "push_injected", "push_refused", "push_forwarded",
         "push_fallback", "push_delivered", "push_duplicate", "push_dropped", "push_retry", "push_settled",
         "receipt_forwarded", "route_error", "peer_up", "peer_down", "relay_down", "relay_up", "push_excluded",
+        "peer_scored",
     }
 )
 
@@ -63,6 +65,7 @@ class SimTracer:
         self._collector = collector
         self._writer = writer if level != TraceLevel.OFF else None
         self._full = level == TraceLevel.FULL
+        self.scored: list[tuple[str, str, str]] = []  # (relay, cut peer, reason): peer_scored rows
 
     def emit(self, t: float, relay: str, kind: str, *, msg: str | None = None, route: str | None = None,
              peer: str | None = None, hops: int | None = None, ttl: int | None = None,
@@ -76,6 +79,8 @@ class SimTracer:
         summary = row[2] in SUMMARY_KINDS
         if summary:
             self._collector.add(row)
+            if row[2] == "peer_scored":
+                self.scored.append((row[1], row[5], row[11]))
         if self._writer is not None and (summary or self._full):
             self._writer.add(row)
 
@@ -89,6 +94,7 @@ class PushPlan:
     inject: int
     token: bytes
     push_id: str | None = None  # hex, once injected
+    client: str = ""  # the home app (its rate-limit key at a relay's API)
 
 
 @dataclass
@@ -112,8 +118,10 @@ class Simulator:
         trace_level: TraceLevel | None = None,
         trace_format: str = "parquet",
         progress: bool = False,
+        adversaries: bool = True,
     ) -> None:
         self.sc = scenario
+        self.hostile_on = adversaries
         self.seed = scenario.seed if seed is None else seed
         self.level = scenario.trace_level if trace_level is None else trace_level
         self.progress = progress
@@ -125,8 +133,10 @@ class Simulator:
         self.rng_churn = random.Random(root.getrandbits(64))
         self.rng_engine_seed = root.getrandbits(64)
         self.rng_links = random.Random(root.getrandbits(64))
+        self.rng_adv = random.Random(root.getrandbits(64))
         self.net: Network = build(scenario.topology, self.rng_topo)
         n = self.net.n
+        self._plan_roles()
         self.names = [str(i) for i in range(n)]
         self.index = {name: i for i, name in enumerate(self.names)}
         self.collector = Collector(n, scenario.deadline_s, scenario.coverage_after_s)
@@ -156,9 +166,40 @@ class Simulator:
         self._components: list[int] | None = None
 
     # -- setup ----------------------------------------------------------------------------------
+    def _plan_roles(self) -> None:
+        """Which relays are hostile (and how), which relay a push spammer targets. Fixed by the seed
+        whether or not adversaries are switched on, so a run without them is the exact comparison."""
+        n = self.net.n
+        self.role: list[Adversary | None] = [None] * n
+        self.spam_adv: Adversary | None = None
+        self.victim = -1
+        rng = self.rng_adv
+        free = list(range(n))
+        rng.shuffle(free)
+        for a in self.sc.adversaries:
+            if a.kind == "push_spammer":
+                self.spam_adv = a
+                continue
+            for i in free[: a.count or int(round(a.fraction * n))]:
+                self.role[i] = a
+            free = free[a.count or int(round(a.fraction * n)):]
+        self.honest = [i for i in range(n) if self.role[i] is None]
+        if self.spam_adv is not None:
+            self.victim = free[0]
+        if self.hostile_on:
+            for i in range(n):
+                a = self.role[i]
+                if a is not None and a.kind in ("rushing", "forger"):
+                    self.net.processing[i] = 0.0  # rushing: forwards at once
+
     def _new_engine(self, i: int) -> Engine:
-        return Engine(self.names[i], self.sc.engine, verifier=self.verifier, home=self.homes[i], tracer=self.tracer,
-                      rng=random.Random(self.rng_engine_seed + i * 7919 + self.seq), listen_addr=self.names[i])
+        a = self.role[i]
+        kwargs = {"relay_id": self.names[i], "config": self.sc.engine, "verifier": self.verifier,
+                  "home": self.homes[i], "tracer": self.tracer,
+                  "rng": random.Random(self.rng_engine_seed + i * 7919 + self.seq), "listen_addr": self.names[i]}
+        if a is not None and self.hostile_on:
+            return make_engine(a.kind, a, self.rng_engine_seed ^ (i * 104729 + self.seq), **kwargs)
+        return Engine(**kwargs)  # type: ignore[arg-type]
 
     def _schedule(self, t: float, kind: int, a: int, b: int, payload: object) -> None:
         self.seq += 1
@@ -168,9 +209,11 @@ class Simulator:
         w = self.sc.workload
         rng = self.rng_work
         n = self.net.n
+        honest = self.honest
+        everyone = len(honest) == n
         for r in range(w.registrations):
             t = rng.uniform(w.registration_start_s, w.registration_end_s)
-            home = rng.randrange(n)
+            home = rng.randrange(n) if everyone else honest[rng.randrange(len(honest))]
             key = new_signing_key(rng.randbytes(32))
             tokens = [rng.randbytes(16) for _ in range(w.tokens_per_registration)]
             self._schedule(t, _REGISTER, home, r, (1, tokens))
@@ -189,9 +232,14 @@ class Simulator:
                 reg = (reg + 1) % w.registrations
             token = self.reg_tokens[reg][tokens_used[reg]]
             tokens_used[reg] += 1
-            plan = PushPlan(t, reg, rng.randrange(n), token)
+            plan = PushPlan(t, reg, rng.randrange(n) if everyone else honest[rng.randrange(len(honest))], token,
+                            client=f"app{reg}")
             self.pushes.append(plan)
-            self._schedule(t, _PUSH, plan.inject, len(self.pushes) - 1, None)
+            if self.spam_adv is not None and self.rng_adv.random() < self.spam_adv.honest_share:
+                plan.inject = self.victim  # through the relay under spam: queued at its API first
+                self._schedule(t, _ARRIVE, self.victim, len(self.pushes) - 1, None)
+            else:
+                self._schedule(t, _PUSH, plan.inject, len(self.pushes) - 1, None)
 
     def _plan_churn(self) -> None:
         c = self.sc.churn
@@ -211,6 +259,84 @@ class Simulator:
         for p in self.sc.partitions:
             self._schedule(p.start_s, _PARTITION, 1, 0, p)
             self._schedule(p.end_s, _PARTITION, 0, 0, p)
+
+    def _start_spam(self) -> None:
+        """The push spammer: a home app with its own registered device, pushing through the victim."""
+        a = self.spam_adv
+        if a is None:
+            return
+        cfg = self._api_limits()
+        self.ingress = Ingress(a, *cfg, clock=lambda: self.now)
+        self.victim_plans: list[int] = []
+        self._in_service: tuple[str, tuple] | None = None
+        home = self.honest[self.rng_adv.randrange(len(self.honest))]
+        self.spam_reg = make_registration(new_signing_key(self.rng_adv.randbytes(32)), 1, 0,
+                                          int(self.sc.duration_s * 4) + 3600)
+        self.homes[home].add_registration(self.spam_reg, [])
+        self._apply(home, self.engines[home].register(self.spam_reg, 0.0))
+        if self.hostile_on and a.rate_x > 0:
+            self._schedule(max(a.start_s, 0.0), _ARRIVE, self.victim, -1, None)
+
+    @staticmethod
+    def _api_limits() -> tuple[tuple[float, int], tuple[float, int], tuple[float, int]]:
+        from inri.node.config import ApiSection  # the daemon's documented defaults
+
+        api = ApiSection()
+        return ((api.rate_per_s, api.rate_burst), (api.device_rate_per_s, api.device_rate_burst),
+                (api.token_rate_per_s, api.token_rate_burst))
+
+    def _arrive(self, b: int, t: float) -> None:
+        ing = self.ingress
+        if b < 0:  # spam: a Poisson stream at rate_x times the API's capacity
+            a = self.spam_adv
+            assert a is not None
+            ing.arrive("spammer", ("spam", b))
+            nxt = t + self.rng_adv.expovariate(a.rate_x * a.capacity_per_s)
+            if nxt < min(a.end_s, self.sc.duration_s):
+                self._schedule(nxt, _ARRIVE, self.victim, -1, None)
+        else:
+            self.victim_plans.append(b)
+            if not ing.arrive(self.pushes[b].client, ("honest", b)):
+                self.pushes[b].push_id = None
+        if not ing.busy:
+            self._serve(t)
+
+    def _serve(self, t: float) -> None:
+        """Start serving the next waiting request at the victim's API (round robin over clients)."""
+        ing = self.ingress
+        nxt = ing.next_request()
+        self._in_service = nxt
+        if nxt is None:
+            ing.busy = False
+            return
+        ing.busy = True
+        client, (kind, b) = nxt
+        if kind == "spam":
+            ok = ing.admit(client, self.spam_reg.route_id, self.rng_adv.randbytes(16))
+        else:
+            plan = self.pushes[b]
+            ok = ing.admit(client, self.regs[plan.reg_index][1].route_id if self.regs[plan.reg_index][1] else b"",
+                           plan.token)
+        self._in_service = (client, (kind, b, ok))  # type: ignore[assignment]
+        self._schedule(t + ing.service * (1.0 if ok else ing.a.reject_cost), _SERVED, self.victim, 0, None)
+
+    def _served(self, t: float) -> None:
+        """The request in service is done: an accepted push enters the relay's engine now."""
+        done = self._in_service
+        if done is not None:
+            client, (kind, b, ok) = done  # type: ignore[misc]
+            if ok and self.alive[self.victim]:
+                eng = self.engines[self.victim]
+                if kind == "spam":
+                    res = eng.inject_push(self.spam_reg, self.rng_adv.randbytes(16), b"spam", t)
+                    if res.push_id is not None:  # not an honest push: outside every delivery figure
+                        self.tracer.emit(t, self.names[self.victim], "push_excluded", msg=res.push_id.hex(),
+                                         reason="adversary")
+                    self._apply(self.victim, res.effects)
+                else:
+                    self._control(_PUSH, self.victim, b, None, t)
+                self._rearm(self.victim)
+        self._serve(t)
 
     def _start_links(self) -> None:
         for i, eng in enumerate(self.engines):
@@ -337,6 +463,7 @@ class Simulator:
         self._plan_churn()
         self._plan_partitions()
         self._start_links()
+        self._start_spam()
         for i in range(self.net.n):
             self._rearm(i)
         end = self.sc.duration_s
@@ -460,6 +587,10 @@ class Simulator:
             self._apply(a, fresh.start(t))
             self._rearm(a)
             self._components = None
+        elif kind == _ARRIVE:
+            self._arrive(b, t)
+        elif kind == _SERVED:
+            self._served(t)
         elif kind == _PARTITION:
             p = payload
             side = int(p.fraction * self.net.n)  # type: ignore[attr-defined]
@@ -471,6 +602,72 @@ class Simulator:
                 self.cut -= edges
                 self._components = None
 
+    def _adversary_summary(self) -> dict[str, object]:
+        """Figures of an adversarial scenario (docs/metrics.md, "Adversarial scenarios")."""
+        out: dict[str, object] = {"adversaries_on": self.hostile_on}
+        kinds: dict[str, int] = {}
+        for a in self.role:
+            if a is not None:
+                kinds[a.kind] = kinds.get(a.kind, 0) + 1
+        out["hostile_relays"] = kinds
+        hostile = {self.names[i] for i in range(self.net.n) if self.role[i] is not None}
+        honest_cuts = [(r, p) for r, p, _ in self.tracer.scored if r not in hostile]
+        out["cuts_of_hostile"] = sum(1 for _, p in honest_cuts if p in hostile)
+        out["cuts_of_honest"] = sum(1 for _, p in honest_cuts if p not in hostile)
+        honest_names = {self.names[i] for i in self.honest}
+        out["hostile_isolated"] = sum(
+            1 for h in hostile if not honest_names & set(self.engines[self.index[h]].active_peers()))
+        # Route vectors whose primary next hop is hostile, over honest live relays and honest routes.
+        routes = [reg.route_id for _, reg, _ in self.regs if reg is not None]
+        primary = hostile_primary = 0
+        for i in self.honest:
+            if not self.alive[i]:
+                continue
+            eng = self.engines[i]
+            for rid in routes:
+                hops = eng.next_hops(rid)
+                if hops:
+                    primary += 1
+                    hostile_primary += hops[0][0] in hostile
+        out["primary_via_hostile"] = hostile_primary / primary if primary else None
+        spam_routes: set[bytes] = set()
+        for i in range(self.net.n):
+            eng = self.engines[i]
+            if isinstance(eng, RegSpammer):
+                spam_routes |= eng.spam_routes
+        if any(a.kind in ("reg_spammer", "forger") for a in self.sc.adversaries):
+            out["spam_frames_sent"] = sum(getattr(self.engines[i], "spam_sent", 0) for i in range(self.net.n))
+        if spam_routes:
+            cached = [sum(1 for r in spam_routes if self.engines[i].route_epoch(r) is not None)
+                      for i in self.honest if self.alive[i]]
+            out["spam_registrations"] = len(spam_routes)
+            out["spam_routes_cached_max"] = max(cached) if cached else 0
+            out["spam_routes_cached_mean"] = round(sum(cached) / len(cached), 1) if cached else 0
+        if self.spam_adv is not None:
+            ing = self.ingress
+            lat: list[float] = []
+            lost = 0
+            for b in self.victim_plans:
+                plan = self.pushes[b]
+                got = self.collector.delivered.get(plan.push_id) if plan.push_id else None
+                if got is None or got[0] - plan.t > self.sc.deadline_s:
+                    lost += 1
+                else:
+                    lat.append(got[0] - plan.t)
+            lat.sort()
+            out.update({
+                "victim_honest_pushes": len(self.victim_plans),
+                "victim_honest_lost": lost,
+                "victim_latency_p50_s": nearest_rank(lat, 0.5),
+                "victim_latency_p99_s": nearest_rank(lat, 0.99),
+                "spam_offered": ing.offered["spam"],
+                "spam_accepted": ing.accepted["spam"],
+                "spam_refused": ing.refused["spam"],
+                "spam_unsent": ing.unsent,
+                "honest_refused": ing.refused["honest"],
+            })
+        return out
+
     def _push_id(self, b: int) -> bytes:
         return random.Random(self.seed * 1_000_003 + b).randbytes(16)
 
@@ -480,6 +677,8 @@ class Simulator:
         dist_idx = shortest_latencies(n, self.net.latency, self.net.processing, pairs)
         distance = {(self.names[u], self.names[v]): d for (u, v), d in dist_idx.items()}
         summary = self.collector.summary(distance)
+        if self.sc.adversaries:
+            summary.update(self._adversary_summary())
         summary.update(
             {
                 "events": self.events,

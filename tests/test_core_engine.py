@@ -191,7 +191,8 @@ def test_garbage_frames_get_an_error_frame_and_change_nothing() -> None:
     out = eng.receive_frame("p", b"\xc1\xff garbage", 0.1)
     assert len(out) == 1 and isinstance(out[0], Send) and isinstance(out[0].msg, ErrorFrame)
     after = eng.stats()
-    assert after.pop("frames_invalid") == 1 and after == before
+    assert after.pop("frames_invalid") == 1 and after.pop("score_invalid_frame") == 1 and after == before
+    assert eng.peer_scores() == {"p": EngineConfig().score_invalid_frame}  # counts against the sender
 
 
 def test_membership_refuses_inbound_over_capacity_and_replaces_lost_neighbours() -> None:

@@ -25,7 +25,8 @@ from inri import mesh
 from inri.client import DeviceClient, HomeAppClient
 from inri.live_demo import _label, _path
 from inri.node.identity import NodeIdentity
-from inri.node.quic import QuicEndpoint, parse_addr
+from inri.node.metrics import parse_metrics
+from inri.node.quic import ConnectError, LinkClosed, QuicEndpoint, parse_addr
 from inri.node.tracefile import read_trace
 from inri.protocol.codec import decode
 from inri.protocol.messages import ErrorFrame
@@ -125,7 +126,6 @@ async def test_push_at_the_farthest_relay_reaches_the_device_along_the_route_vec
         assert relay(lab, b)["node_id"] in vector, (a, b)
     STATE.update(far=far, path=path, device=dev, cred=cred)
     # The relays' metrics moved with this traffic.
-    from inri.node.metrics import parse_metrics
 
     async with httpx.AsyncClient(timeout=5) as c:
         m_far = parse_metrics((await c.get(relay(lab, far)["api"] + "/metrics")).text)
@@ -199,19 +199,28 @@ async def test_thousand_pushes_from_concurrent_home_apps_delivered_exactly_once(
 async def test_garbage_frames_from_a_peer_get_error_frames_and_the_relay_stays_up(lab: dict[str, Any]) -> None:
     # R8 has room for one more neighbour (see the lab fixture): it accepts the hostile link.
     target = relay(lab, f"R{N}")
-    assert len(mesh.status(target["api"])["neighbours"]) < N
+    before = {nb["node_id"] for nb in mesh.status(target["api"])["neighbours"]}
+    assert len(before) < N
+    hostile = NodeIdentity.generate()
     with trio.fail_after(30):
         async with trio.open_nursery() as n:
-            ep = QuicEndpoint(NodeIdentity.generate(), idle_timeout_s=5)
+            ep = QuicEndpoint(hostile, idle_timeout_s=5)
             await ep.bind("127.0.0.1", 0)
             await n.start(ep.serve, None)
             garbage = (b"\xc1", b"", msgpack.packb([99, 1, 2]), msgpack.packb([3, "x"]), b"\x92\x03" + b"\xff" * 300)
             link = await ep.connect(target["quic"], expect_node_id=target["node_id"])
             for frame in garbage:
                 await link.send(frame)
+            # Each frame gets an error frame; the fifth brings the sender's score to the cut (-20).
             errors = 0
-            while errors < len(garbage):
-                errors += isinstance(decode(await link.receive()), ErrorFrame)
+            with pytest.raises(LinkClosed, match="score"):
+                while True:
+                    errors += isinstance(decode(await link.receive()), ErrorFrame)
+            assert errors >= 4
+            # Banned: the same node key is refused at once when it comes back.
+            with pytest.raises((ConnectError, LinkClosed), match="banned"):
+                again = await ep.connect(target["quic"], expect_node_id=target["node_id"])
+                await again.receive()
             host, port = parse_addr(target["quic"])
             # Raw UDP garbage at its QUIC port.
             sock = trio.socket.socket(trio.socket.AF_INET, trio.socket.SOCK_DGRAM)
@@ -219,13 +228,15 @@ async def test_garbage_frames_from_a_peer_get_error_frames_and_the_relay_stays_u
             for _ in range(50):
                 await sock.sendto(os.urandom(1300), (host, port))
             sock.close()
-            await link.aclose()
             n.cancel_scope.cancel()
     async with httpx.AsyncClient(timeout=5) as c:
         assert (await c.get(target["api"] + "/healthz")).status_code == 200
-        metrics = (await c.get(target["api"] + "/metrics")).text
-    invalid = next(float(ln.split()[-1]) for ln in metrics.splitlines() if ln.startswith("inri_frames_invalid_total"))
-    assert invalid >= 5
+        metrics = parse_metrics((await c.get(target["api"] + "/metrics")).text)
+        status = (await c.get(target["api"] + "/v1/status")).json()
+    assert metrics["inri_frames_invalid_total"] >= 5 and metrics["inri_peers_cut_total"] >= 1
+    assert metrics['inri_peer_penalties_total{reason="invalid_frame"}'] >= 5
+    assert status["banned_peers"] >= 1 and hostile.node_id not in status["peer_scores"]
+    assert {nb["node_id"] for nb in status["neighbours"]} >= before  # the honest links are untouched
 
 
 async def test_kill9_of_a_relay_on_the_path_next_push_still_delivered(lab: dict[str, Any]) -> None:

@@ -41,6 +41,26 @@ class EngineConfig:
     custody_max_attempts: int = 7  # route, route via backups, rings 1, 3, 5, 7, then the full TTL
     custody_deadline_s: float = 300.0
     push_seen_max: int = 200_000
+    push_budget_per_peer_per_s: float = 2000.0  # push frames from one neighbour (a relay takes ~1,000/s)
+    push_budget_peer_burst: int = 4000
+
+    # Peer scoring (zero trust between relays): misbehaviour lowers a neighbour's score, receipts
+    # raise it; the score decays towards 0 (half-life score_half_life_s) so old faults are forgiven.
+    # Below score_prefer_below a neighbour is a next hop only when no better one is alive; at or below
+    # score_disconnect_below its link is cut and it is refused and not re-dialled for score_ban_s.
+    score_invalid_frame: float = -4.0  # undecodable frame: five in a row cut the link
+    score_bad_signature: float = -4.0  # gossip for a route without a valid registration (forged)
+    score_budget_drop: float = -1.0  # gossip or push over the neighbour's flood budget
+    score_replay: float = -0.5  # a stale epoch or a repeat of gossip it already gave us
+    score_no_receipt: float = -1.0  # a push forwarded to it came back with neither receipt nor route error
+    score_receipt: float = 1.0  # a receipt came back through it
+    score_max: float = 10.0
+    score_prefer_below: float = -3.0
+    score_avoid_below: float = -8.0  # a route whose only next hops score at or below this is treated as broken
+    score_disconnect_below: float = -20.0
+    score_half_life_s: float = 300.0
+    score_ban_s: float = 600.0
+    receipt_timeout_s: float = 2.0  # a forwarded push with no answer by then counts as a black-holed one
 
     def test_profile(self) -> EngineConfig:
         """Short timers for loopback tests (GUIDE.md section 5): keepalive 0.5 s x 6 misses."""

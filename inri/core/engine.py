@@ -35,6 +35,16 @@ Membership (HyParView-like)
       peer exchange). A lost neighbour is replaced from the passive view at once.
   M2. Keepalives per neighbour when nothing else was sent for an interval; a neighbour silent for
       keepalive_misses intervals is declared down.
+  M3. Outbound quota: a full relay still takes a link it dialled while it holds fewer than
+      outbound_min dialled links, by dropping an inbound one.
+
+Peer scoring (zero trust between relays)
+  S1. Each neighbour has a score: undecodable frames, forged gossip (bad signature), gossip or pushes
+      over its flood budget, replays, and pushes forwarded to it that never produce a receipt or a
+      route error (a black hole) lower it; receipts that come back through it raise it. It decays
+      towards 0 with a half-life, so old faults are forgiven.
+  S2. A low score loses preference (a next hop with a better score is used first), a very low one
+      loses the link: the neighbour is cut, refused and not re-dialled for score_ban_s.
 """
 
 from __future__ import annotations
@@ -119,16 +129,20 @@ def _gossip_frame_bytes(registration: Registration) -> int:
 class _Peer:
     """An active neighbour."""
 
-    __slots__ = ("addr", "outbound", "last_heard", "last_sent", "bucket", "bucket_t", "nonce")
+    __slots__ = ("addr", "outbound", "last_heard", "last_sent", "bucket", "bucket_t", "nonce", "score",
+                 "pbucket", "pbucket_t")
 
-    def __init__(self, addr: str, outbound: bool, now: float, burst: float) -> None:
+    def __init__(self, addr: str, outbound: bool, now: float, burst: float, push_burst: float) -> None:
         self.addr = addr
         self.outbound = outbound
         self.last_heard = now
         self.last_sent = now
-        self.bucket = burst
+        self.bucket = burst  # registration gossip budget (tokens)
         self.bucket_t = now
         self.nonce = 0
+        self.score = 0.0  # peer score: see EngineConfig.score_*
+        self.pbucket = push_burst  # push frame budget (tokens)
+        self.pbucket_t = now
 
 
 class _Custody:
@@ -188,6 +202,11 @@ class Engine:
         self._next_tick: float | None = None
         self._next_sweep = 0.0
         self._next_exchange = 0.0
+        self._banned: dict[str, float] = {}  # node id -> until (cut for its score)
+        # Pushes forwarded along a route, awaiting an answer: push id -> (next hop, deadline), in
+        # deadline order (constant timeout). No answer by then scores the next hop as a black hole.
+        self._await: dict[bytes, tuple[str, float]] = {}
+        self._score_decay = 0.5 ** (config.keepalive_interval_s / config.score_half_life_s)
         self.counters: dict[str, int] = {}
         self.reg_duplicates = 0  # gossip arrivals of a known (route, epoch): a plain int on the hot path
 
@@ -204,13 +223,33 @@ class Engine:
         if self._next_tick is None:
             self._next_tick = now + self.config.keepalive_interval_s
 
+    def _score(self, peer: str, delta: float, now: float, reason: str) -> list[Effect]:
+        """Change peer's score (rule S1); cut and ban it when the score falls too low (S2)."""
+        state = self._active.get(peer)
+        if state is None:
+            return []
+        cfg = self.config
+        state.score = min(cfg.score_max, state.score + delta)
+        if delta < 0:
+            self._count("score_" + reason)
+        if state.score > cfg.score_disconnect_below:
+            return []
+        self._count("peer_cut_score")
+        self._banned[peer] = now + cfg.score_ban_s
+        self._passive.pop(peer, None)
+        self._purge_routes(peer)
+        if self._level:
+            self._trace(now, "peer_scored", peer=peer, reason=reason, count=int(state.score))
+        return [Disconnect(peer, "score"), *self.peer_down(peer, now, "score")]
+
     # ------------------------------------------------------------------------------------------
     # membership
 
     def add_candidates(self, peers: list[PeerInfo], now: float) -> list[Effect]:
         """Relays learned from a bootstrap list, a scenario or peer exchange: into the passive view."""
+        banned = self._banned
         for p in peers:
-            if p.node_id == self.relay_id or p.node_id in self._active:
+            if p.node_id == self.relay_id or p.node_id in self._active or (banned and p.node_id in banned):
                 continue
             self._passive.pop(p.node_id, None)
             self._passive[p.node_id] = p.addr
@@ -252,6 +291,12 @@ class Engine:
         if peer in self._active or peer == self.relay_id:
             return []
         out: list[Effect] = []
+        until = self._banned.get(peer)
+        if until is not None:
+            if until > now:
+                self._count("peer_refused_banned")
+                return [Disconnect(peer, "banned")]
+            del self._banned[peer]
         if len(self._active) >= self.config.active_max:
             # Full. An outbound link still gets in while we hold fewer than outbound_min dialled links,
             # by evicting an inbound one: inbound connections alone can never take over the view.
@@ -267,7 +312,8 @@ class Engine:
             out += self.peer_down(victim, now, "outbound_quota")
         self._passive.pop(peer, None)
         self._lost.pop(peer, None)
-        self._active[peer] = _Peer(addr, outbound, now, self.config.reg_budget_peer_burst)
+        self._active[peer] = _Peer(addr, outbound, now, self.config.reg_budget_peer_burst,
+                                   self.config.push_budget_peer_burst)
         self._arm_tick(now)
         if self._level:
             self._trace(now, "peer_up", peer=peer, reason="outbound" if outbound else "inbound")
@@ -279,7 +325,7 @@ class Engine:
         self._connecting.pop(peer, None)
         if state is None:
             return self._refill(now)
-        if state.addr and reason not in ("full", "outbound_quota"):
+        if state.addr and reason not in ("full", "outbound_quota", "score", "banned"):
             self._lost[peer] = [state.addr, now + RECONNECT_BASE_S, 0]
         if self._level:
             self._trace(now, "peer_down", peer=peer, reason=reason)
@@ -301,13 +347,31 @@ class Engine:
     # ------------------------------------------------------------------------------------------
     # frames
 
+    def _purge_routes(self, peer: str) -> None:
+        """Forget every route claim of a neighbour cut for its score (O(routes); cuts are rare).
+
+        A liar's claims must not outlive its link: a neighbour that claimed to be the home (distance 1
+        here) would otherwise make this relay report the home unreachable once the liar is gone. The
+        feasibility distance becomes that of the next hops left (none left: unknown), as in Babel.
+        """
+        routes = self._routes
+        for rid, e in list(routes.items()):
+            if peer not in e:
+                continue
+            i = e.index(peer)
+            rest = e[3:i] + e[i + 2:]
+            fd = min(rest[1::2]) if rest else limits.MAX_TTL + 1
+            routes[rid] = (e[0], e[1], fd, *rest)
+            self._count("routes_purged")
+
     def receive_frame(self, peer: str, data: bytes, now: float) -> list[Effect]:
         """Decode a frame from peer and handle it; a malformed frame is answered with an ErrorFrame."""
         try:
             msg = decode(data)
         except DecodeError as exc:
             self._count("frames_invalid")
-            return [Send(peer, ErrorFrame(ErrorCode.MALFORMED, exc.detail[:200]))]
+            out: list[Effect] = [Send(peer, ErrorFrame(ErrorCode.MALFORMED, exc.detail[:200]))]
+            return out + self._score(peer, self.config.score_invalid_frame, now, "invalid_frame")
         return self.receive_message(peer, msg, now)
 
     def receive_message(self, peer: str, msg: Message, now: float) -> list[Effect]:
@@ -323,7 +387,7 @@ class Engine:
         if t is Push:
             return self._on_push(peer, msg, now)  # type: ignore[arg-type]
         if t is Receipt:
-            return self._on_receipt(msg, now)  # type: ignore[arg-type]
+            return self._on_receipt(peer, msg, now)  # type: ignore[arg-type]
         if t is RouteError:
             return self._on_route_error(peer, msg, now)  # type: ignore[arg-type]
         if t is Keepalive:
@@ -368,12 +432,12 @@ class Engine:
         self._origin_bucket.pop(route_id, None)
         return []
 
-    def _drop_reg(self, now: float, reg: Registration, peer: str, reason: str) -> list[Effect]:
+    def _drop_reg(self, now: float, reg: Registration, peer: str, reason: str, penalty: float = 0.0) -> list[Effect]:
         self._count("reg_dropped_" + reason)
         if self._level:
             self._trace(now, "reg_dropped", msg=f"{reg.route_id.hex()}:{reg.epoch}", route=reg.route_id.hex(),
                         peer=peer, epoch=reg.epoch, reason=reason)
-        return []
+        return self._score(peer, penalty, now, reason) if penalty else []
 
     def _on_gossip(self, peer: str, state: _Peer, msg: RegGossip, now: float) -> list[Effect]:
         cfg = self.config
@@ -383,7 +447,7 @@ class Engine:
         entry = self._routes.get(rid)
         if entry is not None:
             if epoch < entry[0]:
-                return self._drop_reg(now, reg, peer, "stale_epoch")
+                return self._drop_reg(now, reg, peer, "stale_epoch", cfg.score_replay)
             if epoch == entry[0]:
                 return self._on_gossip_duplicate(peer, msg, entry, rid, now)
         # Per-neighbour budget (R4): every new (route, epoch) costs the sender one token.
@@ -392,14 +456,14 @@ class Engine:
         tokens = min(cfg.reg_budget_peer_burst, state.bucket + elapsed * cfg.reg_budget_per_peer_per_s)
         if tokens < 1.0:
             state.bucket = tokens
-            return self._drop_reg(now, reg, peer, "budget_peer")
+            return self._drop_reg(now, reg, peer, "budget_peer", cfg.score_budget_drop)
         state.bucket = tokens - 1.0
         if reg.expires_at <= now:
             return self._drop_reg(now, reg, peer, "expired")
         if reg.issued_at > now + MAX_CLOCK_SKEW_S:
             return self._drop_reg(now, reg, peer, "future")
         if not self._verifier.verify_registration(reg):
-            return self._drop_reg(now, reg, peer, "bad_signature")
+            return self._drop_reg(now, reg, peer, "bad_signature", cfg.score_bad_signature)
         if entry is not None:  # a refresh (newer epoch) of a known route id: per-origin budget
             btok, bt = self._origin_bucket.get(rid, (float(cfg.reg_budget_burst), now))
             btok = min(float(cfg.reg_budget_burst), btok + (now - bt) * cfg.reg_budget_per_origin_per_s)
@@ -438,12 +502,12 @@ class Engine:
         self.reg_duplicates += 1
         fd = entry[2]
         reg = msg.registration
-        if (
-            msg.hops < fd
-            and len(entry) < 3 + 2 * self.config.route_k
-            and peer not in entry[3::2]
-            and self._verifier.verify_registration(reg)
-        ):
+        # The only str items of an entry are its next hops: `peer in entry` needs no slice (hot path).
+        if peer in entry:  # it gave us this (route, epoch) before: honest relays forward once
+            return self._drop_reg(now, reg, peer, "replayed", self.config.score_replay)
+        if msg.hops < fd and len(entry) < 3 + 2 * self.config.route_k:
+            if not self._verifier.verify_registration(reg):
+                return self._drop_reg(now, reg, peer, "bad_signature", self.config.score_bad_signature)
             self._routes[rid] = (*entry, peer, msg.hops + 1)
             if self._level >= TraceLevel.FULL:
                 self._trace(now, "route_backup", msg=f"{rid.hex()}:{reg.epoch}", route=rid.hex(), peer=peer,
@@ -461,8 +525,10 @@ class Engine:
         if self._level >= TraceLevel.FULL:
             self._trace(now, "route_expired", route=victim.hex(), reason="evicted")
 
-    def _next_hop(self, rid: bytes, exclude: str, alternate: bool = False) -> str | None:
-        """The first live next hop for rid other than `exclude` (None: no live one).
+    def _next_hop(self, rid: bytes, exclude: str, alternate: bool = False, low_ok: bool = False) -> str | None:
+        """The first live next hop for rid other than `exclude` whose score is not low (None: none).
+
+        low_ok: fall back to a live next hop with a low score (rule S2) when no other is left.
 
         Next hops whose link is down are skipped, not forgotten: when the link comes back (a crashed
         neighbour restarting, a partition healing), the route works again at once.
@@ -476,10 +542,16 @@ class Engine:
         hops = entry[3::2]
         if alternate and len(hops) > 1:
             hops = hops[1:] + hops[:1]
+        fallback = None
+        floor = self.config.score_prefer_below
         for p in hops:
-            if p in active and p != exclude:
-                return p
-        return None
+            st = active.get(p)
+            if st is not None and p != exclude:
+                if st.score >= floor:
+                    return p
+                if fallback is None:
+                    fallback = p  # low score (S2): only when no better next hop is alive
+        return fallback if low_ok else None
 
     def _home_adjacent(self, rid: bytes) -> bool:
         """True when our route for rid had distance 1 (the home relay was our neighbour) and no live
@@ -489,7 +561,7 @@ class Engine:
 
     def has_route(self, route_id: bytes) -> bool:
         """True when a live next hop is known for route_id."""
-        return self._next_hop(route_id, _LOCAL) is not None
+        return self._next_hop(route_id, _LOCAL, low_ok=True) is not None
 
     # ------------------------------------------------------------------------------------------
     # pushes
@@ -559,10 +631,13 @@ class Engine:
             return self._deliver_local(pid, push, status, now) + self._settle(pid, status, 0, now)
         cfg = self.config
         self._reverse[pid] = (_LOCAL, now + cfg.reverse_ttl_s)
-        c.next_retry = now + cfg.custody_retry_s * (1 + c.attempt)
+        # Retry periods 1, 1, 2, 2, 3, 3 x custody_retry_s: every escalation step (route, backups,
+        # rings, full TTL) gets its turn within 12 retry periods (24 s by default), so black holes
+        # on the routes cost latency, not pushes, within a 30 s deadline.
+        c.next_retry = now + cfg.custody_retry_s * (1 + c.attempt // 2)
         self._schedule(pid, c.next_retry)
-        self._push_seen[(pid, c.attempt * 2)] = now + cfg.seen_ttl_s
-        self._push_seen[(pid, c.attempt * 2 + 1)] = now + cfg.seen_ttl_s
+        self._mark_seen((pid, c.attempt * 2), now)
+        self._mark_seen((pid, c.attempt * 2 + 1), now)
         if c.attempt and self._level:
             self._trace(now, "push_retry", msg=pid.hex(), route=push.route_id.hex(), count=c.attempt)
         # The first two attempts follow the route when there is one (the second prefers backups all
@@ -582,8 +657,22 @@ class Engine:
                    push.registration)
         return self._ring_flood(msg, _LOCAL, now)
 
+    def _mark_seen(self, key: tuple[bytes, int], now: float) -> None:
+        """Enter a (push id, attempt, mode) key in the seen-cache, oldest evicted past push_seen_max."""
+        seen = self._push_seen
+        if key not in seen and len(seen) >= self.config.push_seen_max:
+            del seen[next(iter(seen))]
+        seen[key] = now + self.config.seen_ttl_s
+
     def _forward(self, msg: Push, nh: str, now: float) -> Send:
         self._active[nh].last_sent = now
+        pending = self._await
+        pid = msg.push_id
+        if pid in pending:
+            del pending[pid]  # re-insert at the end: the dict stays in deadline order
+        elif len(pending) >= self.config.reverse_max:
+            del pending[next(iter(pending))]
+        pending[pid] = (nh, now + self.config.receipt_timeout_s)
         if self._level:
             self._trace(now, "push_forwarded", msg=msg.push_id.hex(), route=msg.route_id.hex(), peer=nh,
                         hops=msg.hops, ttl=msg.ttl, count=1)
@@ -603,13 +692,25 @@ class Engine:
 
     def _on_push(self, peer: str, msg: Push, now: float) -> list[Effect]:
         pid = msg.push_id
+        cfg = self.config
+        state = self._active[peer]
+        refill = (now - state.pbucket_t) * cfg.push_budget_per_peer_per_s
+        tokens = min(cfg.push_budget_peer_burst, state.pbucket + refill)
+        state.pbucket_t = now
+        if tokens < 1.0:
+            state.pbucket = tokens
+            self._count("push_dropped_budget_peer")
+            if self._level:
+                self._trace(now, "push_dropped", msg=pid.hex(), route=msg.route_id.hex(), peer=peer, hops=msg.hops,
+                            ttl=msg.ttl, reason="budget_peer")
+            return self._score(peer, cfg.score_budget_drop, now, "budget_peer")
+        state.pbucket = tokens - 1.0
         # Seen per (push, attempt, mode): a ring copy that met a route continues in route mode through
         # relays that already saw (and flooded) the ring copy of the same attempt.
         key = (pid, msg.attempt * 2 + (1 if msg.ring else 0))
         if key in self._push_seen:
             self._count("push_seen_dropped")
             return []
-        cfg = self.config
         if len(self._push_seen) >= cfg.push_seen_max:
             del self._push_seen[next(iter(self._push_seen))]
         self._push_seen[key] = now + cfg.seen_ttl_s
@@ -640,7 +741,7 @@ class Engine:
                 if route_key in self._push_seen:
                     self._count("push_seen_dropped")
                     return []
-                self._push_seen[route_key] = now + cfg.seen_ttl_s
+                self._mark_seen(route_key, now)
                 return [self._forward(Push(pid, rid, msg.token, msg.ciphertext, msg.ttl - 1, msg.hops + 1,
                                            msg.attempt, 0, msg.registration), nh, now)]
             if self._home_adjacent(rid):  # tell the custodian: widening the ring cannot help
@@ -651,7 +752,13 @@ class Engine:
                                          msg.attempt, msg.ring - 1, msg.registration), peer, now)
         nh = self._next_hop(rid, peer, alternate=bool(msg.attempt & 1))
         if nh is None:
-            if self._home_adjacent(rid):
+            low = self._next_hop(rid, peer, low_ok=True)  # a live next hop with a low score (S2)
+            if low is not None and self._active[low].score > cfg.score_avoid_below:
+                # Low but not very low: most likely an honest relay upstream of a failure (blame
+                # for a missing receipt is diffuse); use it rather than flood the neighbourhood.
+                return [self._forward(Push(pid, rid, msg.token, msg.ciphertext, msg.ttl - 1, msg.hops + 1,
+                                           msg.attempt, 0, msg.registration), low, now)]
+            if low is None and self._home_adjacent(rid):
                 return self._push_drop(peer, msg, now, "home_unreachable", RouteErrorReason.HOME_UNREACHABLE)
             ring_key = (pid, msg.attempt * 2 + 1)
             if (msg.registration is not None and msg.ttl > LOCAL_REPAIR_RADIUS and len(self._active) > 1
@@ -659,9 +766,12 @@ class Engine:
                 # Local repair (AODV): our route broke; ask the neighbourhood before giving up. Neighbours
                 # with a route of their own (not through us: the sender is excluded) carry it on.
                 self._count("push_local_repair")
-                self._push_seen[ring_key] = now + cfg.seen_ttl_s
+                self._mark_seen(ring_key, now)
                 return self._ring_flood(Push(pid, rid, msg.token, msg.ciphertext, msg.ttl - 1, msg.hops + 1,
                                              msg.attempt, LOCAL_REPAIR_RADIUS, msg.registration), peer, now)
+            if low is not None:  # the neighbourhood was asked: the low-scored next hop is the last resort
+                return [self._forward(Push(pid, rid, msg.token, msg.ciphertext, msg.ttl - 1, msg.hops + 1,
+                                           msg.attempt, 0, msg.registration), low, now)]
             return self._push_drop(peer, msg, now, "no_route", RouteErrorReason.NO_ROUTE)
         return [self._forward(Push(pid, rid, msg.token, msg.ciphertext, msg.ttl - 1, msg.hops + 1, msg.attempt,
                                    0, msg.registration), nh, now)]
@@ -698,7 +808,11 @@ class Engine:
             self._trace(now, "push_dropped", msg=pid.hex(), route=msg.route_id.hex(), hops=hops, reason=reason)
         return []
 
-    def _on_receipt(self, msg: Receipt, now: float) -> list[Effect]:
+    def _on_receipt(self, peer: str, msg: Receipt, now: float) -> list[Effect]:
+        waited = self._await.pop(msg.push_id, None)
+        if waited is not None and waited[0] == peer:
+            state = self._active[peer]
+            state.score = min(self.config.score_max, state.score + self.config.score_receipt)
         back = self._reverse.pop(msg.push_id, None)
         if back is None:
             self._count("receipt_orphan")
@@ -728,6 +842,9 @@ class Engine:
         return [CustodyReleased(pid, final, hops)]
 
     def _on_route_error(self, peer: str, msg: RouteError, now: float) -> list[Effect]:
+        waited = self._await.get(msg.push_id)
+        if waited is not None and waited[0] == peer:
+            del self._await[msg.push_id]  # an answer, if not a receipt: no black hole there
         back = self._reverse.pop(msg.push_id, None)
         if back is None:
             return []
@@ -785,12 +902,12 @@ class Engine:
         pid = c.push.push_id
         c.next_retry = min(now + cfg.custody_retry_s * PARK_FACTOR, c.deadline)
         self._schedule(pid, c.next_retry)
-        nh = self._next_hop(c.push.route_id, _LOCAL)
+        nh = self._next_hop(c.push.route_id, _LOCAL, low_ok=True)
         if nh is None:
             return []
         c.routed = True
         self._reverse[pid] = (_LOCAL, now + cfg.reverse_ttl_s)
-        self._push_seen[(pid, c.attempt * 2)] = now + cfg.seen_ttl_s
+        self._mark_seen((pid, c.attempt * 2), now)
         push = c.push
         if self._level:
             self._trace(now, "push_retry", msg=pid.hex(), route=push.route_id.hex(), count=c.attempt)
@@ -831,8 +948,23 @@ class Engine:
         out: list[Effect] = []
         interval = cfg.keepalive_interval_s
         dead_after = interval * cfg.keepalive_misses
+        pending = self._await
+        while pending:
+            pid, (nh, deadline) = next(iter(pending.items()))
+            if deadline > now:
+                break
+            del pending[pid]
+            st = self._active.get(nh)
+            # Only a neighbour heard from since the push went out is suspect: a silent one is more
+            # likely down (keepalives will tell) than a black hole.
+            if st is not None and st.last_heard > deadline - cfg.receipt_timeout_s:
+                self._count("push_no_answer")
+                out += self._score(nh, cfg.score_no_receipt, now, "no_receipt")
+        decay = self._score_decay
         for p in list(self._active):
             st = self._active[p]
+            if st.score:
+                st.score *= decay
             if now - st.last_heard > dead_after:
                 out.append(Disconnect(p, "keepalive_timeout"))
                 out += self.peer_down(p, now, "keepalive_timeout")
@@ -881,6 +1013,8 @@ class Engine:
         for pid in [pid for pid, c in self._custody.items() if now >= c.deadline]:
             del self._custody[pid]
             self._count("custody_expired")
+        for peer in [p for p, until in self._banned.items() if until <= now]:
+            del self._banned[peer]
 
     # ------------------------------------------------------------------------------------------
     # introspection
@@ -904,6 +1038,10 @@ class Engine:
             return []
         return list(zip(entry[3::2], entry[4::2], strict=True))
 
+    def peer_scores(self) -> dict[str, float]:
+        """The score of every active neighbour (rule S1), rounded."""
+        return {p: round(st.score, 2) for p, st in sorted(self._active.items())}
+
     def route_epoch(self, route_id: bytes) -> int | None:
         """The newest epoch known for route_id."""
         entry = self._routes.get(route_id)
@@ -920,6 +1058,8 @@ class Engine:
             "passive": len(self._passive),
             "connecting": len(self._connecting),
             "lost": len(self._lost),
+            "banned": len(self._banned),
+            "awaiting_receipt": len(self._await),
             "reg_duplicate": self.reg_duplicates,
             **self.counters,
         }

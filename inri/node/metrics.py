@@ -23,6 +23,7 @@ _LABELLED = (
     ("custody_", "inri_custody_settled_total", "status"),
     ("frames_in_", "inri_frames_in_total", "type"),
     ("frames_out_", "inri_frames_out_total", "type"),
+    ("score_", "inri_peer_penalties_total", "reason"),
 )
 
 
@@ -55,6 +56,8 @@ def render_metrics(service: RelayService, api: RelayApi, extra: dict[str, int]) 
         "inri_devices": ("devices homed here", service.store.device_count()),
         "inri_mailbox_messages": ("stored, unacknowledged messages", service.store.mailbox_size()),
         "inri_websockets_open": ("open device streams", api.ws_open),
+        "inri_peers_banned": ("neighbours cut for their score and refused for now", stats["banned"]),
+        "inri_pushes_awaiting_receipt": ("forwarded pushes waiting for an answer", stats["awaiting_receipt"]),
     }
     for name, (help_, value) in gauges.items():
         typed(name, "gauge", help_)
@@ -68,6 +71,7 @@ def render_metrics(service: RelayService, api: RelayApi, extra: dict[str, int]) 
         "inri_gossip_out_total": ("registration gossip frames sent", "frames_out_reg_gossip"),
         "inri_gossip_duplicates_total": ("gossip arrivals already known (dropped)", "reg_duplicate"),
         "inri_frames_invalid_total": ("malformed frames from peers", "frames_invalid"),
+        "inri_peers_cut_total": ("links cut because the neighbour's score fell too low", "peer_cut_score"),
         "inri_internal_errors_total": ("frames whose handling raised (bugs)", "internal_errors"),
         "inri_messages_acked_total": ("messages acknowledged and deleted", "messages_acked"),
         "inri_devices_registered_total": ("devices registered", "devices_registered"),

@@ -308,6 +308,8 @@ class RelayService:
             "quic_addr": eng.listen_addr,
             "passive": len(eng.passive_peers()),
             "routes": eng.route_count(),
+            "peer_scores": eng.peer_scores(),  # docs/protocol.md, Peer scoring
+            "banned_peers": eng.stats()["banned"],
             "custody": len(self._custody),
             "devices": self.store.device_count(),
             "messages_stored": self.store.mailbox_size(),

@@ -1,0 +1,83 @@
+"""Adversarial scenarios at 200 relays (the 1k versions run in `make bench`): the shipped engine,
+scoring included, against black holes, hijacking forgers, a registration spammer and a push spammer.
+Each runs beside the same scenario with its adversaries switched off."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from simulations.scenario import ScenarioError, from_dict
+from simulations.sim import Simulator
+
+BASE: dict[str, Any] = {
+    "seed": 4,
+    "duration_s": 90.0,
+    "deadline_s": 30.0,
+    "topology": {"relays": 200},
+    "workload": {"registrations": 40, "tokens_per_registration": 20, "pushes": 400, "registration_end_s": 10.0,
+                 "push_start_s": 20.0, "push_end_s": 60.0},
+    "engine": {"keepalive_interval_s": 2.0},
+}
+
+
+def run(adversary: dict[str, Any], on: bool = True, **engine: Any) -> dict[str, Any]:
+    raw = {**BASE, "adversaries": [adversary], "engine": {**BASE["engine"], **engine}}
+    return Simulator(from_dict(raw, "adv-test"), adversaries=on).run().summary
+
+
+def test_ten_percent_black_holes_cost_latency_not_pushes() -> None:
+    hostile = run({"kind": "black_hole", "fraction": 0.1})
+    honest = run({"kind": "black_hole", "fraction": 0.1}, on=False)
+    assert hostile["hostile_relays"] == {"black_hole": 20}
+    assert honest["delivery_ratio"] == 1.0 and hostile["delivery_ratio"] >= 0.99
+    # The same homes and pushes: the black holes cost retries (messages), not deliveries.
+    assert hostile["pushes"] == honest["pushes"] == 400
+    assert hostile["messages_per_delivered_push"] > honest["messages_per_delivered_push"]
+    assert hostile["cuts_of_honest"] == 0
+
+
+def test_hijacking_forgers_are_cut_everywhere_and_cost_no_push() -> None:
+    s = run({"kind": "forger", "count": 6, "rate_per_s": 20.0, "start_s": 12.0})
+    assert s["hostile_relays"] == {"forger": 6}
+    assert s["delivery_ratio"] == 1.0
+    assert s["hostile_isolated"] == 6 and s["cuts_of_hostile"] >= 6 and s["cuts_of_honest"] == 0
+    assert s["primary_via_hostile"] == 0.0  # their route claims were forgotten with their links
+
+
+def test_a_registration_spammer_reaches_no_more_than_its_budget() -> None:
+    adv = {"kind": "reg_spammer", "count": 1, "rate_per_s": 1000.0, "start_s": 12.0, "end_s": 40.0}
+    hostile, honest = run(adv), run(adv, on=False)
+    burst = 400  # reg_budget_peer_burst: what one link admits at once; 20 over-budget drops cut it
+    links = hostile["cuts_of_hostile"] + 4
+    assert hostile["spam_registrations"] >= 2000  # 2,000 per 2 s tick until every link is cut
+    assert 0 < hostile["spam_routes_cached_max"] <= links * (burst + 20)
+    assert hostile["spam_routes_cached_max"] < hostile["spam_registrations"] / 2
+    assert hostile["cuts_of_hostile"] >= 1 and hostile["cuts_of_honest"] == 0
+    # Honest registrations converge as before.
+    assert hostile["route_coverage"] == honest["route_coverage"] == 1.0
+    assert hostile["convergence_p50_s"] == pytest.approx(honest["convergence_p50_s"], rel=0.05)
+    assert hostile["delivery_ratio"] == 1.0
+
+
+def test_a_push_spammer_at_ten_times_capacity_costs_honest_pushes_little_latency_and_nothing_lost() -> None:
+    adv = {"kind": "push_spammer", "rate_x": 10.0, "capacity_per_s": 1000.0, "honest_share": 0.3,
+           "start_s": 15.0, "end_s": 65.0}
+    hostile, quiet = run(adv), run(adv, on=False)
+    assert hostile["victim_honest_pushes"] == quiet["victim_honest_pushes"] > 50
+    assert hostile["victim_honest_lost"] == 0 and hostile["honest_refused"] == 0
+    assert hostile["victim_latency_p99_s"] <= 2 * quiet["victim_latency_p99_s"]
+    # ~500,000 offered; the relay's per-device limit (10/s, burst 50) lets ~550 in.
+    assert hostile["spam_offered"] > 400_000 and hostile["spam_accepted"] <= 50 + 10 * 50 + 1
+    assert quiet["spam_offered"] == 0
+    assert hostile["delivery_ratio"] == 1.0  # spam pushes are excluded; every honest one arrived
+
+
+def test_adversary_tables_are_checked() -> None:
+    with pytest.raises(ScenarioError, match="kind must be one of"):
+        from_dict({**BASE, "adversaries": [{"kind": "gremlin"}]})
+    with pytest.raises(ScenarioError, match="unknown keys"):
+        from_dict({**BASE, "adversaries": [{"kind": "black_hole", "share": 0.1}]})
+    with pytest.raises(ScenarioError, match="leave no honest relay"):
+        from_dict({**BASE, "adversaries": [{"kind": "black_hole", "count": 200}]})

@@ -1,0 +1,136 @@
+"""Peer scoring (engine rules S1, S2): hostile neighbours lose preference, then the link."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+from inri.core.api import Disconnect, Send, TraceLevel
+from inri.core.config import EngineConfig
+from inri.core.engine import Engine
+from inri.core.home import MemoryHomeStore
+from inri.core.trace import ListTracer
+from inri.core.verify import CachingVerifier
+from inri.protocol.codec import make_registration
+from inri.protocol.keys import new_signing_key
+from inri.protocol.messages import Keepalive, PeerInfo, Push, Receipt, ReceiptStatus, RegGossip, Registration
+
+CFG = EngineConfig()
+
+
+def engine(cfg: EngineConfig = CFG) -> tuple[Engine, ListTracer]:
+    tracer = ListTracer(TraceLevel.FULL)
+    eng = Engine("me", cfg, verifier=CachingVerifier(), home=MemoryHomeStore(), tracer=tracer,
+                 rng=random.Random(3))
+    for p in ("a", "b", "c"):
+        eng.peer_up(p, 0.0, outbound=True, addr=f"addr-{p}")
+    return eng, tracer
+
+
+def reg(i: int = 1) -> Registration:
+    return make_registration(new_signing_key(bytes([i]) * 32), 1, 0, 3600)
+
+
+def routed(eng: Engine, r: Registration) -> None:
+    """a first (hops 2), then b (hops 1, feasible): the route vector is [a, b], a is the primary."""
+    eng.receive_message("a", RegGossip(r, 10, 2), 0.1)
+    eng.receive_message("b", RegGossip(r, 10, 1), 0.2)
+    assert [p for p, _ in eng.next_hops(r.route_id)] == ["a", "b"]
+
+
+def hear_all(eng: Engine, now: float) -> None:
+    """Keepalives from every neighbour, so liveness never cuts a link in these tests."""
+    for p in eng.active_peers():
+        eng.receive_message(p, Keepalive(1, True), now)
+
+
+def push_from_c(eng: Engine, r: Registration, n: int, now: float) -> list[str]:
+    """Pushes arriving from c in route mode: where does each one go?"""
+    hops = []
+    for i in range(n):
+        pid = random.Random(n * 1000 + i + int(now * 10)).randbytes(16)
+        out = eng.receive_message("c", Push(pid, r.route_id, b"t" * 16, b"x", 10, 1, 0, 0, r), now)
+        hops += [e.peer for e in out if isinstance(e, Send) and isinstance(e.msg, Push)]
+    return hops
+
+
+def test_a_black_hole_next_hop_loses_preference_and_receipts_win_it_back() -> None:
+    eng, tracer = engine()
+    r = reg()
+    routed(eng, r)
+    assert push_from_c(eng, r, 4, 1.0) == ["a"] * 4
+    hear_all(eng, 3.5)
+    eng.handle_timer(1.0 + CFG.receipt_timeout_s + CFG.keepalive_interval_s)  # no answer from a: 4 x -1
+    assert eng.peer_scores()["a"] < CFG.score_prefer_below
+    assert eng.stats()["push_no_answer"] == 4
+    # The backup takes over while a's score is low; a stays linked (not yet low enough to be cut).
+    now = 5.0
+    pids = []
+    for i in range(3):
+        pid = bytes([i]) * 16
+        out = eng.receive_message("c", Push(pid, r.route_id, b"t" * 16, b"x", 10, 1, 0, 0, r), now)
+        assert [e.peer for e in out if isinstance(e, Send)] == ["b"]
+        pids.append(pid)
+    assert "a" in eng.active_peers()
+    # b answers: its score rises; a receipt through a would raise a's score the same way.
+    for pid in pids:
+        out = eng.receive_message("b", Receipt(pid, ReceiptStatus.STORED, 3), now + 0.1)
+        assert [e.peer for e in out] == ["c"]  # the receipt still travels back
+    assert eng.peer_scores()["b"] == 3 * CFG.score_receipt
+    # A receipt that comes from a neighbour the push was not sent to earns it nothing.
+    eng.receive_message("c", Receipt(pids[0], ReceiptStatus.STORED, 3), now + 0.2)
+    assert eng.peer_scores()["c"] == 0
+
+
+def test_scores_decay_back_towards_zero() -> None:
+    cfg = replace(CFG, score_half_life_s=10.0)
+    eng, _ = engine(cfg)
+    eng.receive_frame("a", b"\xc1", 0.0)
+    assert eng.peer_scores()["a"] == cfg.score_invalid_frame
+    for t in range(1, 21):  # keepalives answered so the links stay up; 20 s = two half-lives
+        hear_all(eng, float(t) - 0.5)
+        eng.handle_timer(float(t))
+    assert abs(eng.peer_scores()["a"] - cfg.score_invalid_frame / 4) < 0.1
+
+
+def test_a_forger_is_cut_banned_and_refused_until_the_ban_ends() -> None:
+    eng, tracer = engine()
+    good = reg(9)
+    forged = Registration(good.route_key, good.epoch, good.issued_at, good.lifetime, bytes(64))
+    effects = []
+    for i in range(5):
+        bad = reg(20 + i)
+        bad = Registration(bad.route_key, bad.epoch, bad.issued_at, bad.lifetime, bytes(64))
+        effects = eng.receive_message("a", RegGossip(bad, 10, 1), 1.0 + i)
+    assert Disconnect("a", "score") in effects
+    assert "a" not in eng.active_peers() and eng.route_count() == 0
+    assert eng.stats()["banned"] == 1 and eng.stats()["score_bad_signature"] == 5
+    assert [r[11] for r in tracer.of_kind("peer_scored")] == ["bad_signature"]
+    # Refused while banned, not re-dialled, not taken from peer exchange.
+    assert eng.peer_up("a", 100.0, outbound=False, addr="addr-a") == [Disconnect("a", "banned")]
+    eng.add_candidates([PeerInfo("a", "addr-a")], 100.0)
+    assert "a" not in eng.passive_peers()
+    # A forged copy of a real registration (valid route id, bad signature) is refused the same way.
+    eng.receive_message("b", RegGossip(good, 10, 3), 101.0)
+    eng.receive_message("c", RegGossip(forged, 10, 1), 101.1)
+    assert [p for p, _ in eng.next_hops(good.route_id)] == ["b"]
+    assert eng.peer_scores()["c"] == CFG.score_bad_signature
+    # After the ban: welcome again.
+    after = 5.0 + CFG.score_ban_s + 1  # cut at t = 5.0
+    assert eng.peer_up("a", after, outbound=False, addr="addr-a") == []
+    assert "a" in eng.active_peers()
+
+
+def test_replays_and_push_floods_count_against_the_sender() -> None:
+    cfg = replace(CFG, push_budget_peer_burst=10, push_budget_per_peer_per_s=1.0)
+    eng, _ = engine(cfg)
+    r = reg()
+    routed(eng, r)
+    eng.receive_message("a", RegGossip(r, 10, 2), 0.3)  # the same (route, epoch) again from a
+    assert eng.stats()["reg_dropped_replayed"] == 1
+    assert eng.peer_scores()["a"] == cfg.score_replay
+    sent = push_from_c(eng, r, 30, 1.0)
+    assert len(sent) == 10  # the burst; the other 20 are over c's push budget
+    assert eng.stats()["push_dropped_budget_peer"] == 20
+    # 20 x -1 reaches the cut (-20): the flooding neighbour is gone.
+    assert "c" not in eng.active_peers() and eng.stats()["peer_cut_score"] == 1
