@@ -384,7 +384,9 @@ class Simulator:
             elif t is Disconnect:
                 dst = self.index.get(eff.peer)
                 if dst is not None and self.alive[dst]:
-                    self._apply(dst, self.engines[dst].peer_down(self.names[src], self.now, "remote_closed"))
+                    # The remote learns the reason (a QUIC close carries it): "full" and "score" are
+                    # not re-dialled, a lost link is.
+                    self._apply(dst, self.engines[dst].peer_down(self.names[src], self.now, eff.reason))
                     self._rearm(dst)
             elif t is CustodyReleased:
                 self.custody_final[eff.push_id] = eff.status

@@ -14,7 +14,7 @@ from inri.core.trace import ListTracer, NullTracer
 from inri.core.verify import CachingVerifier
 from inri.protocol.codec import make_registration
 from inri.protocol.keys import new_signing_key
-from inri.protocol.messages import ErrorFrame, Keepalive, PeerInfo, RegGossip, Registration
+from inri.protocol.messages import ErrorFrame, Hello, Keepalive, PeerInfo, RegGossip, Registration
 
 KEY = new_signing_key(b"\x07" * 32)
 TOKENS = [bytes([i]) * 16 for i in range(1, 30)]
@@ -201,14 +201,54 @@ def test_membership_refuses_inbound_over_capacity_and_replaces_lost_neighbours()
     effects = eng.add_candidates([PeerInfo(f"c{i}", f"addr{i}") for i in range(6)], 0.0) + eng.start(0.0)
     connects = [e for e in effects if isinstance(e, Connect)]
     assert len(connects) == 3
-    for c in connects:
-        assert eng.peer_up(c.peer, 0.1, outbound=True, addr=c.addr) == []
+    hellos = []
+    for c in connects:  # with fewer than 2 neighbours, a link we dial says so (rule M4)
+        out = eng.peer_up(c.peer, 0.1, outbound=True, addr=c.addr)
+        hellos += [e.msg.features for e in out if isinstance(e, Send) and isinstance(e.msg, Hello)]
+    assert hellos == [("low",), ("low",)]
     assert eng.peer_up("in1", 0.2, outbound=False) == []
-    assert eng.peer_up("in2", 0.2, outbound=False) == [Disconnect("in2", "full")]
-    refill = eng.peer_down(connects[0].peer, 0.3, "link_lost")
+    # Full: an inbound link is held on probation; without a "low" Hello it is refused as full.
+    assert eng.peer_up("in2", 0.2, outbound=False) == []
+    assert eng.receive_message("in2", Hello(1, "in2", "", ()), 0.3) == [Disconnect("in2", "full")]
+    assert eng.peer_up("in3", 0.2, outbound=False) == []
+    assert Disconnect("in3", "full") in eng.handle_timer(0.2 + 2.5)  # probation over, no Hello
+    assert "in2" not in eng.active_peers() and "in3" not in eng.active_peers()
+    refill = eng.peer_down(connects[0].peer, 2.8, "link_lost")
     assert refill == []  # still 3 active (2 outbound + in1) = active_min
-    refill = eng.peer_down("in1", 0.4, "link_lost")
+    refill = eng.peer_down("in1", 2.9, "link_lost")
     assert len(refill) == 1 and isinstance(refill[0], Connect) and refill[0].peer not in eng.active_peers()
+
+
+def test_a_relay_short_of_neighbours_gets_into_a_full_relay_which_makes_room() -> None:
+    eng, _ = lone_engine(replace(EngineConfig(), active_min=3, active_max=4))
+    for p in ("a", "b", "c", "d"):
+        eng.peer_up(p, 0.0, outbound=False, addr=f"addr-{p}")
+    assert eng.peer_up("lonely", 1.0, outbound=False, addr="addr-lonely") == []
+    out = eng.receive_message("lonely", Hello(1, "lonely", "addr-lonely", ("low",)), 1.1)
+    dropped = [e.peer for e in out if isinstance(e, Disconnect)]
+    assert len(dropped) == 1 and dropped[0] in "abcd" and all(e.reason == "make_room" for e in out
+                                                               if isinstance(e, Disconnect))
+    assert "lonely" in eng.active_peers() and len(eng.active_peers()) == 4
+    assert dropped[0] in eng.passive_peers()  # still a candidate for later
+
+
+def test_two_meshes_of_full_relays_knit_together() -> None:
+    """Two groups, every relay of the first full: the second gets in through priority joins."""
+    edges = [(a, b) for a in range(5) for b in range(a + 1, 5)]  # 5 relays, each with 4 links: all full
+    edges += [(5, 6)]  # a pair on its own
+    net = MiniNet(7, edges, open_dial=True)
+    for i in (5, 6):  # the pair learns of the full group (a bootstrap list)
+        net.apply(str(i), net.engines[i].add_candidates([PeerInfo(str(j), f"addr-{j}") for j in range(5)], net.now))
+    net.run_until(30.0)
+    seen, todo = {"0"}, ["0"]
+    while todo:
+        for p in net.engines[int(todo.pop())].active_peers():
+            if p not in seen:
+                seen.add(p)
+                todo.append(p)
+    assert seen == {str(i) for i in range(7)}
+    assert all(len(e.active_peers()) <= 4 for e in net.engines)
+    assert sum(e.counters.get("peer_made_room", 0) for e in net.engines) >= 1
 
 
 def test_silent_neighbour_is_declared_down_by_keepalive() -> None:

@@ -136,6 +136,49 @@ async def test_push_at_the_farthest_relay_reaches_the_device_along_the_route_vec
     assert m_home["inri_pushes_delivered_total"] >= 1 and m_home["inri_gossip_out_total"] >= 1
 
 
+def _forms(value: bytes) -> list[bytes]:
+    """Every encoding a secret could be written in: raw, hex, base64 (both alphabets, unpadded)."""
+    import base64
+
+    b64 = base64.b64encode(value).rstrip(b"=")
+    return [value, value.hex().encode(), b64, base64.urlsafe_b64encode(value).rstrip(b"=")]
+
+
+def test_an_intermediate_relay_keeps_no_payload_token_secret_or_route_id_on_disk(lab: dict[str, Any]) -> None:
+    """Privacy check (issue 6): every file of the relays the first push crossed between its custodian
+    and the home relay (store, WAL, traces, logs, keys) is searched for what would identify the
+    device or the content."""
+    dev: DeviceClient = STATE["device"]
+    cred = STATE["cred"]
+    intermediates = STATE["path"][1:-1]
+    if not intermediates:
+        pytest.skip("the farthest relay is the home relay's neighbour in this mesh")
+    secrets_ = {"plaintext": [b"from the far side"], "device secret": [str(dev.secret).encode()],
+                "route id": _forms(bytes.fromhex(str(dev.device_id))),
+                "seal private key": _forms(bytes(dev.keys.seal_key)),
+                "route private key": _forms(bytes(dev.keys.route_key))}
+    for i, token in enumerate(cred.tokens + dev.tokens):
+        secrets_[f"token {i}"] = _forms(token)
+    scanned = 0
+    for name in intermediates:
+        for f in Path(relay(lab, name)["data_dir"]).rglob("*"):
+            if not f.is_file():
+                continue
+            data = f.read_bytes()
+            scanned += len(data)
+            for what, forms in secrets_.items():
+                assert not any(form in data for form in forms), f"{what} found in {f}"
+        log = Path(relay(lab, name)["log"]).read_bytes()
+        for what, forms in secrets_.items():
+            assert not any(form in log for form in forms), f"{what} found in the log of {name}"
+    assert scanned > 10_000  # the store and the traces were there to search
+    # The home relay stores the payload sealed: the plaintext is nowhere on its disk either. It does
+    # hold the device's route id and tokens (a positive control: the search finds what is there).
+    home = b"".join(f.read_bytes() for f in Path(relay(lab, "R1")["data_dir"]).rglob("*") if f.is_file())
+    assert b"from the far side" not in home
+    assert any(form in home for form in secrets_["route id"]) and any(form in home for form in secrets_["token 0"])
+
+
 def test_device_and_app_commands(lab: dict[str, Any], tmp_path: Path) -> None:
     """`inri device ...` and `inri app push` as a user types them, against the live mesh."""
 

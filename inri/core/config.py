@@ -16,6 +16,9 @@ class EngineConfig:
     active_max: int = 4
     passive_max: int = 30  # enough spares to replace a whole active view twice over
     outbound_min: int = 2  # keep this many links we dialled: inbound sybils cannot take the mesh
+    # A relay with fewer neighbours than this asks full relays to make room (HyParView priority join).
+    # Not active_min: under churn every rejoining relay would then evict links all over the mesh.
+    priority_join_below: int = 2
     keepalive_interval_s: float = 1.0  # AODV HELLO_INTERVAL
     keepalive_misses: int = 3  # AODV ALLOWED_HELLO_LOSS is 2; 3 tolerates a loaded host
     peer_exchange_interval_s: float = 30.0

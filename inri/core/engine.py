@@ -37,6 +37,10 @@ Membership (HyParView-like)
       keepalive_misses intervals is declared down.
   M3. Outbound quota: a full relay still takes a link it dialled while it holds fewer than
       outbound_min dialled links, by dropping an inbound one.
+  M4. Priority joins (HyParView): a relay with fewer than priority_join_below (2) neighbours says
+      so in a Hello ("low") on the links it dials. A full relay holds an inbound link on probation
+      for PROBATION_S instead of refusing it at once; a "low" Hello gets it in by dropping a random neighbour, anything else gets
+      "full". So a relay, or a whole group of relays, cut off from a mesh of full relays gets back in.
 
 Peer scoring (zero trust between relays)
   S1. Each neighbour has a score: undecodable frames, forged gossip (bad signature), gossip or pushes
@@ -98,6 +102,8 @@ LOCAL_REPAIR_RADIUS = 2  # a relay whose route broke searches this far before th
 ROUTE_ATTEMPTS = 2  # custody attempts that follow routes before the expanding ring starts
 PARK_FACTOR = 4  # parked custody (escalation exhausted) retries along the route every 4 retry periods
 RECONNECT_MAX_S = 60.0
+PROBATION_S = 2.0  # a full relay waits this long for a "low" Hello on an inbound link (rule M4)
+LOW = "low"  # Hello feature: the dialler is below active_min
 RECONNECT_MAX_FAILURES = 10
 _LOCAL = ""  # reverse-path marker: the push was injected here (this relay is its custodian)
 # Reverse-path marker after custody gave up: a receipt that still comes back (the last attempt got
@@ -203,6 +209,7 @@ class Engine:
         self._next_sweep = 0.0
         self._next_exchange = 0.0
         self._banned: dict[str, float] = {}  # node id -> until (cut for its score)
+        self._probation: dict[str, tuple[float, str]] = {}  # inbound links held while full: -> (until, addr)
         # Pushes forwarded along a route, awaiting an answer: push id -> (next hop, deadline), in
         # deadline order (constant timeout). No answer by then scores the next hop as a black hole.
         self._await: dict[bytes, tuple[str, float]] = {}
@@ -303,6 +310,11 @@ class Engine:
             dialled = sum(1 for st in self._active.values() if st.outbound)
             inbound = sorted(p for p, st in self._active.items() if not st.outbound)
             if not (outbound and dialled < self.config.outbound_min and inbound):
+                if not outbound and peer not in self._probation:
+                    # M4: wait for the dialler's Hello: a relay below active_min gets in anyway.
+                    self._probation[peer] = (now + PROBATION_S, addr)
+                    self._arm_tick(now)
+                    return []
                 self._count("peer_refused_full")
                 if addr:
                     self._passive.setdefault(peer, addr)
@@ -312,6 +324,10 @@ class Engine:
             out += self.peer_down(victim, now, "outbound_quota")
         self._passive.pop(peer, None)
         self._lost.pop(peer, None)
+        self._probation.pop(peer, None)
+        if outbound and len(self._active) < self.config.priority_join_below:
+            # M4: tell a full relay we are short of neighbours, so it makes room.
+            out.append(Send(peer, Hello(limits.PROTOCOL_VERSION, self.relay_id, self.listen_addr, (LOW,))))
         self._active[peer] = _Peer(addr, outbound, now, self.config.reg_budget_peer_burst,
                                    self.config.push_budget_peer_burst)
         self._arm_tick(now)
@@ -323,9 +339,13 @@ class Engine:
         """The link to peer closed or failed: refill the active view (passive view, lost neighbours)."""
         state = self._active.pop(peer, None)
         self._connecting.pop(peer, None)
+        self._probation.pop(peer, None)
         if state is None:
             return self._refill(now)
-        if state.addr and reason not in ("full", "outbound_quota", "score", "banned"):
+        # A link the other side closed as full, or for our score, is not re-dialled (the daemon
+        # reports "link_closed: <the remote's reason>").
+        cause = reason.rpartition(": ")[2]
+        if state.addr and cause not in ("full", "outbound_quota", "score", "banned", "make_room"):
             self._lost[peer] = [state.addr, now + RECONNECT_BASE_S, 0]
         if self._level:
             self._trace(now, "peer_down", peer=peer, reason=reason)
@@ -378,6 +398,8 @@ class Engine:
         """Handle a decoded message from a neighbour (the simulator's fast path)."""
         state = self._active.get(peer)
         if state is None:
+            if peer in self._probation and type(msg) is Hello:
+                return self._on_probation_hello(peer, msg, now)  # type: ignore[arg-type]
             self._count("frames_from_stranger")
             return []
         state.last_heard = now
@@ -403,6 +425,21 @@ class Engine:
         if t is Hello:
             return []
         return []
+
+    def _on_probation_hello(self, peer: str, msg: Hello, now: float) -> list[Effect]:
+        """M4: a Hello on an inbound link held while full. "low": make room; otherwise refuse."""
+        _, addr = self._probation.pop(peer)
+        if LOW not in msg.features or not self._active:
+            self._count("peer_refused_full")
+            return [Disconnect(peer, "full")]
+        victim = self._rng.choice(sorted(self._active))
+        victim_addr = self._active[victim].addr
+        self._count("peer_made_room")
+        out: list[Effect] = [Disconnect(victim, "make_room"), *self.peer_down(victim, now, "make_room")]
+        out += self.peer_up(peer, now, outbound=False, addr=addr)
+        if victim_addr:
+            self._passive[victim] = victim_addr  # still a good candidate for later
+        return out
 
     # ------------------------------------------------------------------------------------------
     # registration gossip
@@ -975,6 +1012,11 @@ class Engine:
         for p, give_up in list(self._connecting.items()):
             if now >= give_up:
                 out += self.connect_failed(p, now)
+        for p, (until, _) in list(self._probation.items()):
+            if now >= until:  # no "low" Hello came: refuse as full
+                del self._probation[p]
+                self._count("peer_refused_full")
+                out.append(Disconnect(p, "full"))
         if len(self._active) + len(self._connecting) < cfg.active_max:
             out += self._refill(now)
         if now >= self._next_exchange and self._active:
@@ -983,7 +1025,7 @@ class Engine:
         if now >= self._next_sweep:
             self._next_sweep = now + SWEEP_INTERVAL_S
             self._sweep(now)
-        busy = self._active or self._connecting or self._passive or self._lost
+        busy = self._active or self._connecting or self._passive or self._lost or self._probation
         self._next_tick = now + interval if busy else None
         return out
 

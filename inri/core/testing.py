@@ -33,6 +33,7 @@ class MiniNet:
         seed: int = 1,
         latency: dict[tuple[int, int], float] | None = None,
         wire: bool = False,
+        open_dial: bool = False,
     ) -> None:
         self.config = config or EngineConfig()
         self.rng = random.Random(seed)
@@ -45,6 +46,7 @@ class MiniNet:
             for i in range(n)
         ]
         self.wire = wire
+        self.open_dial = open_dial  # a Connect to any live relay succeeds (new links, 10 ms each way)
         self.now = 0.0
         self.links: dict[tuple[str, str], float] = {}
         self.alive = [True] * n
@@ -80,6 +82,8 @@ class MiniNet:
             elif isinstance(eff, CustodyReleased):
                 self.custody[eff.push_id] = eff.status
             elif isinstance(eff, Connect):
+                if self.open_dial and (src, eff.peer) not in self.links and self.alive[int(eff.peer)]:
+                    self.links[(src, eff.peer)] = self.links[(eff.peer, src)] = 0.01
                 if (src, eff.peer) in self.links and self.alive[int(eff.peer)]:
                     self._push(self.now + 0.01, "up", src, eff.peer, None)
                 else:
@@ -87,7 +91,7 @@ class MiniNet:
             elif isinstance(eff, Disconnect):
                 other = self.engines[int(eff.peer)]
                 if self.alive[int(eff.peer)]:
-                    self.apply(eff.peer, other.peer_down(src, self.now, "remote_closed"))
+                    self.apply(eff.peer, other.peer_down(src, self.now, eff.reason))
             elif isinstance(eff, CustodyTaken):
                 pass
 
