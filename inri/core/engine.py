@@ -39,8 +39,9 @@ Membership (HyParView-like)
       outbound_min dialled links, by dropping an inbound one.
   M4. Priority joins (HyParView): a relay with fewer than priority_join_below (2) neighbours says
       so in a Hello ("low") on the links it dials. A full relay holds an inbound link on probation
-      for PROBATION_S instead of refusing it at once; a "low" Hello gets it in by dropping a random neighbour, anything else gets
-      "full". So a relay, or a whole group of relays, cut off from a mesh of full relays gets back in.
+      for PROBATION_S instead of refusing it at once; a "low" Hello gets it in by dropping a random
+      neighbour, anything else gets "full". So a relay, or a whole group of relays, cut off from a
+      mesh of full relays gets back in.
 
 Peer scoring (zero trust between relays)
   S1. Each neighbour has a score: undecodable frames, forged gossip (bad signature), gossip or pushes
