@@ -73,6 +73,16 @@ def main() -> None:
                                     f"{honest['victim_latency_p99_s']:.4f} s; "
                                     f"lost {hostile['victim_honest_lost']}; spam offered {hostile['spam_offered']:,}, "
                                     f"accepted {hostile['spam_accepted']}"})
+    priv = json.loads(subprocess.run([sys.executable, "-m", "simulations.cli", "privacy", "--relays", "1000",
+                                      "--devices", "100"], capture_output=True, text=True, check=True)
+                      .stdout.strip().splitlines()[-1])
+    print("privacy " + " ".join(f"{k}={v}" for k, v in sorted(priv.items())), flush=True)
+    figures.append({"metric": "home relay named by one relay", "value": priv["single_relay_home_guess"],
+                    "unit": "P", "ceiling": f"chance {priv['chance_home']}",
+                    "note": f"5% colluders: {priv['colluders_home_guess']} (exact {priv['colluders_home_exact']})"})
+    figures.append({"metric": "two route ids of a device linked by one relay", "value": priv["single_relay_epoch_link"],
+                    "unit": "P", "ceiling": f"chance {priv['chance_epoch_link']}",
+                    "note": f"5% colluders: {priv['colluders_epoch_link']}"})
     print(json.dumps({"bench": "adversarial", "figures": figures}))
 
 

@@ -26,7 +26,17 @@ def main(argv: list[str] | None = None) -> int:
                      help="hostile relays behave honestly and spammers stay silent: the comparison run")
     run.add_argument("--progress", choices=("auto", "on", "off"), default="auto",
                      help="progress bar on stderr (auto: when stderr is a terminal)")
+    priv = sub.add_parser("privacy", help="measure linkability (home relay, key rotations) against chance")
+    priv.add_argument("--relays", type=int, default=1000)
+    priv.add_argument("--devices", type=int, default=100)
+    priv.add_argument("--colluders", type=float, default=0.05, help="share of colluding relays (default 0.05)")
+    priv.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
+    if args.command == "privacy":
+        from simulations.privacy import main as privacy_main
+
+        return privacy_main([f"--relays={args.relays}", f"--devices={args.devices}",
+                             f"--colluders={args.colluders}", f"--seed={args.seed}"])
     try:
         scenario = load(args.scenario)
         level = parse_level(args.trace_level) if args.trace_level else None

@@ -97,6 +97,9 @@ class Workload:
     pushes: int = 50
     push_start_s: float = 10.0
     push_end_s: float = 20.0
+    # Key rotation: registration 2d + 1 is device d's next route key (a new route id) at the same
+    # home relay as registration 2d (simulations/privacy.py measures whether relays can link them).
+    rotate: bool = False
 
 
 @dataclass(frozen=True)

@@ -214,6 +214,8 @@ class Simulator:
         for r in range(w.registrations):
             t = rng.uniform(w.registration_start_s, w.registration_end_s)
             home = rng.randrange(n) if everyone else honest[rng.randrange(len(honest))]
+            if w.rotate and r % 2:
+                home = self.regs[r - 1][0]
             key = new_signing_key(rng.randbytes(32))
             tokens = [rng.randbytes(16) for _ in range(w.tokens_per_registration)]
             self._schedule(t, _REGISTER, home, r, (1, tokens))
