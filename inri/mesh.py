@@ -58,8 +58,11 @@ def _wait(url: str, proc: subprocess.Popen[bytes], log: Path, deadline: float) -
 
 def relay_config(data_dir: Path, api_port: int, quic_port: int, bootstraps: list[str], salt: str,
                  trace_level: str = "full", profile: str = "test",
-                 engine: dict[str, Any] | None = None) -> str:
-    """The TOML of one lab relay (engine: extra [engine] settings, e.g. {"active_max": 8})."""
+                 engine: dict[str, Any] | None = None, lab_limits: bool = True) -> str:
+    """The TOML of one lab relay (engine: extra [engine] settings, e.g. {"active_max": 8}).
+
+    lab_limits: raise the API rate limits for load tests; False keeps the documented defaults.
+    """
     boots = ", ".join(json.dumps(b) for b in bootstraps)
     extra = "".join(f"{k} = {json.dumps(v)}\n" for k, v in (engine or {}).items())
     return (
@@ -67,7 +70,8 @@ def relay_config(data_dir: Path, api_port: int, quic_port: int, bootstraps: list
         f'data_dir = "{data_dir}"\napi = "127.0.0.1:{api_port}"\nquic = "127.0.0.1:{quic_port}"\n'
         f'bootstrap = [{boots}]\nprofile = "{profile}"\nlog_format = "json"\npeers_interval_s = 2.0\n'
         # Lab limits: load tests and benchmarks push thousands per second from one address and device.
-        "[api]\nrate_per_s = 5000.0\nrate_burst = 10000\ndevice_rate_per_s = 100000.0\ndevice_rate_burst = 100000\n"
+        + ("[api]\nrate_per_s = 5000.0\nrate_burst = 10000\ndevice_rate_per_s = 100000.0\ndevice_rate_burst = 100000\n"
+           if lab_limits else "") +
         f'[trace]\nlevel = "{trace_level}"\nsalt = "{salt}"\n'
         + (f"[engine]\n{extra}" if extra else "")
     )
@@ -75,7 +79,7 @@ def relay_config(data_dir: Path, api_port: int, quic_port: int, bootstraps: list
 
 def up(directory: str | Path, relays: int = 6, bootstraps: int = 1, *, timeout_s: float = 60.0,
        min_neighbours: int = 2, trace_level: str = "full", profile: str = "test",
-       engine: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+       engine: dict[str, dict[str, Any]] | None = None, lab_limits: bool = True) -> dict[str, Any]:
     """Start the mesh; returns (and writes to DIR/mesh.json) its processes and URLs.
 
     engine maps a relay name ("R3") to extra [engine] settings for that relay only.
@@ -116,7 +120,7 @@ def up(directory: str | Path, relays: int = 6, bootstraps: int = 1, *, timeout_s
             api_port, quic_port = _free_port(socket.SOCK_STREAM), _free_port(socket.SOCK_DGRAM)
             cfg = rdir / "relay.toml"
             cfg.write_text(relay_config(rdir, api_port, quic_port, urls, salt, trace_level, profile,
-                                        (engine or {}).get(name)))
+                                        (engine or {}).get(name), lab_limits))
             log = d / f"{name.lower()}.log"
             proc = _spawn([py, "-m", "inri.cli", "relay", "--config", str(cfg)], log, {})
             procs.append(proc)
