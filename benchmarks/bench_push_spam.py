@@ -130,7 +130,8 @@ def main() -> int:
     spam = r["spam"]
     answered = spam["rps"]
     got_in = r["accepted_total"] - 2 * HONEST_N
-    print(f"honest unloaded: n={len(q)} p50 {pct(q, 50) * 1000:.1f} ms p99 {pct(q, 99) * 1000:.1f} ms lost {r['quiet_lost']}")
+    print(f"honest unloaded: n={len(q)} p50 {pct(q, 50) * 1000:.1f} ms p99 {pct(q, 99) * 1000:.1f} ms "
+          f"lost {r['quiet_lost']}")
     print(f"honest under spam: n={len(lo)} p50 {pct(lo, 50) * 1000:.1f} ms p99 {pct(lo, 99) * 1000:.1f} ms "
           f"lost {r['loaded_lost']}")
     print(f"spam: {answered:,.0f} requests/s answered ({spam['requests']:,.0f} in all), {spam['non2xx']:,.0f} refused, "
@@ -139,7 +140,8 @@ def main() -> int:
     figures = [
         {"metric": "honest e2e p99 under push spam / unloaded", "value": round(ratio, 2), "unit": "x",
          "ceiling": "<= 2",
-         "note": f"{pct(lo, 99) * 1000:.1f} ms vs {pct(q, 99) * 1000:.1f} ms; lost {r['loaded_lost']}+{r['quiet_lost']}"},
+         "note": f"{pct(lo, 99) * 1000:.1f} ms vs {pct(q, 99) * 1000:.1f} ms; "
+                 f"lost {r['loaded_lost']}+{r['quiet_lost']}"},
         {"metric": "spam requests answered by the relay", "value": round(answered), "unit": "/s",
          "note": f"{CONNS} wrk connections; {got_in:,.0f} got in (per-device limit), rest 429"},
     ]

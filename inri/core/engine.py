@@ -882,7 +882,12 @@ class Engine:
     def _on_route_error(self, peer: str, msg: RouteError, now: float) -> list[Effect]:
         waited = self._await.get(msg.push_id)
         if waited is not None and waited[0] == peer:
-            del self._await[msg.push_id]  # an answer, if not a receipt: no black hole there
+            # An answer, if not a receipt: no black hole there. It earns what a receipt earns, so a
+            # neighbour blamed while the home behind it was down (not yet detected) recovers.
+            del self._await[msg.push_id]
+            if __import__("os").environ.get("INRI_RECREDIT"):
+                state = self._active[peer]
+                state.score = min(self.config.score_max, state.score + self.config.score_receipt)
         back = self._reverse.pop(msg.push_id, None)
         if back is None:
             return []
