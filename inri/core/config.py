@@ -56,7 +56,7 @@ class EngineConfig:
     score_budget_drop: float = -1.0  # gossip or push over the neighbour's flood budget
     score_replay: float = -0.5  # a stale epoch or a repeat of gossip it already gave us
     score_no_receipt: float = -1.0  # a push forwarded to it came back with neither receipt nor route error
-    score_receipt: float = 1.0  # a receipt came back through it
+    score_receipt: float = 1.0  # a receipt or a route error came back through it (it answered)
     score_max: float = 10.0
     score_prefer_below: float = -3.0
     score_avoid_below: float = -8.0  # a route whose only next hops score at or below this is treated as broken

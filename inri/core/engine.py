@@ -791,9 +791,10 @@ class Engine:
         nh = self._next_hop(rid, peer, alternate=bool(msg.attempt & 1))
         if nh is None:
             low = self._next_hop(rid, peer, low_ok=True)  # a live next hop with a low score (S2)
-            if low is not None and self._active[low].score > cfg.score_avoid_below:
-                # Low but not very low: most likely an honest relay upstream of a failure (blame
-                # for a missing receipt is diffuse); use it rather than flood the neighbourhood.
+            if low is not None and (msg.attempt == 0 or self._active[low].score > cfg.score_avoid_below):
+                # Low but not very low, or the push's first attempt: most likely an honest relay
+                # upstream of a failure (blame for a missing receipt is diffuse); use it rather than
+                # flood the neighbourhood. Re-sent attempts (the custodian saw a failure) avoid it.
                 return [self._forward(Push(pid, rid, msg.token, msg.ciphertext, msg.ttl - 1, msg.hops + 1,
                                            msg.attempt, 0, msg.registration), low, now)]
             if low is None and self._home_adjacent(rid):
@@ -885,9 +886,8 @@ class Engine:
             # An answer, if not a receipt: no black hole there. It earns what a receipt earns, so a
             # neighbour blamed while the home behind it was down (not yet detected) recovers.
             del self._await[msg.push_id]
-            if __import__("os").environ.get("INRI_RECREDIT"):
-                state = self._active[peer]
-                state.score = min(self.config.score_max, state.score + self.config.score_receipt)
+            state = self._active[peer]
+            state.score = min(self.config.score_max, state.score + self.config.score_receipt)
         back = self._reverse.pop(msg.push_id, None)
         if back is None:
             return []
