@@ -230,6 +230,12 @@ def test_a_relay_short_of_neighbours_gets_into_a_full_relay_which_makes_room() -
                                                                if isinstance(e, Disconnect))
     assert "lonely" in eng.active_peers() and len(eng.active_peers()) == 4
     assert dropped[0] in eng.passive_peers()  # still a candidate for later
+    # At most one eviction a minute: a relay cut everywhere is "low" too and must not churn links.
+    assert eng.peer_up("pushy", 2.0, outbound=False, addr="addr-pushy") == []
+    assert eng.receive_message("pushy", Hello(1, "pushy", "", ("low",)), 2.1) == [Disconnect("pushy", "full")]
+    assert eng.peer_up("later", 70.0, outbound=False, addr="addr-later") == []
+    assert any(isinstance(e, Disconnect) and e.reason == "make_room"
+               for e in eng.receive_message("later", Hello(1, "later", "", ("low",)), 70.1))
 
 
 def test_two_meshes_of_full_relays_knit_together() -> None:

@@ -104,6 +104,7 @@ ROUTE_ATTEMPTS = 2  # custody attempts that follow routes before the expanding r
 PARK_FACTOR = 4  # parked custody (escalation exhausted) retries along the route every 4 retry periods
 RECONNECT_MAX_S = 60.0
 PROBATION_S = 2.0  # a full relay waits this long for a "low" Hello on an inbound link (rule M4)
+MAKE_ROOM_INTERVAL_S = 60.0  # a full relay makes room for a "low" relay at most this often
 LOW = "low"  # Hello feature: the dialler is below active_min
 RECONNECT_MAX_FAILURES = 10
 _LOCAL = ""  # reverse-path marker: the push was injected here (this relay is its custodian)
@@ -211,6 +212,7 @@ class Engine:
         self._next_exchange = 0.0
         self._banned: dict[str, float] = {}  # node id -> until (cut for its score)
         self._probation: dict[str, tuple[float, str]] = {}  # inbound links held while full: -> (until, addr)
+        self._next_make_room = 0.0
         # Pushes forwarded along a route, awaiting an answer: push id -> (next hop, deadline), in
         # deadline order (constant timeout). No answer by then scores the next hop as a black hole.
         self._await: dict[bytes, tuple[str, float]] = {}
@@ -346,6 +348,11 @@ class Engine:
         # A link the other side closed as full, or for our score, is not re-dialled (the daemon
         # reports "link_closed: <the remote's reason>").
         cause = reason.rpartition(": ")[2]
+        if state.score <= self.config.score_prefer_below or cause in ("make_room", "outbound_quota"):
+            # Route claims leave with a distrusted neighbour (a liar that claimed to be a home and then
+            # dropped the link) and with a live one we dropped ourselves: either way we must not
+            # report its routes' homes unreachable ("home unreachable" means the home went down).
+            self._purge_routes(peer)
         if state.addr and cause not in ("full", "outbound_quota", "score", "banned", "make_room"):
             self._lost[peer] = [state.addr, now + RECONNECT_BASE_S, 0]
         if self._level:
@@ -430,9 +437,12 @@ class Engine:
     def _on_probation_hello(self, peer: str, msg: Hello, now: float) -> list[Effect]:
         """M4: a Hello on an inbound link held while full. "low": make room; otherwise refuse."""
         _, addr = self._probation.pop(peer)
-        if LOW not in msg.features or not self._active:
+        if LOW not in msg.features or not self._active or now < self._next_make_room:
             self._count("peer_refused_full")
             return [Disconnect(peer, "full")]
+        # At most one eviction per MAKE_ROOM_INTERVAL_S: a relay cut everywhere for its behaviour is
+        # "low" too, and must not be able to churn honest links at will.
+        self._next_make_room = now + MAKE_ROOM_INTERVAL_S
         victim = self._rng.choice(sorted(self._active))
         victim_addr = self._active[victim].addr
         self._count("peer_made_room")
