@@ -5,6 +5,7 @@
     BENCH_FUZZ_DECODER_CASES  100000    spread round-robin over every decoder target
     BENCH_FUZZ_LIVE_CASES     10000     against relay R1 of a lab mesh (2 relays, 1 bootstrap) on 127.0.0.1
     BENCH_FUZZ_SEED           20261123  the cases are deterministic for a seed (the relay's timing is not)
+    BENCH_FUZZ_LAB_DIR        (temp)    where the lab mesh lives (`inri mesh down --dir` it if this is killed)
 
 A seeded mutational fuzzer. It starts from valid inputs of every target and mutates them with the byte
 and tree mutators of `inri.fuzzing` (bit flips, truncation, insertion, splicing; type swaps, boundary
@@ -101,10 +102,11 @@ KNOWN_FINDINGS: tuple[KnownFinding, ...] = (
     KnownFinding("F1", r"^http ", r"RecursionError",
                  "a deeply nested JSON body (e.g. 3,000 '[') on any JSON route answers 500 internal and logs a "
                  "traceback: _Request.json (inri/node/api.py) catches ValueError, not json's RecursionError"),
-    KnownFinding("F2", r"^http ", r"server-level (400|431) with an empty body",
+    KnownFinding("F2", r"^http ", r"server-level (400|431|501) with an empty body",
                  "hypercorn answers malformed HTTP/1.1 (bad request line, conflicting Content-Length, bad chunks, "
-                 "NUL in a header, no Host) and headers over 16 KiB with an empty 400/431 before the app runs: "
-                 "no problem+json, against docs/api.md 'Every error is application/problem+json'"),
+                 "NUL in a header, no Host) and headers over 16 KiB with an empty 400/431, and an unknown "
+                 "transfer-coding with an empty 501 (RFC 9112 says 501), before the app runs: no problem+json, "
+                 "against docs/api.md 'Every error is application/problem+json'"),
     KnownFinding("F3", r"^ws ", r"-deep: WebSocket closed with 1011",
                  "a deeply nested JSON text message on /v1/devices/{id}/stream (auth or ack) raises RecursionError "
                  "out of RelayApi._websocket/_ws_reader: the socket dies with 1011 and nothing is logged "
@@ -393,6 +395,43 @@ def _mocked_client(status: int, body: bytes) -> httpx.AsyncClient:
     return httpx.AsyncClient(transport=httpx.MockTransport(answer), trust_env=False)
 
 
+def frame_seeds(reg: Any, reg2: Any) -> dict[str, list[bytes]]:
+    """Valid frames of every message type (message type name -> encoded frames), around two registrations."""
+    from inri.protocol.codec import encode
+    from inri.protocol.messages import (
+        ErrorCode,
+        ErrorFrame,
+        Hello,
+        Keepalive,
+        MessageType,
+        PeerExchange,
+        PeerInfo,
+        Push,
+        Receipt,
+        ReceiptStatus,
+        RegGossip,
+        RouteError,
+        RouteErrorReason,
+    )
+
+    frames = [
+        Hello(1, "ab" * 16, "127.0.0.1:4433", ("x",)), Hello(1, "cd" * 16, "", ("low",)), Hello(2, "", "[::1]:1", ()),
+        RegGossip(reg, 16, 2), RegGossip(reg2, 0, 255),
+        Push(b"p" * 16, reg.route_id, b"t" * 16, b"c" * 64, 24, 3, 1, 0, reg),
+        Push(b"q" * 16, reg2.route_id, b"u" * 16, b"", 0, 255, 255, 3, None),
+        *(Receipt(b"r" * 16, s, 4) for s in ReceiptStatus),
+        *(RouteError(b"e" * 16, reg.route_id, why) for why in RouteErrorReason),
+        Keepalive(7, False), Keepalive(2**63 - 1, True),
+        PeerExchange(()), PeerExchange((PeerInfo("cd" * 16, "10.0.0.1:4433"), PeerInfo("ef" * 16, "[::1]:4433"))),
+        *(ErrorFrame(code, "detail") for code in ErrorCode),
+    ]
+    by_type: dict[str, list[bytes]] = defaultdict(list)
+    for f in frames:
+        raw = encode(f)
+        by_type[MessageType(_unpack(raw)[0]).name].append(raw)
+    return dict(by_type)
+
+
 def decoder_targets(workdir: Path) -> tuple[dict[str, Decoder], list[str]]:
     """Every decoder and its seeds; and problems (a message type without seeds)."""
     from bootstrap_nodes.config import BootstrapConfig, load_bootstrap_config
@@ -414,21 +453,7 @@ def decoder_targets(workdir: Path) -> tuple[dict[str, Decoder], list[str]]:
         make_registration,
     )
     from inri.protocol.keys import new_signing_key
-    from inri.protocol.messages import (
-        ErrorCode,
-        ErrorFrame,
-        Hello,
-        Keepalive,
-        MessageType,
-        PeerExchange,
-        PeerInfo,
-        Push,
-        Receipt,
-        ReceiptStatus,
-        RegGossip,
-        RouteError,
-        RouteErrorReason,
-    )
+    from inri.protocol.messages import MessageType
     from inri.protocol.peer_record import decode_record, encode_record, make_peer_record, parse_geo, verify_record
     from simulations.scenario import ScenarioError, from_dict, parse_level
     from simulations.scenario import load as load_scenario
@@ -436,21 +461,7 @@ def decoder_targets(workdir: Path) -> tuple[dict[str, Decoder], list[str]]:
     now = int(time.time())
     reg = make_registration(new_signing_key(b"\x05" * 32), 3, now - 60, 3600)
     reg2 = make_registration(new_signing_key(b"\x06" * 32), 4_000_000_000, 1_700_000_000, 7 * 24 * 3600)
-    frames = [
-        Hello(1, "ab" * 16, "127.0.0.1:4433", ("x",)), Hello(1, "cd" * 16, "", ("low",)), Hello(2, "", "[::1]:1", ()),
-        RegGossip(reg, 16, 2), RegGossip(reg2, 0, 255),
-        Push(b"p" * 16, reg.route_id, b"t" * 16, b"c" * 64, 24, 3, 1, 0, reg),
-        Push(b"q" * 16, reg2.route_id, b"u" * 16, b"", 0, 255, 255, 3, None),
-        *(Receipt(b"r" * 16, s, 4) for s in ReceiptStatus),
-        *(RouteError(b"e" * 16, reg.route_id, why) for why in RouteErrorReason),
-        Keepalive(7, False), Keepalive(2**63 - 1, True),
-        PeerExchange(()), PeerExchange((PeerInfo("cd" * 16, "10.0.0.1:4433"), PeerInfo("ef" * 16, "[::1]:4433"))),
-        *(ErrorFrame(code, "detail") for code in ErrorCode),
-    ]
-    by_type: dict[str, list[bytes]] = defaultdict(list)
-    for f in frames:
-        raw = encode(f)
-        by_type[MessageType(_unpack(raw)[0]).name].append(raw)
+    by_type = frame_seeds(reg, reg2)
     problems = [f"codec: message type {t.name} has no seed frame" for t in MessageType if t.name not in by_type]
 
     def codec_rt(value: Any) -> Any:
@@ -761,13 +772,13 @@ def classify_http(status: int, headers: dict[str, str], body: bytes, codes: dict
             code = str(problem.get("code"))
         except (ValueError, AttributeError):
             problem = None
+    if status >= 400 and not headers.get("content-type") and not body:
+        return f"{status} (server)", (f"server-level {status} with an empty body, not problem+json "
+                                      "(hypercorn answered before the app saw the request)")
     if status >= 500:
         return f"{status} {code}", f"answered {status} {code}: {body[:200]!r}"
     if status < 400:
         return f"{status}", None
-    if not headers.get("content-type") and not body:
-        return f"{status} (server)", (f"server-level {status} with an empty body, not problem+json "
-                                      "(hypercorn answered before the app saw the request)")
     if problem is None or not isinstance(problem, dict):
         return f"{status} ?", f"{status} without a problem+json body: {headers.get('content-type')!r} {body[:200]!r}"
     if codes.get(code) != status or problem.get("status") != status:
@@ -1001,15 +1012,17 @@ class HttpFuzzer:
                 try:
                     await stream.send_all(data)
                     await stream.send_eof()  # an incomplete request is answered now, not at a timeout
-                    while chunk := await stream.receive_some(65536):
+                    while not _complete(buf) and (chunk := await stream.receive_some(65536)):
                         buf += chunk
                 except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                     pass  # the server closed first; what it sent is in buf
+        while re.match(rb"HTTP/1\.[01] 1\d\d", buf) and b"\r\n\r\n" in buf:  # interim (100 Continue) answers
+            buf = buf.partition(b"\r\n\r\n")[2]
         if not buf:
             return "no answer (connection closed)"
         m = re.match(rb"HTTP/1\.[01] (\d{3})[^\r\n]*\r\n", buf)
         if m is None:
-            return "non-HTTP/1.1 answer (h2 preface)" if buf[:3] == b"\x00\x00" else "unparsable answer"
+            return "non-HTTP/1.1 answer (h2 preface)" if buf[:2] == b"\x00\x00" else "unparsable answer"
         head, _, content = buf.partition(b"\r\n\r\n")
         hdrs = {}
         for line in head.split(b"\r\n")[1:]:
@@ -1018,6 +1031,15 @@ class HttpFuzzer:
         if hdrs.get("content-length", "").isdigit():  # more answers may follow (a mutated request pipelined)
             content = content[: int(hdrs["content-length"])]
         return int(m[1]), hdrs, content
+
+
+def _complete(answer: bytes) -> bool:
+    """A whole HTTP/1.1 answer with a Content-Length (the server may keep the connection open after it)."""
+    while re.match(rb"HTTP/1\.[01] 1\d\d", answer) and b"\r\n\r\n" in answer:
+        answer = answer.partition(b"\r\n\r\n")[2]
+    head, sep, body = answer.partition(b"\r\n\r\n")
+    m = re.search(rb"\r\ncontent-length: *(\d+)", head, re.IGNORECASE)
+    return bool(sep) and m is not None and len(body) >= int(m[1])
 
 
 class WsFuzzer:
@@ -1072,7 +1094,10 @@ class WsFuzzer:
                 issue = (f"WebSocket closed with {code}: an exception escaped the app (hypercorn's errorlog is off, "
                          "so the relay logs nothing)")
         except HandshakeError as exc:
-            outcome = f"handshake refused ({type(exc).__name__})"
+            status = getattr(exc, "status_code", None)
+            outcome = f"upgrade refused {status}"
+            if status is None or status >= 500:
+                issue = f"WebSocket upgrade refused with {status} ({type(exc).__name__}: {exc})"
         except trio.TooSlowError:
             issue = "no reply within 10 s"
         self.tally.seconds[target] += time.perf_counter() - started
@@ -1083,7 +1108,7 @@ class WsFuzzer:
     async def _ack_replies(self, ws: Any, message: str | bytes) -> tuple[str, bool]:
         """Send a sentinel ack after the case: its reply proves the case's reply (if any) came first."""
         expect = 0
-        if isinstance(message, str):
+        if isinstance(message, str) and message:  # the relay skips empty and binary messages
             try:
                 data = json.loads(message)
                 expect = int(isinstance(data, dict) and data.get("type") == "ack")
@@ -1337,6 +1362,9 @@ LIVE_SHARES = (("http", 0.55), ("ws", 0.07), ("quic", 0.26), ("quic-link", 0.04)
 
 async def run_live(info: dict[str, Any], cases: int, seed: int, *, tally: Tally | None = None) -> Tally:
     """`cases` live cases against relay R1 of a lab mesh (`inri.mesh.up` info), health-checked per batch."""
+    from inri.protocol.codec import make_registration
+    from inri.protocol.keys import new_signing_key
+
     tally = tally if tally is not None else Tally()
     rng = random.Random(seed)
     relay_info = info["relays"][0]
@@ -1353,12 +1381,10 @@ async def run_live(info: dict[str, Any], cases: int, seed: int, *, tally: Tally 
             tally.problems.append("lab logged errors before the campaign: " + " | ".join(earlier[:3]))
         http = HttpFuzzer(relay, tally, fuzz_client)
         await http.setup(rng)
-        seeds: dict[str, list[bytes]] = defaultdict(list)
-        with tempfile.TemporaryDirectory(prefix="inri-fuzz-") as tmp:
-            targets, _ = decoder_targets(Path(tmp))
-        for name, dec in targets.items():
-            if name.startswith("codec.decode["):
-                seeds[name.removeprefix("codec.decode[").rstrip("]")] = list(dec.seeds)
+        # Registrations long expired: an unmutated seed frame must not plant a route through a fuzz peer
+        # (the relay forgets a peer's routes when its link goes, which would look like state drift).
+        seeds = frame_seeds(make_registration(new_signing_key(b"\x05" * 32), 3, 1_700_000_000, 3600),
+                            make_registration(new_signing_key(b"\x06" * 32), 9, 1_600_000_000, 60))
         fuzzers: dict[str, Any] = {"http": http, "ws": WsFuzzer(relay, tally, http),
                                    "quic": QuicFuzzer(relay, tally, nursery, seeds),
                                    "quic-link": QuicLinkFuzzer(relay, tally, nursery), "udp": UdpFuzzer(relay, tally)}
@@ -1380,16 +1406,22 @@ async def run_live(info: dict[str, Any], cases: int, seed: int, *, tally: Tally 
     return tally
 
 
-def run_live_lab(cases: int, seed: int, *, tally: Tally | None = None) -> Tally:
-    """Start a lab mesh (2 relays, 1 bootstrap, 127.0.0.1), fuzz relay R1, stop the mesh."""
+def run_live_lab(cases: int, seed: int, *, lab_dir: str | None = None, tally: Tally | None = None) -> Tally:
+    """Start a lab mesh (2 relays, 1 bootstrap, 127.0.0.1) in lab_dir (or a temporary one), fuzz R1, stop it."""
     from inri import mesh
 
-    with tempfile.TemporaryDirectory(prefix="inri-fuzz-lab-") as d:
+    with tempfile.TemporaryDirectory(prefix="inri-fuzz-lab-") as tmp:
+        d = lab_dir or tmp
         info = mesh.up(d, relays=2, bootstraps=1, timeout_s=60, min_neighbours=1)
         try:
             return trio.run(functools.partial(run_live, info, cases, seed, tally=tally))
         finally:
             mesh.down(d)
+
+
+def exit_status(*tallies: Tally) -> int:
+    """1 when any campaign crashed (known findings excluded), else 0."""
+    return 1 if any(t.crash_count for t in tallies) else 0
 
 
 # -- figures -------------------------------------------------------------------------------------
@@ -1445,7 +1477,7 @@ def main() -> int:
     dec_wall = time.perf_counter() - started
     print(table(dec, "decoders (in process)"), flush=True)
     started = time.perf_counter()
-    live = run_live_lab(n_live, seed) if n_live > 0 else Tally()
+    live = run_live_lab(n_live, seed, lab_dir=os.environ.get("BENCH_FUZZ_LAB_DIR")) if n_live > 0 else Tally()
     live_wall = time.perf_counter() - started
     print(table(live, "live relay (HTTP, WebSocket, QUIC, UDP; cases/s include the state checks)"), flush=True)
     for tally in (dec, live):
@@ -1468,7 +1500,7 @@ def main() -> int:
         ]
     figures.append({"metric": "machine", "value": os.cpu_count() or 0, "unit": "CPUs", "note": machine})
     print(json.dumps({"bench": "fuzz", "figures": figures}))
-    return 1 if crashes else 0
+    return exit_status(dec, live)
 
 
 if __name__ == "__main__":

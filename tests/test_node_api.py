@@ -162,14 +162,16 @@ async def test_bad_input_gets_documented_errors_and_the_relay_stays_up(tmp_path:
 
 async def test_rate_limit_answers_429_with_retry_after(tmp_path: Path) -> None:
     cfg = RelayConfig()
-    cfg = replace(cfg, api=replace(cfg.api, rate_per_s=1.0, rate_burst=5))
+    cfg = replace(cfg, api=replace(cfg.api, rate_per_s=0.01, rate_burst=5, tarpit_s=0.3))
     with trio.fail_after(30):
         async with relay(tmp_path, cfg) as (url, _):
             async with httpx.AsyncClient() as c:
                 codes = [(await c.get(url + "/v1/status")).status_code for _ in range(8)]
-                assert codes[:5] == [200] * 5 and 429 in codes[5:]
+                assert codes[:5] == [200] * 5 and codes[5:] == [429] * 3
+                t0 = trio.current_time()
                 r = await c.get(url + "/v1/status")
                 problem(r, 429, "rate_limited")
+                assert trio.current_time() - t0 >= 0.3  # tarpitted: a hammering client slows down
                 assert int(r.headers["retry-after"]) >= 1
                 assert (await c.get(url + "/healthz")).status_code == 200  # health is never limited
                 assert parse_metrics((await c.get(url + "/metrics")).text)['inri_rate_limited_total{key="client"}'] >= 4

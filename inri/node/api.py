@@ -134,6 +134,7 @@ class RelayApi:
         self.device_rate = RateLimiter(self.limits.device_rate_per_s, self.limits.device_rate_burst)
         self.token_rate = RateLimiter(self.limits.token_rate_per_s, self.limits.token_rate_burst)
         self.http_codes: dict[int, int] = {}
+        self.tarpitted = 0  # rate-limited requests waiting for their 429 (see ApiSection.tarpit_s)
         self.ws_open = 0
         rid = r"(?P<rid>[^/]+)"
         self.routes: list[tuple[str, re.Pattern[str], Callable[..., Awaitable[tuple[int, Any]]]]] = [
@@ -167,6 +168,12 @@ class RelayApi:
         try:
             status, payload = await self._dispatch(scope, receive)
         except Problem as p:
+            if p.status == 429 and self.limits.tarpit_s > 0 and self.tarpitted < self.limits.tarpit_max:
+                self.tarpitted += 1
+                try:
+                    await trio.sleep(min(self.limits.tarpit_s, float(p.retry_after or 1)))
+                finally:
+                    self.tarpitted -= 1
             await self._problem(send, p, scope["path"])
             return
         except Exception:  # noqa: BLE001 - never let a bug become a dropped connection without an answer

@@ -55,6 +55,12 @@ class ApiSection:
     device_rate_burst: int = 50
     token_rate_per_s: float = 0.1  # pushes accepted here per token: a one-use token re-sent is a retry, not traffic
     token_rate_burst: int = 3
+    # A request refused for a rate limit is answered after up to tarpit_s (never later than its
+    # Retry-After), so a client hammering the API over a few connections gets about one answer per
+    # connection per second instead of thousands of cheap 429s that crowd everyone else out. At most
+    # tarpit_max requests wait at once; beyond that, 429 comes at once. tarpit_s = 0 turns it off.
+    tarpit_s: float = 1.0
+    tarpit_max: int = 1024
 
 
 @dataclass(frozen=True)
@@ -162,6 +168,8 @@ def _validate(cfg: RelayConfig) -> None:
     if cfg.trace.level not in ("off", "summary", "full"):
         raise ConfigError(f"trace.level: expected off, summary or full, got {cfg.trace.level!r}")
     a = cfg.api
+    if a.tarpit_s < 0 or a.tarpit_max < 0:
+        raise ConfigError("api: tarpit_s >= 0 and tarpit_max >= 0")
     if a.max_body_bytes < 1024 or a.rate_per_s <= 0 or a.rate_burst < 1 or a.mailbox_max < 1:
         raise ConfigError("api: max_body_bytes >= 1024, rate_per_s > 0, rate_burst >= 1, mailbox_max >= 1")
     if min(a.device_rate_per_s, a.token_rate_per_s) <= 0 or min(a.device_rate_burst, a.token_rate_burst) < 1:
