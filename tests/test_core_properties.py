@@ -136,3 +136,93 @@ def test_every_push_is_delivered_exactly_once_on_a_settled_mesh(topo: tuple, dat
     assert all(r == str(home) for r, _ in net.delivered)
     assert all(net.custody[p] == "delivered" for p in ids)
     assert not net.tracer.of_kind("push_fallback")  # a settled mesh never needs the fallback
+
+
+@settings(max_examples=100)
+@given(topologies(), st.data())
+def test_safety_with_a_hostile_peer(topo: tuple, data: st.DataObject) -> None:
+    """Random events with one hostile relay: a black hole that also sends garbage, forged and replayed
+    gossip, push floods and orphan receipts. Honest relays stay safe and bounded, and a rejected frame
+    never changes an honest relay's routes, custody or reverse-path state."""
+    from inri.protocol.messages import Receipt, ReceiptStatus, RegGossip, Registration
+
+    n, edges, lat = topo
+    net = MiniNet(n, edges, config=CAPS, latency=lat, seed=data.draw(st.integers(0, 99)))
+    bad = data.draw(st.integers(0, n - 1))
+    hostile = str(bad)
+    net.engines[bad]._on_push = lambda peer, msg, now: []  # type: ignore[method-assign]  # black hole
+    honest = [i for i in range(n) if i != bad]
+    key = new_signing_key(b"\x33" * 32)
+    home = data.draw(st.sampled_from(honest))
+    tokens = [bytes([9, i]) * 8 for i in range(8)]
+    reg = make_registration(key, 1, 0, 3600)
+    net.homes[home].add_registration(reg, tokens)
+    net.apply(str(home), net.engines[home].register(reg, net.now))
+    gossip_seen = [reg]
+
+    def neighbours_of_hostile() -> list[int]:
+        return [i for i in honest if hostile in net.engines[i].active_peers()]
+
+    def snapshot(i: int) -> tuple:
+        e = net.engines[i]
+        s = e.stats()
+        return (s["routes"], s["custody"], s["reverse"], e.next_hops(reg.route_id))
+
+    for _ in range(data.draw(st.integers(1, 15))):
+        action = data.draw(st.sampled_from(["push", "garbage", "forge", "replay", "flood", "receipt", "wait"]))
+        targets = neighbours_of_hostile()
+        if action == "push":
+            at = data.draw(st.sampled_from(honest))
+            res = net.engines[at].inject_push(reg, data.draw(st.sampled_from(tokens)), b"x", net.now)
+            net.apply(str(at), res.effects)
+        elif action != "wait" and targets:
+            to = data.draw(st.sampled_from(targets))
+            eng = net.engines[to]
+            if action == "garbage":
+                before = snapshot(to)
+                net.apply(str(to), eng.receive_frame(hostile, data.draw(st.binary(max_size=64)), net.now))
+                if hostile in eng.active_peers() or not eng.stats().get("routes_purged"):
+                    assert snapshot(to)[:3] == before[:3]
+            elif action == "forge":
+                k = data.draw(st.binary(min_size=32, max_size=32))
+                forged = Registration(k, 1, 0, 3600, bytes(64))
+                before = snapshot(to)
+                net.apply(str(to), eng.receive_message(hostile, RegGossip(forged, 8, 0), net.now))
+                assert snapshot(to)[0] == before[0]  # no route from a forged registration
+            elif action == "replay":
+                net.apply(str(to), eng.receive_message(hostile, RegGossip(gossip_seen[0], 8, 0), net.now))
+            elif action == "flood":
+                for j in range(data.draw(st.integers(1, 30))):
+                    pid = b"\xfe" + bytes([j]) * 15
+                    net.apply(str(to), eng.receive_message(hostile, Push(pid, reg.route_id, b"t" * 16, b"x", 8, 1,
+                                                                         0, 0, reg), net.now))
+            elif action == "receipt":
+                before = snapshot(to)
+                orphan = data.draw(st.binary(min_size=16, max_size=16))
+                known = orphan in eng._reverse or orphan in eng._await  # a push it did send us
+                net.apply(str(to), eng.receive_message(hostile, Receipt(orphan, ReceiptStatus.STORED, 2), net.now))
+                if not known:
+                    assert snapshot(to) == before
+        net.run_until(net.now + data.draw(st.floats(0.0, 2.0)))
+    net.run_until(net.now + 20.0)
+    assert max(Counter(p for _, p in net.delivered).values(), default=1) == 1
+    box = net.homes[home].mailboxes[reg.route_id]
+    assert len(box) == len(net.homes[home]._spent[reg.route_id])
+    graph = {str(i): [p for p, _ in net.engines[i].next_hops(reg.route_id) if p != hostile] for i in honest}
+    state: dict[str, int] = {}
+
+    def acyclic(u: str) -> bool:
+        state[u] = 1
+        for v in graph.get(u, []):
+            if state.get(v) == 1 or (state.get(v) is None and not acyclic(v)):
+                return False
+        state[u] = 2
+        return True
+
+    assert all(state.get(u) == 2 or acyclic(u) for u in graph)
+    for i in honest:
+        s = net.engines[i].stats()
+        assert s["seen"] <= CAPS.push_seen_max and s["reverse"] <= CAPS.reverse_max
+        assert s["active"] <= CAPS.active_max and s["awaiting_receipt"] <= CAPS.reverse_max
+        if s.get("peer_cut_score"):
+            assert hostile not in net.engines[i].active_peers()
