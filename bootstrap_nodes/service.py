@@ -168,7 +168,7 @@ class Bootstrap:
                 for url in self.cfg.peers:
                     try:
                         await self._sync_from(client, url, cursors)
-                    except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+                    except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
                         self._count("sync_failed")
                         log.debug("sync failed", peer=url, error=str(exc))
                 await trio.sleep(self.cfg.sync_interval_s)

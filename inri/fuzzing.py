@@ -280,6 +280,8 @@ def _case(rng: random.Random, kind: str, seed: Any, pool: list[Any]) -> Any:
         key, ct = seed
         return key, mutate_bytes(rng, ct, [ct])
     # text
+    if rng.random() < 0.05:  # deep nesting (RecursionError in json and tomllib)
+        return rng.choice(("[", '{"a":', "a=[")) * rng.choice((1000, 3000))
     if rng.random() < 0.5 and seed.startswith("{"):
         return json.dumps(mutate_tree(rng, json.loads(seed)), default=lambda o: base64.b64encode(o).decode()
                           if isinstance(o, bytes) else str(o))
@@ -384,6 +386,8 @@ async def fuzz_http(api: str, cases: int, seed: int = 1) -> Report:
                 hdrs["content-type"] = "application/json"
             elif op == 5:
                 content = rng.randbytes(rng.choice((0, 10, 1000, 70_000)))
+                if rng.random() < 0.3:  # deep nesting: json.loads raises RecursionError, not ValueError
+                    content = rng.choice((b"[", b'{"a":')) * rng.choice((1000, 3000, 15000))
                 hdrs["content-type"] = rng.choice(("application/json", "text/plain", "application/octet-stream"))
             elif op == 6:
                 method = rng.choice(("PUT", "PATCH", "GET", "POST", "DELETE", "OPTIONS"))

@@ -186,12 +186,15 @@ def load(source: str | Path) -> Scenario:
         text = packaged.read_text()
         default_name = name.removesuffix(".toml")
     else:
-        text = path.read_text()
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise ScenarioError(f"{source}: not UTF-8 text") from None
         default_name = path.stem
     try:
         raw = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ScenarioError(f"{source}: {exc}") from None
+    except (tomllib.TOMLDecodeError, RecursionError) as exc:
+        raise ScenarioError(f"{source}: not valid TOML: {str(exc)[:200]}") from None
     return from_dict(raw, default_name)
 
 

@@ -53,3 +53,73 @@ async def test_a_live_relay_api_and_quic_port_survive_fuzzing(lab: dict[str, Any
     assert not quic.failures, format_report("quic", quic)
     assert quic.outcomes["quic: rejected with error frame"] > 50
     assert "Traceback" not in Path(r["log"]).read_text()
+
+
+def _alive(api: str, wait_s: float = 3.0) -> bool:
+    import time
+
+    import httpx
+
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(api + "/healthz", timeout=1).status_code == 200:
+                return True
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    return False
+
+
+def test_one_quic_initial_with_an_unknown_version_does_not_kill_the_relay(lab: dict[str, Any]) -> None:
+    """Regression (fuzz finding F9): aioquic was handed a connection it never set up, and the
+    IndexError it raised ended the relay's QUIC endpoint and the relay with it."""
+    import socket
+    import time
+
+    from aioquic.quic.configuration import QuicConfiguration
+    from aioquic.quic.connection import QuicConnection
+
+    from inri.node.quic import ALPN, parse_addr
+
+    r = lab["relays"][1]
+    addr = parse_addr(r["quic"])
+    q = QuicConnection(configuration=QuicConfiguration(is_client=True, alpn_protocols=[ALPN]))
+    q.connect(addr, now=time.monotonic())
+    pkt = q.datagrams_to_send(now=time.monotonic())[0][0]
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.sendto(pkt[:1] + bytes.fromhex("1a2a3a4a") + pkt[5:], addr)
+    time.sleep(0.5)
+    assert _alive(r["api"])
+
+
+def test_trailing_bytes_after_a_final_request_do_not_take_the_relay_down(lab: dict[str, Any]) -> None:
+    """Regression (fuzz finding F8): hypercorn 0.18 ends its server on bytes after a request that
+    closes the connection; the relay serves its API again at once instead of dying."""
+    import socket
+
+    r = lab["relays"][1]
+    port = int(r["api"].rsplit(":", 1)[1])
+    for _ in range(20):
+        with socket.create_connection(("127.0.0.1", port)) as s:
+            s.sendall(b"GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\nXXXXXXXXXX")
+            s.settimeout(2)
+            try:
+                s.recv(10_000)
+            except OSError:
+                pass
+        assert _alive(r["api"])
+
+
+def test_deeply_nested_json_is_malformed_not_an_internal_error(lab: dict[str, Any]) -> None:
+    """Regression (fuzz finding F1): json.loads raises RecursionError on deep nesting."""
+    import httpx
+
+    r = lab["relays"][0]
+    for path in ("/v1/push", "/v1/devices"):
+        resp = httpx.post(r["api"] + path, content=b"[" * 3000, headers={"content-type": "application/json"})
+        assert resp.status_code == 400 and resp.json()["code"] == "malformed_json"
+    with pytest.raises(ValueError):
+        from inri.client.credential import PushCredential
+
+        PushCredential.from_json("[" * 3000)

@@ -112,7 +112,7 @@ class PushCredential:
         """Parse and validate strictly; ValueError naming the problem."""
         try:
             d = json.loads(text)
-        except ValueError:
+        except (ValueError, RecursionError):
             raise ValueError("push credential is not JSON") from None
         if not isinstance(d, dict) or d.get("v") != CREDENTIAL_VERSION:
             raise ValueError(f"push credential must be an object with v={CREDENTIAL_VERSION}")

@@ -383,7 +383,7 @@ class RelayApi:
                     try:
                         auth = json.loads(msg["text"]).get("auth")
                         secret = b64d(auth, "auth", size=32)
-                    except (ValueError, AttributeError, Problem):
+                    except (ValueError, AttributeError, RecursionError, Problem):
                         secret = None
         store = self.service.store
         if secret is None or not store.is_home(route_id) or not store.check_secret(route_id, secret):
@@ -434,7 +434,7 @@ class RelayApi:
                 if isinstance(data, dict) and data.get("type") == "ack":
                     n = self.service.ack(route_id, self._ids(data.get("ids")))
                     await send({"type": "websocket.send", "text": json.dumps({"type": "acked", "deleted": n})})
-            except (ValueError, Problem) as exc:
+            except (ValueError, RecursionError, Problem) as exc:
                 detail = exc.detail if isinstance(exc, Problem) else "malformed JSON"
                 await send({"type": "websocket.send", "text": json.dumps({"type": "error", "detail": detail})})
 
@@ -494,7 +494,7 @@ class _Request:
             return {}
         try:
             data = json.loads(raw)
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):  # deep nesting raises RecursionError
             raise Problem(400, "malformed_json", "request body is not valid JSON") from None
         if not isinstance(data, dict):
             raise Problem(422, "invalid_field", "request body must be a JSON object")

@@ -59,7 +59,7 @@ def _problem(r: httpx.Response) -> tuple[str, str]:
     try:
         body = r.json()
         return str(body.get("code", r.status_code)), str(body.get("detail", ""))
-    except ValueError:
+    except (ValueError, RecursionError, AttributeError):
         return str(r.status_code), r.text[:200]
 
 
@@ -123,7 +123,7 @@ class BootstrapClient:
                 answered += 1
                 try:
                     entries = r.json()["peers"]
-                except (ValueError, KeyError, TypeError):
+                except (ValueError, KeyError, TypeError, RecursionError):  # deep nesting: RecursionError
                     continue
                 for entry in entries if isinstance(entries, list) else []:
                     rec = _verified(entry)

@@ -192,8 +192,8 @@ def read_toml(path: str | Path, error: type[ValueError]) -> dict[str, Any]:
             return tomllib.load(f)
     except FileNotFoundError:
         raise error(f"{path}: no such file") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise error(f"{path}: not valid TOML: {exc}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError, RecursionError) as exc:
+        raise error(f"{path}: not valid TOML: {str(exc)[:200]}") from None
 
 
 def load_config(

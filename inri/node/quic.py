@@ -236,23 +236,31 @@ class _Connection:
         """Drive this connection until it terminates."""
         ep = self.endpoint
         try:
-            while True:
-                # A fresh event before transmitting: a poke during the awaits below is never lost.
-                self.wake = trio.Event()
-                await ep.transmit(self)
-                # aioquic has no public "terminated" flag; the state leaves CLOSING/DRAINING for this.
-                if self.quic._state == QuicConnectionState.TERMINATED:
-                    break
-                timer = self.quic.get_timer()
-                with trio.move_on_at(timer if timer is not None else math.inf):
-                    await self.wake.wait()
-                now = trio.current_time()
-                if timer is not None and now >= timer:
-                    self.quic.handle_timer(now)
-                self.process_events()
+            await self._drive()
+        except Exception as exc:  # noqa: BLE001 - a broken connection ends itself, never the endpoint
+            ep.stats["connection_errors"] = ep.stats.get("connection_errors", 0) + 1
+            log.warning("connection failed", error=repr(exc)[:200])
+            self.close_reason = self.close_reason or "internal error"
         finally:
             self._mark_closed(self.close_reason or "terminated")
             ep.forget(self)
+
+    async def _drive(self) -> None:
+        ep = self.endpoint
+        while True:
+            # A fresh event before transmitting: a poke during the awaits below is never lost.
+            self.wake = trio.Event()
+            await ep.transmit(self)
+            # aioquic has no public "terminated" flag; the state leaves CLOSING/DRAINING for this.
+            if self.quic._state == QuicConnectionState.TERMINATED:
+                break
+            timer = self.quic.get_timer()
+            with trio.move_on_at(timer if timer is not None else math.inf):
+                await self.wake.wait()
+            now = trio.current_time()
+            if timer is not None and now >= timer:
+                self.quic.handle_timer(now)
+            self.process_events()
 
     def process_events(self) -> None:
         while True:
@@ -398,6 +406,7 @@ class QuicEndpoint:
                 if (
                     self._on_link is None
                     or header.packet_type != PACKET_TYPE_INITIAL
+                    or header.version not in self._server_config.supported_versions
                     or len(data) < 1200
                     or len(self._conns) >= MAX_CONNECTIONS
                 ):
@@ -410,8 +419,13 @@ class QuicEndpoint:
                 self.cids[header.destination_cid] = conn
                 assert self._nursery is not None
                 self._nursery.start_soon(self._expire_unauthed, conn)
-            conn.quic.receive_datagram(data, addr, trio.current_time())
-            conn.process_events()
+            try:
+                conn.quic.receive_datagram(data, addr, trio.current_time())
+                conn.process_events()
+            except Exception as exc:  # noqa: BLE001 - one bad datagram must never end the endpoint
+                self.stats["bad_datagrams"] += 1
+                log.warning("datagram broke a connection", error=repr(exc)[:200])
+                conn.quic.close(error_code=0x1, reason_phrase="internal error")
             conn.poke()
 
     def _add(self, quic: QuicConnection, addr: tuple, outbound: bool) -> _Connection:

@@ -50,7 +50,20 @@ async def _serve_api(app: Any, cfg: RelayConfig, shutdown: trio.Event, task_stat
     hc.errorlog = None
     hc.keep_alive_timeout = 30
     hc.include_server_header = False
-    await hyper_serve(app, hc, shutdown_trigger=shutdown.wait, task_status=task_status)
+    # hypercorn 0.18 can end its whole server on one malformed connection (bytes after a final
+    # request: BusyResourceError, upstream issues #203/#225). The API is served again at once, the
+    # relay (links, custody, store) never goes down with it.
+    status = task_status
+    while True:
+        try:
+            await hyper_serve(app, hc, shutdown_trigger=shutdown.wait, task_status=status)
+            return
+        except Exception as exc:  # noqa: BLE001 - see above
+            if shutdown.is_set():
+                return
+            log.error("HTTP server failed; serving again", error=repr(exc)[:300])
+            status = trio.TASK_STATUS_IGNORED
+            await trio.sleep(0.05)
 
 
 class _BootstrapLoop:
