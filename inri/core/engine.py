@@ -860,8 +860,7 @@ class Engine:
     def _on_receipt(self, peer: str, msg: Receipt, now: float) -> list[Effect]:
         waited = self._await.pop(msg.push_id, None)
         if waited is not None and waited[0] == peer:
-            state = self._active[peer]
-            state.score = min(self.config.score_max, state.score + self.config.score_receipt)
+            self._score(peer, self.config.score_receipt, now, "receipt")  # a rise: never cuts
         back = self._reverse.pop(msg.push_id, None)
         if back is None:
             self._count("receipt_orphan")
@@ -896,8 +895,7 @@ class Engine:
             # An answer, if not a receipt: no black hole there. It earns what a receipt earns, so a
             # neighbour blamed while the home behind it was down (not yet detected) recovers.
             del self._await[msg.push_id]
-            state = self._active[peer]
-            state.score = min(self.config.score_max, state.score + self.config.score_receipt)
+            self._score(peer, self.config.score_receipt, now, "receipt")
         back = self._reverse.pop(msg.push_id, None)
         if back is None:
             return []
