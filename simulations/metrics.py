@@ -53,15 +53,8 @@ class Collector:
         self.rows += 1
         t, relay, kind, msg = row[0], row[1], row[2], row[3]
         if kind == "route_set":
-            count = row[9] or 0
-            self.gossip_messages += count
-            self.gossip_bytes += count * (row[10] or 0)
-            times = self.reg_times.get(msg)
-            if times is None:
-                times = self.reg_times[msg] = array("d")
-                self.reg_relays[msg] = []
-            times.append(t)
-            self.reg_relays[msg].append(relay)
+            self.rows -= 1
+            self.add_route_set(row)
         elif kind in PUSH_MESSAGE_KINDS:
             c = 1 if row[9] is None else row[9]
             self.push_messages += c
@@ -86,6 +79,20 @@ class Collector:
             self.transitions.setdefault(relay, []).append((t, False))
         elif kind == "relay_up":
             self.transitions.setdefault(relay, []).append((t, True))
+
+    def add_route_set(self, row: tuple) -> None:
+        """Feed one route_set row (what `add` does for that kind, without the dispatch)."""
+        self.rows += 1
+        count = row[9] or 0
+        self.gossip_messages += count
+        self.gossip_bytes += count * (row[10] or 0)
+        msg = row[3]
+        times = self.reg_times.get(msg)
+        if times is None:
+            times = self.reg_times[msg] = array("d")
+            self.reg_relays[msg] = []
+        times.append(row[0])
+        self.reg_relays[msg].append(row[1])
 
     def add_all(self, rows: Iterable[tuple]) -> None:
         """Feed many rows."""

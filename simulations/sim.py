@@ -76,6 +76,11 @@ class SimTracer:
 
     def emit_row(self, row: tuple) -> None:
         """Record one row given in trace column order."""
+        if row[2] == "route_set":  # the hottest row (one per relay per registration): the short way
+            self._collector.add_route_set(row)
+            if self._writer is not None:
+                self._writer.add(row)
+            return
         summary = row[2] in SUMMARY_KINDS
         if summary:
             self._collector.add(row)
@@ -382,6 +387,8 @@ class Simulator:
                     a, b = self.net.link_latency(src, dst, self.rng_links, self.sc.topology)
                     self.lat[src][dst] = a
                     self.lat[dst][src] = b
+                    if self._components is not None and self._components[src] != self._components[dst]:
+                        self._components = None  # a new link may join two components
                 self._schedule(self.now + self.lat[src][dst] * 2, _LINK_UP, src, dst, None)
             elif t is Disconnect:
                 dst = self.index.get(eff.peer)
@@ -419,13 +426,53 @@ class Simulator:
             self._components = label
         return self._components
 
+    def _split_by_loss(self, x: int) -> bool:
+        """Relay x just failed: may that have split its component? False once a search from each of
+        its live neighbours (avoiding x) has met every other one, which in a mesh takes a few hundred
+        steps instead of labelling all relays again; True (relabel) when one search runs dry or the
+        searches grow past a budget."""
+        lat, alive, cut = self.lat, self.alive, self.cut
+        nbrs = [v for v in lat[x] if alive[v] and not (cut and (x, v) in cut)]
+        if len(nbrs) <= 1:
+            return False
+        owner = {v: i for i, v in enumerate(nbrs)}  # relay -> the search that reached it first
+        parent = list(range(len(nbrs)))
+
+        def find(i: int) -> int:
+            while parent[i] != i:
+                parent[i] = parent[parent[i]]
+                i = parent[i]
+            return i
+
+        frontier: dict[int, list[int]] = {i: [v] for i, v in enumerate(nbrs)}
+        budget = max(2000, self.net.n // 20)
+        while len(frontier) > 1:
+            r = min(frontier, key=lambda k: len(frontier[k]))
+            if not frontier[r] or len(owner) > budget:
+                return True
+            nxt: list[int] = []
+            for u in frontier[r]:
+                for v in lat[u]:
+                    if v == x or not alive[v] or (cut and (u, v) in cut):
+                        continue
+                    o = owner.get(v)
+                    if o is None:
+                        owner[v] = r
+                        nxt.append(v)
+                        continue
+                    o = find(o)
+                    if o != r and o in frontier:
+                        parent[o] = r
+                        nxt += frontier.pop(o)
+            frontier[r] = nxt
+        return False
+
     def _check_window(self) -> None:
         """After a topology change: exclude live-window pushes whose home is down or cut off."""
         deadline = self.sc.deadline_s
         self._window = [p for p in self._window if p.t + deadline >= self.now and p.push_id is not None]
         if not self._window:
             return
-        self._components = None
         labels = self._component_labels()
         for p in self._window:
             self._maybe_exclude(p, labels)
@@ -580,6 +627,10 @@ class Simulator:
                 return
             self.alive[a] = False
             self.tracer.emit(t, self.names[a], "relay_down", reason="churn")
+            if self._components is not None and not self._split_by_loss(a):
+                self._components[a] = -1
+            else:
+                self._components = None
             self._check_window()
         elif kind == _REJOIN:
             self.alive[a] = True
@@ -590,7 +641,13 @@ class Simulator:
             self._apply(a, fresh.add_candidates([PeerInfo(self.names[v], self.names[v]) for v in original], t))
             self._apply(a, fresh.start(t))
             self._rearm(a)
-            self._components = None
+            labels = self._components
+            if labels is not None:  # a relay coming back joins its neighbours' component (or merges several)
+                near = {labels[v] for v in self.lat[a] if self.alive[v] and not (self.cut and (a, v) in self.cut)}
+                if len(near) <= 1:
+                    labels[a] = near.pop() if near else self.net.n + a  # a label no search gives
+                else:
+                    self._components = None
         elif kind == _ARRIVE:
             self._arrive(b, t)
         elif kind == _SERVED:
@@ -601,6 +658,7 @@ class Simulator:
             edges = {(u, v) for u in range(self.net.n) for v in self.lat[u] if (u < side) != (v < side)}
             if a:
                 self.cut |= edges
+                self._components = None
                 self._check_window()
             else:
                 self.cut -= edges

@@ -324,3 +324,27 @@ def test_custody_parks_after_the_escalation_and_delivers_when_the_home_returns()
     net.run_until(net.now + 60.0)
     assert net.custody.get(pid) == "delivered"
     assert sum(1 for d in net.delivered if d[1] == pid) == 1
+
+
+def test_routes_expire_with_their_registration_and_sweeps_skip_tables_with_nothing_due() -> None:
+    net = MiniNet(8, EDGES, latency=SLOW)
+    short = make_registration(KEY, 1, 0, 40)
+    other = new_signing_key(b"\x09" * 32)
+    long = make_registration(other, 1, 0, 100)
+    for reg in (short, long):
+        net.homes[0].add_registration(reg, TOKENS)
+        net.apply("0", net.engines[0].register(reg, 0.0))
+    net.run_until(35.0)
+    assert all(net.engines[i].route_epoch(short.route_id) == 1 for i in range(1, 8))
+    net.run_until(75.0)  # a sweep ran after 40 s: the short registration's routes are gone, not the long one's
+    assert all(net.engines[i].route_epoch(short.route_id) is None for i in range(1, 8))
+    assert all(net.engines[i].route_epoch(long.route_id) == 1 for i in range(1, 8))
+    net.run_until(135.0)
+    assert all(net.engines[i].route_count() == 0 for i in range(1, 8))
+    # A route learned after a sweep that found nothing due is still swept when it expires.
+    late = make_registration(new_signing_key(b"\x0a" * 32), 1, 130, 20)  # expires at 150
+    net.apply("0", net.engines[0].register(late, 135.0))
+    net.run_until(140.0)
+    assert net.engines[5].route_epoch(late.route_id) == 1
+    net.run_until(185.0)
+    assert net.engines[5].route_epoch(late.route_id) is None

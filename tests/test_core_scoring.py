@@ -134,3 +134,32 @@ def test_replays_and_push_floods_count_against_the_sender() -> None:
     assert eng.stats()["push_dropped_budget_peer"] == 20
     # 20 x -1 reaches the cut (-20): the flooding neighbour is gone.
     assert "c" not in eng.active_peers() and eng.stats()["peer_cut_score"] == 1
+
+
+def test_replayed_push_ids_through_an_honest_relay_never_get_honest_links_cut() -> None:
+    """A hostile relay H sends pushes to the home, then the same push ids to another neighbour, whose
+    copies reach the home again over two honest hops. The home (and any relay) answers a route-mode
+    copy it already handled with a DUPLICATE route error, passed back hop by hop, so no honest relay
+    waits in vain and blames its next hop as a black hole."""
+    from inri.core.testing import MiniNet
+    from inri.protocol.messages import RouteError, RouteErrorReason
+
+    edges = [(0, 1), (0, 2), (0, 3), (1, 4), (1, 5), (2, 4), (2, 6)]  # 0 hostile, 1 home, 2-4-1 a detour
+    net = MiniNet(7, edges, latency={(u, v): 0.06 for a, b in edges for u, v in ((a, b), (b, a))})
+    r = reg(5)
+    net.homes[1].add_registration(r, [bytes([9, i]) * 8 for i in range(8)])
+    net.apply("1", net.engines[1].register(r, 0.0))
+    net.run_until(1.0)
+    ids = [b"\xfe" + bytes([j]) * 15 for j in range(30)]
+    for target in (1, 2):  # to the home first, then the same ids to relay 2
+        for pid in ids:
+            net.apply(str(target), net.engines[target].receive_message(
+                "0", Push(pid, r.route_id, b"t" * 16, b"x", 8, 1, 0, 0, r), net.now))
+        net.run_until(net.now + 0.5)
+    net.run_until(net.now + 20.0)
+    for i in (1, 2, 4):
+        assert not net.engines[i].stats().get("peer_cut_score")
+        assert all(score > CFG.score_prefer_below for p, score in net.engines[i].peer_scores().items() if p != "0")
+    dups = [m for _, _, m in net.sent if isinstance(m, RouteError) and m.reason == RouteErrorReason.DUPLICATE]
+    assert len(dups) >= len(ids)  # answered, not dropped quietly
+    assert "1" in net.engines[2].active_peers() or "4" in net.engines[2].active_peers()

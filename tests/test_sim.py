@@ -12,9 +12,11 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from simulations.scenario import ScenarioError, from_dict, load
-from simulations.sim import Simulator
+from simulations.sim import _FAIL, _REJOIN, Simulator
 
 REQUIRED_KEYS = {
     "relays", "registrations", "pushes", "delivered", "delivery_ratio", "gossip_messages", "gossip_bytes",
@@ -174,3 +176,36 @@ def test_geographic_topology_is_connected_with_bounded_degree() -> None:
                 seen.add(v)
                 stack.append(v)
     assert len(seen) == 200
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_incremental_components_match_a_full_relabel_under_fail_and_rejoin(data: st.DataObject) -> None:
+    """The simulator keeps its component labels across churn (a local search per failure, a merge per
+    rejoin) instead of relabelling every relay: the partition it keeps must equal a full relabel's."""
+    sim = Simulator(from_dict(small(topology={"relays": 24})))
+    n = sim.net.n
+    # A sparse graph (about 1.3 links per relay), so failures really split components.
+    sim.lat = [{} for _ in range(n)]
+    for _ in range(data.draw(st.integers(8, 32), label="links")):
+        u, v = data.draw(st.integers(0, n - 1)), data.draw(st.integers(0, n - 1))
+        if u != v:
+            sim.lat[u][v] = sim.lat[v][u] = 0.01
+    sim._component_labels()
+
+    def partition(labels: list[int]) -> set[frozenset[int]]:
+        groups: dict[int, set[int]] = {}
+        for i in range(n):
+            if sim.alive[i]:
+                groups.setdefault(labels[i], set()).add(i)
+        return {frozenset(g) for g in groups.values()}
+
+    for _ in range(data.draw(st.integers(1, 30), label="steps")):
+        relay = data.draw(st.integers(0, n - 1))
+        sim._control(_REJOIN if not sim.alive[relay] else _FAIL, relay, 0, None, 1.0)
+        kept = sim._components if sim._components is not None else sim._component_labels()
+        kept = list(kept)
+        sim._components = None
+        fresh = sim._component_labels()
+        assert partition(kept) == partition(fresh)
+        assert all(kept[i] == -1 for i in range(n) if not sim.alive[i])

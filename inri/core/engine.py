@@ -128,6 +128,23 @@ def _reg_label(route_id: bytes, epoch: int) -> tuple[str, str]:
     return f"{route_hex}:{epoch}", route_hex
 
 
+_REG_TRACE: dict[tuple[bytes, int], tuple[str, str, int]] = {}
+
+
+def _reg_trace(registration: Registration) -> tuple[str, str, int]:
+    """(label, route hex, gossip frame bytes) of a verified registration, computed once per (route, epoch)
+    in the process (every relay of a simulation emits the same; keyed without hashing the whole
+    registration, which is the cost on the hot path). A re-signed copy of the same epoch can differ
+    in size by a varint byte: a trace figure, never a protocol decision."""
+    key = (registration.route_id, registration.epoch)
+    got = _REG_TRACE.get(key)
+    if got is None:
+        if len(_REG_TRACE) >= 65536:
+            _REG_TRACE.clear()
+        got = _REG_TRACE[key] = (*_reg_label(*key), _gossip_frame_bytes(registration))
+    return got
+
+
 @lru_cache(maxsize=8192)
 def _gossip_frame_bytes(registration: Registration) -> int:
     # TTL and hops are positive fixints (< 128) so the frame size depends on the registration only.
@@ -201,6 +218,7 @@ class Engine:
         self._lost: dict[str, list] = {}  # node id -> [addr, retry_at, failures]
         # route id -> (epoch, expires, feasibility distance, peer1, hops1, peer2, hops2, ...)
         self._routes: dict[bytes, tuple] = {}
+        self._routes_expire_from = float("inf")  # no route expires before this (sweeps skip the scan)
         self._origin_bucket: dict[bytes, tuple[float, float]] = {}  # route id -> (tokens, t)
         self._push_seen: dict[tuple[bytes, int], float] = {}  # (push id, attempt) -> expiry
         self._reverse: dict[bytes, tuple[str, float]] = {}  # push id -> (previous hop, expiry)
@@ -463,6 +481,8 @@ class Engine:
             self._count("reg_local_stale")
             return []
         self._routes[rid] = (registration.epoch, registration.expires_at, 0)
+        if registration.expires_at < self._routes_expire_from:
+            self._routes_expire_from = registration.expires_at
         gossip = RegGossip(registration, self.config.gossip_ttl, 0)
         out: list[Effect] = []
         for p, st in self._active.items():
@@ -494,10 +514,18 @@ class Engine:
         epoch = reg.epoch
         entry = self._routes.get(rid)
         if entry is not None:
+            if epoch == entry[0]:
+                # R3, inlined for the common cases (most gossip arrivals are duplicates): an
+                # infeasible or surplus copy changes nothing.
+                if (msg.hops >= entry[2] or len(entry) >= 3 + 2 * cfg.route_k) and peer not in entry:
+                    self.reg_duplicates += 1
+                    if self._level >= TraceLevel.FULL:
+                        self._trace(now, "reg_duplicate", msg=f"{rid.hex()}:{epoch}", route=rid.hex(), peer=peer,
+                                    hops=msg.hops + 1, epoch=epoch)
+                    return []
+                return self._on_gossip_duplicate(peer, msg, entry, rid, now)
             if epoch < entry[0]:
                 return self._drop_reg(now, reg, peer, "stale_epoch", cfg.score_replay)
-            if epoch == entry[0]:
-                return self._on_gossip_duplicate(peer, msg, entry, rid, now)
         # Per-neighbour budget (R4): every new (route, epoch) costs the sender one token.
         elapsed = now - state.bucket_t
         state.bucket_t = now
@@ -524,6 +552,8 @@ class Engine:
         hops = msg.hops + 1
         # The route lives as long as the registration (at most 30 days, limits.MAX_LIFETIME_S).
         self._routes[rid] = (epoch, reg.expires_at, hops, peer, hops)
+        if reg.expires_at < self._routes_expire_from:
+            self._routes_expire_from = reg.expires_at
         out: list[Effect] = []
         ttl = msg.ttl - 1
         if ttl > 0:
@@ -534,13 +564,13 @@ class Engine:
                     st.last_sent = now
                     out.append(Send(p, fwd, self._rng.random() * jitter if jitter else 0.0))
         if self._level:
-            label, route_hex = _reg_label(rid, epoch)
+            label, route_hex, nbytes = _reg_trace(reg)
             if self._emit_row is not None:  # the hottest trace row: positional, no keyword dict
                 self._emit_row((now, self.relay_id, "route_set", label, route_hex, peer, hops, msg.ttl, epoch,
-                                len(out), _gossip_frame_bytes(reg), None))
+                                len(out), nbytes, None))
             else:
                 self._trace(now, "route_set", msg=label, route=route_hex, peer=peer, hops=hops,
-                            ttl=msg.ttl, epoch=epoch, count=len(out), nbytes=_gossip_frame_bytes(reg))
+                            ttl=msg.ttl, epoch=epoch, count=len(out), nbytes=nbytes)
         return out
 
     def _on_gossip_duplicate(
@@ -758,7 +788,12 @@ class Engine:
         key = (pid, msg.attempt * 2 + (1 if msg.ring else 0))
         if key in self._push_seen:
             self._count("push_seen_dropped")
-            return []
+            if msg.ring:  # ring copies are not awaited: they die quietly
+                return []
+            # A route-mode copy is awaited by its sender (S1): say it was a duplicate, or the sender
+            # would blame us as a black hole. Without this a hostile relay replaying push ids we saw
+            # through an honest neighbour could get that neighbour to cut its link to us.
+            return [Send(peer, RouteError(pid, msg.route_id, RouteErrorReason.DUPLICATE))]
         if len(self._push_seen) >= cfg.push_seen_max:
             del self._push_seen[next(iter(self._push_seen))]
         self._push_seen[key] = now + cfg.seen_ttl_s
@@ -890,6 +925,21 @@ class Engine:
         return [CustodyReleased(pid, final, hops)]
 
     def _on_route_error(self, peer: str, msg: RouteError, now: float) -> list[Effect]:
+        if msg.reason == RouteErrorReason.DUPLICATE:
+            # A relay down the path had this attempt already (its answer went back the way the first
+            # copy came): no black hole and no broken route. Neutral for the score; passed back along
+            # this copy's reverse path so no relay on it blames its next hop; a custodian keeps custody.
+            waited = self._await.get(msg.push_id)
+            if waited is None or waited[0] != peer:
+                self._count("route_error_unexpected")
+                return []
+            del self._await[msg.push_id]
+            self._count("route_error_duplicate")
+            back = self._reverse.get(msg.push_id)
+            if back is None or back[0] in (_LOCAL, _LATE) or back[0] not in self._active:
+                return []
+            del self._reverse[msg.push_id]
+            return [Send(back[0], msg)]
         waited = self._await.get(msg.push_id)
         if waited is not None and waited[0] == peer:
             # An answer, if not a receipt: no black hole there. It earns what a receipt earns, so a
@@ -1056,12 +1106,8 @@ class Engine:
         return [Send(target, PeerExchange(tuple(sample)))]
 
     def _sweep(self, now: float) -> None:
-        expired = [r for r, e in self._routes.items() if e[1] <= now]
-        for r in expired:
-            del self._routes[r]
-            self._origin_bucket.pop(r, None)
-            if self._level >= TraceLevel.FULL:
-                self._trace(now, "route_expired", route=r.hex(), reason="lifetime")
+        if now >= self._routes_expire_from:
+            self._sweep_routes(now)
         for key in [key for key, exp in self._push_seen.items() if exp <= now]:
             del self._push_seen[key]
         for pid in [pid for pid, v in self._reverse.items() if v[1] <= now and v[0] != _LOCAL]:
@@ -1071,6 +1117,15 @@ class Engine:
             self._count("custody_expired")
         for peer in [p for p, until in self._banned.items() if until <= now]:
             del self._banned[peer]
+
+    def _sweep_routes(self, now: float) -> None:
+        expired = [r for r, e in self._routes.items() if e[1] <= now]
+        self._routes_expire_from = min((e[1] for e in self._routes.values() if e[1] > now), default=float("inf"))
+        for r in expired:
+            del self._routes[r]
+            self._origin_bucket.pop(r, None)
+            if self._level >= TraceLevel.FULL:
+                self._trace(now, "route_expired", route=r.hex(), reason="lifetime")
 
     # ------------------------------------------------------------------------------------------
     # introspection

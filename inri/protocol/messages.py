@@ -52,6 +52,7 @@ class RouteErrorReason(IntEnum):
     NOT_HOME = 4  # route pointed here but this relay is not (or no longer) home
     OVERLOADED = 5
     HOME_UNREACHABLE = 6  # this relay's next hop WAS the home relay, and that link is gone
+    DUPLICATE = 7  # this relay already handled this push attempt: its answer went back the first way
 
 
 class ErrorCode(IntEnum):
