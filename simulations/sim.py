@@ -16,6 +16,7 @@ are on disk); it reconnects to its original topology neighbours through the engi
 
 from __future__ import annotations
 
+import bisect
 import gc
 import heapq
 import json
@@ -90,6 +91,58 @@ class SimTracer:
             self._writer.add(row)
 
 
+class EventQueue:
+    """The event queue: a calendar of buckets BUCKET_S wide, each sorted when the clock reaches it.
+
+    Pops events in exactly the order of a heap of (time, seq, ...) tuples (a bucket is sorted by the
+    same tuples; an event for the bucket being read is inserted in order), so runs and traces are
+    the same as with `heapq`, at about half the cost per event: appending to a bucket and one C sort
+    per bucket instead of a sift through a heap of ~100,000 entries. The run loop inlines `push` and
+    `pop` (the hottest lines of the simulator); these methods are the reference for them.
+    """
+
+    BUCKET_S = 0.0002
+
+    __slots__ = ("inv", "buckets", "keys", "cur", "pos", "cur_key")
+
+    def __init__(self) -> None:
+        self.inv = 1.0 / self.BUCKET_S
+        self.buckets: dict[int, list[tuple]] = {}
+        self.keys: list[int] = []  # heap of the keys of non-empty buckets not yet read
+        self.cur: list[tuple] = []  # the bucket being read, sorted
+        self.pos = 0  # next event of cur
+        self.cur_key = -1
+
+    def push(self, ev: tuple) -> None:
+        """Add an event (ev[0] is its time; never earlier than the last event popped)."""
+        k = int(ev[0] * self.inv)
+        if k == self.cur_key:
+            bisect.insort(self.cur, ev, lo=self.pos)
+            return
+        b = self.buckets.get(k)
+        if b is None:
+            self.buckets[k] = [ev]
+            heapq.heappush(self.keys, k)
+        else:
+            b.append(ev)
+
+    def pop(self) -> tuple | None:
+        """The earliest event, or None when the queue is empty."""
+        if self.pos < len(self.cur):
+            self.pos += 1
+            return self.cur[self.pos - 1]
+        if not self.keys:
+            return None
+        self.cur_key = heapq.heappop(self.keys)
+        self.cur = self.buckets.pop(self.cur_key)
+        self.cur.sort()
+        self.pos = 1
+        return self.cur[0]
+
+    def __len__(self) -> int:
+        return len(self.cur) - self.pos + sum(len(b) for b in self.buckets.values())
+
+
 @dataclass
 class PushPlan:
     """One scheduled push."""
@@ -156,7 +209,7 @@ class Simulator:
         for (u, v), lat in self.net.latency.items():
             self.lat[u][v] = lat
         self.cut: set[tuple[int, int]] = set()
-        self.q: list[tuple] = []
+        self.q = EventQueue()
         self.seq = 0
         self.engines: list[Engine] = [self._new_engine(i) for i in range(n)]
         self.timer_at = [math.inf] * n
@@ -208,7 +261,7 @@ class Simulator:
 
     def _schedule(self, t: float, kind: int, a: int, b: int, payload: object) -> None:
         self.seq += 1
-        heapq.heappush(self.q, (t, self.seq, kind, a, b, payload))
+        self.q.push((t, self.seq, kind, a, b, payload))
 
     def _plan_workload(self) -> None:
         w = self.sc.workload
@@ -376,8 +429,8 @@ class Simulator:
                     self.lost += 1
                     continue
                 self.seq += 1
-                heapq.heappush(self.q, (self.now + eff.delay + lat + self.net.processing[dst], self.seq, _FRAME,
-                                        src, dst, eff.msg))
+                self.q.push((self.now + eff.delay + lat + self.net.processing[dst], self.seq, _FRAME, src, dst,
+                             eff.msg))
             elif t is Connect:
                 dst = self.index.get(eff.peer)
                 if dst is None or not self.alive[dst] or dst == src or (src, dst) in self.cut:
@@ -405,7 +458,7 @@ class Simulator:
         if t is not None and t < self.timer_at[i]:
             self.timer_at[i] = t
             self.seq += 1
-            heapq.heappush(self.q, (t, self.seq, _TIMER, i, 0, None))
+            self.q.push((t, self.seq, _TIMER, i, 0, None))
 
     # -- exclusion (true topology) ----------------------------------------------------------------
     def _component_labels(self) -> list[int]:
@@ -518,7 +571,11 @@ class Simulator:
         for i in range(self.net.n):
             self._rearm(i)
         end = self.sc.duration_s
-        q = self.q
+        cal = self.q
+        inv = cal.inv
+        buckets = cal.buckets
+        keys = cal.keys
+        insort = bisect.insort
         engines = self.engines
         names = self.names
         alive = self.alive
@@ -532,8 +589,19 @@ class Simulator:
         heappush, heappop = heapq.heappush, heapq.heappop
         events = 0
         bar = _Progress(end, self.progress)
-        while q:
-            ev = heappop(q)
+        while True:
+            # EventQueue.pop, inlined
+            if cal.pos < len(cal.cur):
+                ev = cal.cur[cal.pos]
+                cal.pos += 1
+            elif keys:
+                k = cal.cur_key = heappop(keys)
+                cur = cal.cur = buckets.pop(k)
+                cur.sort()
+                ev = cur[0]
+                cal.pos = 1
+            else:
+                break
             t = ev[0]
             if t > end:
                 break
@@ -557,14 +625,24 @@ class Simulator:
                                 self.lost += 1
                                 continue
                             self.seq += 1
-                            heappush(q, (t + eff.delay + la + processing[to], self.seq, _FRAME, dst, to, eff.msg))
+                            # EventQueue.push, inlined (a frame is rarely due in the bucket being read)
+                            fe = (t + eff.delay + la + processing[to], self.seq, _FRAME, dst, to, eff.msg)
+                            k = int(fe[0] * inv)
+                            b = buckets.get(k)
+                            if b is not None:
+                                b.append(fe)
+                            elif k == cal.cur_key:
+                                insort(cal.cur, fe, lo=cal.pos)
+                            else:
+                                buckets[k] = [fe]
+                                heappush(keys, k)
                         else:
                             self._apply(dst, [eff])
                 nt = eng.get_timer()
                 if nt is not None and nt < timer_at[dst]:
                     timer_at[dst] = nt
                     self.seq += 1
-                    heappush(q, (nt, self.seq, _TIMER, dst, 0, None))
+                    cal.push((nt, self.seq, _TIMER, dst, 0, None))
             elif kind == _TIMER:
                 if not alive[a] or timer_at[a] != t:
                     continue
