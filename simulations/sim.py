@@ -208,6 +208,7 @@ class Simulator:
         self.lat: list[dict[int, float]] = [{} for _ in range(n)]
         for (u, v), lat in self.net.latency.items():
             self.lat[u][v] = lat
+        self.adjacent = [sorted(self.lat[u]) for u in range(n)]  # the topology's own links
         self.cut: set[tuple[int, int]] = set()
         self.q = EventQueue()
         self.seq = 0
@@ -582,10 +583,10 @@ class Simulator:
         timer_at = self.timer_at
         processing = self.net.processing
         lat = self.lat
+        index = self.index
         cut = self.cut
         loss = self.sc.loss
         rand = self.rng_loss.random
-        index = self.index
         heappush, heappop = heapq.heappush, heapq.heappop
         events = 0
         bar = _Progress(end, self.progress)
@@ -715,7 +716,7 @@ class Simulator:
             self.tracer.emit(t, self.names[a], "relay_up", reason="churn")
             self.engines[a] = fresh = self._new_engine(a)
             self.timer_at[a] = math.inf
-            original = sorted(v for u, v in self.net.latency if u == a)
+            original = self.adjacent[a]
             self._apply(a, fresh.add_candidates([PeerInfo(self.names[v], self.names[v]) for v in original], t))
             self._apply(a, fresh.start(t))
             self._rearm(a)
