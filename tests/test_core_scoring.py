@@ -162,4 +162,7 @@ def test_replayed_push_ids_through_an_honest_relay_never_get_honest_links_cut() 
         assert all(score > CFG.score_prefer_below for p, score in net.engines[i].peer_scores().items() if p != "0")
     dups = [m for _, _, m in net.sent if isinstance(m, RouteError) and m.reason == RouteErrorReason.DUPLICATE]
     assert len(dups) >= len(ids)  # answered, not dropped quietly
+    traced = [r for r in net.tracer.of_kind("route_error") + net.tracer.of_kind("receipt_forwarded")
+              if r[11] == "duplicate"]
+    assert len(traced) == len(dups)  # every one is a traced push message (messages_per_delivered_push)
     assert "1" in net.engines[2].active_peers() or "4" in net.engines[2].active_peers()

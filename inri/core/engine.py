@@ -793,6 +793,9 @@ class Engine:
             # A route-mode copy is awaited by its sender (S1): say it was a duplicate, or the sender
             # would blame us as a black hole. Without this a hostile relay replaying push ids we saw
             # through an honest neighbour could get that neighbour to cut its link to us.
+            if self._level:
+                self._trace(now, "route_error", msg=pid.hex(), route=msg.route_id.hex(), peer=peer,
+                            reason="duplicate", count=1)
             return [Send(peer, RouteError(pid, msg.route_id, RouteErrorReason.DUPLICATE))]
         if len(self._push_seen) >= cfg.push_seen_max:
             del self._push_seen[next(iter(self._push_seen))]
@@ -939,6 +942,9 @@ class Engine:
             if back is None or back[0] in (_LOCAL, _LATE) or back[0] not in self._active:
                 return []
             del self._reverse[msg.push_id]
+            if self._level:
+                self._trace(now, "receipt_forwarded", msg=msg.push_id.hex(), peer=back[0], reason="duplicate",
+                            count=1)
             return [Send(back[0], msg)]
         waited = self._await.get(msg.push_id)
         if waited is not None and waited[0] == peer:
