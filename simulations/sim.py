@@ -4,7 +4,8 @@ The simulator never decides anything about routing: every decision is the engine
 the network (directed link latency, per-relay processing delay, loss, relay failures and rejoins,
 partitions), the workload (registrations, pushes) and the clock.
 
-Event loop: one heap of (time, seq, kind, a, b, payload). Engine timers are kept with one heap entry
+Event loop: one queue of (time, seq, kind, a, b, payload), popped in (time, seq) order (EventQueue: a
+calendar of 0.2 ms buckets, each sorted when reached). Engine timers are kept with one queue entry
 per engine and lazy invalidation (an entry is stale when the engine's timer moved). Frames are passed
 as message objects (no encoding on the hot path); gossip sizes come from the engine's trace rows.
 
