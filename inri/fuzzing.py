@@ -496,8 +496,10 @@ async def fuzz_quic(api: str, quic_addr: str, node_id: str, cases: int, seed: in
                 if valid is None:
                     with trio.fail_after(5):
                         reply = decode(await link.receive())
-                        # The relay's own keepalives, hellos and peer exchanges may come first.
-                        while isinstance(reply, (Keepalive, PeerExchange, Hello)):
+                        # The relay's own keepalives, hellos and peer exchanges may come first, and
+                        # answers to an earlier decodable push (a receipt, or a route error such as
+                        # `duplicate` for a push id it saw before).
+                        while isinstance(reply, (Keepalive, PeerExchange, Hello, Receipt, RouteError)):
                             reply = decode(await link.receive())
                     if not isinstance(reply, ErrorFrame):
                         report.fail("quic", f"answered {type(reply).__name__}, not an error frame", frame)
