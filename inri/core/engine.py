@@ -121,13 +121,6 @@ _RECEIPT_STATUS = {
 }
 
 
-@lru_cache(maxsize=8192)
-def _reg_label(route_id: bytes, epoch: int) -> tuple[str, str]:
-    # Trace labels of a registration: every relay emits the same ones, so compute them once.
-    route_hex = route_id.hex()
-    return f"{route_hex}:{epoch}", route_hex
-
-
 _REG_TRACE: dict[tuple[bytes, int], tuple[str, str, int]] = {}
 
 
@@ -141,7 +134,8 @@ def _reg_trace(registration: Registration) -> tuple[str, str, int]:
     if got is None:
         if len(_REG_TRACE) >= 65536:
             _REG_TRACE.clear()
-        got = _REG_TRACE[key] = (*_reg_label(*key), _gossip_frame_bytes(registration))
+        route_hex = registration.route_id.hex()
+        got = _REG_TRACE[key] = (f"{route_hex}:{registration.epoch}", route_hex, _gossip_frame_bytes(registration))
     return got
 
 
@@ -514,16 +508,17 @@ class Engine:
         epoch = reg.epoch
         entry = self._routes.get(rid)
         if entry is not None:
-            if epoch == entry[0]:
-                # R3, inlined for the common cases (most gossip arrivals are duplicates): an
-                # infeasible or surplus copy changes nothing.
-                if (msg.hops >= entry[2] or len(entry) >= 3 + 2 * cfg.route_k) and peer not in entry:
-                    self.reg_duplicates += 1
-                    if self._level >= TraceLevel.FULL:
-                        self._trace(now, "reg_duplicate", msg=f"{rid.hex()}:{epoch}", route=rid.hex(), peer=peer,
-                                    hops=msg.hops + 1, epoch=epoch)
-                    return []
-                return self._on_gossip_duplicate(peer, msg, entry, rid, now)
+            if epoch == entry[0]:  # a duplicate (most gossip arrivals): R3
+                self.reg_duplicates += 1
+                # The only str items of an entry are its next hops: `peer in entry` needs no slice.
+                if peer in entry:  # it gave us this (route, epoch) before: honest relays forward once
+                    return self._drop_reg(now, reg, peer, "replayed", cfg.score_replay)
+                if msg.hops < entry[2] and len(entry) < 3 + 2 * cfg.route_k:  # feasible, and room
+                    return self._add_backup(peer, msg, entry, rid, now)
+                if self._level >= TraceLevel.FULL:
+                    self._trace(now, "reg_duplicate", msg=f"{rid.hex()}:{epoch}", route=rid.hex(), peer=peer,
+                                hops=msg.hops + 1, epoch=epoch)
+                return []
             if epoch < entry[0]:
                 return self._drop_reg(now, reg, peer, "stale_epoch", cfg.score_replay)
         # Per-neighbour budget (R4): every new (route, epoch) costs the sender one token.
@@ -573,25 +568,14 @@ class Engine:
                             ttl=msg.ttl, epoch=epoch, count=len(out), nbytes=nbytes)
         return out
 
-    def _on_gossip_duplicate(
-        self, peer: str, msg: RegGossip, entry: tuple, rid: bytes, now: float
-    ) -> list[Effect]:
-        # R3: a backup only if feasible (neighbour's distance < our feasibility distance) and new.
-        self.reg_duplicates += 1
-        fd = entry[2]
+    def _add_backup(self, peer: str, msg: RegGossip, entry: tuple, rid: bytes, now: float) -> list[Effect]:
+        # R3: a feasible arrival from a new neighbour while there is room: a backup next hop.
         reg = msg.registration
-        # The only str items of an entry are its next hops: `peer in entry` needs no slice (hot path).
-        if peer in entry:  # it gave us this (route, epoch) before: honest relays forward once
-            return self._drop_reg(now, reg, peer, "replayed", self.config.score_replay)
-        if msg.hops < fd and len(entry) < 3 + 2 * self.config.route_k:
-            if not self._verifier.verify_registration(reg):
-                return self._drop_reg(now, reg, peer, "bad_signature", self.config.score_bad_signature)
-            self._routes[rid] = (*entry, peer, msg.hops + 1)
-            if self._level >= TraceLevel.FULL:
-                self._trace(now, "route_backup", msg=f"{rid.hex()}:{reg.epoch}", route=rid.hex(), peer=peer,
-                            hops=msg.hops + 1, epoch=reg.epoch)
-        elif self._level >= TraceLevel.FULL:
-            self._trace(now, "reg_duplicate", msg=f"{rid.hex()}:{reg.epoch}", route=rid.hex(), peer=peer,
+        if not self._verifier.verify_registration(reg):
+            return self._drop_reg(now, reg, peer, "bad_signature", self.config.score_bad_signature)
+        self._routes[rid] = (*entry, peer, msg.hops + 1)
+        if self._level >= TraceLevel.FULL:
+            self._trace(now, "route_backup", msg=f"{rid.hex()}:{reg.epoch}", route=rid.hex(), peer=peer,
                         hops=msg.hops + 1, epoch=reg.epoch)
         return []
 
