@@ -31,7 +31,7 @@ bench: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check inri bootstrap_nodes simulations spark_analysis tests benchmarks
-	$(BIN)/mypy inri
+	$(BIN)/mypy inri bootstrap_nodes simulations spark_analysis benchmarks
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis spark-warehouse metastore_db
