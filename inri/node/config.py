@@ -30,7 +30,7 @@ class RelaySection:
     bootstrap: tuple[str, ...] = ()  # bootstrap URLs; empty: bootstrap_nodes/default.toml
     geo: str = ""  # coarse hint "lat,lon" (1 decimal) for proximity ranking; empty: none
     capacity: int = 100  # relative capacity announced to bootstraps (1..65535)
-    profile: str = "default"  # "test": short timers for loopback tests (GUIDE.md section 5)
+    profile: str = "default"  # "test": short timers for loopback tests (EngineConfig.test_profile)
     announce_interval_s: float = 300.0  # re-announce to bootstraps (records expire after 30 min)
     peers_interval_s: float = 60.0  # ask bootstraps for candidates while below the active view size
     log_format: str = "auto"  # auto (pretty on a terminal, JSON otherwise) | json | console
