@@ -4,6 +4,7 @@ through the real process, and the HTTP benchmark's wrk parser."""
 from __future__ import annotations
 
 import math
+import os
 import socket
 import subprocess
 import sys
@@ -126,3 +127,45 @@ def test_wrk_parser_reads_the_latency_distribution_not_the_stdev_column() -> Non
     assert rps == 2760.41 and bad == 17
     assert math.isclose(p50, 0.01111) and math.isclose(p99, 102.40e-6)
     assert all(math.isnan(x) for x in parse_wrk("wrk: connection refused")[1:3])
+
+
+async def test_api_server_failures_after_start_back_off_and_hypercorn_errors_are_logged(
+        monkeypatch: pytest.MonkeyPatch, autojump_clock: trio.testing.MockClock) -> None:
+    """The HTTP server is served again after a failure, with doubling delays (not every 50 ms forever),
+    on the same listening socket; hypercorn's error log reaches the relay's log."""
+    import structlog
+
+    from inri.node import relay as relay_mod
+    from inri.node.config import RelayConfig
+
+    starts: list[float] = []
+
+    async def failing_serve(app: object, config: HyperConfig, *, shutdown_trigger: object,
+                            task_status: trio.TaskStatus[list[str]]) -> None:
+        starts.append(trio.current_time())
+        assert config.bind[0].startswith("fd://")
+        os.close(int(config.bind[0][5:]))  # what hypercorn would close
+        if len(starts) == 1:
+            task_status.started(["http://127.0.0.1:1"])
+            config.log.error_logger.error("connection from %s failed", "127.0.0.1")  # type: ignore[union-attr]
+        raise RuntimeError("server crashed")
+
+    monkeypatch.setattr(relay_mod, "hyper_serve", failing_serve)
+    listener = relay_mod.bind_api("127.0.0.1:0")
+    shutdown = trio.Event()
+    try:
+        with structlog.testing.capture_logs() as logs:
+            async with trio.open_nursery() as n:
+                binds = await n.start(relay_mod._serve_api, None, RelayConfig(), listener, shutdown)
+                await trio.sleep(120)  # virtual time
+                shutdown.set()
+                n.cancel_scope.cancel()
+    finally:
+        listener.close()
+    assert binds == ["http://127.0.0.1:1"]
+    gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
+    assert 10 <= len(starts) <= 25, gaps  # not 2,400 restarts in two minutes
+    assert gaps[:4] == pytest.approx([0.05, 0.1, 0.2, 0.4])
+    assert max(gaps) == pytest.approx(relay_mod.API_RESTART_MAX_S)
+    assert any(e.get("source") == "hypercorn" and "127.0.0.1 failed" in e["event"] for e in logs), logs
+    assert sum(e["event"] == "HTTP server failed; serving again" for e in logs) == len(starts)

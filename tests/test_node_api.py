@@ -434,3 +434,20 @@ async def test_metrics_scrape_parses_with_prometheus_client_and_keeps_sources_ap
     for name in ("inri_pushes_accepted_total", "inri_routes_cached", "inri_websockets_open",
                  "inri_push_accept_seconds_count", "inri_gossip_duplicates_total"):
         assert any(n == name for n, _ in samples), name
+
+
+async def test_what_hypercorn_refuses_has_the_documented_empty_answers(tmp_path: Path) -> None:
+    """docs/api.md, Errors: HTTP the server cannot parse never reaches the API: 400/501 with empty bodies."""
+    with trio.fail_after(30):
+        async with relay(tmp_path) as (url, _):
+            host, port = url.removeprefix("http://").rsplit(":", 1)
+            for raw, status in ((b"GARBAGE\r\n\r\n", b"400"),
+                                (b"POST /v1/push HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n", b"501")):
+                stream = await trio.open_tcp_stream(host, int(port))
+                await stream.send_all(raw)
+                answer = b""
+                while b"\r\n\r\n" not in answer:
+                    answer += await stream.receive_some(4096)
+                await stream.aclose()
+                head = answer.split(b"\r\n\r\n")[0].lower()
+                assert head.startswith(b"http/1.1 " + status) and b"content-length: 0" in head, answer
