@@ -56,14 +56,17 @@ from __future__ import annotations
 
 import heapq
 import random
+from enum import Enum
 from functools import lru_cache
 
 from inri.core.api import (
     Connect,
     CustodyReleased,
+    CustodyStatus,
     CustodyTaken,
     Delivered,
     Disconnect,
+    DisconnectReason,
     Effect,
     HomeStore,
     InjectOutcome,
@@ -75,6 +78,7 @@ from inri.core.api import (
 )
 from inri.core.budget import TokenBucket
 from inri.core.config import EngineConfig
+from inri.core.tables import BoundedMap
 from inri.protocol import limits
 from inri.protocol.codec import DecodeError, decode, encode_unchecked
 from inri.protocol.messages import (
@@ -108,21 +112,35 @@ PROBATION_S = 2.0  # a full relay waits this long for a "low" Hello on an inboun
 MAKE_ROOM_INTERVAL_S = 60.0  # a full relay makes room for a "low" relay at most this often
 LOW = "low"  # Hello feature: the dialler is below active_min
 RECONNECT_MAX_FAILURES = 10
-_LOCAL = ""  # reverse-path marker: the push was injected here (this relay is its custodian)
-# Reverse-path marker after custody gave up: a receipt that still comes back (the last attempt got
-# through late) corrects the final status instead of being lost. Not a valid node id.
-_LATE = "\x00late"
+
+
+class ReverseMark(Enum):
+    """Reverse-path entries that are not a previous hop (push id -> previous hop or one of these)."""
+
+    LOCAL = 1  # the push was injected here: this relay is its custodian
+    # Custody gave up: a receipt that still comes back (the last attempt got through late) corrects
+    # the final status instead of being lost.
+    LATE = 2
+
 
 _RECEIPT_STATUS = {
-    ReceiptStatus.STORED: "delivered",
-    ReceiptStatus.DUPLICATE: "delivered",
-    ReceiptStatus.SPENT: "spent",
-    ReceiptStatus.UNKNOWN_TOKEN: "unknown_token",
-    ReceiptStatus.MAILBOX_FULL: "mailbox_full",
+    ReceiptStatus.STORED: CustodyStatus.DELIVERED,
+    ReceiptStatus.DUPLICATE: CustodyStatus.DELIVERED,
+    ReceiptStatus.SPENT: CustodyStatus.SPENT,
+    ReceiptStatus.UNKNOWN_TOKEN: CustodyStatus.UNKNOWN_TOKEN,
+    ReceiptStatus.MAILBOX_FULL: CustodyStatus.MAILBOX_FULL,
 }
 
+_LOCAL = ReverseMark.LOCAL
+_LATE = ReverseMark.LATE
+# Links that ended for these reasons take their route claims with them (peer_down).
+_PURGE_ON_DOWN = frozenset((DisconnectReason.MAKE_ROOM, DisconnectReason.OUTBOUND_QUOTA))
+# Links that ended for these reasons are not re-dialled.
+_NO_REDIAL = frozenset((DisconnectReason.FULL, DisconnectReason.OUTBOUND_QUOTA, DisconnectReason.SCORE,
+                        DisconnectReason.BANNED, DisconnectReason.MAKE_ROOM))
 
-_REG_TRACE: dict[tuple[bytes, int], tuple[str, str, int]] = {}
+
+_REG_TRACE: BoundedMap[tuple[bytes, int], tuple[str, str, int]] = BoundedMap(65536)
 
 
 def _reg_trace(registration: Registration) -> tuple[str, str, int]:
@@ -133,11 +151,24 @@ def _reg_trace(registration: Registration) -> tuple[str, str, int]:
     key = (registration.route_id, registration.epoch)
     got = _REG_TRACE.get(key)
     if got is None:
-        if len(_REG_TRACE) >= 65536:
-            _REG_TRACE.clear()
         route_hex = registration.route_id.hex()
-        got = _REG_TRACE[key] = (f"{route_hex}:{registration.epoch}", route_hex, _gossip_frame_bytes(registration))
+        got = (f"{route_hex}:{registration.epoch}", route_hex, _gossip_frame_bytes(registration))
+        _REG_TRACE.put(key, got)
     return got
+
+
+def readdress(push: Push, ttl: int, hops: int, attempt: int, ring: int) -> Push:
+    """A copy of push with new hop fields; id, route, token, ciphertext and registration kept.
+
+    (Positional construction: dataclasses.replace costs several times more on the forwarding path.)
+    """
+    return Push(push.push_id, push.route_id, push.token, push.ciphertext, ttl, hops, attempt, ring, push.registration)
+
+
+def _onward(push: Push, ring: int) -> Push:
+    """The copy of push a relay forwards: one hop further, one TTL less, in ring mode `ring` (0: route)."""
+    return Push(push.push_id, push.route_id, push.token, push.ciphertext, push.ttl - 1, push.hops + 1,
+                push.attempt, ring, push.registration)
 
 
 @lru_cache(maxsize=8192)
@@ -212,8 +243,10 @@ class Engine:
         self._routes: dict[bytes, tuple] = {}
         self._routes_expire_from = float("inf")  # no route expires before this (sweeps skip the scan)
         self._origin_bucket: dict[bytes, TokenBucket] = {}  # route id -> refresh budget (rule R4)
-        self._push_seen: dict[tuple[bytes, int], float] = {}  # (push id, attempt) -> expiry
-        self._reverse: dict[bytes, tuple[str, float]] = {}  # push id -> (previous hop, expiry)
+        # (push id, attempt * 2 + ring mode) -> expiry
+        self._push_seen: BoundedMap[tuple[bytes, int], float] = BoundedMap(config.push_seen_max)
+        # push id -> (previous hop, expiry)
+        self._reverse: BoundedMap[bytes, tuple[str | ReverseMark, float]] = BoundedMap(config.reverse_max)
         self._custody: dict[bytes, _Custody] = {}
         self._timers: list[tuple[float, int, bytes]] = []  # (when, seq, push id) custody retries
         self._seq = 0
@@ -225,7 +258,7 @@ class Engine:
         self._next_make_room = 0.0
         # Pushes forwarded along a route, awaiting an answer: push id -> (next hop, deadline), in
         # deadline order (constant timeout). No answer by then scores the next hop as a black hole.
-        self._await: dict[bytes, tuple[str, float]] = {}
+        self._await: BoundedMap[bytes, tuple[str, float]] = BoundedMap(config.reverse_max)
         self._score_decay = 0.5 ** (config.keepalive_interval_s / config.score_half_life_s)
         self.counters: dict[str, int] = {}
         self.reg_duplicates = 0  # gossip arrivals of a known (route, epoch): a plain int on the hot path
@@ -260,7 +293,7 @@ class Engine:
         self._purge_routes(peer)
         if self._level:
             self._trace(now, "peer_scored", peer=peer, reason=reason, count=int(state.score))
-        return [Disconnect(peer, "score"), *self.peer_down(peer, now, "score")]
+        return [Disconnect(peer, DisconnectReason.SCORE), *self.peer_down(peer, now, DisconnectReason.SCORE)]
 
     # ------------------------------------------------------------------------------------------
     # membership
@@ -315,7 +348,7 @@ class Engine:
         if until is not None:
             if until > now:
                 self._count("peer_refused_banned")
-                return [Disconnect(peer, "banned")]
+                return [Disconnect(peer, DisconnectReason.BANNED)]
             del self._banned[peer]
         if len(self._active) >= self.config.active_max:
             # Full. An outbound link still gets in while we hold fewer than outbound_min dialled links,
@@ -331,10 +364,10 @@ class Engine:
                 self._count("peer_refused_full")
                 if addr:
                     self._passive.setdefault(peer, addr)
-                return [Disconnect(peer, "full")]
+                return [Disconnect(peer, DisconnectReason.FULL)]
             victim = self._rng.choice(inbound)
-            out.append(Disconnect(victim, "outbound_quota"))
-            out += self.peer_down(victim, now, "outbound_quota")
+            out.append(Disconnect(victim, DisconnectReason.OUTBOUND_QUOTA))
+            out += self.peer_down(victim, now, DisconnectReason.OUTBOUND_QUOTA)
         self._passive.pop(peer, None)
         self._lost.pop(peer, None)
         self._probation.pop(peer, None)
@@ -348,22 +381,21 @@ class Engine:
             self._trace(now, "peer_up", peer=peer, reason="outbound" if outbound else "inbound")
         return out
 
-    def peer_down(self, peer: str, now: float, reason: str) -> list[Effect]:
+    def peer_down(self, peer: str, now: float, reason: DisconnectReason) -> list[Effect]:
         """The link to peer closed or failed: refill the active view (passive view, lost neighbours)."""
         state = self._active.pop(peer, None)
         self._connecting.pop(peer, None)
         self._probation.pop(peer, None)
         if state is None:
             return self._refill(now)
-        # A link the other side closed as full, or for our score, is not re-dialled (the daemon
-        # reports "link_closed: <the remote's reason>").
-        cause = reason.rpartition(": ")[2]
-        if state.score <= self.config.score_prefer_below or cause in ("make_room", "outbound_quota"):
+        # A link the other side closed as full, or for our score, is not re-dialled (the reason is
+        # ours, or the remote's: a driver passes it on).
+        if state.score <= self.config.score_prefer_below or reason in _PURGE_ON_DOWN:
             # Route claims leave with a distrusted neighbour (a liar that claimed to be a home and then
             # dropped the link) and with a live one we dropped ourselves: either way we must not
             # report its routes' homes unreachable ("home unreachable" means the home went down).
             self._purge_routes(peer)
-        if state.addr and cause not in ("full", "outbound_quota", "score", "banned", "make_room"):
+        if state.addr and reason not in _NO_REDIAL:
             self._lost[peer] = [state.addr, now + RECONNECT_BASE_S, 0]
         if self._level:
             self._trace(now, "peer_down", peer=peer, reason=reason)
@@ -449,14 +481,15 @@ class Engine:
         _, addr = self._probation.pop(peer)
         if LOW not in msg.features or not self._active or now < self._next_make_room:
             self._count("peer_refused_full")
-            return [Disconnect(peer, "full")]
+            return [Disconnect(peer, DisconnectReason.FULL)]
         # At most one eviction per MAKE_ROOM_INTERVAL_S: a relay cut everywhere for its behaviour is
         # "low" too, and must not be able to churn honest links at will.
         self._next_make_room = now + MAKE_ROOM_INTERVAL_S
         victim = self._rng.choice(sorted(self._active))
         victim_addr = self._active[victim].addr
         self._count("peer_made_room")
-        out: list[Effect] = [Disconnect(victim, "make_room"), *self.peer_down(victim, now, "make_room")]
+        out: list[Effect] = [Disconnect(victim, DisconnectReason.MAKE_ROOM),
+                             *self.peer_down(victim, now, DisconnectReason.MAKE_ROOM)]
         out += self.peer_up(peer, now, outbound=False, addr=addr)
         if victim_addr:
             self._passive[victim] = victim_addr  # still a good candidate for later
@@ -579,7 +612,7 @@ class Engine:
         if self._level >= TraceLevel.FULL:
             self._trace(now, "route_expired", route=victim.hex(), reason="evicted")
 
-    def _next_hop(self, rid: bytes, exclude: str, alternate: bool = False, low_ok: bool = False) -> str | None:
+    def _next_hop(self, rid: bytes, exclude: str | None, alternate: bool = False, low_ok: bool = False) -> str | None:
         """The first live next hop for rid other than `exclude` whose score is not low (None: none).
 
         low_ok: fall back to a live next hop with a low score (rule S2) when no other is left.
@@ -615,7 +648,7 @@ class Engine:
 
     def has_route(self, route_id: bytes) -> bool:
         """True when a live next hop is known for route_id."""
-        return self._next_hop(route_id, _LOCAL, low_ok=True) is not None
+        return self._next_hop(route_id, None, low_ok=True) is not None
 
     # ------------------------------------------------------------------------------------------
     # pushes
@@ -666,7 +699,7 @@ class Engine:
             return []
         if deadline <= now:
             self._count("custody_expired")
-            return [CustodyReleased(pid, "expired")]
+            return [CustodyReleased(pid, CustodyStatus.EXPIRED)]
         custody = _Custody(push, deadline)
         custody.attempt = max(0, attempt)
         # A restarted relay has no routes yet: skip straight to ring searches after the route attempts.
@@ -699,41 +732,30 @@ class Engine:
         # 1, 3, 5, 7, then the full TTL.
         if c.attempt < ROUTE_ATTEMPTS or c.home_down:
             c.home_down = False
-            nh = self._next_hop(push.route_id, _LOCAL, alternate=c.attempt == 1)
+            nh = self._next_hop(push.route_id, None, alternate=c.attempt == 1)
             if nh is not None:
                 c.routed = True
-                return [self._forward(Push(pid, push.route_id, push.token, push.ciphertext, cfg.push_ttl, 0,
-                                           c.attempt, 0, push.registration), nh, now)]
+                return [self._forward(readdress(push, cfg.push_ttl, 0, c.attempt, 0), nh, now)]
         radii = limits.RING_RADII
         ring = radii[c.ring_step] if c.ring_step < len(radii) else cfg.push_ttl
         c.ring_step += 1
-        msg = Push(pid, push.route_id, push.token, push.ciphertext, cfg.push_ttl, 0, c.attempt, ring,
-                   push.registration)
-        return self._ring_flood(msg, _LOCAL, now)
+        msg = readdress(push, cfg.push_ttl, 0, c.attempt, ring)
+        return self._ring_flood(msg, None, now)
 
     def _mark_seen(self, key: tuple[bytes, int], now: float) -> None:
         """Enter a (push id, attempt, mode) key in the seen-cache, oldest evicted past push_seen_max."""
-        seen = self._push_seen
-        if key not in seen and len(seen) >= self.config.push_seen_max:
-            del seen[next(iter(seen))]
-        seen[key] = now + self.config.seen_ttl_s
+        self._push_seen.put(key, now + self.config.seen_ttl_s)
 
     def _forward(self, msg: Push, nh: str, now: float) -> Send:
         self._active[nh].last_sent = now
-        pending = self._await
-        pid = msg.push_id
-        if pid in pending:
-            del pending[pid]  # re-insert at the end: the dict stays in deadline order
-        elif len(pending) >= self.config.reverse_max:
-            del pending[next(iter(pending))]
-        pending[pid] = (nh, now + self.config.receipt_timeout_s)
+        self._await.put_last(msg.push_id, (nh, now + self.config.receipt_timeout_s))  # stays in deadline order
         if self._level:
             self._trace(now, "push_forwarded", msg=msg.push_id.hex(), route=msg.route_id.hex(), peer=nh,
                         hops=msg.hops, ttl=msg.ttl, count=1)
         jitter = self.config.forward_jitter_s
         return Send(nh, msg, self._rng.random() * jitter if jitter else 0.0)
 
-    def _ring_flood(self, msg: Push, sender: str, now: float) -> list[Effect]:
+    def _ring_flood(self, msg: Push, sender: str | None, now: float) -> list[Effect]:
         out: list[Effect] = []
         for p, st in self._active.items():
             if p != sender:
@@ -767,18 +789,14 @@ class Engine:
                 self._trace(now, "route_error", msg=pid.hex(), route=msg.route_id.hex(), peer=peer,
                             reason="duplicate", count=1)
             return [Send(peer, RouteError(pid, msg.route_id, RouteErrorReason.DUPLICATE))]
-        if len(self._push_seen) >= cfg.push_seen_max:
-            del self._push_seen[next(iter(self._push_seen))]
-        self._push_seen[key] = now + cfg.seen_ttl_s
+        self._push_seen.put(key, now + cfg.seen_ttl_s)
         rid = msg.route_id
         if self._level >= TraceLevel.FULL:
             self._trace(now, "push_received", msg=pid.hex(), route=rid.hex(), peer=peer, hops=msg.hops,
                         ttl=msg.ttl)
         if pid not in self._custody:  # a custodian keeps its own LOCAL reverse marker
-            if len(self._reverse) >= cfg.reverse_max:
-                del self._reverse[next(iter(self._reverse))]
+            if self._reverse.put(pid, (peer, now + cfg.reverse_ttl_s)):
                 self._count("reverse_evicted")
-            self._reverse[pid] = (peer, now + cfg.reverse_ttl_s)
         if self._home.is_home(rid):
             status = self._home.accept_push(rid, msg.token, pid, msg.ciphertext, now)
             out = self._deliver_local(pid, msg, status, now, hops=msg.hops + 1)
@@ -798,14 +816,12 @@ class Engine:
                     self._count("push_seen_dropped")
                     return []
                 self._mark_seen(route_key, now)
-                return [self._forward(Push(pid, rid, msg.token, msg.ciphertext, msg.ttl - 1, msg.hops + 1,
-                                           msg.attempt, 0, msg.registration), nh, now)]
+                return [self._forward(_onward(msg, 0), nh, now)]
             if self._home_adjacent(rid):  # tell the custodian: widening the ring cannot help
                 return self._push_drop(peer, msg, now, "home_unreachable", RouteErrorReason.HOME_UNREACHABLE)
             if msg.ring <= 1:
                 return self._push_drop(peer, msg, now, "ring_end", None)
-            return self._ring_flood(Push(pid, rid, msg.token, msg.ciphertext, msg.ttl - 1, msg.hops + 1,
-                                         msg.attempt, msg.ring - 1, msg.registration), peer, now)
+            return self._ring_flood(_onward(msg, msg.ring - 1), peer, now)
         nh = self._next_hop(rid, peer, alternate=bool(msg.attempt & 1))
         if nh is None:
             low = self._next_hop(rid, peer, low_ok=True)  # a live next hop with a low score (S2)
@@ -813,8 +829,7 @@ class Engine:
                 # Low but not very low, or the push's first attempt: most likely an honest relay
                 # upstream of a failure (blame for a missing receipt is diffuse); use it rather than
                 # flood the neighbourhood. Re-sent attempts (the custodian saw a failure) avoid it.
-                return [self._forward(Push(pid, rid, msg.token, msg.ciphertext, msg.ttl - 1, msg.hops + 1,
-                                           msg.attempt, 0, msg.registration), low, now)]
+                return [self._forward(_onward(msg, 0), low, now)]
             if low is None and self._home_adjacent(rid):
                 return self._push_drop(peer, msg, now, "home_unreachable", RouteErrorReason.HOME_UNREACHABLE)
             ring_key = (pid, msg.attempt * 2 + 1)
@@ -824,14 +839,11 @@ class Engine:
                 # with a route of their own (not through us: the sender is excluded) carry it on.
                 self._count("push_local_repair")
                 self._mark_seen(ring_key, now)
-                return self._ring_flood(Push(pid, rid, msg.token, msg.ciphertext, msg.ttl - 1, msg.hops + 1,
-                                             msg.attempt, LOCAL_REPAIR_RADIUS, msg.registration), peer, now)
+                return self._ring_flood(_onward(msg, LOCAL_REPAIR_RADIUS), peer, now)
             if low is not None:  # the neighbourhood was asked: the low-scored next hop is the last resort
-                return [self._forward(Push(pid, rid, msg.token, msg.ciphertext, msg.ttl - 1, msg.hops + 1,
-                                           msg.attempt, 0, msg.registration), low, now)]
+                return [self._forward(_onward(msg, 0), low, now)]
             return self._push_drop(peer, msg, now, "no_route", RouteErrorReason.NO_ROUTE)
-        return [self._forward(Push(pid, rid, msg.token, msg.ciphertext, msg.ttl - 1, msg.hops + 1, msg.attempt,
-                                   0, msg.registration), nh, now)]
+        return [self._forward(_onward(msg, 0), nh, now)]
 
     def _push_drop(
         self, peer: str, msg: Push, now: float, reason: str, error: RouteErrorReason | None
@@ -874,9 +886,9 @@ class Engine:
             self._count("receipt_orphan")
             return []
         prev = back[0]
-        if prev == _LOCAL:
+        if prev is _LOCAL:
             return self._settle(msg.push_id, msg.status, msg.hops, now)
-        if prev == _LATE:
+        if prev is _LATE:
             self._count("receipt_late")
             return [CustodyReleased(msg.push_id, _RECEIPT_STATUS[msg.status], msg.hops)]
         if prev not in self._active:
@@ -909,7 +921,7 @@ class Engine:
             del self._await[msg.push_id]
             self._count("route_error_duplicate")
             back = self._reverse.get(msg.push_id)
-            if back is None or back[0] in (_LOCAL, _LATE) or back[0] not in self._active:
+            if back is None or isinstance(back[0], ReverseMark) or back[0] not in self._active:
                 return []
             del self._reverse[msg.push_id]
             if self._level:
@@ -933,7 +945,7 @@ class Engine:
         if entry is not None and msg.reason != RouteErrorReason.HOME_UNREACHABLE and peer in entry[3::2]:
             i = 3 + 2 * entry[3::2].index(peer)
             self._routes[msg.route_id] = entry[:i] + entry[i + 2:]
-        if prev == _LOCAL:
+        if prev is _LOCAL:
             c = self._custody.get(msg.push_id)
             if c is None:
                 return []
@@ -958,7 +970,7 @@ class Engine:
             self._reverse[pid] = (_LATE, now + self.config.reverse_ttl_s)
             # expired: routes existed but no receipt came back in time; unreachable: no relay on our
             # side ever had a route to the device.
-            final = "expired" if c.routed else "unreachable"
+            final = CustodyStatus.EXPIRED if c.routed else CustodyStatus.UNREACHABLE
             if self._level:
                 self._trace(now, "push_settled", msg=pid.hex(), route=c.push.route_id.hex(), reason=final)
                 self._trace(now, "push_dropped", msg=pid.hex(), route=c.push.route_id.hex(), reason=final)
@@ -979,7 +991,7 @@ class Engine:
         pid = c.push.push_id
         c.next_retry = min(now + cfg.custody_retry_s * PARK_FACTOR, c.deadline)
         self._schedule(pid, c.next_retry)
-        nh = self._next_hop(c.push.route_id, _LOCAL, low_ok=True)
+        nh = self._next_hop(c.push.route_id, None, low_ok=True)
         if nh is None:
             return []
         c.routed = True
@@ -988,8 +1000,7 @@ class Engine:
         push = c.push
         if self._level:
             self._trace(now, "push_retry", msg=pid.hex(), route=push.route_id.hex(), count=c.attempt)
-        return [self._forward(Push(pid, push.route_id, push.token, push.ciphertext, cfg.push_ttl, 0, c.attempt, 0,
-                                   push.registration), nh, now)]
+        return [self._forward(readdress(push, cfg.push_ttl, 0, c.attempt, 0), nh, now)]
 
     def _schedule(self, pid: bytes, when: float) -> None:
         self._seq += 1
@@ -1043,8 +1054,8 @@ class Engine:
             if st.score:
                 st.score *= decay
             if now - st.last_heard > dead_after:
-                out.append(Disconnect(p, "keepalive_timeout"))
-                out += self.peer_down(p, now, "keepalive_timeout")
+                out.append(Disconnect(p, DisconnectReason.KEEPALIVE_TIMEOUT))
+                out += self.peer_down(p, now, DisconnectReason.KEEPALIVE_TIMEOUT)
             elif now - st.last_sent >= interval * 0.99:
                 st.nonce += 1
                 st.last_sent = now
@@ -1056,7 +1067,7 @@ class Engine:
             if now >= until:  # no "low" Hello came: refuse as full
                 del self._probation[p]
                 self._count("peer_refused_full")
-                out.append(Disconnect(p, "full"))
+                out.append(Disconnect(p, DisconnectReason.FULL))
         if len(self._active) + len(self._connecting) < cfg.active_max:
             out += self._refill(now)
         if now >= self._next_exchange and self._active:
@@ -1084,10 +1095,8 @@ class Engine:
     def _sweep(self, now: float) -> None:
         if now >= self._routes_expire_from:
             self._sweep_routes(now)
-        for key in [key for key, exp in self._push_seen.items() if exp <= now]:
-            del self._push_seen[key]
-        for pid in [pid for pid, v in self._reverse.items() if v[1] <= now and v[0] != _LOCAL]:
-            del self._reverse[pid]
+        self._push_seen.sweep(lambda exp: exp <= now)
+        self._reverse.sweep(lambda v: v[1] <= now and v[0] is not _LOCAL)
         for pid in [pid for pid, c in self._custody.items() if now >= c.deadline]:
             del self._custody[pid]
             self._count("custody_expired")

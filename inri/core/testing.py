@@ -11,7 +11,16 @@ import heapq
 import random
 from collections.abc import Iterable
 
-from inri.core.api import Connect, CustodyReleased, CustodyTaken, Delivered, Disconnect, Effect, Send
+from inri.core.api import (
+    Connect,
+    CustodyReleased,
+    CustodyTaken,
+    Delivered,
+    Disconnect,
+    DisconnectReason,
+    Effect,
+    Send,
+)
 from inri.core.config import EngineConfig
 from inri.core.engine import Engine
 from inri.core.home import MemoryHomeStore
@@ -112,7 +121,7 @@ class MiniNet:
         self.alive[i] = False
         for (a, b) in list(self.links):
             if a == str(i) and self.alive[int(b)]:
-                self.apply(b, self.engines[int(b)].peer_down(a, self.now, "link_lost"))
+                self.apply(b, self.engines[int(b)].peer_down(a, self.now, DisconnectReason.LINK_LOST))
 
     def restart(self, i: int) -> None:
         """Relay i comes back after a crash: a fresh engine (memory lost) over the same home store."""

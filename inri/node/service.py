@@ -28,6 +28,7 @@ from inri.core.api import (
     CustodyTaken,
     Delivered,
     Disconnect,
+    DisconnectReason,
     Effect,
     InjectOutcome,
     InjectResult,
@@ -161,7 +162,7 @@ class RelayService:
     def peer_up(self, peer: str, *, outbound: bool, addr: str) -> None:
         self._apply(self.engine.peer_up(peer, self.clock(), outbound=outbound, addr=addr))
 
-    def peer_down(self, peer: str, reason: str) -> None:
+    def peer_down(self, peer: str, reason: DisconnectReason) -> None:
         self._apply(self.engine.peer_down(peer, self.clock(), reason))
 
     def connect_failed(self, peer: str) -> None:
