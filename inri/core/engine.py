@@ -58,6 +58,7 @@ import heapq
 import random
 from enum import Enum
 from functools import lru_cache
+from typing import Any, assert_never
 
 from inri.core.api import (
     Connect,
@@ -269,8 +270,8 @@ class Engine:
     def _count(self, name: str, n: int = 1) -> None:
         self.counters[name] = self.counters.get(name, 0) + n
 
-    def _trace(self, now: float, kind: str, **fields: object) -> None:
-        self._emit(now, self.relay_id, kind, **fields)  # type: ignore[arg-type]
+    def _trace(self, now: float, kind: str, **fields: Any) -> None:
+        self._emit(now, self.relay_id, kind, **fields)
 
     def _arm_tick(self, now: float) -> None:
         if self._next_tick is None:
@@ -448,33 +449,36 @@ class Engine:
         """Handle a decoded message from a neighbour (the simulator's fast path)."""
         state = self._active.get(peer)
         if state is None:
-            if peer in self._probation and type(msg) is Hello:
-                return self._on_probation_hello(peer, msg, now)  # type: ignore[arg-type]
+            if peer in self._probation and isinstance(msg, Hello):
+                return self._on_probation_hello(peer, msg, now)
             self._count("frames_from_stranger")
             return []
         state.last_heard = now
-        t = type(msg)
-        if t is RegGossip:
-            return self._on_gossip(peer, state, msg, now)  # type: ignore[arg-type]
-        if t is Push:
-            return self._on_push(peer, msg, now)  # type: ignore[arg-type]
-        if t is Receipt:
-            return self._on_receipt(peer, msg, now)  # type: ignore[arg-type]
-        if t is RouteError:
-            return self._on_route_error(peer, msg, now)  # type: ignore[arg-type]
-        if t is Keepalive:
-            if not msg.reply:  # type: ignore[union-attr]
-                state.last_sent = now
-                return [Send(peer, Keepalive(msg.nonce, True))]  # type: ignore[union-attr]
-            return []
-        if t is PeerExchange:
-            return self.add_candidates(list(msg.peers), now)  # type: ignore[union-attr]
-        if t is ErrorFrame:
-            self._count("peer_errors")
-            return []
-        if t is Hello:
-            return []
-        return []
+        # Most frequent first: gossip, then pushes. A message type added to protocol.messages.Message
+        # and not handled here fails type checking (assert_never).
+        match msg:
+            case RegGossip():
+                return self._on_gossip(peer, state, msg, now)
+            case Push():
+                return self._on_push(peer, msg, now)
+            case Receipt():
+                return self._on_receipt(peer, msg, now)
+            case RouteError():
+                return self._on_route_error(peer, msg, now)
+            case Keepalive():
+                if not msg.reply:
+                    state.last_sent = now
+                    return [Send(peer, Keepalive(msg.nonce, True))]
+                return []
+            case PeerExchange():
+                return self.add_candidates(list(msg.peers), now)
+            case ErrorFrame():
+                self._count("peer_errors")
+                return []
+            case Hello():  # only meaningful on a link held on probation (rule M4), handled above
+                return []
+            case _:
+                assert_never(msg)
 
     def _on_probation_hello(self, peer: str, msg: Hello, now: float) -> list[Effect]:
         """M4: a Hello on an inbound link held while full. "low": make room; otherwise refuse."""
@@ -717,7 +721,7 @@ class Engine:
             status = self._home.accept_push(push.route_id, push.token, pid, push.ciphertext, now)
             return self._deliver_local(pid, push, status, now) + self._settle(pid, status, 0, now)
         cfg = self.config
-        self._reverse[pid] = (_LOCAL, now + cfg.reverse_ttl_s)
+        self._reverse.put(pid, (_LOCAL, now + cfg.reverse_ttl_s))
         # Retry periods 1, 1, 2, 2, 3, 3 x custody_retry_s: every escalation step (route, backups,
         # rings, full TTL) gets its turn within 12 retry periods (24 s by default), so black holes
         # on the routes cost latency, not pushes, within a 30 s deadline.
@@ -967,7 +971,7 @@ class Engine:
         pid = c.push.push_id
         if now >= c.deadline:
             self._custody.pop(pid, None)
-            self._reverse[pid] = (_LATE, now + self.config.reverse_ttl_s)
+            self._reverse.put(pid, (_LATE, now + self.config.reverse_ttl_s))
             # expired: routes existed but no receipt came back in time; unreachable: no relay on our
             # side ever had a route to the device.
             final = CustodyStatus.EXPIRED if c.routed else CustodyStatus.UNREACHABLE
@@ -995,7 +999,7 @@ class Engine:
         if nh is None:
             return []
         c.routed = True
-        self._reverse[pid] = (_LOCAL, now + cfg.reverse_ttl_s)
+        self._reverse.put(pid, (_LOCAL, now + cfg.reverse_ttl_s))
         self._mark_seen((pid, c.attempt * 2), now)
         push = c.push
         if self._level:

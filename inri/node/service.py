@@ -17,7 +17,7 @@ import os
 import random
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, assert_never
 
 import structlog
 import trio
@@ -129,28 +129,31 @@ class RelayService:
         now = self.clock()
         attempts: list[tuple[bytes, int]] = []
         for e in effects:
-            if type(e) is Send:
-                msg = e.msg
-                self.network.send(e.peer, encode(msg), e.delay)
-                self._count(_OUT_NAMES[type(msg)])
-                if type(msg) is Push and msg.attempt and msg.hops == 0 and msg.push_id in self._custody:
-                    attempts.append((msg.push_id, msg.attempt))
-            elif type(e) is CustodyTaken:
-                self.store.save_custody(e.push, e.deadline, now)
-                self._custody.add(e.push.push_id)
-            elif type(e) is CustodyReleased:
-                self.store.release_custody(e.push_id, e.status, e.hops, now)
-                self._custody.discard(e.push_id)
-                self._count("custody_" + e.status)
-            elif type(e) is Delivered:
-                self._count("delivered_here")
-                ev = self._mail_events.pop(e.route_id, None)
-                if ev is not None:
-                    ev.set()
-            elif type(e) is Connect:
-                self.network.connect(e.peer, e.addr)
-            elif type(e) is Disconnect:
-                self.network.disconnect(e.peer, e.reason)
+            match e:  # every effect type is handled: assert_never makes mypy flag a new one
+                case Send():
+                    msg = e.msg
+                    self.network.send(e.peer, encode(msg), e.delay)
+                    self._count(_OUT_NAMES[type(msg)])
+                    if isinstance(msg, Push) and msg.attempt and msg.hops == 0 and msg.push_id in self._custody:
+                        attempts.append((msg.push_id, msg.attempt))
+                case CustodyTaken():
+                    self.store.save_custody(e.push, e.deadline, now)
+                    self._custody.add(e.push.push_id)
+                case CustodyReleased():
+                    self.store.release_custody(e.push_id, e.status, e.hops, now)
+                    self._custody.discard(e.push_id)
+                    self._count("custody_" + e.status)
+                case Delivered():
+                    self._count("delivered_here")
+                    ev = self._mail_events.pop(e.route_id, None)
+                    if ev is not None:
+                        ev.set()
+                case Connect():
+                    self.network.connect(e.peer, e.addr)
+                case Disconnect():
+                    self.network.disconnect(e.peer, e.reason)
+                case _:
+                    assert_never(e)
         if attempts:
             self.store.update_attempts(attempts)
         when = self.engine.get_timer()
