@@ -1,9 +1,10 @@
 """The sans-IO engine's contract: its inputs, its effects, and the three objects a driver injects.
 
 Drivers (the trio daemon in `inri.node`, the simulator in `simulations`) own sockets, clocks, disks
-and trace files. They call `Engine` methods with an explicit `now` (seconds, float; unix time in the
-daemon, virtual time in the simulator) and carry out the returned effects in order. They re-arm one
-timer at `Engine.get_timer()` and call `Engine.handle_timer(now)` when it fires (aioquic style).
+and trace files. They call `Engine` methods with an explicit `now` (seconds, float; a monotonic
+clock in the daemon, virtual time in the simulator; wall-clock time is `now + Engine.wall_offset`)
+and carry out the returned effects in order. They re-arm one timer at `Engine.get_timer()` and call
+`Engine.handle_timer(now)` when it fires (aioquic style).
 
 Injected objects:
 - `Verifier`: checks registration signatures. The simulator shares one caching verifier across its
@@ -170,7 +171,7 @@ class CustodyTaken:
     """This relay accepted push into custody: persist it before answering the home app 202."""
 
     push: Push
-    deadline: float  # give up (status "expired"/"unreachable") after this time
+    deadline: float  # give up (status "expired"/"unreachable") after this time (engine clock: monotonic)
 
 
 @dataclass(frozen=True, slots=True)

@@ -261,6 +261,11 @@ class Engine:
         # deadline order (constant timeout). No answer by then scores the next hop as a black hole.
         self._await: BoundedMap[bytes, tuple[str, float]] = BoundedMap(config.reverse_max)
         self._score_decay = 0.5 ** (config.keepalive_interval_s / config.score_half_life_s)
+        # Clocks. `now` (every method's argument) is monotonic: budgets, keepalives, bans, custody and
+        # route lifetimes are intervals on it, so a stepped wall clock cannot cut links or expire
+        # routes. Registrations carry wall-clock (unix) times: wall time = now + wall_offset. The
+        # simulator leaves it 0 (virtual time is both); the daemon sets it before every call.
+        self.wall_offset = 0.0
         self.counters: dict[str, int] = {}
         self.reg_duplicates = 0  # gossip arrivals of a known (route, epoch): a plain int on the hot path
 
@@ -272,6 +277,11 @@ class Engine:
 
     def _trace(self, now: float, kind: str, **fields: Any) -> None:
         self._emit(now, self.relay_id, kind, **fields)
+
+    def _local_expiry(self, expires_at: int) -> float:
+        """A registration's wall-clock expiry as a time on the engine's monotonic clock."""
+        off = self.wall_offset
+        return expires_at - off if off else expires_at  # offset 0 (simulator): keep the shared int
 
     def _arm_tick(self, now: float) -> None:
         if self._next_tick is None:
@@ -509,9 +519,10 @@ class Engine:
         if old is not None and old[0] >= registration.epoch:
             self._count("reg_local_stale")
             return []
-        self._routes[rid] = (registration.epoch, registration.expires_at, 0)
-        if registration.expires_at < self._routes_expire_from:
-            self._routes_expire_from = registration.expires_at
+        expires = self._local_expiry(registration.expires_at)
+        self._routes[rid] = (registration.epoch, expires, 0)
+        if expires < self._routes_expire_from:
+            self._routes_expire_from = expires
         gossip = RegGossip(registration, self.config.gossip_ttl, 0)
         out: list[Effect] = []
         for p, st in self._active.items():
@@ -559,9 +570,10 @@ class Engine:
         # Per-neighbour budget (R4): every new (route, epoch) costs the sender one token.
         if not state.reg_budget.take(now, cfg.reg_budget_per_peer_per_s, cfg.reg_budget_peer_burst):
             return self._drop_reg(now, reg, peer, "budget_peer", cfg.score_budget_drop)
-        if reg.expires_at <= now:
+        wall = now + self.wall_offset  # registrations carry wall-clock times
+        if reg.expires_at <= wall:
             return self._drop_reg(now, reg, peer, "expired")
-        if reg.issued_at > now + MAX_CLOCK_SKEW_S:
+        if reg.issued_at > wall + MAX_CLOCK_SKEW_S:
             return self._drop_reg(now, reg, peer, "future")
         if not self._verifier.verify_registration(reg):
             return self._drop_reg(now, reg, peer, "bad_signature", cfg.score_bad_signature)
@@ -574,10 +586,12 @@ class Engine:
         elif len(self._routes) >= cfg.route_max:
             self._evict_route(now)
         hops = msg.hops + 1
-        # The route lives as long as the registration (at most 30 days, limits.MAX_LIFETIME_S).
-        self._routes[rid] = (epoch, reg.expires_at, hops, peer, hops)
-        if reg.expires_at < self._routes_expire_from:
-            self._routes_expire_from = reg.expires_at
+        # The route lives as long as the registration (at most 30 days, limits.MAX_LIFETIME_S), on the
+        # engine's monotonic clock: a wall-clock step later neither shortens nor stretches it.
+        expires = self._local_expiry(reg.expires_at)
+        self._routes[rid] = (epoch, expires, hops, peer, hops)
+        if expires < self._routes_expire_from:
+            self._routes_expire_from = expires
         out: list[Effect] = []
         ttl = msg.ttl - 1
         if ttl > 0:
@@ -670,7 +684,8 @@ class Engine:
         reason = None
         if len(token) != limits.TOKEN_BYTES or len(ciphertext) > limits.MAX_CIPHERTEXT_BYTES:
             outcome, reason = InjectOutcome.TOKEN_MISMATCH, "malformed"
-        elif registration.expires_at <= now or registration.issued_at > now + MAX_CLOCK_SKEW_S:
+        elif (registration.expires_at <= now + self.wall_offset
+              or registration.issued_at > now + self.wall_offset + MAX_CLOCK_SKEW_S):
             outcome, reason = InjectOutcome.BAD_REGISTRATION, "stale_registration"
         elif not self._verifier.verify_registration(registration):
             outcome, reason = InjectOutcome.BAD_REGISTRATION, "bad_signature"
@@ -697,6 +712,8 @@ class Engine:
         It is re-sent with the same push id and a higher attempt number, so relays whose seen-caches
         still hold the earlier attempt forward it, and the home relay answers DUPLICATE if it already
         stored it: a push answered 202 is neither lost nor delivered twice across a crash.
+        deadline is on the engine's clock, as in CustodyTaken (the daemon stores a wall-clock deadline
+        on disk and converts it back: a restart resets the monotonic clock).
         """
         pid = push.push_id
         if pid in self._custody:
@@ -718,7 +735,7 @@ class Engine:
         push = c.push
         pid = push.push_id
         if self._home.is_home(push.route_id):
-            status = self._home.accept_push(push.route_id, push.token, pid, push.ciphertext, now)
+            status = self._home.accept_push(push.route_id, push.token, pid, push.ciphertext, now + self.wall_offset)
             return self._deliver_local(pid, push, status, now) + self._settle(pid, status, 0, now)
         cfg = self.config
         self._reverse.put(pid, (_LOCAL, now + cfg.reverse_ttl_s))
@@ -802,7 +819,7 @@ class Engine:
             if self._reverse.put(pid, (peer, now + cfg.reverse_ttl_s)):
                 self._count("reverse_evicted")
         if self._home.is_home(rid):
-            status = self._home.accept_push(rid, msg.token, pid, msg.ciphertext, now)
+            status = self._home.accept_push(rid, msg.token, pid, msg.ciphertext, now + self.wall_offset)
             out = self._deliver_local(pid, msg, status, now, hops=msg.hops + 1)
             out.append(Send(peer, Receipt(pid, status, msg.hops + 1)))
             return out
