@@ -181,7 +181,8 @@ def _gossip_frame_bytes(registration: Registration) -> int:
 class _Peer:
     """An active neighbour."""
 
-    __slots__ = ("addr", "outbound", "last_heard", "last_sent", "reg_budget", "nonce", "score", "push_budget")
+    __slots__ = ("addr", "outbound", "last_heard", "last_sent", "reg_budget", "nonce", "score", "push_budget",
+                 "congested_at")
 
     def __init__(self, addr: str, outbound: bool, now: float, burst: float, push_burst: float) -> None:
         self.addr = addr
@@ -192,6 +193,7 @@ class _Peer:
         self.nonce = 0
         self.score = 0.0  # peer score: see EngineConfig.score_*
         self.push_budget = TokenBucket(push_burst, now)  # push frame budget
+        self.congested_at = -float("inf")  # when link_congested last cost it score
 
 
 class _Custody:
@@ -305,6 +307,18 @@ class Engine:
         if self._level:
             self._trace(now, "peer_scored", peer=peer, reason=reason, count=int(state.score))
         return [Disconnect(peer, DisconnectReason.SCORE), *self.peer_down(peer, now, DisconnectReason.SCORE)]
+
+    def link_congested(self, peer: str, now: float) -> list[Effect]:
+        """The driver's bounded send queue for peer dropped frames: peer does not read (rule S1).
+
+        A modest penalty (score_congested), at most once per keepalive interval however often the
+        driver reports, so only a neighbour that stays congested loses preference and then the link.
+        """
+        state = self._active.get(peer)
+        if state is None or now - state.congested_at < self.config.keepalive_interval_s:
+            return []
+        state.congested_at = now
+        return self._score(peer, self.config.score_congested, now, "congested")
 
     # ------------------------------------------------------------------------------------------
     # membership
