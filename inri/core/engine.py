@@ -79,7 +79,7 @@ from inri.core.api import (
 )
 from inri.core.budget import TokenBucket
 from inri.core.config import EngineConfig
-from inri.core.tables import BoundedMap
+from inri.core.tables import BoundedMap, RouteEntry, RouteTable
 from inri.protocol import limits
 from inri.protocol.codec import DecodeError, decode, encode_unchecked
 from inri.protocol.messages import (
@@ -241,10 +241,8 @@ class Engine:
         self._connecting: dict[str, float] = {}  # node id -> give-up time
         # Former neighbours whose link was lost: re-dialled with exponential backoff while the active
         # view is below active_max, so a mesh torn by a partition or a crash knits itself back.
-        self._lost: dict[str, list] = {}  # node id -> [addr, retry_at, failures]
-        # route id -> (epoch, expires, feasibility distance, peer1, hops1, peer2, hops2, ...)
-        self._routes: dict[bytes, tuple] = {}
-        self._routes_expire_from = float("inf")  # no route expires before this (sweeps skip the scan)
+        self._lost: dict[str, list[Any]] = {}  # node id -> [addr, retry_at, failures]
+        self._routes = RouteTable()
         self._origin_bucket: dict[bytes, TokenBucket] = {}  # route id -> refresh budget (rule R4)
         # (push id, attempt * 2 + ring mode) -> expiry
         self._push_seen: BoundedMap[tuple[bytes, int], float] = BoundedMap(config.push_seen_max)
@@ -449,15 +447,9 @@ class Engine:
         here) would otherwise make this relay report the home unreachable once the liar is gone. The
         feasibility distance becomes that of the next hops left (none left: unknown), as in Babel.
         """
-        routes = self._routes
-        for rid, e in list(routes.items()):
-            if peer not in e:
-                continue
-            i = e.index(peer)
-            rest = e[3:i] + e[i + 2:]
-            fd = min(rest[1::2]) if rest else limits.MAX_TTL + 1
-            routes[rid] = (e[0], e[1], fd, *rest)
-            self._count("routes_purged")
+        purged = self._routes.purge(peer)
+        if purged:
+            self._count("routes_purged", purged)
 
     def receive_frame(self, peer: str, data: bytes, now: float) -> list[Effect]:
         """Decode a frame from peer and handle it; a malformed frame is answered with an ErrorFrame."""
@@ -530,13 +522,10 @@ class Engine:
         """A device homed here registered or refreshed: originate its gossip (rule R2 at distance 0)."""
         rid = registration.route_id
         old = self._routes.get(rid)
-        if old is not None and old[0] >= registration.epoch:
+        if old is not None and RouteTable.epoch(old) >= registration.epoch:
             self._count("reg_local_stale")
             return []
-        expires = self._local_expiry(registration.expires_at)
-        self._routes[rid] = (registration.epoch, expires, 0)
-        if expires < self._routes_expire_from:
-            self._routes_expire_from = expires
+        self._routes.originate(rid, registration.epoch, self._local_expiry(registration.expires_at))
         gossip = RegGossip(registration, self.config.gossip_ttl, 0)
         out: list[Effect] = []
         for p, st in self._active.items():
@@ -566,20 +555,21 @@ class Engine:
         reg = msg.registration
         rid = reg.route_id
         epoch = reg.epoch
-        entry = self._routes.get(rid)
+        routes = self._routes
+        entry = routes.get(rid)
         if entry is not None:
-            if epoch == entry[0]:  # a duplicate (most gossip arrivals): R3
+            known = routes.epoch(entry)
+            if epoch == known:  # a duplicate (most gossip arrivals): R3
                 self.reg_duplicates += 1
-                # The only str items of an entry are its next hops: `peer in entry` needs no slice.
-                if peer in entry:  # it gave us this (route, epoch) before: honest relays forward once
+                if routes.claims(entry, peer):  # it gave us this (route, epoch) before: honest relays forward once
                     return self._drop_reg(now, reg, peer, "replayed", cfg.score_replay)
-                if msg.hops < entry[2] and len(entry) < 3 + 2 * cfg.route_k:  # feasible, and room
+                if msg.hops < routes.distance(entry) and routes.has_room(entry, cfg.route_k):  # feasible, room
                     return self._add_backup(peer, msg, entry, rid, now)
                 if self._level >= TraceLevel.FULL:
                     self._trace(now, "reg_duplicate", msg=f"{rid.hex()}:{epoch}", route=rid.hex(), peer=peer,
                                 hops=msg.hops + 1, epoch=epoch)
                 return []
-            if epoch < entry[0]:
+            if epoch < known:
                 return self._drop_reg(now, reg, peer, "stale_epoch", cfg.score_replay)
         # Per-neighbour budget (R4): every new (route, epoch) costs the sender one token.
         if not state.reg_budget.take(now, cfg.reg_budget_per_peer_per_s, cfg.reg_budget_peer_burst):
@@ -597,15 +587,12 @@ class Engine:
                 bucket = self._origin_bucket[rid] = TokenBucket(float(cfg.reg_budget_burst), now)
             if not bucket.take(now, cfg.reg_budget_per_origin_per_s, float(cfg.reg_budget_burst)):
                 return self._drop_reg(now, reg, peer, "budget_origin")
-        elif len(self._routes) >= cfg.route_max:
+        elif len(routes) >= cfg.route_max:
             self._evict_route(now)
         hops = msg.hops + 1
         # The route lives as long as the registration (at most 30 days, limits.MAX_LIFETIME_S), on the
         # engine's monotonic clock: a wall-clock step later neither shortens nor stretches it.
-        expires = self._local_expiry(reg.expires_at)
-        self._routes[rid] = (epoch, expires, hops, peer, hops)
-        if expires < self._routes_expire_from:
-            self._routes_expire_from = expires
+        routes.set_first(rid, epoch, self._local_expiry(reg.expires_at), peer, hops)
         out: list[Effect] = []
         ttl = msg.ttl - 1
         if ttl > 0:
@@ -625,12 +612,12 @@ class Engine:
                             ttl=msg.ttl, epoch=epoch, count=len(out), nbytes=nbytes)
         return out
 
-    def _add_backup(self, peer: str, msg: RegGossip, entry: tuple, rid: bytes, now: float) -> list[Effect]:
+    def _add_backup(self, peer: str, msg: RegGossip, entry: RouteEntry, rid: bytes, now: float) -> list[Effect]:
         # R3: a feasible arrival from a new neighbour while there is room: a backup next hop.
         reg = msg.registration
         if not self._verifier.verify_registration(reg):
             return self._drop_reg(now, reg, peer, "bad_signature", self.config.score_bad_signature)
-        self._routes[rid] = (*entry, peer, msg.hops + 1)
+        self._routes.add_backup(rid, entry, peer, msg.hops + 1)
         if self._level >= TraceLevel.FULL:
             self._trace(now, "route_backup", msg=f"{rid.hex()}:{reg.epoch}", route=rid.hex(), peer=peer,
                         hops=msg.hops + 1, epoch=reg.epoch)
@@ -638,8 +625,7 @@ class Engine:
 
     def _evict_route(self, now: float) -> None:
         # Table full: drop the entry that expires first (bounded memory; traced as a drop).
-        victim = min(self._routes, key=lambda r: self._routes[r][1])
-        del self._routes[victim]
+        victim = self._routes.evict_first_expiring()
         self._count("routes_evicted")
         if self._level >= TraceLevel.FULL:
             self._trace(now, "route_expired", route=victim.hex(), reason="evicted")
@@ -655,10 +641,12 @@ class Engine:
         re-send does not walk into the same silent failure as the first copy).
         """
         entry = self._routes.get(rid)
-        if entry is None or len(entry) < 5:
+        if entry is None:
+            return None
+        hops = RouteTable.next_hops(entry)
+        if not hops:
             return None
         active = self._active
-        hops = entry[3::2]
         if alternate and len(hops) > 1:
             hops = hops[1:] + hops[:1]
         fallback = None
@@ -676,7 +664,10 @@ class Engine:
         """True when our route for rid had distance 1 (the home relay was our neighbour) and no live
         next hop remains: the home relay itself is unreachable from here, not just a path to it."""
         entry = self._routes.get(rid)
-        return entry is not None and entry[2] == 1 and (len(entry) < 5 or entry[3] not in self._active)
+        if entry is None or RouteTable.distance(entry) != 1:
+            return False
+        primary = RouteTable.primary(entry)
+        return primary is None or primary not in self._active
 
     def has_route(self, route_id: bytes) -> bool:
         """True when a live next hop is known for route_id."""
@@ -977,9 +968,8 @@ class Engine:
         # route (a backup takes over). Relays further back keep their routes: their next hop is fine.
         # A home that is down is no fault of the path, and the route is right again when it returns.
         entry = self._routes.get(msg.route_id)
-        if entry is not None and msg.reason != RouteErrorReason.HOME_UNREACHABLE and peer in entry[3::2]:
-            i = 3 + 2 * entry[3::2].index(peer)
-            self._routes[msg.route_id] = entry[:i] + entry[i + 2:]
+        if entry is not None and msg.reason != RouteErrorReason.HOME_UNREACHABLE and RouteTable.claims(entry, peer):
+            self._routes.drop_next_hop(msg.route_id, entry, peer)
         if prev is _LOCAL:
             c = self._custody.get(msg.push_id)
             if c is None:
@@ -1128,7 +1118,7 @@ class Engine:
         return [Send(target, PeerExchange(tuple(sample)))]
 
     def _sweep(self, now: float) -> None:
-        if now >= self._routes_expire_from:
+        if now >= self._routes.expire_from:
             self._sweep_routes(now)
         self._push_seen.sweep(lambda exp: exp <= now)
         self._reverse.sweep(lambda v: v[1] <= now and v[0] is not _LOCAL)
@@ -1139,10 +1129,7 @@ class Engine:
             del self._banned[peer]
 
     def _sweep_routes(self, now: float) -> None:
-        expired = [r for r, e in self._routes.items() if e[1] <= now]
-        self._routes_expire_from = min((e[1] for e in self._routes.values() if e[1] > now), default=float("inf"))
-        for r in expired:
-            del self._routes[r]
+        for r in self._routes.expire(now):
             self._origin_bucket.pop(r, None)
             if self._level >= TraceLevel.FULL:
                 self._trace(now, "route_expired", route=r.hex(), reason="lifetime")
@@ -1152,7 +1139,7 @@ class Engine:
 
     def route_count(self) -> int:
         """Route ids with at least one next hop."""
-        return sum(1 for e in self._routes.values() if len(e) >= 5)
+        return self._routes.routed_count()
 
     def active_peers(self) -> list[str]:
         """The active view, sorted."""
@@ -1165,9 +1152,7 @@ class Engine:
     def next_hops(self, route_id: bytes) -> list[tuple[str, int]]:
         """The cached route vector for route_id: [(next hop, distance), ...], primary first."""
         entry = self._routes.get(route_id)
-        if entry is None:
-            return []
-        return list(zip(entry[3::2], entry[4::2], strict=True))
+        return [] if entry is None else RouteTable.vector(entry)
 
     def peer_scores(self) -> dict[str, float]:
         """The score of every active neighbour (rule S1), rounded."""
@@ -1176,7 +1161,7 @@ class Engine:
     def route_epoch(self, route_id: bytes) -> int | None:
         """The newest epoch known for route_id."""
         entry = self._routes.get(route_id)
-        return None if entry is None else entry[0]
+        return None if entry is None else RouteTable.epoch(entry)
 
     def stats(self) -> dict[str, int]:
         """Table sizes and counters."""
