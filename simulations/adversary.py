@@ -26,7 +26,8 @@ from dataclasses import dataclass
 
 from inri.core.api import Effect, Send
 from inri.core.budget import KeyedBuckets
-from inri.core.engine import Engine, _Peer
+from inri.core.engine import Engine
+from inri.core.state import Neighbour
 from inri.protocol.codec import make_registration
 from inri.protocol.keys import new_signing_key
 from inri.protocol.messages import Push, RegGossip, Registration
@@ -65,7 +66,7 @@ class BlackHole(Engine):
 class Rushing(BlackHole):
     """Forwards gossip claiming hops 0 (the simulator gives it no processing delay)."""
 
-    def _on_gossip(self, peer: str, state: _Peer, msg: RegGossip, now: float) -> list[Effect]:
+    def _on_gossip(self, peer: str, state: Neighbour, msg: RegGossip, now: float) -> list[Effect]:
         out = super()._on_gossip(peer, state, msg, now)
         return [Send(e.peer, RegGossip(e.msg.registration, e.msg.ttl, 0))
                 if type(e) is Send and type(e.msg) is RegGossip else e for e in out]
@@ -112,7 +113,7 @@ class Forger(_Spammer, Rushing):
 
     seen: deque
 
-    def _on_gossip(self, peer: str, state: _Peer, msg: RegGossip, now: float) -> list[Effect]:
+    def _on_gossip(self, peer: str, state: Neighbour, msg: RegGossip, now: float) -> list[Effect]:
         self.seen.append(msg.registration)
         return super()._on_gossip(peer, state, msg, now)
 
