@@ -1,4 +1,6 @@
-"""A small in-memory network of engines with a virtual clock, for tests (aioquic style).
+"""A small in-memory network of engines with a virtual clock: a public, first-class testing helper
+(like trio.testing), used by the tests and by `inri demo`; its interface stays stable as the engine
+changes (docs/architecture.md).
 
 Frames are moved as objects (or encoded and decoded, with `wire=True`) over fixed links with a
 latency each; `run_until` advances the virtual clock through frame arrivals and engine timers.
