@@ -406,19 +406,24 @@ class Simulator:
 
     # -- effects --------------------------------------------------------------------------------
     def _apply(self, src: int, effects: list[Effect]) -> None:
-        """Carry out relay src's effects, in order. Every Effect type has its case: mypy flags a new one."""
+        """Carry out relay src's effects, in order. Every Effect type has its case: mypy flags a new one
+        (the match ends in assert_never)."""
         for eff in effects:
+            # Sends first, outside the match: nearly every effect is one, and on Python 3.11 a class
+            # pattern costs about three times an isinstance (measured). mypy narrows `eff` to the
+            # other effect types below, so the match stays exhaustive.
+            if isinstance(eff, Send):
+                dst = self.index[eff.peer]
+                lat = self.lat[src].get(dst)
+                if lat is None or (src, dst) in self.cut:
+                    self.lost += 1
+                    continue
+                if self.sc.loss and self.rng.loss.random() < self.sc.loss:
+                    self.lost += 1
+                    continue
+                self.q.schedule(self.now + eff.delay + lat + self.net.processing[dst], _FRAME, src, dst, eff.msg)
+                continue
             match eff:
-                case Send():
-                    dst = self.index[eff.peer]
-                    lat = self.lat[src].get(dst)
-                    if lat is None or (src, dst) in self.cut:
-                        self.lost += 1
-                        continue
-                    if self.sc.loss and self.rng.loss.random() < self.sc.loss:
-                        self.lost += 1
-                        continue
-                    self.q.schedule(self.now + eff.delay + lat + self.net.processing[dst], _FRAME, src, dst, eff.msg)
                 case Connect():
                     to = self.index.get(eff.peer)
                     if to is None or not self.alive[to] or to == src or (src, to) in self.cut:
