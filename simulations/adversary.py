@@ -25,8 +25,8 @@ from collections import deque
 from dataclasses import dataclass
 
 from inri.core.api import Effect, Send
+from inri.core.budget import KeyedBuckets
 from inri.core.engine import Engine, _Peer
-from inri.node.ratelimit import RateLimiter
 from inri.protocol.codec import make_registration
 from inri.protocol.keys import new_signing_key
 from inri.protocol.messages import Push, RegGossip, Registration
@@ -149,7 +149,8 @@ class Ingress:
     of them: a spam request that finds all of them busy is never sent (the offered load beyond that
     is what a closed-loop load generator cannot get in). Each honest home app has one connection
     (its requests queue on it). Every request passes the relay's own rate limits (the daemon's
-    RateLimiter and its documented defaults: per client address, per device, per token) and costs
+    token buckets, inri.core.budget.KeyedBuckets, with its documented defaults: per client address,
+    per device, per token) and costs
     1/capacity_per_s when accepted, reject_cost of that when refused.
     """
 
@@ -160,9 +161,9 @@ class Ingress:
         self.queues: dict[str, deque] = {}
         self.order: deque[str] = deque()  # clients with waiting requests, in turn
         self.busy = False
-        self.limit_client = RateLimiter(*client_rate, clock=clock)  # type: ignore[arg-type]
-        self.limit_device = RateLimiter(*device_rate, clock=clock)  # type: ignore[arg-type]
-        self.limit_token = RateLimiter(*token_rate, clock=clock)  # type: ignore[arg-type]
+        self.limit_client = KeyedBuckets(*client_rate, clock=clock)  # type: ignore[arg-type]
+        self.limit_device = KeyedBuckets(*device_rate, clock=clock)  # type: ignore[arg-type]
+        self.limit_token = KeyedBuckets(*token_rate, clock=clock)  # type: ignore[arg-type]
         self.offered = {"spam": 0, "honest": 0}
         self.accepted = {"spam": 0, "honest": 0}
         self.refused = {"spam": 0, "honest": 0}

@@ -73,6 +73,7 @@ from inri.core.api import (
     Tracer,
     Verifier,
 )
+from inri.core.budget import TokenBucket
 from inri.core.config import EngineConfig
 from inri.protocol import limits
 from inri.protocol.codec import DecodeError, decode, encode_unchecked
@@ -148,20 +149,17 @@ def _gossip_frame_bytes(registration: Registration) -> int:
 class _Peer:
     """An active neighbour."""
 
-    __slots__ = ("addr", "outbound", "last_heard", "last_sent", "bucket", "bucket_t", "nonce", "score",
-                 "pbucket", "pbucket_t")
+    __slots__ = ("addr", "outbound", "last_heard", "last_sent", "reg_budget", "nonce", "score", "push_budget")
 
     def __init__(self, addr: str, outbound: bool, now: float, burst: float, push_burst: float) -> None:
         self.addr = addr
         self.outbound = outbound
         self.last_heard = now
         self.last_sent = now
-        self.bucket = burst  # registration gossip budget (tokens)
-        self.bucket_t = now
+        self.reg_budget = TokenBucket(burst, now)  # registration gossip budget
         self.nonce = 0
         self.score = 0.0  # peer score: see EngineConfig.score_*
-        self.pbucket = push_burst  # push frame budget (tokens)
-        self.pbucket_t = now
+        self.push_budget = TokenBucket(push_burst, now)  # push frame budget
 
 
 class _Custody:
@@ -213,7 +211,7 @@ class Engine:
         # route id -> (epoch, expires, feasibility distance, peer1, hops1, peer2, hops2, ...)
         self._routes: dict[bytes, tuple] = {}
         self._routes_expire_from = float("inf")  # no route expires before this (sweeps skip the scan)
-        self._origin_bucket: dict[bytes, tuple[float, float]] = {}  # route id -> (tokens, t)
+        self._origin_bucket: dict[bytes, TokenBucket] = {}  # route id -> refresh budget (rule R4)
         self._push_seen: dict[tuple[bytes, int], float] = {}  # (push id, attempt) -> expiry
         self._reverse: dict[bytes, tuple[str, float]] = {}  # push id -> (previous hop, expiry)
         self._custody: dict[bytes, _Custody] = {}
@@ -522,13 +520,8 @@ class Engine:
             if epoch < entry[0]:
                 return self._drop_reg(now, reg, peer, "stale_epoch", cfg.score_replay)
         # Per-neighbour budget (R4): every new (route, epoch) costs the sender one token.
-        elapsed = now - state.bucket_t
-        state.bucket_t = now
-        tokens = min(cfg.reg_budget_peer_burst, state.bucket + elapsed * cfg.reg_budget_per_peer_per_s)
-        if tokens < 1.0:
-            state.bucket = tokens
+        if not state.reg_budget.take(now, cfg.reg_budget_per_peer_per_s, cfg.reg_budget_peer_burst):
             return self._drop_reg(now, reg, peer, "budget_peer", cfg.score_budget_drop)
-        state.bucket = tokens - 1.0
         if reg.expires_at <= now:
             return self._drop_reg(now, reg, peer, "expired")
         if reg.issued_at > now + MAX_CLOCK_SKEW_S:
@@ -536,12 +529,11 @@ class Engine:
         if not self._verifier.verify_registration(reg):
             return self._drop_reg(now, reg, peer, "bad_signature", cfg.score_bad_signature)
         if entry is not None:  # a refresh (newer epoch) of a known route id: per-origin budget
-            btok, bt = self._origin_bucket.get(rid, (float(cfg.reg_budget_burst), now))
-            btok = min(float(cfg.reg_budget_burst), btok + (now - bt) * cfg.reg_budget_per_origin_per_s)
-            if btok < 1.0:
-                self._origin_bucket[rid] = (btok, now)
+            bucket = self._origin_bucket.get(rid)
+            if bucket is None:
+                bucket = self._origin_bucket[rid] = TokenBucket(float(cfg.reg_budget_burst), now)
+            if not bucket.take(now, cfg.reg_budget_per_origin_per_s, float(cfg.reg_budget_burst)):
                 return self._drop_reg(now, reg, peer, "budget_origin")
-            self._origin_bucket[rid] = (btok - 1.0, now)
         elif len(self._routes) >= cfg.route_max:
             self._evict_route(now)
         hops = msg.hops + 1
@@ -755,18 +747,12 @@ class Engine:
     def _on_push(self, peer: str, msg: Push, now: float) -> list[Effect]:
         pid = msg.push_id
         cfg = self.config
-        state = self._active[peer]
-        refill = (now - state.pbucket_t) * cfg.push_budget_per_peer_per_s
-        tokens = min(cfg.push_budget_peer_burst, state.pbucket + refill)
-        state.pbucket_t = now
-        if tokens < 1.0:
-            state.pbucket = tokens
+        if not self._active[peer].push_budget.take(now, cfg.push_budget_per_peer_per_s, cfg.push_budget_peer_burst):
             self._count("push_dropped_budget_peer")
             if self._level:
                 self._trace(now, "push_dropped", msg=pid.hex(), route=msg.route_id.hex(), peer=peer, hops=msg.hops,
                             ttl=msg.ttl, reason="budget_peer")
             return self._score(peer, cfg.score_budget_drop, now, "budget_peer")
-        state.pbucket = tokens - 1.0
         # Seen per (push, attempt, mode): a ring copy that met a route continues in route mode through
         # relays that already saw (and flooded) the ring copy of the same attempt.
         key = (pid, msg.attempt * 2 + (1 if msg.ring else 0))
