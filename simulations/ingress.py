@@ -5,8 +5,9 @@ at a time; the server serves the connections with a request waiting in turn (rou
 event loop does. The spammer has `connections` of them: a spam request that finds all of them busy
 is never sent (the offered load beyond that is what a closed-loop load generator cannot get in).
 Each honest home app has one connection (its requests queue on it). Every request passes the relay's
-own rate limits (per client address, per device, per token, with the daemon's documented defaults)
-and costs 1/capacity_per_s when accepted, reject_cost of that when refused.
+own rate limits (per client address, per device, per token: the core's token buckets, as in the
+daemon's limiter, with the daemon's documented defaults) and costs 1/capacity_per_s when accepted,
+reject_cost of that when refused.
 
 The model only queues and admits; the simulator turns an accepted request into an engine push.
 """
@@ -14,11 +15,12 @@ The model only queues and admits; the simulator turns an accepted request into a
 from __future__ import annotations
 
 import random
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
+from inri.core.budget import KeyedBuckets
 from simulations.adversary import Adversary
 from simulations.metrics import nearest_rank
 
@@ -31,7 +33,7 @@ class Limit:
     burst: int
 
 
-# The relay daemon's documented [api] defaults (docs/configuration.md): rate_per_s / rate_burst per
+# The relay daemon's documented [api] defaults (docs/operations.md): rate_per_s / rate_burst per
 # client address, device_rate_per_s / device_rate_burst per device, token_rate_per_s /
 # token_rate_burst per token. Copied, not imported: simulations sit beside the daemon, not on it
 # (tests/test_sim.py checks they still match inri.node.config.ApiSection).
@@ -39,35 +41,12 @@ CLIENT_LIMIT = Limit(50.0, 100)
 DEVICE_LIMIT = Limit(10.0, 50)
 TOKEN_LIMIT = Limit(0.1, 3)
 
-KEYS_MAX = 100_000  # buckets kept per limit (least recently used dropped), as in the daemon
-
 
 class Source(StrEnum):
     """Who sent a request."""
 
     SPAM = "spam"
     HONEST = "honest"
-
-
-class KeyedLimit:
-    """Token buckets per key on the simulated clock, LRU-bounded (the daemon's per-client limiter)."""
-
-    def __init__(self, limit: Limit, clock: Callable[[], float]) -> None:
-        self.rate = limit.rate_per_s
-        self.burst = float(limit.burst)
-        self.clock = clock
-        self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()  # key -> (tokens, at)
-
-    def take(self, key: str) -> bool:
-        """Spend one token of key's bucket; False when it has none (refused)."""
-        now = self.clock()
-        tokens, t = self._buckets.pop(key, (self.burst, now))
-        tokens = min(self.burst, tokens + (now - t) * self.rate)
-        ok = tokens >= 1.0
-        self._buckets[key] = (tokens - 1.0 if ok else tokens, now)
-        while len(self._buckets) > KEYS_MAX:
-            self._buckets.popitem(last=False)
-        return ok
 
 
 Request = tuple[Source, int]
@@ -87,9 +66,10 @@ class Ingress:
         self.order: deque[str] = deque()  # connections with waiting requests, in turn
         self.busy = False
         self.in_service: tuple[str, Request, bool] | None = None  # (connection, request, admitted)
-        self.limit_client = KeyedLimit(CLIENT_LIMIT, clock)
-        self.limit_device = KeyedLimit(DEVICE_LIMIT, clock)
-        self.limit_token = KeyedLimit(TOKEN_LIMIT, clock)
+        # The daemon's limiter is built on the same core buckets (inri.core.budget), LRU-bounded alike.
+        self.limit_client = KeyedBuckets(CLIENT_LIMIT.rate_per_s, CLIENT_LIMIT.burst, clock=clock)
+        self.limit_device = KeyedBuckets(DEVICE_LIMIT.rate_per_s, DEVICE_LIMIT.burst, clock=clock)
+        self.limit_token = KeyedBuckets(TOKEN_LIMIT.rate_per_s, TOKEN_LIMIT.burst, clock=clock)
         self.offered = {Source.SPAM: 0, Source.HONEST: 0}
         self.accepted = {Source.SPAM: 0, Source.HONEST: 0}
         self.refused = {Source.SPAM: 0, Source.HONEST: 0}
@@ -151,8 +131,8 @@ class Ingress:
     def _admit(self, source: Source, conn: str, device: bytes, token: bytes) -> bool:
         """The daemon's three limits, in its order; False: refused (429)."""
         client = self.SPAMMER if source is Source.SPAM else conn  # rate limits key on the client address
-        ok = (self.limit_client.take(client) and self.limit_device.take(device.hex())
-              and self.limit_token.take(token.hex()))
+        ok = (self.limit_client.take(client) == 0.0 and self.limit_device.take(device.hex()) == 0.0
+              and self.limit_token.take(token.hex()) == 0.0)
         (self.accepted if ok else self.refused)[source] += 1
         return ok
 
