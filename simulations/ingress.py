@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from inri.core.budget import KeyedBuckets
+from inri.protocol.messages import Registration
 from simulations.adversary import Adversary
 from simulations.metrics import nearest_rank
 
@@ -58,8 +59,10 @@ class Ingress:
 
     SPAMMER = "spammer"  # the spammer's client address (its connections are "spammer#i")
 
-    def __init__(self, adversary: Adversary, clock: Callable[[], float], rng: random.Random) -> None:
+    def __init__(self, adversary: Adversary, spam_reg: Registration, clock: Callable[[], float],
+                 rng: random.Random) -> None:
         self.a = adversary
+        self.spam_reg = spam_reg  # the spammer's own registered device: every spam push carries it
         self.rng = rng  # the adversaries' stream (spam arrivals, spam tokens)
         self.service = 1.0 / adversary.capacity_per_s
         self.queues: dict[str, deque[Request]] = {}
@@ -105,11 +108,10 @@ class Ingress:
         q.append((source, b))
         return True
 
-    def serve_next(self, now: float, spam_device: bytes,
-                   credentials: Callable[[int], tuple[bytes, bytes]]) -> float | None:
+    def serve_next(self, now: float, credentials: Callable[[int], tuple[bytes, bytes]]) -> float | None:
         """Start serving the next waiting request (round robin over connections) and admit or refuse
         it; returns when it is done, or None when nothing waits. `credentials(b)`: the (device,
-        token) of honest push plan b; spam carries `spam_device` and a fresh random token."""
+        token) of honest push plan b; spam carries the spammer's device and a fresh random token."""
         if not self.order:
             self.in_service = None
             self.busy = False
@@ -121,7 +123,7 @@ class Ingress:
             self.order.append(conn)
         self.busy = True
         if source is Source.SPAM:
-            device, token = spam_device, self.rng.randbytes(16)
+            device, token = self.spam_reg.route_id, self.rng.randbytes(16)
         else:
             device, token = credentials(b)
         ok = self._admit(source, conn, device, token)

@@ -41,7 +41,7 @@ from inri.core.home import MemoryHomeStore
 from inri.core.verify import CachingVerifier
 from inri.protocol.codec import make_registration
 from inri.protocol.keys import new_signing_key
-from inri.protocol.messages import PeerInfo, Registration
+from inri.protocol.messages import PeerInfo
 from simulations.adversary import make_engine
 from simulations.components import ComponentTracker, ExclusionWindow
 from simulations.events import EventKind, EventQueue
@@ -112,9 +112,7 @@ class Simulator:
         self.now = 0.0
         self.work = Workload()
         self.window = ExclusionWindow(scenario.deadline_s, self.components, self._home_of, self._exclude)
-        self.custody_final: dict[bytes, str] = {}
         self.ingress: Ingress | None = None  # with a push spammer: its victim's API
-        self.spam_reg: Registration | None = None  # the push spammer's own registration
 
     # -- setup ----------------------------------------------------------------------------------
     def _new_engine(self, i: int) -> Engine:
@@ -142,13 +140,12 @@ class Simulator:
         if a is None:
             return
         rng = self.rng.adv
-        self.ingress = Ingress(a, clock=lambda: self.now, rng=rng)
         honest = self.roles.honest
         home = honest[rng.randrange(len(honest))]
-        self.spam_reg = make_registration(new_signing_key(rng.randbytes(32)), 1, 0,
-                                          int(self.sc.duration_s * 4) + 3600)
-        self.homes[home].add_registration(self.spam_reg, [])
-        self._apply(home, self.engines[home].register(self.spam_reg, 0.0))
+        spam_reg = make_registration(new_signing_key(rng.randbytes(32)), 1, 0, int(self.sc.duration_s * 4) + 3600)
+        self.ingress = Ingress(a, spam_reg, clock=lambda: self.now, rng=rng)
+        self.homes[home].add_registration(spam_reg, [])
+        self._apply(home, self.engines[home].register(spam_reg, 0.0))
         if self.hostile_on and a.rate_x > 0:
             self.q.schedule(max(a.start_s, 0.0), EventKind.ARRIVE, self.roles.victim, -1, None)
 
@@ -373,8 +370,8 @@ class Simulator:
     def _serve(self, t: float) -> None:
         """Start serving the next waiting request at the victim's API."""
         ing = self.ingress
-        assert ing is not None and self.spam_reg is not None
-        done = ing.serve_next(t, self.spam_reg.route_id, self._credentials)
+        assert ing is not None
+        done = ing.serve_next(t, self._credentials)
         if done is not None:
             self.q.schedule(done, EventKind.SERVED, self.roles.victim, 0, None)
 
@@ -387,14 +384,14 @@ class Simulator:
     def _served(self, t: float) -> None:
         """The request in service is done: an accepted push enters the relay's engine now."""
         ing = self.ingress
-        assert ing is not None and self.spam_reg is not None
+        assert ing is not None
         done = ing.in_service
         victim = self.roles.victim
         if done is not None:
             _, (source, b), ok = done
             if ok and self.alive[victim]:
                 if source is Source.SPAM:
-                    res = self.engines[victim].inject_push(self.spam_reg, self.rng.adv.randbytes(16), b"spam", t)
+                    res = self.engines[victim].inject_push(ing.spam_reg, self.rng.adv.randbytes(16), b"spam", t)
                     if res.push_id is not None:  # not an honest push: outside every delivery figure
                         self.tracer.emit(t, self.names[victim], "push_excluded", msg=res.push_id.hex(),
                                          reason="adversary")
@@ -443,10 +440,8 @@ class Simulator:
                         # not re-dialled, a lost link is.
                         self._apply(to, self.engines[to].peer_down(self.names[src], self.now, eff.reason))
                         self._rearm(to)
-                case CustodyReleased():
-                    self.custody_final[eff.push_id] = eff.status
-                case Delivered() | CustodyTaken():
-                    pass  # the trace rows (push_delivered, push_injected) say it already
+                case Delivered() | CustodyTaken() | CustodyReleased():
+                    pass  # for a driver with storage; the engine's trace rows already say it
                 case _:
                     assert_never(eff)
 
