@@ -56,9 +56,20 @@ class EventQueue:
         self.seq = 0  # the last sequence number given out
 
     def schedule(self, t: float, kind: int, a: int, b: int, payload: object) -> None:
-        """Number an event (the next seq) and add it."""
+        """Number an event (the next seq) and add it (`push`, inlined: the simulator calls this for
+        every timer and most frames)."""
         self.seq += 1
-        self.push((t, self.seq, kind, a, b, payload))
+        ev = (t, self.seq, kind, a, b, payload)
+        k = int(t * self.inv)
+        if k == self.cur_key:
+            bisect.insort(self.cur, ev, lo=self.pos)
+            return
+        bucket = self.buckets.get(k)
+        if bucket is None:
+            self.buckets[k] = [ev]
+            heapq.heappush(self.keys, k)
+        else:
+            bucket.append(ev)
 
     def push(self, ev: Event) -> None:
         """Add an event (ev[0] is its time; never earlier than the last event popped)."""

@@ -57,8 +57,8 @@ from simulations.workload import PushPlan, Roles, Streams, Workload, plan_churn,
 
 __all__ = ["Result", "Simulator", "run_scenario", "summary_line"]
 
-# The event kinds as module globals: the run loop compares one on every event.
-_FRAME, _TIMER = EventKind.FRAME, EventKind.TIMER
+# The hot event kinds as plain ints in module globals: the run loop compares one on every event.
+_FRAME, _TIMER = EventKind.FRAME.value, EventKind.TIMER.value
 
 
 class Simulator:

@@ -217,15 +217,20 @@ def test_incremental_components_match_a_full_relabel_under_fail_and_rejoin(data:
 @given(st.lists(st.tuples(st.booleans(), st.floats(0.0, 0.01), st.integers(0, 3)), max_size=300))
 def test_event_queue_pops_in_heap_order(ops: list[tuple[bool, float, int]]) -> None:
     """EventQueue (calendar buckets) against heapq: same events out in the same order, including events
-    pushed for the bucket being read and ties in time (broken by the sequence number)."""
+    pushed for the bucket being read and ties in time (broken by the sequence number). Odd kinds go in
+    through `schedule` (which numbers them), even ones through `push` (numbered here)."""
     cal, heap = EventQueue(), []
     now, seq = 0.0, 0
     for is_push, delay, kind in ops:
         if is_push:
             seq += 1
-            t = now + (delay if kind else 0.0)  # kind 0: due now, in the bucket being read
-            cal.push((t, seq, kind))
-            heapq.heappush(heap, (t, seq, kind))
+            t = now + (delay if kind > 1 else 0.0)  # kinds 0, 1: due now, in the bucket being read
+            if kind % 2:
+                cal.schedule(t, kind, 0, 0, None)
+            else:
+                cal.seq = seq
+                cal.push((t, seq, kind, 0, 0, None))
+            heapq.heappush(heap, (t, seq, kind, 0, 0, None))
         else:
             got = cal.pop()
             assert got == (heapq.heappop(heap) if heap else None)
