@@ -165,7 +165,7 @@ def _pack(value: Any) -> bytes:
 def _samples() -> dict[str, list[Any]]:
     """Valid inputs of every decoder target (the fuzzer's seeds)."""
     from inri.client.credential import DeviceKeys, PushCredential, seal
-    from inri.node.identity import NodeIdentity
+    from inri.common.identity import NodeIdentity
     from inri.protocol.peer_record import encode_record, make_peer_record
 
     key = new_signing_key(b"\x05" * 32)
@@ -452,7 +452,7 @@ async def fuzz_quic(api: str, quic_addr: str, node_id: str, cases: int, seed: in
     import httpx
     import trio
 
-    from inri.node.identity import NodeIdentity
+    from inri.common.identity import NodeIdentity
     from inri.node.quic import ConnectError, LinkClosed, QuicEndpoint, parse_addr
 
     rng = random.Random(seed)

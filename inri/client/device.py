@@ -18,8 +18,9 @@ import httpx
 import trio
 from trio_websocket import ConnectionClosed, HandshakeError, open_websocket_url
 
-from inri.client.credential import DeviceKeys, PushCredential, _write_private, b64d, b64e, open_sealed
+from inri.client.credential import DeviceKeys, PushCredential, _write_private, open_sealed
 from inri.client.errors import ApiError
+from inri.common.b64url import b64d, b64e
 from inri.protocol.codec import encode_registration
 
 

@@ -8,7 +8,6 @@ relays but cannot invent or alter one.
 
 from __future__ import annotations
 
-import base64
 import random
 import tomllib
 from importlib import resources
@@ -17,7 +16,8 @@ from typing import Any
 
 import httpx
 
-from inri.node.identity import NodeIdentity
+from inri.common.b64url import b64d
+from inri.common.identity import NodeIdentity
 from inri.protocol.codec import DecodeError
 from inri.protocol.messages import PeerInfo
 from inri.protocol.peer_record import PeerRecord, decode_record, encode_record, make_peer_record, verify_record
@@ -136,8 +136,7 @@ class BootstrapClient:
 
 def _verified(entry: Any) -> PeerRecord | None:
     try:
-        text = entry["record"]
-        rec = decode_record(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
+        rec = decode_record(b64d(entry["record"], "record"))
     except (KeyError, TypeError, ValueError, DecodeError):
         return None
     return rec if verify_record(rec) else None

@@ -22,12 +22,13 @@ import trio
 from hypercorn.config import Config as HyperConfig
 from hypercorn.trio import serve as hyper_serve
 
+from inri.common.addr import format_addr, parse_addr
+from inri.common.identity import NodeIdentity
 from inri.node.api import create_app
 from inri.node.bootstrap_client import BootstrapClient, BootstrapError, load_seed_list, make_record
 from inri.node.config import RelayConfig
-from inri.node.identity import NodeIdentity
 from inri.node.links import LinkManager
-from inri.node.quic import QuicEndpoint, format_addr, parse_addr
+from inri.node.quic import QuicEndpoint
 from inri.node.service import RelayService
 from inri.node.store import Store
 from inri.node.tracefile import TraceFile
@@ -94,7 +95,7 @@ class _BootstrapLoop:
                 except BootstrapError as exc:
                     next_announce = now + min(30.0, cfg.announce_interval_s)
                     log.warning("announce failed", error=str(exc))
-                except Exception:  # noqa: BLE001 - bootstraps are optional helpers: never fatal to the relay
+                except Exception:
                     next_announce = now + min(30.0, cfg.announce_interval_s)
                     log.exception("announce failed")
             if len(self.service.active_peers()) < self.cfg.engine.active_max:
@@ -104,7 +105,7 @@ class _BootstrapLoop:
                         self.service.add_candidates(peers)
                 except BootstrapError as exc:
                     log.warning("peer list failed", error=str(exc))
-                except Exception:  # noqa: BLE001 - as above
+                except Exception:
                     log.exception("peer list failed")
                 # Ask again soon while the mesh is forming, slowly once it has formed.
                 await trio.sleep(min(cfg.peers_interval_s, 2.0 if not self.service.active_peers() else 10.0))
