@@ -40,6 +40,7 @@ log = structlog.get_logger("inri.bootstrap")
 
 Prober = Callable[[str, str], Awaitable[bool]]  # (addr, node_id) -> key proven at addr
 MAX_PROBES = 16  # concurrent QUIC probes: bounds what an announce flood can make us send
+RECORDS_PAGE = 1000  # records per /v1/records answer; a peer pages through the rest with `next`
 SWEEP_S = 10.0
 
 
@@ -166,18 +167,35 @@ class Bootstrap:
                 await trio.sleep(self.cfg.sync_interval_s)
 
     async def _sync_from(self, client: httpx.AsyncClient, url: str, cursors: dict[str, float]) -> None:
-        r = await client.get(url.rstrip("/") + "/v1/records", params={"since": cursors.get(url, 0.0)})
-        r.raise_for_status()
-        data = r.json()
-        for text in data["records"][:1000]:
-            try:
-                raw = b64d(text, "record", max_size=MAX_RECORD_BYTES)
-                await self.admit(raw, source=url, max_age_s=self.cfg.record_ttl_s)
-                self.count("sync_admitted")
-            except (Refused, ValueError) as exc:
-                if not (isinstance(exc, Refused) and exc.code == "replayed_seq"):
-                    self.count("sync_refused")
-        cursors[url] = float(data["now"]) - 1.0  # a little overlap: clocks of peers differ
+        """Pull every record the peer changed since our cursor, page by page (RECORDS_PAGE each).
+
+        The cursor moves to the peer's `now` only after the last page: jumping there after the first
+        page would skip for good whatever did not fit in it. A peer can make us read at most enough
+        pages to hold `max_records` records per interval, and every page must move its cursor forward.
+        """
+        since, after = cursors.get(url, 0.0), ""
+        for _ in range(self.cfg.max_records // RECORDS_PAGE + 2):
+            r = await client.get(url.rstrip("/") + "/v1/records", params={"since": since, "after": after})
+            r.raise_for_status()
+            data = r.json()
+            for text in data["records"][:RECORDS_PAGE]:
+                try:
+                    raw = b64d(text, "record", max_size=MAX_RECORD_BYTES)
+                    await self.admit(raw, source=url, max_age_s=self.cfg.record_ttl_s)
+                    self.count("sync_admitted")
+                except (Refused, ValueError) as exc:
+                    if not (isinstance(exc, Refused) and exc.code == "replayed_seq"):
+                        self.count("sync_refused")
+            nxt = data.get("next")
+            if nxt is None:
+                cursors[url] = float(data["now"]) - 1.0  # a little overlap: clocks of peers differ
+                return
+            cursor = (float(nxt["since"]), str(nxt["after"]))
+            if cursor <= (since, after):
+                raise ValueError(f"{url}: records cursor does not advance")
+            since, after = cursor
+            cursors[url] = since - 1.0  # what we have read so far stays read if a later page fails
+        self.count("sync_pages_exhausted")
 
 
 class BootstrapApp:
@@ -281,9 +299,14 @@ class BootstrapApp:
             since = float(query.get("since", "0"))
         except ValueError:
             raise Refused(400, "malformed", "since must be a number") from None
+        after = query.get("after", "")
         now = boot.clock()
-        records = [b64e(e.raw) for e in boot.store.since(since, 1000) if e.expires_at > now]
-        return 200, {"records": records, "now": now}, js
+        page = boot.store.since(since, after, RECORDS_PAGE + 1, now)
+        answer: dict[str, Any] = {"records": [b64e(e.raw) for e in page[:RECORDS_PAGE]], "now": now, "next": None}
+        if len(page) > RECORDS_PAGE:  # more to come: the cursor of the last record sent
+            last = page[RECORDS_PAGE - 1]
+            answer["next"] = {"since": last.updated_at, "after": last.record.node_id}
+        return 200, answer, js
 
     def _metrics(self) -> str:
         b = self.boot
