@@ -219,7 +219,7 @@ class BootstrapApp:
                                               "status": r.status, "detail": r.detail, "code": r.code},
                              "application/problem+json", r.retry_after)
             return
-        except Exception:
+        except Exception:  # answer 500, keep serving
             log.exception("request failed", path=scope.get("path"))
             await self._send(send, 500, {"code": "internal", "status": 500, "title": "internal",
                                          "detail": "internal error"}, "application/problem+json")

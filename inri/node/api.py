@@ -161,7 +161,7 @@ class RelayApi:
                     self.tarpitted -= 1
             await self._problem(send, p, scope["path"])
             return
-        except Exception:
+        except Exception:  # never let a bug become a dropped connection without an answer
             log.exception("request failed", path=scope["path"], method=scope["method"])
             await self._problem(send, Problem(500, "internal", "internal error"), scope["path"])
             return

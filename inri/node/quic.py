@@ -437,7 +437,7 @@ class QuicEndpoint:
             await self._on_link(link)
         except LinkClosed:
             pass
-        except Exception:
+        except Exception:  # one link's failure must never take the endpoint down
             log.exception("link handler failed", peer=link.peer_node_id)
         finally:
             await link.aclose("handler done")
