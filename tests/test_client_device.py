@@ -2,59 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import httpx
 import trio
-from hypercorn.config import Config as HyperConfig
-from hypercorn.trio import serve
 
 from inri.client import DeviceClient, HomeAppClient
 from inri.client.credential import PushCredential
 from inri.common.b64url import b64e
-from inri.node.api import create_app
-from inri.node.config import RelayConfig
-from inri.node.service import RelayService
-from inri.node.store import Store
-from inri.node.tracefile import TraceFile
 from inri.protocol.codec import encode_registration
-
-
-class NullNetwork:
-    """A relay with no neighbours."""
-
-    def send(self, peer: str, frame: bytes, delay: float) -> None:
-        pass
-
-    def connect(self, peer: str, addr: str) -> None:
-        pass
-
-    def disconnect(self, peer: str, reason: str) -> None:
-        pass
-
-
-@asynccontextmanager
-async def relay(tmp: Path) -> AsyncIterator[str]:
-    cfg = RelayConfig()
-    store = Store(tmp / "relay.sqlite3")
-    service = RelayService("a" * 32, cfg.engine.test_profile(), store, NullNetwork(),
-                           TraceFile(tmp / "traces", "a" * 32))
-    hc = HyperConfig()
-    hc.bind = ["127.0.0.1:0"]
-    hc.accesslog = None
-    stop = trio.Event()
-    async with trio.open_nursery() as n:
-        await n.start(service.run)
-        binds = await n.start(lambda task_status: serve(create_app(service, config=cfg), hc,  # type: ignore[arg-type]
-                                                        shutdown_trigger=stop.wait, task_status=task_status))
-        try:
-            yield binds[0]
-        finally:
-            stop.set()
-            n.cancel_scope.cancel()
-            store.close()
+from tests.inproc import relay_api
 
 
 async def push_garbage(url: str, cred: PushCredential) -> str:
@@ -69,7 +26,7 @@ async def push_garbage(url: str, cred: PushCredential) -> str:
 
 async def test_an_undecryptable_message_is_delivered_marked_and_can_be_acked(tmp_path: Path) -> None:
     with trio.fail_after(30):
-        async with relay(tmp_path) as url:
+        async with relay_api(tmp_path) as url:
             dev = DeviceClient(url)
             await dev.register(tokens=6)
             cred = dev.export_credential(6)

@@ -174,7 +174,7 @@ class BootstrapClient:
             except (ValueError, KeyError, TypeError, RecursionError):  # deep nesting: RecursionError
                 continue
             for entry in entries if isinstance(entries, list) else []:
-                rec = _verified(entry)
+                rec = verified_entry(entry)
                 if rec is not None and rec.node_id != node_id:
                     found.setdefault(rec.node_id, PeerInfo(rec.node_id, rec.addrs[0]))
         if not answered:
@@ -182,7 +182,7 @@ class BootstrapClient:
         return list(found.values())
 
 
-def _verified(entry: Any) -> PeerRecord | None:
+def verified_entry(entry: Any) -> PeerRecord | None:
     try:
         rec = decode_record(b64d(entry["record"], "record"))
     except (KeyError, TypeError, ValueError, DecodeError):
