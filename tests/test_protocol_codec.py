@@ -180,7 +180,8 @@ def test_an_embedded_registration_with_a_field_too_many_or_too_few_is_refused(
     msg = RegGossip(reg, 3, 0) if kind is RegGossip else Push(b"p" * 16, b"r" * 16, b"t" * 16, b"", 3, 0, 0, 0, reg)
     raw = raw_fields(msg)
     pos = 2 if kind is RegGossip else 10
-    for wrong in ([*raw[pos], *range(extra)], raw[pos][:-extra]):  # type: ignore[index]
+    inner = list(raw[pos])  # type: ignore[call-overload]
+    for wrong in ([*inner, *range(extra)], inner[:-extra]):
         raw[pos] = wrong
         with pytest.raises(DecodeError):
             decode(msgpack.packb(raw, use_bin_type=True))
