@@ -29,6 +29,9 @@ from inri.protocol import limits
 from inri.protocol.codec import DecodeError, decode_registration, encode_registration, make_registration
 from inri.protocol.messages import Registration
 
+# b64e/b64d are the shared strict base64url helpers (inri.common.b64url), re-exported for SDK users.
+__all__ = ["CREDENTIAL_VERSION", "DeviceKeys", "PushCredential", "b64d", "b64e", "open_sealed", "seal"]
+
 CREDENTIAL_VERSION = 1
 
 
