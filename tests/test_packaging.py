@@ -67,3 +67,15 @@ def test_the_bootstrap_reaches_the_relay_daemon_only_where_listed() -> None:
     private = [(p.name, m, n) for p, m, names in _imports("bootstrap_nodes") if m.startswith("inri")
                for n in names if n.startswith("_")]
     assert not private, private
+
+
+def test_the_shared_layer_sits_below_node_bootstrap_and_simulations() -> None:
+    """inri.common may use the protocol and the core, never what it serves (node, bootstrap, simulations,
+    client) nor a private name of another package."""
+    below = ("inri.common", "inri.protocol", "inri.core")
+    ours = [(p.name, m) for p, m, _ in _imports("inri/common") if m.startswith(("inri", "bootstrap_nodes",
+                                                                               "simulations", "fuzz"))]
+    assert all(m == "inri" or m.startswith(below) for _, m in ours), ours
+    private = [(p.name, m, n) for p, m, names in _imports("inri/common") if not m.startswith("inri.common")
+               for n in names if n.startswith("_") and n != "__version__"]
+    assert not private, private
