@@ -111,9 +111,11 @@ async def test_an_isolated_relay_backs_off_with_jitter(mock_clock: trio.testing.
         assert all(cap / 2 <= g <= cap + 1e-6 for g, cap in zip(gaps, caps, strict=True)), gaps
         assert len(fake.asked) < 25
         assert len({round(g, 6) for g in gaps if g >= 59 / 2}) > 3  # jittered, not one fixed period
-        # A neighbour arrives: the relay asks again soon (back to the 2 s step).
-        service.neighbours = ["n1"]
-        before = len(fake.asked)
-        await trio.sleep(64)  # the current wait (<= 60 s) ends, the relay asks, then asks again within 2 s
-        assert len(fake.asked) >= before + 2 and fake.asked[before + 1] - fake.asked[before] <= 2.0
+        # A neighbour arrives, later leaves: each time the relay asks again soon (back to the 2 s step).
+        for neighbours in (["n1"], []):
+            await trio.sleep(120)  # backed off to the 60 s cap again
+            service.neighbours = neighbours
+            before = len(fake.asked)
+            await trio.sleep(64)  # the current wait (<= 60 s) ends, the relay asks, then asks again within 2 s
+            assert len(fake.asked) >= before + 2 and fake.asked[before + 1] - fake.asked[before] <= 2.0
         n.cancel_scope.cancel()

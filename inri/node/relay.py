@@ -74,9 +74,9 @@ class _BootstrapLoop:
     """Announce this relay to the bootstrap nodes and ask them for candidate neighbours.
 
     While the relay has fewer neighbours than `active_max` it asks for peers after 2 s, 4 s, 8 s ...
-    (jittered) up to `peers_interval_s`, and starts again from 2 s whenever it gained a neighbour:
-    quick while the mesh forms, quiet when the bootstrap has nobody new to offer (an isolated relay
-    used to ask every 2 s forever).
+    (jittered) up to `peers_interval_s`, and starts again from 2 s whenever its number of neighbours
+    changed (one gained: the mesh is forming; one lost: a gap to fill): quick then, quiet when the
+    bootstrap has nobody new to offer (an isolated relay used to ask every 2 s forever).
     """
 
     def __init__(self, cfg: RelayConfig, identity: NodeIdentity, service: RelayService, quic_addr: str) -> None:
@@ -117,8 +117,8 @@ class _BootstrapLoop:
                     next_announce = now + min(30.0, cfg.announce_interval_s)
                     log.exception("announce failed")
             active = len(self.service.active_peers())
-            if active > neighbours:
-                self.peers_backoff.reset()  # progress: ask again soon while the mesh forms
+            if active != neighbours:
+                self.peers_backoff.reset()  # the mesh moved around us: ask again soon
             neighbours = active
             if active < self.cfg.engine.active_max:
                 try:
