@@ -13,8 +13,6 @@ peer bootstrap) including the probe, so one bad bootstrap cannot list what it co
 
 from __future__ import annotations
 
-import base64
-import binascii
 import ipaddress
 import math
 import random
@@ -33,6 +31,7 @@ from prometheus_client.registry import Collector
 from bootstrap_nodes.config import BootstrapConfig
 from bootstrap_nodes.ranking import Candidate, prefix_of, rank
 from bootstrap_nodes.store import RecordStore
+from inri.common.b64url import b64d, b64e
 from inri.common.http import (
     Problem,
     Receive,
@@ -49,24 +48,17 @@ from inri.common.http import (
 )
 from inri.node.ratelimit import RateLimiter, client_key
 from inri.protocol.codec import DecodeError
-from inri.protocol.peer_record import PeerRecord, decode_record, verify_record
+from inri.protocol.peer_record import MAX_RECORD_BYTES, PeerRecord, decode_record, verify_record
 
 log = structlog.get_logger("inri.bootstrap")
 
 Prober = Callable[[str, str], Awaitable[bool]]  # (addr, node_id) -> key proven at addr
 MAX_PROBES = 16  # concurrent QUIC probes: bounds what an announce flood can make us send
+RECORDS_PAGE = 1000  # records per /v1/records answer; a peer pages through the rest with `next`
 SWEEP_S = 10.0
 
 
 Refused = Problem  # an announcement or request refused with an HTTP status and a stable code
-
-
-def b64e(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
-
-
-def b64d(text: str) -> bytes:
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
 
 
 def _host(addr: str) -> str:
@@ -91,7 +83,7 @@ class Bootstrap:
         self.store.expire(clock())
 
     def count(self, name: str) -> None:
-        """Add one to the named event counter (inri_bootstrap_events_total{event})."""
+        """Add one to the event counter `name` (exported by /metrics)."""
         self.counters[name] = self.counters.get(name, 0) + 1
 
     def close(self) -> None:
@@ -184,17 +176,35 @@ class Bootstrap:
                 await trio.sleep(self.cfg.sync_interval_s)
 
     async def _sync_from(self, client: httpx.AsyncClient, url: str, cursors: dict[str, float]) -> None:
-        r = await client.get(url.rstrip("/") + "/v1/records", params={"since": cursors.get(url, 0.0)})
-        r.raise_for_status()
-        data = r.json()
-        for text in data["records"][:1000]:
-            try:
-                await self.admit(b64d(text), source=url, max_age_s=self.cfg.record_ttl_s)
-                self.count("sync_admitted")
-            except (Refused, binascii.Error, ValueError) as exc:
-                if not (isinstance(exc, Refused) and exc.code == "replayed_seq"):
-                    self.count("sync_refused")
-        cursors[url] = float(data["now"]) - 1.0  # a little overlap: clocks of peers differ
+        """Pull every record the peer changed since our cursor, page by page (RECORDS_PAGE each).
+
+        The cursor moves to the peer's `now` only after the last page: jumping there after the first
+        page would skip for good whatever did not fit in it. A peer can make us read at most enough
+        pages to hold `max_records` records per interval, and every page must move its cursor forward.
+        """
+        since, after = cursors.get(url, 0.0), ""
+        for _ in range(self.cfg.max_records // RECORDS_PAGE + 2):
+            r = await client.get(url.rstrip("/") + "/v1/records", params={"since": since, "after": after})
+            r.raise_for_status()
+            data = r.json()
+            for text in data["records"][:RECORDS_PAGE]:
+                try:
+                    raw = b64d(text, "record", max_size=MAX_RECORD_BYTES)
+                    await self.admit(raw, source=url, max_age_s=self.cfg.record_ttl_s)
+                    self.count("sync_admitted")
+                except (Refused, ValueError) as exc:
+                    if not (isinstance(exc, Refused) and exc.code == "replayed_seq"):
+                        self.count("sync_refused")
+            nxt = data.get("next")
+            if nxt is None:
+                cursors[url] = float(data["now"]) - 1.0  # a little overlap: clocks of peers differ
+                return
+            cursor = (float(nxt["since"]), str(nxt["after"]))
+            if cursor <= (since, after):
+                raise ValueError(f"{url}: records cursor does not advance")
+            since, after = cursor
+            cursors[url] = since - 1.0  # what we have read so far stays read if a later page fails
+        self.count("sync_pages_exhausted")
 
 
 TITLES = {
@@ -294,10 +304,16 @@ class BootstrapApp:
         return 200, {"peers": peers}
 
     async def records(self, req: Request) -> tuple[int, Any]:
+        query = req.query()
         try:
-            since = float(req.query().get("since", "0"))
+            since = float(query.get("since", "0"))
         except ValueError:
             raise Problem(400, "malformed", "since must be a number") from None
+        after = query.get("after", "")
         now = self.boot.clock()
-        records = [b64e(e.raw) for e in self.boot.store.since(since, 1000) if e.expires_at > now]
-        return 200, {"records": records, "now": now}
+        page = self.boot.store.since(since, after, RECORDS_PAGE + 1, now)
+        answer: dict[str, Any] = {"records": [b64e(e.raw) for e in page[:RECORDS_PAGE]], "now": now, "next": None}
+        if len(page) > RECORDS_PAGE:  # more to come: the cursor of the last record sent
+            last = page[RECORDS_PAGE - 1]
+            answer["next"] = {"since": last.updated_at, "after": last.record.node_id}
+        return 200, answer

@@ -16,12 +16,9 @@ answer 401 `bad_credentials` after the same work (one indexed lookup, one keyed-
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hmac
 import json
 import math
-import re
 from collections.abc import Callable
 from typing import Any
 
@@ -29,6 +26,8 @@ import structlog
 import trio
 
 from inri import __version__
+from inri.common import b64url
+from inri.common.b64url import b64e
 from inri.common.http import (
     Problem,
     Receive,
@@ -55,7 +54,6 @@ from inri.protocol.codec import DecodeError, decode_registration
 
 log = structlog.get_logger("inri.api")
 
-_B64URL = re.compile(r"[A-Za-z0-9_-]*={0,2}")  # the stdlib decoder silently skips other characters
 WS_AUTH_TIMEOUT_S = 10.0
 WS_PING_S = 20.0
 WS_CLOSE_BAD_AUTH = 4401  # bad credentials, or no such device here (the same answer: see module docstring)
@@ -87,26 +85,12 @@ TITLES = {
 UNLIMITED_PATHS = frozenset({"/healthz", "/metrics"})
 
 
-def b64e(data: bytes) -> str:
-    """base64url without padding."""
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
-
-
 def b64d(value: object, field: str, *, size: int | None = None, max_size: int | None = None) -> bytes:
-    """Strict base64url (padding optional) -> bytes, or Problem(422 invalid_field)."""
-    if not isinstance(value, str) or len(value) > 4 * ((max_size or size or 65536) + 3) // 3 + 4:
-        raise Problem(422, "invalid_field", f"{field}: expected a base64url string")
-    if not _B64URL.fullmatch(value):
-        raise Problem(422, "invalid_field", f"{field}: not valid base64url")
+    """Strict base64url (inri.common.b64url) -> bytes, or Problem(422 invalid_field)."""
     try:
-        data = base64.urlsafe_b64decode(value + "=" * (-len(value) % 4))
-    except (binascii.Error, ValueError):
-        raise Problem(422, "invalid_field", f"{field}: not valid base64url") from None
-    if size is not None and len(data) != size:
-        raise Problem(422, "invalid_field", f"{field}: expected {size} bytes, got {len(data)}")
-    if max_size is not None and len(data) > max_size:
-        raise Problem(422, "invalid_field", f"{field}: at most {max_size} bytes")
-    return data
+        return b64url.b64d(value, field, size, max_size=max_size)
+    except ValueError as exc:
+        raise Problem(422, "invalid_field", str(exc)) from None
 
 
 def _int_field(body: dict[str, Any], field: str, default: int, lo: int, hi: int) -> int:
