@@ -157,14 +157,14 @@ async def test_api_server_failures_after_start_back_off_and_hypercorn_errors_are
         with structlog.testing.capture_logs() as logs:
             async with trio.open_nursery() as n:
                 binds = await n.start(relay_mod._serve_api, None, RelayConfig(), listener, shutdown)
-                await trio.sleep(120)  # virtual time
+                await trio.sleep(30)  # virtual time
                 shutdown.set()
                 n.cancel_scope.cancel()
     finally:
         listener.close()
     assert binds == ["http://127.0.0.1:1"]
     gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
-    assert 10 <= len(starts) <= 25, gaps  # not 2,400 restarts in two minutes
+    assert 10 <= len(starts) <= 30, gaps  # not 600 restarts in 30 s (every 50 ms)
     assert gaps[:4] == pytest.approx([0.05, 0.1, 0.2, 0.4])
     assert max(gaps) == pytest.approx(relay_mod.API_RESTART_MAX_S)
     assert any(e.get("source") == "hypercorn" and "127.0.0.1 failed" in e["event"] for e in logs), logs

@@ -41,8 +41,10 @@ READY_FILE = "relay.json"  # written into the data dir once the relay listens: i
 
 
 API_RESTART_MIN_S = 0.05  # first retry after the HTTP server failed; doubles per failure in a row
-API_RESTART_MAX_S = 10.0
-API_STABLE_S = 60.0  # a server that ran this long before failing starts the backoff over
+# Small, because a client can trigger the upstream crash (see _serve_api): connections wait in the
+# listening socket's backlog meanwhile (never refused), so the cost of a crash is at most this delay.
+API_RESTART_MAX_S = 2.0
+API_STABLE_S = 10.0  # a server that ran this long before failing starts the backoff over
 
 
 class StartupError(Exception):
