@@ -30,8 +30,9 @@ sys.path.insert(0, str(ROOT))
 
 from inri import mesh  # noqa: E402
 from inri.client import DeviceClient, HomeAppClient  # noqa: E402
-from inri.client.credential import b64e, seal  # noqa: E402
-from inri.node.identity import NodeIdentity  # noqa: E402
+from inri.client.credential import seal  # noqa: E402
+from inri.common.b64url import b64e  # noqa: E402
+from inri.common.identity import NodeIdentity  # noqa: E402
 from inri.node.quic import QuicEndpoint  # noqa: E402
 from inri.protocol.codec import encode_registration  # noqa: E402
 

@@ -13,8 +13,6 @@ peer bootstrap) including the probe, so one bad bootstrap cannot list what it co
 
 from __future__ import annotations
 
-import base64
-import binascii
 import ipaddress
 import json
 import math
@@ -32,15 +30,17 @@ import trio
 from bootstrap_nodes.config import BootstrapConfig
 from bootstrap_nodes.ranking import Candidate, prefix_of, rank
 from bootstrap_nodes.store import RecordStore
+from inri.common.b64url import b64d, b64e
 from inri.node.asgi import serve_lifespan
 from inri.node.ratelimit import RateLimiter, client_key
 from inri.protocol.codec import DecodeError
-from inri.protocol.peer_record import PeerRecord, decode_record, verify_record
+from inri.protocol.peer_record import MAX_RECORD_BYTES, PeerRecord, decode_record, verify_record
 
 log = structlog.get_logger("inri.bootstrap")
 
 Prober = Callable[[str, str], Awaitable[bool]]  # (addr, node_id) -> key proven at addr
 MAX_PROBES = 16  # concurrent QUIC probes: bounds what an announce flood can make us send
+RECORDS_PAGE = 1000  # records per /v1/records answer; a peer pages through the rest with `next`
 SWEEP_S = 10.0
 
 
@@ -50,14 +50,6 @@ class Refused(Exception):
     def __init__(self, status: int, code: str, detail: str, retry_after: int | None = None) -> None:
         super().__init__(detail)
         self.status, self.code, self.detail, self.retry_after = status, code, detail, retry_after
-
-
-def b64e(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
-
-
-def b64d(text: str) -> bytes:
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
 
 
 def _host(addr: str) -> str:
@@ -81,7 +73,8 @@ class Bootstrap:
         self.counters: dict[str, int] = {}
         self.store.expire(clock())
 
-    def _count(self, name: str) -> None:
+    def count(self, name: str) -> None:
+        """Add one to the event counter `name` (exported by /metrics)."""
         self.counters[name] = self.counters.get(name, 0) + 1
 
     def close(self) -> None:
@@ -169,22 +162,40 @@ class Bootstrap:
                     try:
                         await self._sync_from(client, url, cursors)
                     except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
-                        self._count("sync_failed")
+                        self.count("sync_failed")
                         log.debug("sync failed", peer=url, error=str(exc))
                 await trio.sleep(self.cfg.sync_interval_s)
 
     async def _sync_from(self, client: httpx.AsyncClient, url: str, cursors: dict[str, float]) -> None:
-        r = await client.get(url.rstrip("/") + "/v1/records", params={"since": cursors.get(url, 0.0)})
-        r.raise_for_status()
-        data = r.json()
-        for text in data["records"][:1000]:
-            try:
-                await self.admit(b64d(text), source=url, max_age_s=self.cfg.record_ttl_s)
-                self._count("sync_admitted")
-            except (Refused, binascii.Error, ValueError) as exc:
-                if not (isinstance(exc, Refused) and exc.code == "replayed_seq"):
-                    self._count("sync_refused")
-        cursors[url] = float(data["now"]) - 1.0  # a little overlap: clocks of peers differ
+        """Pull every record the peer changed since our cursor, page by page (RECORDS_PAGE each).
+
+        The cursor moves to the peer's `now` only after the last page: jumping there after the first
+        page would skip for good whatever did not fit in it. A peer can make us read at most enough
+        pages to hold `max_records` records per interval, and every page must move its cursor forward.
+        """
+        since, after = cursors.get(url, 0.0), ""
+        for _ in range(self.cfg.max_records // RECORDS_PAGE + 2):
+            r = await client.get(url.rstrip("/") + "/v1/records", params={"since": since, "after": after})
+            r.raise_for_status()
+            data = r.json()
+            for text in data["records"][:RECORDS_PAGE]:
+                try:
+                    raw = b64d(text, "record", max_size=MAX_RECORD_BYTES)
+                    await self.admit(raw, source=url, max_age_s=self.cfg.record_ttl_s)
+                    self.count("sync_admitted")
+                except (Refused, ValueError) as exc:
+                    if not (isinstance(exc, Refused) and exc.code == "replayed_seq"):
+                        self.count("sync_refused")
+            nxt = data.get("next")
+            if nxt is None:
+                cursors[url] = float(data["now"]) - 1.0  # a little overlap: clocks of peers differ
+                return
+            cursor = (float(nxt["since"]), str(nxt["after"]))
+            if cursor <= (since, after):
+                raise ValueError(f"{url}: records cursor does not advance")
+            since, after = cursor
+            cursors[url] = since - 1.0  # what we have read so far stays read if a later page fails
+        self.count("sync_pages_exhausted")
 
 
 class BootstrapApp:
@@ -203,12 +214,12 @@ class BootstrapApp:
         try:
             status, payload, ctype = await self._route(scope, receive)
         except Refused as r:
-            self.boot._count("refused_" + r.code)
+            self.boot.count("refused_" + r.code)
             await self._send(send, r.status, {"type": "https://inri.dev/problems/" + r.code, "title": r.code,
                                               "status": r.status, "detail": r.detail, "code": r.code},
                              "application/problem+json", r.retry_after)
             return
-        except Exception:  # noqa: BLE001 - answer 500, keep serving
+        except Exception:  # answer 500, keep serving
             log.exception("request failed", path=scope.get("path"))
             await self._send(send, 500, {"code": "internal", "status": 500, "title": "internal",
                                          "detail": "internal error"}, "application/problem+json")
@@ -268,7 +279,7 @@ class BootstrapApp:
                 raise Refused(405, "method_not_allowed", "POST a msgpack record")
             raw = await self._body(scope, receive)
             rec = await boot.admit(raw, source="announce")
-            boot._count("announce_accepted")
+            boot.count("announce_accepted")
             expires = rec.timestamp + boot.cfg.record_ttl_s
             return 200, {"listed": True, "node_id": rec.node_id, "expires_at": expires}, js
         if method != "GET":
@@ -282,15 +293,20 @@ class BootstrapApp:
                 raise Refused(400, "malformed", "count must be 1..64")
             host = str((scope.get("client") or ("", 0))[0])
             peers = boot.peers(query.get("node_id") or None, query.get("geo") or None, host, count)
-            boot._count("peer_lists")
+            boot.count("peer_lists")
             return 200, {"peers": peers}, js
         try:
             since = float(query.get("since", "0"))
         except ValueError:
             raise Refused(400, "malformed", "since must be a number") from None
+        after = query.get("after", "")
         now = boot.clock()
-        records = [b64e(e.raw) for e in boot.store.since(since, 1000) if e.expires_at > now]
-        return 200, {"records": records, "now": now}, js
+        page = boot.store.since(since, after, RECORDS_PAGE + 1, now)
+        answer: dict[str, Any] = {"records": [b64e(e.raw) for e in page[:RECORDS_PAGE]], "now": now, "next": None}
+        if len(page) > RECORDS_PAGE:  # more to come: the cursor of the last record sent
+            last = page[RECORDS_PAGE - 1]
+            answer["next"] = {"since": last.updated_at, "after": last.record.node_id}
+        return 200, answer, js
 
     def _metrics(self) -> str:
         b = self.boot

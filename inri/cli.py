@@ -24,7 +24,7 @@ def _relay(args: argparse.Namespace) -> int:
         return 0
     import trio
 
-    from inri.node.logs import configure_logging
+    from inri.common.logs import configure_logging
     from inri.node.relay import run_relay
 
     configure_logging(cfg.relay.log_format, cfg.relay.log_level)

@@ -11,8 +11,6 @@ token bucket, and an empty one gets 429 with Retry-After.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 import math
 import re
@@ -24,6 +22,8 @@ import structlog
 import trio
 
 from inri import __version__
+from inri.common import b64url
+from inri.common.b64url import b64e
 from inri.core.api import InjectOutcome
 from inri.node.asgi import serve_lifespan
 from inri.node.config import ApiSection, RelayConfig
@@ -40,7 +40,6 @@ Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
-_B64URL = re.compile(r"[A-Za-z0-9_-]*={0,2}")  # the stdlib decoder silently skips other characters
 PROBLEM_BASE = "https://inri.dev/problems/"
 WS_AUTH_TIMEOUT_S = 10.0
 WS_PING_S = 20.0
@@ -76,26 +75,12 @@ class Problem(Exception):
         self.retry_after = retry_after
 
 
-def b64e(data: bytes) -> str:
-    """base64url without padding."""
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
-
-
 def b64d(value: object, field: str, *, size: int | None = None, max_size: int | None = None) -> bytes:
-    """Strict base64url (padding optional) -> bytes, or Problem(422 invalid_field)."""
-    if not isinstance(value, str) or len(value) > 4 * ((max_size or size or 65536) + 3) // 3 + 4:
-        raise Problem(422, "invalid_field", f"{field}: expected a base64url string")
-    if not _B64URL.fullmatch(value):
-        raise Problem(422, "invalid_field", f"{field}: not valid base64url")
+    """Strict base64url (inri.common.b64url) -> bytes, or Problem(422 invalid_field)."""
     try:
-        data = base64.urlsafe_b64decode(value + "=" * (-len(value) % 4))
-    except (binascii.Error, ValueError):
-        raise Problem(422, "invalid_field", f"{field}: not valid base64url") from None
-    if size is not None and len(data) != size:
-        raise Problem(422, "invalid_field", f"{field}: expected {size} bytes, got {len(data)}")
-    if max_size is not None and len(data) > max_size:
-        raise Problem(422, "invalid_field", f"{field}: at most {max_size} bytes")
-    return data
+        return b64url.b64d(value, field, size, max_size=max_size)
+    except ValueError as exc:
+        raise Problem(422, "invalid_field", str(exc)) from None
 
 
 def _int_field(body: dict[str, Any], field: str, default: int, lo: int, hi: int) -> int:
@@ -176,7 +161,7 @@ class RelayApi:
                     self.tarpitted -= 1
             await self._problem(send, p, scope["path"])
             return
-        except Exception:  # noqa: BLE001 - never let a bug become a dropped connection without an answer
+        except Exception:  # never let a bug become a dropped connection without an answer
             log.exception("request failed", path=scope["path"], method=scope["method"])
             await self._problem(send, Problem(500, "internal", "internal error"), scope["path"])
             return

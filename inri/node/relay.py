@@ -22,12 +22,13 @@ import trio
 from hypercorn.config import Config as HyperConfig
 from hypercorn.trio import serve as hyper_serve
 
+from inri.common.addr import format_addr, parse_addr
+from inri.common.identity import NodeIdentity
 from inri.node.api import create_app
-from inri.node.bootstrap_client import BootstrapClient, BootstrapError, load_seed_list, make_record
+from inri.node.bootstrap_client import Backoff, BootstrapClient, BootstrapError, load_seed_list, make_record
 from inri.node.config import RelayConfig
-from inri.node.identity import NodeIdentity
 from inri.node.links import LinkManager
-from inri.node.quic import QuicEndpoint, format_addr, parse_addr
+from inri.node.quic import QuicEndpoint
 from inri.node.service import RelayService
 from inri.node.store import Store
 from inri.node.tracefile import TraceFile
@@ -66,8 +67,17 @@ async def _serve_api(app: Any, cfg: RelayConfig, shutdown: trio.Event, task_stat
             await trio.sleep(0.05)
 
 
+PEERS_FIRST_RETRY_S = 2.0  # a relay below its active view asks again this soon, then backs off to peers_interval_s
+
+
 class _BootstrapLoop:
-    """Announce this relay to the bootstrap nodes and ask them for candidate neighbours."""
+    """Announce this relay to the bootstrap nodes and ask them for candidate neighbours.
+
+    While the relay has fewer neighbours than `active_max` it asks for peers after 2 s, 4 s, 8 s ...
+    (jittered) up to `peers_interval_s`, and starts again from 2 s whenever its number of neighbours
+    changed (one gained: the mesh is forming; one lost: a gap to fill): quick then, quiet when the
+    bootstrap has nobody new to offer (an isolated relay used to ask every 2 s forever).
+    """
 
     def __init__(self, cfg: RelayConfig, identity: NodeIdentity, service: RelayService, quic_addr: str) -> None:
         urls = list(cfg.relay.bootstrap) or load_seed_list()
@@ -77,10 +87,19 @@ class _BootstrapLoop:
         self.service = service
         self.quic_addr = quic_addr
         self.announced_to: str | None = None
+        self.peers_backoff = Backoff(PEERS_FIRST_RETRY_S, max(cfg.relay.peers_interval_s, PEERS_FIRST_RETRY_S))
 
     async def run(self) -> None:
+        try:
+            await self._run()
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(2.0):
+                await self.client.aclose()
+
+    async def _run(self) -> None:
         cfg = self.cfg.relay
         next_announce = 0.0
+        neighbours = 0
         while True:
             now = time.time()
             if now >= next_announce:
@@ -94,20 +113,23 @@ class _BootstrapLoop:
                 except BootstrapError as exc:
                     next_announce = now + min(30.0, cfg.announce_interval_s)
                     log.warning("announce failed", error=str(exc))
-                except Exception:  # noqa: BLE001 - bootstraps are optional helpers: never fatal to the relay
+                except Exception:  # bootstraps are optional helpers: never fatal to the relay
                     next_announce = now + min(30.0, cfg.announce_interval_s)
                     log.exception("announce failed")
-            if len(self.service.active_peers()) < self.cfg.engine.active_max:
+            active = len(self.service.active_peers())
+            if active != neighbours:
+                self.peers_backoff.reset()  # the mesh moved around us: ask again soon
+            neighbours = active
+            if active < self.cfg.engine.active_max:
                 try:
                     peers = await self.client.fetch_peers(self.identity.node_id, cfg.geo or None, 16)
                     if peers:
                         self.service.add_candidates(peers)
                 except BootstrapError as exc:
                     log.warning("peer list failed", error=str(exc))
-                except Exception:  # noqa: BLE001 - as above
+                except Exception:  # as above
                     log.exception("peer list failed")
-                # Ask again soon while the mesh is forming, slowly once it has formed.
-                await trio.sleep(min(cfg.peers_interval_s, 2.0 if not self.service.active_peers() else 10.0))
+                await trio.sleep(self.peers_backoff.next())
             else:
                 await trio.sleep(cfg.peers_interval_s)
 
