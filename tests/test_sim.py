@@ -286,9 +286,6 @@ def test_simulations_import_neither_the_daemon_nor_private_names_of_the_engine()
     """Layering: simulations sit on inri.core and inri.protocol (public names), beside inri.node."""
     import ast
 
-    # adversary.py overrides the engine's private handlers until its hook API lands (issue 12, helper
-    # "engine"); its _Peer import is the one exception.
-    allowed = {("adversary.py", "_Peer")}
     found = []
     for path in sorted((Path(__file__).parent.parent / "simulations").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
@@ -301,6 +298,5 @@ def test_simulations_import_neither_the_daemon_nor_private_names_of_the_engine()
             for mod in mods:
                 if mod == "inri.node" or mod.startswith("inri.node.") or "._" in mod:
                     found.append(f"{path.name}: {mod}")
-            found += [f"{path.name}: {node.module}.{n}" for n in names
-                      if n.startswith("_") and (path.name, n) not in allowed]
+            found += [f"{path.name}: {node.module}.{n}" for n in names if n.startswith("_")]
     assert found == []
