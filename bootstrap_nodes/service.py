@@ -30,9 +30,10 @@ import trio
 from bootstrap_nodes.config import BootstrapConfig
 from bootstrap_nodes.ranking import Candidate, prefix_of, rank
 from bootstrap_nodes.store import RecordStore
+from inri.common.addr import rate_key
 from inri.common.b64url import b64d, b64e
+from inri.core.budget import KeyedBuckets
 from inri.node.asgi import serve_lifespan
-from inri.node.ratelimit import RateLimiter, client_key
 from inri.protocol.codec import DecodeError
 from inri.protocol.peer_record import MAX_RECORD_BYTES, PeerRecord, decode_record, verify_record
 
@@ -68,7 +69,7 @@ class Bootstrap:
         self.prober = prober
         self.clock = clock
         self.rng = random.Random()
-        self.rate = RateLimiter(cfg.rate_per_s, cfg.rate_burst)
+        self.rate = KeyedBuckets(cfg.rate_per_s, cfg.rate_burst)  # per client address (IPv4, IPv6 /64)
         self.probe_limit = trio.CapacityLimiter(MAX_PROBES)
         self.counters: dict[str, int] = {}
         self.store.expire(clock())
@@ -270,7 +271,7 @@ class BootstrapApp:
             return 200, self._metrics(), "text/plain; version=0.0.4"
         if path not in ("/v1/announce", "/v1/peers", "/v1/records"):
             raise Refused(404, "not_found", f"no endpoint {path}")
-        wait = boot.rate.take(client_key(scope))
+        wait = boot.rate.take(rate_key(str((scope.get("client") or ("unknown", 0))[0])))
         if wait:
             raise Refused(429, "rate_limited", "too many requests from this address", max(1, math.ceil(wait)))
         query = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1")))
