@@ -31,6 +31,7 @@ from prometheus_client.registry import Collector
 from bootstrap_nodes.config import BootstrapConfig
 from bootstrap_nodes.ranking import Candidate, prefix_of, rank
 from bootstrap_nodes.store import RecordStore
+from inri.common.addr import rate_key
 from inri.common.b64url import b64d, b64e
 from inri.common.http import (
     Problem,
@@ -46,7 +47,7 @@ from inri.common.http import (
     respond_problem,
     serve_lifespan,
 )
-from inri.node.ratelimit import RateLimiter, client_key
+from inri.core.budget import KeyedBuckets
 from inri.protocol.codec import DecodeError
 from inri.protocol.peer_record import MAX_RECORD_BYTES, PeerRecord, decode_record, verify_record
 
@@ -77,7 +78,7 @@ class Bootstrap:
         self.prober = prober
         self.clock = clock
         self.rng = random.Random()
-        self.rate = RateLimiter(cfg.rate_per_s, cfg.rate_burst)
+        self.rate = KeyedBuckets(cfg.rate_per_s, cfg.rate_burst)  # per client address (IPv4, IPv6 /64)
         self.probe_limit = trio.CapacityLimiter(MAX_PROBES)
         self.counters: dict[str, int] = {}
         self.store.expire(clock())
@@ -261,7 +262,7 @@ class BootstrapApp:
         try:
             route, params = self.router.match(scope["method"], scope["path"])
             if scope["path"] not in UNLIMITED_PATHS:
-                wait = self.boot.rate.take(client_key(scope))
+                wait = self.boot.rate.take(rate_key(str((scope.get("client") or ("unknown", 0))[0])))
                 if wait:
                     raise Problem(429, "rate_limited", "too many requests from this address",
                                   retry_after=max(1, math.ceil(wait)))

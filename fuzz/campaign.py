@@ -340,7 +340,21 @@ STATE_KEYS = ("routes", "custody", "devices", "messages_stored")
 
 
 async def _state(client: Any, api: str) -> tuple[Any, ...]:
-    st = (await client.get(api + "/v1/status")).json()
+    """The relay state a rejected request must not change.
+
+    Read once more on a fresh connection when the pooled one turns out closed: a server may close a
+    keep-alive connection after an answer (e.g. one given before reading a large body), and a GET
+    sent on it meanwhile gets no answer; HTTP clients retry such idempotent requests. A relay that
+    is really down fails the second read too.
+    """
+    import httpx
+
+    try:
+        r = await client.get(api + "/v1/status")
+    except httpx.RemoteProtocolError:
+        async with httpx.AsyncClient(timeout=10) as fresh:
+            r = await fresh.get(api + "/v1/status")
+    st = r.json()
     return tuple(st[k] for k in STATE_KEYS)
 
 

@@ -58,8 +58,6 @@ def test_the_bootstrap_reaches_the_relay_daemon_only_where_listed() -> None:
     bootstrap still takes from inri.node is listed here, each for its reason."""
     allowed = {
         ("inri.node.quic", "probe"),  # the QUIC handshake that proves a relay's key is the relay's own protocol
-        ("inri.node.ratelimit", "RateLimiter"),  # moves to the core token bucket (issue 12, engine work)
-        ("inri.node.ratelimit", "client_key"),  # idem
     }
     used = {(m, n) for _, m, names in _imports("bootstrap_nodes") if m.startswith("inri.node") for n in names}
     assert used <= allowed, used - allowed
