@@ -394,7 +394,8 @@ def test_documented_push_statuses_are_the_ones_the_relay_produces() -> None:
     produced = {"pending", "delivered", "spent", "unknown_token", "mailbox_full", "expired", "unreachable"}
     enum = openapi_document("0", {k: 1 for k in ("POST /v1/devices", "POST /v1/devices/{device_id}/registration",
                                                  "POST /v1/devices/{device_id}/tokens", "POST /v1/push",
-                                                 "POST /v1/devices/{device_id}/ack")})[
+                                                 "POST /v1/devices/{device_id}/ack",
+                                                 "POST /v1/devices/{device_id}/endpoints")})[
         "paths"]["/v1/push/{push_id}"]["get"]["responses"]["200"]["content"]["application/json"]["schema"][
         "properties"]["status"]["enum"]
     assert set(enum) == produced

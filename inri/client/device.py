@@ -38,6 +38,27 @@ class Message:
     plaintext: bytes
     received_at: float
     undecryptable: bool = False
+    kind: str = "inri"  # "webpush" for a Web Push message
+    body: bytes = b""  # a Web Push message's raw body as the sender sent it (aes128gcm, or re-framed aesgcm)
+    encoding: str | None = None  # "aes128gcm" | "aesgcm"
+    urgency: str | None = None
+    topic: str | None = None
+    endpoint_id: str | None = None
+
+
+@dataclass(frozen=True)
+class WebPushEndpoint:
+    """A Web Push endpoint minted at the home relay (hand `url` to a Web Push app server)."""
+
+    endpoint_id: str  # hex
+    url: str
+    restricted: bool  # bound to one VAPID key
+    vapid_key: str | None  # base64url, as given
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> WebPushEndpoint:
+        """From the relay's JSON answer."""
+        return cls(str(d["endpoint_id"]), str(d["url"]), bool(d["restricted"]), d.get("vapid_key"))
 
 
 class DeviceClient:
@@ -142,8 +163,27 @@ class DeviceClient:
         self._save()
         return PushCredential(self.keys.registration(), bytes(self.keys.seal_key.public_key), give)
 
+    async def mint_endpoint(self, vapid_key: str | None = None) -> WebPushEndpoint:
+        """A new Web Push endpoint for this device, restricted to vapid_key (base64url P-256) when given."""
+        body = await self._call("POST", f"/v1/devices/{self.device_id}/endpoints", headers=self._auth(),
+                                json={} if vapid_key is None else {"vapid_key": vapid_key})
+        return WebPushEndpoint.from_json(body)
+
+    async def list_endpoints(self) -> list[WebPushEndpoint]:
+        """This device's live Web Push endpoints, oldest first."""
+        body = await self._call("GET", f"/v1/devices/{self.device_id}/endpoints", headers=self._auth())
+        return [WebPushEndpoint.from_json(e) for e in body["endpoints"]]
+
+    async def revoke_endpoint(self, endpoint_id: str) -> None:
+        """Revoke an endpoint: its senders then get 410 Gone."""
+        await self._call("DELETE", f"/v1/devices/{self.device_id}/endpoints/{endpoint_id}", headers=self._auth())
+
     def _decrypt(self, item: dict[str, Any]) -> Message:
         msg_id, received_at = str(item["id"]), float(item["received_at"])
+        if item.get("kind") == "webpush":  # decrypted by the app (RFC 8291 keys are the app's, not ours)
+            return Message(msg_id, b"", received_at, kind="webpush", body=b64d(item["body"], "body"),
+                           encoding=item.get("encoding"), urgency=item.get("urgency"), topic=item.get("topic"),
+                           endpoint_id=item.get("endpoint_id"))
         try:
             plaintext = open_sealed(self.keys.seal_key, b64d(item["ciphertext"], "ciphertext"))
         except ValueError:  # not base64url, not sealed to this device, or tampered with

@@ -86,6 +86,16 @@ class HomeStore(Protocol):
         """
         ...
 
+    def accept_webpush(self, push: Push, now: float) -> ReceiptStatus | None:
+        """Check a Web Push push's tag against the endpoint's capability and store it, once.
+
+        None when this relay is not (and was not) the route id's home: the push travels on.
+        STORED (also for TTL 0 with the device's stream closed: accepted and dropped, as RFC 8030
+        says), DUPLICATE, UNKNOWN_ENDPOINT (no such endpoint or a wrong tag), GONE (revoked, or the
+        device unregistered), RATE_LIMITED, MAILBOX_FULL.
+        """
+        ...
+
 
 # ---------------------------------------------------------------------------------------------
 # Reasons and statuses (str enums: their values are what traces, counters and the API show).
@@ -122,6 +132,9 @@ class CustodyStatus(StrEnum):
     SPENT = "spent"  # its token was spent by another push
     UNKNOWN_TOKEN = "unknown_token"
     MAILBOX_FULL = "mailbox_full"
+    UNKNOWN_ENDPOINT = "unknown_endpoint"  # Web Push: no such endpoint (or a forged tag)
+    GONE = "gone"  # Web Push: endpoint revoked or device unregistered
+    RATE_LIMITED = "rate_limited"  # Web Push: the endpoint's limit at home
     EXPIRED = "expired"  # no receipt by the deadline though routes existed
     UNREACHABLE = "unreachable"  # no route to the device was ever found
 

@@ -26,6 +26,7 @@ from inri.protocol.messages import (
     Push,
     ReceiptStatus,
     Registration,
+    WebPushMeta,
 )
 
 ROUTE_ATTEMPTS = 2  # custody attempts that follow routes before the expanding ring starts
@@ -45,8 +46,12 @@ class CustodyRules(EngineState):
         now: float,
         *,
         push_id: bytes | None = None,
+        webpush: WebPushMeta | None = None,
     ) -> InjectResult:
-        """A home app pushes here with a push credential's registration and one token (rule C1)."""
+        """A home app pushes here with a push credential's registration and one token (rule C1).
+
+        A Web Push push passes its `webpush` meta (and a zero token); custody is the same.
+        """
         reason = None
         if len(token) != limits.TOKEN_BYTES or len(ciphertext) > limits.MAX_CIPHERTEXT_BYTES:
             outcome, reason = InjectOutcome.TOKEN_MISMATCH, "malformed"
@@ -63,7 +68,8 @@ class CustodyRules(EngineState):
                 self._trace(now, "push_refused", route=registration.route_id.hex(), reason=reason)
             return InjectResult(outcome, None, [])
         pid = push_id if push_id is not None else self._rng.randbytes(limits.PUSH_ID_BYTES)
-        push = Push(pid, registration.route_id, token, ciphertext, self.config.push_ttl, 0, 0, 0, registration)
+        push = Push(pid, registration.route_id, token, ciphertext, self.config.push_ttl, 0, 0, 0, registration,
+                    webpush)
         custody = Custody(push, now + self.config.custody_deadline_s)
         self._custody[pid] = custody
         if self._level:
@@ -102,8 +108,8 @@ class CustodyRules(EngineState):
         """Send attempt number c.attempt of a push in custody: route first, then widening rings."""
         push = c.push
         pid = push.push_id
-        if self._home.is_home(push.route_id):
-            status = self._home.accept_push(push.route_id, push.token, pid, push.ciphertext, now + self.wall_offset)
+        status = self._accept_at_home(push, now)
+        if status is not None:
             return self._deliver_local(pid, push, status, now) + self._settle(pid, status, 0, now)
         cfg = self.config
         self._reverse.put(pid, (_LOCAL, now + cfg.reverse_ttl_s))

@@ -31,7 +31,7 @@ _LATE = ReverseMark.LATE
 def _onward(push: Push, ring: int) -> Push:
     """The copy of push a relay forwards: one hop further, one TTL less, in ring mode `ring` (0: route)."""
     return Push(push.push_id, push.route_id, push.token, push.ciphertext, push.ttl - 1, push.hops + 1,
-                push.attempt, ring, push.registration)
+                push.attempt, ring, push.registration, push.webpush)
 
 
 class ForwardingRules(EngineState):
@@ -142,8 +142,8 @@ class ForwardingRules(EngineState):
         if pid not in self._custody:  # a custodian keeps its own LOCAL reverse marker
             if self._reverse.put(pid, (peer, now + cfg.reverse_ttl_s)):
                 self._count("reverse_evicted")
-        if self._home.is_home(rid):
-            status = self._home.accept_push(rid, msg.token, pid, msg.ciphertext, now + self.wall_offset)
+        status = self._accept_at_home(msg, now)
+        if status is not None:
             out = self._deliver_local(pid, msg, status, now, hops=msg.hops + 1)
             out.append(Send(peer, Receipt(pid, status, msg.hops + 1)))
             return out

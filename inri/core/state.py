@@ -40,6 +40,9 @@ RECEIPT_STATUS = {
     ReceiptStatus.SPENT: CustodyStatus.SPENT,
     ReceiptStatus.UNKNOWN_TOKEN: CustodyStatus.UNKNOWN_TOKEN,
     ReceiptStatus.MAILBOX_FULL: CustodyStatus.MAILBOX_FULL,
+    ReceiptStatus.UNKNOWN_ENDPOINT: CustodyStatus.UNKNOWN_ENDPOINT,
+    ReceiptStatus.GONE: CustodyStatus.GONE,
+    ReceiptStatus.RATE_LIMITED: CustodyStatus.RATE_LIMITED,
 }
 
 
@@ -48,7 +51,8 @@ def readdress(push: Push, ttl: int, hops: int, attempt: int, ring: int) -> Push:
 
     (Positional construction: dataclasses.replace costs several times more on the forwarding path.)
     """
-    return Push(push.push_id, push.route_id, push.token, push.ciphertext, ttl, hops, attempt, ring, push.registration)
+    return Push(push.push_id, push.route_id, push.token, push.ciphertext, ttl, hops, attempt, ring, push.registration,
+                push.webpush)
 
 
 class Neighbour:
@@ -124,6 +128,15 @@ class EngineState:
 
     def _trace(self, now: float, kind: str, **fields: Any) -> None:
         self._emit(now, self.relay_id, kind, **fields)
+
+    def _accept_at_home(self, push: Push, now: float) -> ReceiptStatus | None:
+        """Rule F2: the home store's verdict on push, or None when this relay is not its home."""
+        if push.webpush is not None:
+            return self._home.accept_webpush(push, now + self.wall_offset)
+        if self._home.is_home(push.route_id):
+            return self._home.accept_push(push.route_id, push.token, push.push_id, push.ciphertext,
+                                          now + self.wall_offset)
+        return None
 
     def _local_expiry(self, expires_at: int) -> float:
         """A registration's wall-clock expiry as a time on the engine's monotonic clock."""

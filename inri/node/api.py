@@ -24,6 +24,7 @@ from typing import Any
 
 import structlog
 import trio
+from cryptography.hazmat.primitives.asymmetric import ec
 
 from inri import __version__
 from inri.common import b64url
@@ -43,6 +44,7 @@ from inri.common.http import (
     serve_lifespan,
 )
 from inri.core.api import InjectOutcome
+from inri.core.budget import KeyedBuckets
 from inri.node.config import ApiSection, RelayConfig
 from inri.node.metrics import relay_registry
 from inri.node.openapi import openapi_document
@@ -50,7 +52,11 @@ from inri.node.ratelimit import RateLimiter, client_key
 from inri.node.service import RegistrationError, RelayService
 from inri.node.store import secret_hash
 from inri.protocol import limits
-from inri.protocol.codec import DecodeError, decode_registration
+from inri.protocol.codec import DecodeError, decode_registration, encode_registration
+from inri.protocol.messages import ContentEncoding, Urgency
+from inri.protocol.webpush import ENCODING_NAME, URGENCY_NAME, EndpointToken
+
+WebPushInfo = tuple[bytes, str | None, Urgency, ContentEncoding]
 
 log = structlog.get_logger("inri.api")
 
@@ -81,6 +87,7 @@ TITLES = {
     "overloaded": "Relay overloaded",
     "method_not_allowed": "Method not allowed",
     "internal": "Internal error",
+    "too_many_endpoints": "Too many Web Push endpoints",
 }
 UNLIMITED_PATHS = frozenset({"/healthz", "/metrics"})
 
@@ -118,6 +125,16 @@ def _bearer(req: Request) -> bytes | None:
         return None
 
 
+def _message_json(pid: bytes, ct: bytes, t: float, wp: WebPushInfo | None) -> dict[str, Any]:
+    """A mailbox message as pull and the stream show it; a Web Push one says so and carries its headers."""
+    out: dict[str, Any] = {"id": pid.hex(), "ciphertext": b64e(ct), "received_at": t}
+    if wp is not None:
+        eid, topic, urgency, encoding = wp
+        out.update(kind="webpush", body=out["ciphertext"], encoding=ENCODING_NAME[encoding],
+                   urgency=URGENCY_NAME[urgency], topic=topic, endpoint_id=eid.hex())
+    return out
+
+
 class RelayApi:
     """The ASGI application (create_app builds it)."""
 
@@ -147,6 +164,9 @@ class RelayApi:
             Route("GET", dev + "/messages", self.messages),
             Route("POST", dev + "/ack", self.ack, max(body, ACK_MAX_BODY_BYTES)),
             Route("GET", dev + "/stream", self.stream_over_http),
+            Route("POST", dev + "/endpoints", self.mint_endpoint, body),
+            Route("GET", dev + "/endpoints", self.list_endpoints),
+            Route("DELETE", dev + "/endpoints/{endpoint_id}", self.revoke_endpoint),
             Route("POST", "/v1/push", self.push, body),
             Route("GET", "/v1/push/{push_id}", self.push_status),
             Route("GET", "/healthz", self.health),
@@ -154,6 +174,11 @@ class RelayApi:
             Route("GET", "/metrics", self.metrics),
             Route("GET", "/openapi.json", self.openapi),
         ])
+        wp = self.config.webpush
+        self.wp_origins = tuple(o.rstrip("/") for o in wp.public_origins) or (f"http://{self.config.relay.api}",)
+        self.service.store.endpoint_limits = KeyedBuckets(wp.endpoint_rate_per_s, wp.endpoint_burst)
+        self.streams: dict[bytes, int] = {}  # route id -> open streams (a TTL 0 Web Push is stored only then)
+        self.service.store.stream_open = lambda rid: self.streams.get(rid, 0) > 0
         self.ws_route = next(r for r in self.router.routes if r.handler == self.stream_over_http)
         self.registry = relay_registry(service, self)
 
@@ -271,7 +296,8 @@ class RelayApi:
         if not 1 <= limit <= MAX_PULL:
             raise Problem(422, "invalid_field", f"limit: expected an integer in 1..{MAX_PULL}")
         msgs = self.service.pending(route_id, limit)
-        return 200, {"messages": [{"id": p.hex(), "ciphertext": b64e(c), "received_at": t} for p, c, t in msgs]}
+        meta = self.service.store.webpush_meta(route_id)
+        return 200, {"messages": [_message_json(p, c, t, meta.get(p)) for p, c, t in msgs]}
 
     def _ids(self, value: object) -> list[bytes]:
         if not isinstance(value, list) or len(value) > MAX_ACK_IDS:
@@ -292,6 +318,49 @@ class RelayApi:
     async def stream_over_http(self, req: Request, device_id: str) -> tuple[int, Any]:
         raise Problem(426, "upgrade_required", "this endpoint is a WebSocket (docs/api.md, Live stream)",
                       headers=[(b"upgrade", b"websocket")])
+
+    # -- Web Push endpoints (minted at the home relay) ----------------------------------------------
+
+    def _endpoint_json(self, route_id: bytes, tok: EndpointToken, vapid_key: bytes | None) -> dict[str, Any]:
+        reg = self.service.store.registration(route_id)
+        assert reg is not None
+        url = f"{self.wp_origins[0]}/wp/v1/{b64e(encode_registration(reg))}/{b64e(tok.encode())}"
+        return {"endpoint_id": tok.endpoint_id.hex(), "url": url, "restricted": tok.restricted,
+                "vapid_key": None if vapid_key is None else b64e(vapid_key)}
+
+    async def mint_endpoint(self, req: Request, device_id: str) -> tuple[int, Any]:
+        route_id = self._device(req, device_id)
+        body = await req.json(optional=True)
+        key = body.get("vapid_key")
+        vapid_key = None
+        if key is not None:
+            vapid_key = b64d(key, "vapid_key", size=65)
+            if vapid_key[0] != 4:
+                raise Problem(422, "invalid_field", "vapid_key: expected an uncompressed P-256 point (0x04...)")
+            try:
+                ec.EllipticCurvePublicKey.from_encoded_point(ec.SECP256R1(), vapid_key)
+            except ValueError:
+                raise Problem(422, "invalid_field", "vapid_key: not a point on P-256") from None
+        store = self.service.store
+        if len(store.endpoints(route_id)) >= self.config.webpush.endpoints_max:
+            raise Problem(409, "too_many_endpoints",
+                          f"this device has {self.config.webpush.endpoints_max} endpoints; revoke one first")
+        tok = store.mint_endpoint(route_id, vapid_key, self.service.wall_clock())
+        return 201, self._endpoint_json(route_id, tok, vapid_key)
+
+    async def list_endpoints(self, req: Request, device_id: str) -> tuple[int, Any]:
+        route_id = self._device(req, device_id)
+        return 200, {"endpoints": [self._endpoint_json(route_id, t, k)
+                                   for t, k in self.service.store.endpoints(route_id)]}
+
+    async def revoke_endpoint(self, req: Request, device_id: str, endpoint_id: str) -> tuple[int, Any]:
+        route_id = self._device(req, device_id)
+        eid = _parse_id(endpoint_id, limits.ENDPOINT_ID_BYTES)
+        if eid is None:
+            raise Problem(422, "invalid_field", "endpoint_id: expected 32 hex characters")
+        # Idempotent (a DELETE retried after a lost answer succeeds); device endpoints never answer 404.
+        self.service.store.revoke_endpoint(route_id, eid)
+        return 204, None
 
     async def push(self, req: Request) -> tuple[int, Any]:
         body = await req.json()
@@ -368,6 +437,7 @@ class RelayApi:
             await send({"type": "websocket.close", "code": WS_CLOSE_BAD_AUTH})
             return
         self.ws_open += 1
+        self.streams[route_id] = self.streams.get(route_id, 0) + 1
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._ws_reader, receive, send, route_id, nursery.cancel_scope)
@@ -377,6 +447,9 @@ class RelayApi:
             pass  # the client went away
         finally:
             self.ws_open -= 1
+            self.streams[route_id] -= 1
+            if not self.streams[route_id]:
+                del self.streams[route_id]
 
     async def _ws_writer(self, send: Send, route_id: bytes) -> None:
         sent: set[bytes] = set()
@@ -387,11 +460,12 @@ class RelayApi:
             # (Taken after, such a delivery set an event nobody waited on, and the stream went quiet
             # until the next ping: issue 13, item 0.)
             mail = service.mail_event(route_id)
+            meta = service.store.webpush_meta(route_id)
             for pid, ct, t in service.pending(route_id, MAX_PULL):
                 if pid not in sent:
                     sent.add(pid)
                     await send({"type": "websocket.send", "text": json.dumps(
-                        {"type": "message", "id": pid.hex(), "ciphertext": b64e(ct), "received_at": t})})
+                        {"type": "message", **_message_json(pid, ct, t, meta.get(pid))})})
             if not service.store.is_home(route_id):
                 await send({"type": "websocket.close", "code": WS_CLOSE_GONE})
                 return

@@ -84,12 +84,28 @@ class TraceSection:
 
 
 @dataclass(frozen=True)
+class WebPushSection:
+    """Web Push endpoints (docs/api.md "Web Push")."""
+
+    # Origins ("scheme://host[:port]") this relay answers Web Push on: VAPID `aud` must be one of
+    # them; minted endpoint URLs use the first. Empty: "http://" + the API listen address.
+    public_origins: tuple[str, ...] = ()
+    ttl_max_s: Annotated[int, Meta(ge=0, le=30 * 24 * 3600)] = 28 * 24 * 3600  # larger TTLs are clamped
+    endpoint_rate_per_s: Annotated[float, Positive] = 1.0  # per endpoint, at the home relay
+    endpoint_burst: Annotated[int, AtLeastOne] = 20
+    vapid_rate_per_s: Annotated[float, Positive] = 50.0  # per VAPID key (signed pushes), at the entry relay
+    vapid_burst: Annotated[int, AtLeastOne] = 200
+    endpoints_max: Annotated[int, AtLeastOne] = 100  # live endpoints per device
+
+
+@dataclass(frozen=True)
 class RelayConfig:
     relay: RelaySection = field(default_factory=RelaySection)
     quic: QuicSection = field(default_factory=QuicSection)
     api: ApiSection = field(default_factory=ApiSection)
     trace: TraceSection = field(default_factory=TraceSection)
     engine: EngineConfig = field(default_factory=EngineConfig)
+    webpush: WebPushSection = field(default_factory=WebPushSection)
 
     @property
     def data_path(self) -> Path:
@@ -97,7 +113,7 @@ class RelayConfig:
 
 
 _SECTIONS = {"relay": RelaySection, "quic": QuicSection, "api": ApiSection, "trace": TraceSection,
-             "engine": EngineConfig}
+             "engine": EngineConfig, "webpush": WebPushSection}
 TEST_PROFILE_QUIC_IDLE_S = 5.0
 
 

@@ -38,6 +38,9 @@ def openapi_document(version: str, body_limits: dict[str, int]) -> dict[str, Any
         return {"required": required, "content": {"application/json": {"schema": schema}},
                 "x-max-body-bytes": body_limits[key]}
 
+    endpoint = {"type": "object", "properties": {
+        "endpoint_id": HEX_ID, "url": {"type": "string"}, "restricted": {"type": "boolean"},
+        "vapid_key": {"type": ["string", "null"]}}}
     message = {"type": "object", "properties": {"id": HEX_ID, "ciphertext": B64, "received_at": {"type": "number"}}}
     return {
         "openapi": "3.1.0",
@@ -88,6 +91,25 @@ def openapi_document(version: str, body_limits: dict[str, int]) -> dict[str, Any
                     "count": {"type": "integer", "minimum": 1, "maximum": 500}}}, False),
                 "responses": {"200": _json({"type": "object", "properties": {
                     "tokens": {"type": "array", "items": B64}}}), **BODY_ERRORS, **AUTH_ERRORS}}},
+            "/v1/devices/{device_id}/endpoints": {
+                "post": {
+                    "summary": "Mint a Web Push endpoint (restricted to one VAPID key when given)",
+                    "security": [{"device": []}], "parameters": [DEVICE_PARAM],
+                    "requestBody": _body("POST /v1/devices/{device_id}/endpoints", {
+                        "type": "object", "properties": {"vapid_key": B64}}, False),
+                    "responses": {"201": _json(endpoint, "minted"), "409": _problem_ref("too_many_endpoints"),
+                                  **BODY_ERRORS, **AUTH_ERRORS}},
+                "get": {
+                    "summary": "The device's live Web Push endpoints", "security": [{"device": []}],
+                    "parameters": [DEVICE_PARAM],
+                    "responses": {"200": _json({"type": "object", "properties": {
+                        "endpoints": {"type": "array", "items": endpoint}}}), **AUTH_ERRORS}}},
+            "/v1/devices/{device_id}/endpoints/{endpoint_id}": {"delete": {
+                "summary": "Revoke a Web Push endpoint (senders then get 410)", "security": [{"device": []}],
+                "parameters": [DEVICE_PARAM, {"name": "endpoint_id", "in": "path", "required": True,
+                                              "schema": HEX_ID}],
+                "responses": {"204": {"description": "revoked (also when it already was)"},
+                              "422": _problem_ref("invalid_field"), **AUTH_ERRORS}}},
             "/v1/devices/{device_id}": {"delete": {
                 "summary": "Unregister: delete everything about the device", "security": [{"device": []}],
                 "parameters": [DEVICE_PARAM], "responses": {"204": {"description": "deleted"}, **AUTH_ERRORS}}},

@@ -53,6 +53,7 @@ from inri.protocol.messages import (
     RegGossip,
     Registration,
     RouteError,
+    WebPushMeta,
 )
 
 log = structlog.get_logger("inri.service")
@@ -190,7 +191,7 @@ class RelayService:
         self._count(_IN_NAMES.get(data[1] if len(data) > 1 and 0x90 <= data[0] <= 0x9F else 0, "frames_in_other"))
         try:
             effects = self.engine.receive_frame(peer, data, self._now())
-        except Exception:  # noqa: BLE001 - a bug on one frame must not take the relay down
+        except Exception:
             self._count("internal_errors")
             log.exception("frame handling failed", peer=peer, size=len(data))
             return
@@ -278,10 +279,14 @@ class RelayService:
         if ev is not None:
             ev.set()  # live streams notice the device is gone
 
-    def inject_push(self, registration: Registration, token: bytes, ciphertext: bytes) -> InjectResult:
-        """A home app's push: verified, committed to custody, then sent on its way."""
+    def inject_push(
+        self, registration: Registration, token: bytes, ciphertext: bytes, *,
+        push_id: bytes | None = None, webpush: WebPushMeta | None = None,
+    ) -> InjectResult:
+        """A home app's push (or a Web Push push, with its meta): verified, committed to custody, sent on."""
         t0 = time.perf_counter()
-        result = self.engine.inject_push(registration, token, ciphertext, self._now())
+        result = self.engine.inject_push(registration, token, ciphertext, self._now(), push_id=push_id,
+                                         webpush=webpush)
         if result.outcome == InjectOutcome.ACCEPTED:
             self._apply(result.effects)
             dt = time.perf_counter() - t0

@@ -14,13 +14,17 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import hmac
+import os
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from inri.core.budget import KeyedBuckets
+from inri.core.home import ENDPOINT_BURST, ENDPOINT_RATE_PER_S, TTL0_GRACE_S, tag_ok
 from inri.protocol.codec import DecodeError, decode, decode_registration, encode, encode_registration
-from inri.protocol.messages import Push, ReceiptStatus, Registration
+from inri.protocol.messages import ContentEncoding, Push, ReceiptStatus, Registration, Urgency
+from inri.protocol.webpush import EndpointToken
 
 SCHEMA_VERSION = 1
 STATUS_RETENTION_S = 7 * 24 * 3600  # push status answers kept a week after settling
@@ -42,6 +46,14 @@ CREATE TABLE IF NOT EXISTS custody (
     accepted_at REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS push_status (
     push_id BLOB PRIMARY KEY, status TEXT NOT NULL, hops INTEGER, accepted_at REAL NOT NULL, settled_at REAL);
+CREATE TABLE IF NOT EXISTS wp_endpoints (
+    route_id BLOB NOT NULL, endpoint_id BLOB NOT NULL, vapid_key BLOB, revoked INTEGER NOT NULL DEFAULT 0,
+    created REAL NOT NULL, PRIMARY KEY (route_id, endpoint_id)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS wp_gone (route_id BLOB PRIMARY KEY) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS wp_messages (
+    push_id BLOB NOT NULL, route_id BLOB NOT NULL, endpoint_id BLOB NOT NULL, topic TEXT,
+    urgency INTEGER NOT NULL, encoding INTEGER NOT NULL, expires_at REAL NOT NULL,
+    PRIMARY KEY (route_id, push_id)) WITHOUT ROWID;
 """
 
 
@@ -70,6 +82,15 @@ class Store:
         self._box_counts: dict[bytes, int] = {}  # route id -> stored messages (see _box_count)
         for rid, blob in self._db.execute("SELECT route_id, registration FROM devices"):
             self._home[bytes(rid)] = decode_registration(bytes(blob))
+        # Web Push: the key endpoint capabilities derive from (random, made once, kept with the store).
+        row = self._db.execute("SELECT value FROM meta WHERE key='wp_home_key'").fetchone()
+        if row is None:
+            row = (os.urandom(32).hex(),)
+            self._db.execute("INSERT INTO meta VALUES ('wp_home_key', ?)", row)
+        self.home_key = bytes.fromhex(row[0])
+        # Whether a device's stream is open (the service sets this): a TTL 0 push is stored only then.
+        self.stream_open: Callable[[bytes], bool] = lambda route_id: False
+        self.endpoint_limits = KeyedBuckets(ENDPOINT_RATE_PER_S, ENDPOINT_BURST)
 
     @contextlib.contextmanager
     def _tx(self) -> Iterator[None]:
@@ -134,8 +155,11 @@ class Store:
     def remove_device(self, route_id: bytes) -> None:
         """Unregister: delete the device, its tokens and its mailbox (nothing about it remains)."""
         with self._tx():
-            for table in ("devices", "tokens", "mailbox"):
+            had = self._db.execute("SELECT 1 FROM wp_endpoints WHERE route_id=? LIMIT 1", (route_id,)).fetchone()
+            for table in ("devices", "tokens", "mailbox", "wp_endpoints", "wp_messages"):
                 self._db.execute(f"DELETE FROM {table} WHERE route_id=?", (route_id,))  # noqa: S608 - fixed names
+            if had:  # its Web Push endpoints answer 410 from now on (senders then forget them)
+                self._db.execute("INSERT OR IGNORE INTO wp_gone VALUES (?)", (route_id,))
         self._home.pop(route_id, None)
         self._box_counts.pop(route_id, None)
 
@@ -177,13 +201,99 @@ class Store:
                            (ciphertext, now, route_id, push_id))
         return ReceiptStatus.STORED
 
+    # -- Web Push endpoints -----------------------------------------------------------------------
+
+    def mint_endpoint(self, route_id: bytes, vapid_key: bytes | None, now: float) -> EndpointToken:
+        """A new Web Push endpoint of a device homed here (restricted to vapid_key when given)."""
+        eid = os.urandom(16)
+        with self._tx():
+            self._db.execute("INSERT INTO wp_endpoints VALUES (?, ?, ?, 0, ?)", (route_id, eid, vapid_key, now))
+        return EndpointToken.mint(self.home_key, route_id, eid, vapid_key)
+
+    def endpoints(self, route_id: bytes) -> list[tuple[EndpointToken, bytes | None]]:
+        """The device's live endpoints, oldest first: (token for its URL, restricting VAPID key)."""
+        rows = self._db.execute("SELECT endpoint_id, vapid_key FROM wp_endpoints WHERE route_id=? AND revoked=0 "
+                                "ORDER BY created", (route_id,))
+        out = []
+        for eid, key in rows:
+            vk = None if key is None else bytes(key)
+            out.append((EndpointToken.mint(self.home_key, route_id, bytes(eid), vk), vk))
+        return out
+
+    def revoke_endpoint(self, route_id: bytes, endpoint_id: bytes) -> bool:
+        """Revoke an endpoint (pushes to it then get 410); False when the device has no such live one."""
+        with self._tx():
+            cur = self._db.execute("UPDATE wp_endpoints SET revoked=1 WHERE route_id=? AND endpoint_id=? AND revoked=0",
+                                   (route_id, endpoint_id))
+            self._db.execute("DELETE FROM wp_messages WHERE route_id=? AND endpoint_id=?", (route_id, endpoint_id))
+        return cur.rowcount > 0
+
+    def accept_webpush(self, push: Push, now: float) -> ReceiptStatus | None:
+        """See `inri.core.api.HomeStore.accept_webpush` (same semantics as MemoryHomeStore's)."""
+        meta = push.webpush
+        rid = push.route_id
+        assert meta is not None
+        db = self._db
+        if rid not in self._home:
+            gone = db.execute("SELECT 1 FROM wp_gone WHERE route_id=?", (rid,)).fetchone()
+            return ReceiptStatus.GONE if gone else None
+        if db.execute("SELECT 1 FROM mailbox WHERE route_id=? AND push_id=?", (rid, push.push_id)).fetchone():
+            return ReceiptStatus.DUPLICATE
+        row = db.execute("SELECT vapid_key, revoked FROM wp_endpoints WHERE route_id=? AND endpoint_id=?",
+                         (rid, meta.endpoint_id)).fetchone()
+        if row is None or not tag_ok(self.home_key, push, meta, None if row[0] is None else bytes(row[0])):
+            return ReceiptStatus.UNKNOWN_ENDPOINT  # a forged tag says nothing about the endpoint
+        if row[1]:
+            return ReceiptStatus.GONE
+        if self.endpoint_limits.take((rid + meta.endpoint_id).hex()):
+            return ReceiptStatus.RATE_LIMITED
+        if meta.ttl_s == 0 and not self.stream_open(rid):
+            return ReceiptStatus.STORED  # RFC 8030: accepted, and dropped (nobody to hand it to now)
+        with self._tx():
+            if meta.topic is not None:  # RFC 8030 5.4: replaces the unacknowledged one with this topic
+                old = [(rid, bytes(p)) for (p,) in db.execute(
+                    "SELECT push_id FROM wp_messages WHERE route_id=? AND endpoint_id=? AND topic=?",
+                    (rid, meta.endpoint_id, meta.topic))]
+                db.executemany("DELETE FROM mailbox WHERE route_id=? AND push_id=?", old)
+                db.executemany("DELETE FROM wp_messages WHERE route_id=? AND push_id=?", old)
+                if old:
+                    self._box_counts.pop(rid, None)
+            n = self._box_count(rid)
+            if n >= self.mailbox_max:
+                return ReceiptStatus.MAILBOX_FULL
+            db.execute("INSERT INTO mailbox VALUES (?, ?, ?, ?)", (push.push_id, rid, push.ciphertext, now))
+            db.execute("INSERT INTO wp_messages VALUES (?, ?, ?, ?, ?, ?, ?)",
+                       (push.push_id, rid, meta.endpoint_id, meta.topic, int(meta.urgency), int(meta.encoding),
+                        now + max(meta.ttl_s, TTL0_GRACE_S)))
+            self._box_counts[rid] = n + 1
+        return ReceiptStatus.STORED
+
+    def webpush_meta(self, route_id: bytes) -> dict[bytes, tuple[bytes, str | None, Urgency, ContentEncoding]]:
+        """push id -> (endpoint id, topic, urgency, encoding) of the device's pending Web Push messages."""
+        rows = self._db.execute("SELECT push_id, endpoint_id, topic, urgency, encoding FROM wp_messages "
+                                "WHERE route_id=?", (route_id,))
+        return {bytes(p): (bytes(e), t, Urgency(u), ContentEncoding(c)) for p, e, t, u, c in rows}
+
+    def expire_webpush(self, now: float) -> int:
+        """Delete Web Push messages whose TTL ran out (their TTL is their mailbox expiry)."""
+        with self._tx():
+            old = [(bytes(r), bytes(p)) for r, p in self._db.execute(
+                "SELECT route_id, push_id FROM wp_messages WHERE expires_at < ?", (now,))]
+            self._db.executemany("DELETE FROM mailbox WHERE route_id=? AND push_id=?", old)
+            self._db.executemany("DELETE FROM wp_messages WHERE route_id=? AND push_id=?", old)
+        for rid, _ in old:
+            self._box_counts.pop(rid, None)
+        return len(old)
+
     # -- mailboxes --------------------------------------------------------------------------------
 
     def pending(self, route_id: bytes, limit: int = 100) -> list[tuple[bytes, bytes, float]]:
-        """Unacknowledged messages, oldest first: (push id, ciphertext, received_at)."""
+        """Unacknowledged messages, oldest first: (push id, ciphertext, received_at); expired Web Push ones left out."""
         rows = self._db.execute(
-            "SELECT push_id, ciphertext, received_at FROM mailbox WHERE route_id=? "
-            "ORDER BY received_at, push_id LIMIT ?", (route_id, limit))
+            "SELECT m.push_id, m.ciphertext, m.received_at FROM mailbox m LEFT JOIN wp_messages w "
+            "ON w.route_id = m.route_id AND w.push_id = m.push_id WHERE m.route_id=? "
+            "AND (w.expires_at IS NULL OR w.expires_at >= ?) "
+            "ORDER BY m.received_at, m.push_id LIMIT ?", (route_id, time.time(), limit))
         return [(bytes(p), bytes(c), float(t)) for p, c, t in rows]
 
     def _box_count(self, route_id: bytes) -> int:
@@ -206,8 +316,11 @@ class Store:
         with self._tx():
             cur = self._db.executemany("DELETE FROM mailbox WHERE route_id=? AND push_id=?",
                                        [(route_id, p) for p in push_ids])
+            deleted = cur.rowcount
+            self._db.executemany("DELETE FROM wp_messages WHERE route_id=? AND push_id=?",
+                                 [(route_id, p) for p in push_ids])
         self._box_counts.pop(route_id, None)  # recounted on the next push
-        return cur.rowcount
+        return deleted
 
     # -- custody and push status ------------------------------------------------------------------
 

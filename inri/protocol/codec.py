@@ -16,6 +16,7 @@ import msgpack
 from inri.protocol import limits as L
 from inri.protocol.keys import registration_signed_bytes, sign
 from inri.protocol.messages import (
+    ContentEncoding,
     ErrorCode,
     ErrorFrame,
     Hello,
@@ -31,6 +32,8 @@ from inri.protocol.messages import (
     Registration,
     RouteError,
     RouteErrorReason,
+    Urgency,
+    WebPushMeta,
 )
 
 __all__ = [
@@ -128,8 +131,27 @@ def _gossip_from(f: list[Any]) -> RegGossip:
     )
 
 
+def _webpush_from(f: object) -> WebPushMeta:
+    if type(f) is not list or len(f) != 6:
+        raise DecodeError("malformed", "webpush: expected 6 fields")
+    topic = f[5]
+    if topic is not None:
+        topic = _str(topic, L.MAX_TOPIC_CHARS, "webpush.topic")
+    return WebPushMeta(
+        endpoint_id=_bytes(f[0], L.ENDPOINT_ID_BYTES, "webpush.endpoint_id"),
+        tag=_bytes(f[1], L.WEBPUSH_TAG_BYTES, "webpush.tag"),
+        ttl_s=_uint(f[2], L.MAX_WEBPUSH_TTL_S, "webpush.ttl_s"),
+        urgency=_enum(Urgency, f[3], "webpush.urgency"),
+        encoding=_enum(ContentEncoding, f[4], "webpush.encoding"),
+        topic=topic,
+    )
+
+
 def _push_from(f: list[Any]) -> Push:
-    _fields(f, 9, "push")
+    # A native push has 9 fields; a Web Push push a 10th (its WebPushMeta), so native frames keep
+    # their exact bytes.
+    if len(f) != 10:
+        _fields(f, 9, "push")
     ct = f[3]
     if type(ct) is not bytes or len(ct) > L.MAX_CIPHERTEXT_BYTES:
         raise DecodeError("malformed", f"ciphertext: expected at most {L.MAX_CIPHERTEXT_BYTES} bytes")
@@ -143,6 +165,7 @@ def _push_from(f: list[Any]) -> Push:
         attempt=_uint(f[6], 255, "attempt"),
         ring=_uint(f[7], L.MAX_TTL, "ring"),
         registration=None if f[8] is None else _reg_from_list(f[8]),
+        webpush=_webpush_from(f[9]) if len(f) == 10 else None,
     )
 
 
@@ -212,6 +235,10 @@ _DECODERS: dict[int, Callable[[list[Any]], Message]] = {
 }
 
 
+def _webpush_to_list(w: WebPushMeta) -> list[Any]:
+    return [w.endpoint_id, w.tag, w.ttl_s, int(w.urgency), int(w.encoding), w.topic]
+
+
 def _to_fields(msg: Message) -> tuple[MessageType, list[Any]]:
     if isinstance(msg, RegGossip):
         return MessageType.REG_GOSSIP, [_reg_to_list(msg.registration), msg.ttl, msg.hops]
@@ -220,7 +247,7 @@ def _to_fields(msg: Message) -> tuple[MessageType, list[Any]]:
         return MessageType.PUSH, [
             msg.push_id, msg.route_id, msg.token, msg.ciphertext,
             msg.ttl, msg.hops, msg.attempt, msg.ring, reg,
-        ]
+        ] + ([] if msg.webpush is None else [_webpush_to_list(msg.webpush)])
     if isinstance(msg, Receipt):
         return MessageType.RECEIPT, [msg.push_id, int(msg.status), msg.hops]
     if isinstance(msg, RouteError):

@@ -25,3 +25,8 @@ MAX_NODE_ID_CHARS = 64
 MAX_ADDR_CHARS = 200
 MAX_ERROR_DETAIL_CHARS = 500
 MAX_NONCE = 2**63 - 1
+# Web Push (RFC 8030): a Topic is at most 32 base64url characters; TTL is clamped to 30 days at most.
+MAX_TOPIC_CHARS = 32
+MAX_WEBPUSH_TTL_S = 30 * 24 * 3600
+ENDPOINT_ID_BYTES = 16
+WEBPUSH_TAG_BYTES = 16

@@ -41,6 +41,10 @@ class ReceiptStatus(IntEnum):
     SPENT = 3  # token already spent by a different push id
     UNKNOWN_TOKEN = 4  # route id is home here but the token is not one of its tokens
     MAILBOX_FULL = 5  # home refused: mailbox at its cap
+    # Web Push pushes only (docs/protocol.md "Web Push pushes"):
+    UNKNOWN_ENDPOINT = 6  # no such endpoint of this route id, or its per-push tag does not verify
+    GONE = 7  # the endpoint was revoked, or its device unregistered
+    RATE_LIMITED = 8  # the endpoint's rate limit at home: try again later
 
 
 class RouteErrorReason(IntEnum):
@@ -105,6 +109,37 @@ class RegGossip:
     hops: int  # hops travelled so far (0 when sent by the home relay)
 
 
+class Urgency(IntEnum):
+    """RFC 8030 section 5.3 urgency of a Web Push push (header values in `inri.protocol.webpush`)."""
+
+    VERY_LOW = 1
+    LOW = 2
+    NORMAL = 3
+    HIGH = 4
+
+
+class ContentEncoding(IntEnum):
+    """How a Web Push body is encrypted: RFC 8291 aes128gcm, or the older aesgcm draft (re-framed)."""
+
+    AES128GCM = 1
+    AESGCM = 2
+
+
+@dataclass(frozen=True, slots=True)
+class WebPushMeta:
+    """What a Web Push push carries beside its body. Never the capability, URL, VAPID key or JWT.
+
+    The home relay recomputes the capability from its own key and checks `tag` (inri.protocol.webpush).
+    """
+
+    endpoint_id: bytes  # 16 bytes, chosen by the home relay when it minted the endpoint
+    tag: bytes  # 16 bytes: HMAC(capability, push id | sha256(body) | ttl | urgency | encoding | topic | vapid)
+    ttl_s: int  # seconds the message may wait in the mailbox (0: only if the device's stream is open)
+    urgency: Urgency
+    encoding: ContentEncoding
+    topic: str | None  # at most 32 base64url characters: replaces the unacknowledged message with the same topic
+
+
 @dataclass(frozen=True, slots=True)
 class Push:
     """A push in flight. Routed on route_id; the token is checked and spent only at home."""
@@ -118,6 +153,8 @@ class Push:
     attempt: int  # custody re-send counter (0 first); seen-caches key on (push_id, attempt)
     ring: int  # 0: follow cached routes; >0: expanding-ring search with this radius left
     registration: Registration | None  # carried so fallback relays can verify the route id
+    # A Web Push push (token is then 16 zero bytes and ciphertext the raw Web Push body); None: native.
+    webpush: WebPushMeta | None = None
 
 
 @dataclass(frozen=True, slots=True)

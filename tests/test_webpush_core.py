@@ -1,0 +1,130 @@
+"""Web Push on the mesh: the frame, the per-push tag and both home stores (memory and SQLite)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from inri.core.home import MemoryHomeStore
+from inri.core.testing import MiniNet
+from inri.node.store import Store
+from inri.protocol.codec import decode, encode, make_registration
+from inri.protocol.keys import new_signing_key
+from inri.protocol.messages import ContentEncoding, Push, ReceiptStatus, Urgency, WebPushMeta
+from inri.protocol.webpush import EndpointToken, push_tag, vapid_key_hash
+
+REG = make_registration(new_signing_key(b"\x07" * 32), 1, 0, 30 * 24 * 3600)
+VAPID = b"\x04" + b"\x11" * 64
+
+
+def _push(tok: EndpointToken, body: bytes, *, ttl: int = 60, topic: str | None = None,
+          vapid: bytes | None = None, forge: bool = False) -> Push:
+    pid = os.urandom(16)
+    cap = os.urandom(16) if forge else tok.cap
+    tag = push_tag(cap, pid, body, ttl, Urgency.NORMAL, ContentEncoding.AES128GCM, topic, vapid_key_hash(vapid))
+    meta = WebPushMeta(tok.endpoint_id, tag, ttl, Urgency.NORMAL, ContentEncoding.AES128GCM, topic)
+    return Push(pid, REG.route_id, bytes(16), body, 16, 0, 0, 0, REG, meta)
+
+
+def test_frame_carries_the_meta_and_native_frames_keep_their_bytes() -> None:
+    tok = EndpointToken.mint(b"k" * 32, REG.route_id, b"e" * 16, None)
+    p = _push(tok, b"body", topic="abc")
+    assert decode(encode(p)) == p
+    native = Push(b"p" * 16, REG.route_id, b"t" * 16, b"c", 3, 0, 0, 0, None)
+    assert encode(native)[0] == 0x9B and decode(encode(native)) == native  # still 2 + 9 elements
+    raw = encode(p)
+    assert raw[0] == 0x9C  # 2 + 10 elements
+    assert b"k" * 32 not in raw and tok.cap not in raw  # never the capability nor the home key
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> MemoryHomeStore | Store:
+    if request.param == "memory":
+        s = MemoryHomeStore()
+        s.add_registration(REG, [])
+        return s
+    st = Store(tmp_path / "s.db")
+    st.add_device(REG, b"s" * 32, [], 0.0)
+    return st
+
+
+def _box(store: MemoryHomeStore | Store) -> list[bytes]:
+    if isinstance(store, Store):
+        return [c for _, c, _ in store.pending(REG.route_id)]
+    return [c for c, _ in store.mailboxes[REG.route_id].values()]
+
+
+def _set_stream(store: MemoryHomeStore | Store, open_: bool) -> None:
+    if isinstance(store, Store):
+        store.stream_open = lambda rid: open_
+    elif open_:
+        store.connected.add(REG.route_id)
+    else:
+        store.connected.discard(REG.route_id)
+
+
+def test_tag_topic_ttl_revocation_and_unregister(store: MemoryHomeStore | Store) -> None:
+    now = time.time()
+    tok = store.mint_endpoint(REG.route_id, None, now)
+    p = _push(tok, b"one")
+    assert store.accept_webpush(p, now) == ReceiptStatus.STORED
+    assert store.accept_webpush(p, now) == ReceiptStatus.DUPLICATE
+    assert store.accept_webpush(_push(tok, b"x", forge=True), now) == ReceiptStatus.UNKNOWN_ENDPOINT
+    other = EndpointToken(os.urandom(16), False, bytes(8), tok.cap)
+    assert store.accept_webpush(_push(other, b"x"), now) == ReceiptStatus.UNKNOWN_ENDPOINT
+    # Topic: the second push with the same topic replaces the first (unacknowledged) one.
+    assert store.accept_webpush(_push(tok, b"t1", topic="news"), now) == ReceiptStatus.STORED
+    assert store.accept_webpush(_push(tok, b"t2", topic="news"), now) == ReceiptStatus.STORED
+    assert sorted(_box(store)) == [b"one", b"t2"]
+    # TTL 0: accepted and dropped while the stream is closed, stored while it is open.
+    assert store.accept_webpush(_push(tok, b"z0", ttl=0), now) == ReceiptStatus.STORED
+    assert b"z0" not in _box(store)
+    _set_stream(store, True)
+    assert store.accept_webpush(_push(tok, b"z1", ttl=0), now) == ReceiptStatus.STORED
+    assert b"z1" in _box(store)
+    # A restricted endpoint's tag binds the VAPID key.
+    rtok = store.mint_endpoint(REG.route_id, VAPID, now)
+    assert rtok.restricted
+    assert store.accept_webpush(_push(rtok, b"r", vapid=VAPID), now) == ReceiptStatus.STORED
+    assert store.accept_webpush(_push(rtok, b"r", vapid=None), now) == ReceiptStatus.UNKNOWN_ENDPOINT
+    # Revoked: GONE (only with a genuine tag); unregistered device: GONE.
+    assert store.revoke_endpoint(REG.route_id, tok.endpoint_id)
+    assert store.accept_webpush(_push(tok, b"late"), now) == ReceiptStatus.GONE
+    assert store.accept_webpush(_push(tok, b"late", forge=True), now) == ReceiptStatus.UNKNOWN_ENDPOINT
+    if isinstance(store, Store):
+        store.remove_device(REG.route_id)
+    else:
+        store.remove(REG.route_id)
+    assert store.accept_webpush(_push(rtok, b"r2", vapid=VAPID), now) == ReceiptStatus.GONE
+
+
+def test_endpoint_rate_limit_at_home(store: MemoryHomeStore | Store) -> None:
+    tok = store.mint_endpoint(REG.route_id, None, 0.0)
+    answers = [store.accept_webpush(_push(tok, b"b%d" % i, ttl=3600), time.time()) for i in range(40)]
+    assert ReceiptStatus.RATE_LIMITED in answers and answers[0] == ReceiptStatus.STORED
+
+
+def test_a_web_push_crosses_engines_to_its_home() -> None:
+    """Relays on the path route the push on its route id; the home checks the tag and stores it."""
+    net = MiniNet(4, [(0, 1), (1, 2), (2, 3)])
+    home = net.homes[3]
+    home.add_registration(REG, [])
+    net.apply("3", net.engines[3].register(REG, net.now))
+    net.run_until(net.now + 5)
+    tok = home.mint_endpoint(REG.route_id, None)
+    p = _push(tok, b"cross")
+    res = net.engines[0].inject_push(REG, bytes(16), p.ciphertext, net.now, push_id=p.push_id, webpush=p.webpush)
+    net.apply("0", res.effects)
+    net.run_until(net.now + 5)
+    assert [c for c, _ in home.mailboxes[REG.route_id].values()] == [b"cross"]
+    assert net.custody[p.push_id] == "delivered"
+    assert any(isinstance(m, Push) and m.webpush == p.webpush for _, to, m in net.sent if to == "3")
+    forged = _push(tok, b"forged", forge=True)
+    res = net.engines[0].inject_push(REG, bytes(16), b"forged", net.now, push_id=forged.push_id,
+                                     webpush=forged.webpush)
+    net.apply("0", res.effects)
+    net.run_until(net.now + 5)
+    assert net.custody[forged.push_id] == "unknown_endpoint"
