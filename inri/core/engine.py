@@ -1164,3 +1164,8 @@ class Engine:
             "reg_duplicate": self.reg_duplicates,
             **self.counters,
         }
+
+    def link_congested(self, peer: str, now: float) -> list[Effect]:
+        """The daemon dropped frames for peer: its send queue is full (it withholds flow control)."""
+        # Temporary (helper "node"): the refactored engine's link_congested replaces this at merge.
+        return self._score(peer, -1.0, now, "congested")
