@@ -172,3 +172,26 @@ def test_relay_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_store_synchronous_setting_reaches_sqlite_and_bad_values_are_refused(tmp_path: Path) -> None:
+    """Issue 13 item 12: `[store] synchronous = "normal" | "full"` applied as PRAGMA synchronous."""
+    assert load_config(None, env={}).store.synchronous == "normal"
+    f = tmp_path / "relay.toml"
+    f.write_text('[store]\nsynchronous = "full"\n')
+    cfg = load_config(f, env={})
+    full = Store(tmp_path / "full.sqlite3", synchronous=cfg.store.synchronous)
+    normal = Store(tmp_path / "normal.sqlite3")
+    try:
+        assert (full.sync_mode(), normal.sync_mode()) == (2, 1)  # SQLite: 1 NORMAL, 2 FULL
+    finally:
+        full.close()
+        normal.close()
+    assert load_config(None, env={"INRI_STORE_SYNCHRONOUS": "full"}).store.synchronous == "full"
+    f.write_text('[store]\nsynchronous = "off"\n')
+    bad = subprocess.run([sys.executable, "-m", "inri.cli", "relay", "--config", str(f), "--check-config"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "store.synchronous" in bad.stderr and "'off'" in bad.stderr, bad.stderr
+    f.write_text('[store]\nsync_full = true\n')
+    with pytest.raises(ConfigError, match="sync_full"):
+        load_config(f, env={})

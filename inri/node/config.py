@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from inri.core.config import EngineConfig
+from inri.node.store import StoreSync
 
 
 class ConfigError(ValueError):
@@ -41,6 +42,15 @@ class RelaySection:
 @dataclass(frozen=True)
 class QuicSection:
     idle_timeout_s: float = 30.0  # aioquic default is 60 s; links also carry engine keepalives
+    # Bytes queued for one neighbour and not yet acknowledged by it. A neighbour that withholds QUIC
+    # flow-control credit cannot make the relay buffer more: further frames to it are dropped,
+    # counted (inri_frames_dropped_congested_total) and lower its score. Must hold one full frame.
+    send_queue_max_bytes: int = 4 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class StoreSection:
+    synchronous: str = StoreSync.NORMAL.value  # "normal" | "full" (docs/operations.md, Durability)
 
 
 @dataclass(frozen=True)
@@ -77,6 +87,7 @@ class RelayConfig:
     quic: QuicSection = field(default_factory=QuicSection)
     api: ApiSection = field(default_factory=ApiSection)
     trace: TraceSection = field(default_factory=TraceSection)
+    store: StoreSection = field(default_factory=StoreSection)
     engine: EngineConfig = field(default_factory=EngineConfig)
 
     @property
@@ -85,7 +96,7 @@ class RelayConfig:
 
 
 _SECTIONS = {"relay": RelaySection, "quic": QuicSection, "api": ApiSection, "trace": TraceSection,
-             "engine": EngineConfig}
+             "store": StoreSection, "engine": EngineConfig}
 TEST_PROFILE_QUIC_IDLE_S = 5.0
 
 
@@ -165,6 +176,12 @@ def _validate(cfg: RelayConfig) -> None:
     for url in r.bootstrap:
         if not url.startswith(("http://", "https://")):
             raise ConfigError(f"relay.bootstrap: {url!r} is not an http(s) URL")
+    if cfg.store.synchronous not in {s.value for s in StoreSync}:
+        raise ConfigError(f"store.synchronous: expected 'normal' or 'full', got {cfg.store.synchronous!r}")
+    from inri.protocol.limits import MAX_FRAME_BYTES
+
+    if cfg.quic.send_queue_max_bytes < MAX_FRAME_BYTES + 4:
+        raise ConfigError(f"quic.send_queue_max_bytes: must be >= {MAX_FRAME_BYTES + 4} (one whole frame)")
     if cfg.trace.level not in ("off", "summary", "full"):
         raise ConfigError(f"trace.level: expected off, summary or full, got {cfg.trace.level!r}")
     a = cfg.api

@@ -73,6 +73,8 @@ def render_metrics(service: RelayService, api: RelayApi, extra: dict[str, int]) 
         "inri_frames_invalid_total": ("malformed frames from peers", "frames_invalid"),
         "inri_peers_cut_total": ("links cut because the neighbour's score fell too low", "peer_cut_score"),
         "inri_internal_errors_total": ("frames whose handling raised (bugs)", "internal_errors"),
+        "inri_frames_dropped_congested_total": ("frames to a neighbour dropped: its send queue was full",
+                                                "frames_dropped_congested"),
         "inri_messages_acked_total": ("messages acknowledged and deleted", "messages_acked"),
         "inri_devices_registered_total": ("devices registered", "devices_registered"),
     }
