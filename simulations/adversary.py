@@ -14,6 +14,11 @@ run exactly the code a real relay runs, scoring included:
 - push_spammer (a client, not a relay): a home app pushing at rate_x times the capacity of one
   relay's API, through that relay. See `Ingress`.
 
+Extension point: a hostile relay subclasses `Engine` and overrides only methods named in
+`inri.core.engine.HOOKS`, each marked `@override`, so the type checker (and
+tests/test_adversarial.py at run time) fails when the engine renames a hooked method instead of the
+attack silently turning off.
+
 Honest devices are homed only at honest relays and honest apps inject only there: a device or an app
 picks its relays; what is measured is whether hostile relays in the mesh cost honest pushes.
 """
@@ -22,11 +27,16 @@ from __future__ import annotations
 
 import random
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
+
+from typing_extensions import override
 
 from inri.core.api import Effect, Send
-from inri.core.engine import Engine, _Peer
-from inri.node.ratelimit import RateLimiter
+from inri.core.budget import KeyedBuckets
+from inri.core.engine import Engine
+from inri.core.state import Neighbour
 from inri.protocol.codec import make_registration
 from inri.protocol.keys import new_signing_key
 from inri.protocol.messages import Push, RegGossip, Registration
@@ -57,6 +67,7 @@ class Adversary:
 class BlackHole(Engine):
     """Routes like an honest relay, drops every push it receives."""
 
+    @override
     def _on_push(self, peer: str, msg: Push, now: float) -> list[Effect]:
         self._count("adversary_pushes_dropped")
         return []
@@ -65,7 +76,8 @@ class BlackHole(Engine):
 class Rushing(BlackHole):
     """Forwards gossip claiming hops 0 (the simulator gives it no processing delay)."""
 
-    def _on_gossip(self, peer: str, state: _Peer, msg: RegGossip, now: float) -> list[Effect]:
+    @override
+    def _on_gossip(self, peer: str, state: Neighbour, msg: RegGossip, now: float) -> list[Effect]:
         out = super()._on_gossip(peer, state, msg, now)
         return [Send(e.peer, RegGossip(e.msg.registration, e.msg.ttl, 0))
                 if type(e) is Send and type(e.msg) is RegGossip else e for e in out]
@@ -78,7 +90,8 @@ class _Spammer(Engine):
     spam_rng: random.Random
     spam_sent = 0
 
-    def _tick(self, now: float) -> list:
+    @override
+    def _tick(self, now: float) -> list[Effect]:
         out = super()._tick(now)
         a = self.adversary
         if a.start_s <= now < a.end_s and self._active:
@@ -89,7 +102,7 @@ class _Spammer(Engine):
                     self.spam_sent += 1
         return out
 
-    def _spam(self, n: int, now: float) -> list:
+    def _spam(self, n: int, now: float) -> list[RegGossip]:
         raise NotImplementedError
 
 
@@ -98,8 +111,8 @@ class RegSpammer(_Spammer):
 
     spam_routes: set[bytes]
 
-    def _spam(self, n: int, now: float) -> list:
-        msgs = []
+    def _spam(self, n: int, now: float) -> list[RegGossip]:
+        msgs: list[RegGossip] = []
         for _ in range(n):
             reg = make_registration(new_signing_key(self.spam_rng.randbytes(32)), 1, int(now), 3600)
             self.spam_routes.add(reg.route_id)
@@ -110,14 +123,15 @@ class RegSpammer(_Spammer):
 class Forger(_Spammer, Rushing):
     """Hijacks (claims hops 0, drops pushes), forges registrations and replays gossip it has seen."""
 
-    seen: deque
+    seen: deque[Registration]
 
-    def _on_gossip(self, peer: str, state: _Peer, msg: RegGossip, now: float) -> list[Effect]:
+    @override
+    def _on_gossip(self, peer: str, state: Neighbour, msg: RegGossip, now: float) -> list[Effect]:
         self.seen.append(msg.registration)
         return super()._on_gossip(peer, state, msg, now)
 
-    def _spam(self, n: int, now: float) -> list:
-        msgs: list = []
+    def _spam(self, n: int, now: float) -> list[RegGossip]:
+        msgs: list[RegGossip] = []
         for _ in range(n):
             key = self.spam_rng.randbytes(32)
             msgs.append(RegGossip(Registration(key, 1, int(now), 3600, bytes(64)), self.config.gossip_ttl, 0))
@@ -126,10 +140,10 @@ class Forger(_Spammer, Rushing):
         return msgs
 
 
-def make_engine(kind: str, adversary: Adversary, seed: int, **kwargs: object) -> Engine:
+def make_engine(kind: str, adversary: Adversary, seed: int, **kwargs: Any) -> Engine:
     """The engine of a relay with the given hostile behaviour."""
     cls = {"black_hole": BlackHole, "rushing": Rushing, "forger": Forger, "reg_spammer": RegSpammer}[kind]
-    eng = cls(**kwargs)  # type: ignore[arg-type]
+    eng = cls(**kwargs)
     if isinstance(eng, _Spammer):
         eng.adversary = adversary
         eng.spam_rng = random.Random(seed)
@@ -149,27 +163,28 @@ class Ingress:
     of them: a spam request that finds all of them busy is never sent (the offered load beyond that
     is what a closed-loop load generator cannot get in). Each honest home app has one connection
     (its requests queue on it). Every request passes the relay's own rate limits (the daemon's
-    RateLimiter and its documented defaults: per client address, per device, per token) and costs
+    token buckets, inri.core.budget.KeyedBuckets, with its documented defaults: per client address,
+    per device, per token) and costs
     1/capacity_per_s when accepted, reject_cost of that when refused.
     """
 
     def __init__(self, adversary: Adversary, client_rate: tuple[float, int], device_rate: tuple[float, int],
-                 token_rate: tuple[float, int], clock: object) -> None:
+                 token_rate: tuple[float, int], clock: Callable[[], float]) -> None:
         self.a = adversary
         self.service = 1.0 / adversary.capacity_per_s
-        self.queues: dict[str, deque] = {}
+        self.queues: dict[str, deque[tuple[Any, ...]]] = {}
         self.order: deque[str] = deque()  # clients with waiting requests, in turn
         self.busy = False
-        self.limit_client = RateLimiter(*client_rate, clock=clock)  # type: ignore[arg-type]
-        self.limit_device = RateLimiter(*device_rate, clock=clock)  # type: ignore[arg-type]
-        self.limit_token = RateLimiter(*token_rate, clock=clock)  # type: ignore[arg-type]
+        self.limit_client = KeyedBuckets(*client_rate, clock=clock)
+        self.limit_device = KeyedBuckets(*device_rate, clock=clock)
+        self.limit_token = KeyedBuckets(*token_rate, clock=clock)
         self.offered = {"spam": 0, "honest": 0}
         self.accepted = {"spam": 0, "honest": 0}
         self.refused = {"spam": 0, "honest": 0}
         self.unsent = 0  # spam the spammer could not send: every connection busy
         self._conns: list[str] = []
 
-    def arrive(self, conn: str, request: tuple) -> bool:
+    def arrive(self, conn: str, request: tuple[Any, ...]) -> bool:
         """Queue a request on a connection; False for spam when every spam connection is busy."""
         kind = "spam" if conn.startswith("spammer") else "honest"
         self.offered[kind] += 1
@@ -191,7 +206,7 @@ class Ingress:
             self._conns = [f"spammer#{i}" for i in range(self.a.connections)]
         return self._conns
 
-    def next_request(self) -> tuple[str, tuple] | None:
+    def next_request(self) -> tuple[str, tuple[Any, ...]] | None:
         """The next request to serve (round robin over clients), or None."""
         if not self.order:
             return None

@@ -95,3 +95,24 @@ def test_linkability_is_measured_against_chance() -> None:
     assert m["chance_home"] < m["single_relay_home_guess"] <= m["colluders_home_guess"]
     assert m["single_relay_home_exact"] < 0.1
     assert m["chance_epoch_link"] < m["colluders_epoch_link"]
+
+
+def test_adversary_hooks_exist_on_the_engine() -> None:
+    """Every method a hostile relay overrides is a documented hook (inri.core.engine.HOOKS) that the
+    engine still has: renaming one in the engine fails here instead of silently disabling an attack."""
+    from inri.core.engine import HOOKS, Engine
+    from simulations import adversary
+
+    hostile = [c for c in vars(adversary).values() if isinstance(c, type) and issubclass(c, Engine) and c is not Engine]
+    assert hostile
+    overridden = set()
+    for cls in hostile:
+        for name, fn in vars(cls).items():
+            if callable(fn) and hasattr(Engine, name):
+                assert getattr(fn, "__override__", False), f"{cls.__name__}.{name} overrides without @override"
+                overridden.add(name)
+            if getattr(fn, "__override__", False):
+                assert callable(getattr(Engine, name, None)), f"{cls.__name__}.{name}: no such engine method"
+    assert overridden <= set(HOOKS), f"undocumented hooks: {overridden - set(HOOKS)}"
+    for name in HOOKS:
+        assert callable(getattr(Engine, name, None)), f"HOOKS names {name}, which Engine no longer has"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 
-from inri.core.api import Connect, Disconnect, InjectOutcome, Send, TraceLevel
+from inri.core.api import Connect, Disconnect, DisconnectReason, InjectOutcome, Send, TraceLevel
 from inri.core.config import EngineConfig
 from inri.core.engine import Engine
 from inri.core.home import MemoryHomeStore
@@ -213,9 +213,9 @@ def test_membership_refuses_inbound_over_capacity_and_replaces_lost_neighbours()
     assert eng.peer_up("in3", 0.2, outbound=False) == []
     assert Disconnect("in3", "full") in eng.handle_timer(0.2 + 2.5)  # probation over, no Hello
     assert "in2" not in eng.active_peers() and "in3" not in eng.active_peers()
-    refill = eng.peer_down(connects[0].peer, 2.8, "link_lost")
+    refill = eng.peer_down(connects[0].peer, 2.8, DisconnectReason.LINK_LOST)
     assert refill == []  # still 3 active (2 outbound + in1) = active_min
-    refill = eng.peer_down("in1", 2.9, "link_lost")
+    refill = eng.peer_down("in1", 2.9, DisconnectReason.LINK_LOST)
     assert len(refill) == 1 and isinstance(refill[0], Connect) and refill[0].peer not in eng.active_peers()
 
 

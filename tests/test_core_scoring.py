@@ -166,3 +166,28 @@ def test_replayed_push_ids_through_an_honest_relay_never_get_honest_links_cut() 
               if r[11] == "duplicate"]
     assert len(traced) == len(dups)  # every one is a traced push message (messages_per_delivered_push)
     assert "1" in net.engines[2].active_peers() or "4" in net.engines[2].active_peers()
+
+
+def test_a_congested_link_costs_a_modest_score_then_preference_then_the_link() -> None:
+    """Engine.link_congested (the daemon's bounded send queue dropped frames for the peer)."""
+    eng, _ = engine()
+    r = reg(7)
+    routed(eng, r)
+    assert eng.link_congested("a", 1.0) == []  # one report: modest, the link stays
+    assert eng.peer_scores()["a"] == CFG.score_congested
+    for k in range(50):  # reported on every dropped frame: counted once per keepalive interval
+        eng.link_congested("a", 1.0 + k * 0.01)
+    assert eng.peer_scores()["a"] == CFG.score_congested
+    assert eng.stats()["score_congested"] == 1
+    t, cut = 1.0, False
+    while t < 120.0 and not cut:  # a neighbour that never reads: preference lost, then the link
+        t += CFG.keepalive_interval_s
+        for p in ("a", "b", "c"):
+            eng.receive_message(p, Keepalive(1, True), t)
+        eng.handle_timer(t)
+        out = eng.link_congested("a", t)
+        if eng.peer_scores().get("a", 0.0) < CFG.score_prefer_below:
+            assert eng._next_hop(r.route_id, None) == "b"  # preference is internal
+        cut = Disconnect("a", "score") in out
+    assert cut and "a" not in eng.active_peers() and t < 60.0
+    assert eng.peer_scores()["b"] == 0.0  # honest neighbours are untouched

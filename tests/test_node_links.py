@@ -79,7 +79,7 @@ async def test_a_neighbour_that_never_reads_cannot_grow_our_send_queue(tmp_path:
             # A gossip flood: 1,500 devices homed at the relay, each registration gossiped to the peer.
             peak = 0
             for i in range(1500):
-                reg = make_registration(new_signing_key(i.to_bytes(4, "big") * 8), 1, int(service.clock()), 3600)
+                reg = make_registration(new_signing_key(i.to_bytes(4, "big") * 8), 1, int(time.time()), 3600)
                 service.register_device(reg, 1)
                 peak = max(peak, *(int(nb["send_backlog_bytes"]) for nb in links.neighbours()))
                 if i % 100 == 0:
@@ -90,8 +90,9 @@ async def test_a_neighbour_that_never_reads_cannot_grow_our_send_queue(tmp_path:
             n.cancel_scope.cancel()
     assert peak <= SEND_QUEUE, f"send queue reached {peak} bytes, bound {SEND_QUEUE}"
     assert dropped > 500 and service.counters["frames_dropped_congested"] == dropped
-    # Scored (throttled to once per second, so one slow moment does not cost the link at once).
-    assert 1 <= service.engine.counters["score_congested"] <= 3
+    # Scored by the engine at most once per keepalive interval (0.5 s here), so one slow moment does
+    # not cost the link at once.
+    assert 1 <= service.engine.counters["score_congested"] <= 5
     assert status["peer_scores"][hostile.node_id] < 0
 
 

@@ -1,7 +1,8 @@
 """The relay service's timer loop on trio's MockClock (issue 13 item 6).
 
 Three RelayServices (entry E, middle M, home H) on an in-memory network, each with its real SQLite
-store, driven by `RelayService.run()`. The clock the service takes (`clock=`) is trio's clock plus
+store, driven by `RelayService.run()`. Both clocks the service takes (`clock=`, the engine's
+monotonic now, and `wall_clock=`, unix time for registrations and the store) are trio's clock plus
 the wall time at the start, so registrations signed with real timestamps stay valid while
 `MockClock(autojump_threshold=0)` jumps over every idle stretch: custody retries, parking, the
 300 s custody deadline and the settled statuses run in a fraction of a second of real time.
@@ -89,7 +90,7 @@ async def test_custody_retries_parking_deadline_and_statuses_run_on_a_mock_clock
 
     async def start(name: str, nursery: trio.Nursery) -> RelayService:
         svc = RelayService(name, cfg, stores[name], net.sink(name), NullTracer(), rng=random.Random(7),
-                           clock=clock)
+                           clock=clock, wall_clock=clock)
         net.nodes[name] = svc
         await nursery.start(svc.run)
         return svc

@@ -1,9 +1,10 @@
 """The sans-IO engine's contract: its inputs, its effects, and the three objects a driver injects.
 
 Drivers (the trio daemon in `inri.node`, the simulator in `simulations`) own sockets, clocks, disks
-and trace files. They call `Engine` methods with an explicit `now` (seconds, float; unix time in the
-daemon, virtual time in the simulator) and carry out the returned effects in order. They re-arm one
-timer at `Engine.get_timer()` and call `Engine.handle_timer(now)` when it fires (aioquic style).
+and trace files. They call `Engine` methods with an explicit `now` (seconds, float; a monotonic
+clock in the daemon, virtual time in the simulator; wall-clock time is `now + Engine.wall_offset`)
+and carry out the returned effects in order. They re-arm one timer at `Engine.get_timer()` and call
+`Engine.handle_timer(now)` when it fires (aioquic style).
 
 Injected objects:
 - `Verifier`: checks registration signatures. The simulator shares one caching verifier across its
@@ -16,7 +17,7 @@ Injected objects:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import IntEnum
+from enum import IntEnum, StrEnum
 from typing import Protocol
 
 from inri.protocol.messages import Message, Push, ReceiptStatus, Registration
@@ -87,6 +88,45 @@ class HomeStore(Protocol):
 
 
 # ---------------------------------------------------------------------------------------------
+# Reasons and statuses (str enums: their values are what traces, counters and the API show).
+
+
+class DisconnectReason(StrEnum):
+    """Why a link ended: the reason of a `Disconnect` effect, and what `Engine.peer_down` is told.
+
+    The first six are the engine's own (a driver passes the remote engine's reason on to the other
+    side: a QUIC close carries it); the engine acts on them (no re-dial after FULL, SCORE, ...).
+    """
+
+    SCORE = "score"  # cut for its peer score (rule S2)
+    BANNED = "banned"  # refused: still banned for its score
+    FULL = "full"  # refused: the active view is full
+    OUTBOUND_QUOTA = "outbound_quota"  # an inbound link dropped for a link we dialled (rule M3)
+    MAKE_ROOM = "make_room"  # dropped to make room for a relay short of neighbours (rule M4)
+    KEEPALIVE_TIMEOUT = "keepalive_timeout"  # silent for keepalive_misses intervals (rule M2)
+    LINK_LOST = "link_lost"  # the link failed or closed for any other reason (network, crash)
+
+    @classmethod
+    def from_remote(cls, text: str) -> DisconnectReason:
+        """The reason a peer gave when it closed a link (free text on the wire): LINK_LOST if unknown."""
+        try:
+            return cls(text)
+        except ValueError:
+            return cls.LINK_LOST
+
+
+class CustodyStatus(StrEnum):
+    """The final status of a push whose custody ended (`CustodyReleased.status`)."""
+
+    DELIVERED = "delivered"  # the home stored it (or had it already: receipt DUPLICATE)
+    SPENT = "spent"  # its token was spent by another push
+    UNKNOWN_TOKEN = "unknown_token"
+    MAILBOX_FULL = "mailbox_full"
+    EXPIRED = "expired"  # no receipt by the deadline though routes existed
+    UNREACHABLE = "unreachable"  # no route to the device was ever found
+
+
+# ---------------------------------------------------------------------------------------------
 # Effects: what the driver must do, in order.
 
 
@@ -115,7 +155,7 @@ class Disconnect:
     """Close the link to peer (dead, misbehaving, or over the active-view size)."""
 
     peer: str
-    reason: str
+    reason: DisconnectReason
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,21 +171,19 @@ class CustodyTaken:
     """This relay accepted push into custody: persist it before answering the home app 202."""
 
     push: Push
-    deadline: float  # give up (status "expired"/"unreachable") after this time
+    deadline: float  # give up (status "expired"/"unreachable") after this time (engine clock: monotonic)
 
 
 @dataclass(frozen=True, slots=True)
 class CustodyReleased:
     """Custody of push_id ended: the daemon deletes it from disk and records the final status.
 
-    status: "delivered", "duplicate" (home had it already), "spent", "unknown_token",
-    "mailbox_full", "expired" (no receipt by the deadline though routes existed), "unreachable" (no
-    route to the device was ever found). A receipt after the deadline corrects the status with a second
+    status: see `CustodyStatus`. A receipt after the deadline corrects the status with a second
     CustodyReleased.
     """
 
     push_id: bytes
-    status: str
+    status: CustodyStatus
     hops: int | None = None
 
 

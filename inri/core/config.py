@@ -57,6 +57,10 @@ class EngineConfig:
     score_replay: float = -0.5  # a stale epoch or a repeat of gossip it already gave us
     score_no_receipt: float = -1.0  # a push forwarded to it came back with neither receipt nor route error
     score_receipt: float = 1.0  # a receipt or a route error came back through it (it answered)
+    # Our bounded send queue for it dropped frames (it withholds flow-control credit): at most once per
+    # keepalive interval, so a neighbour that never reads is cut within about a minute and a briefly
+    # congested one only loses preference for a while.
+    score_congested: float = -0.5
     score_max: float = 10.0
     score_prefer_below: float = -3.0
     score_avoid_below: float = -8.0  # a route whose only next hops score at or below this is treated as broken

@@ -1,4 +1,6 @@
-"""A small in-memory network of engines with a virtual clock, for tests (aioquic style).
+"""A small in-memory network of engines with a virtual clock: a public, first-class testing helper
+(like trio.testing), used by the tests and by `inri demo`; its interface stays stable as the engine
+changes (docs/architecture.md).
 
 Frames are moved as objects (or encoded and decoded, with `wire=True`) over fixed links with a
 latency each; `run_until` advances the virtual clock through frame arrivals and engine timers.
@@ -10,15 +12,26 @@ from __future__ import annotations
 import heapq
 import random
 from collections.abc import Iterable
+from typing import assert_never
 
-from inri.core.api import Connect, CustodyReleased, CustodyTaken, Delivered, Disconnect, Effect, Send
+from inri.core.api import (
+    Connect,
+    CustodyReleased,
+    CustodyStatus,
+    CustodyTaken,
+    Delivered,
+    Disconnect,
+    DisconnectReason,
+    Effect,
+    Send,
+)
 from inri.core.config import EngineConfig
 from inri.core.engine import Engine
 from inri.core.home import MemoryHomeStore
 from inri.core.trace import ListTracer
 from inri.core.verify import CachingVerifier
 from inri.protocol.codec import encode
-from inri.protocol.messages import PeerInfo
+from inri.protocol.messages import Message, PeerInfo
 
 
 class MiniNet:
@@ -50,11 +63,11 @@ class MiniNet:
         self.now = 0.0
         self.links: dict[tuple[str, str], float] = {}
         self.alive = [True] * n
-        self._q: list[tuple[float, int, str, str, object]] = []
+        self._q: list[tuple[float, int, str, str, Message | bytes | None]] = []
         self._seq = 0
         self.delivered: list[tuple[str, bytes]] = []  # (relay, push id) Delivered effects
-        self.custody: dict[bytes, str] = {}  # push id -> final status (CustodyReleased)
-        self.sent: list[tuple[str, str, object]] = []  # every frame sent (from, to, message)
+        self.custody: dict[bytes, CustodyStatus] = {}  # push id -> final status (CustodyReleased)
+        self.sent: list[tuple[str, str, Message]] = []  # every frame sent (from, to, message)
         for a, b in edges:
             lat = (latency or {}).get((a, b), 0.01)
             self.links[(str(a), str(b))] = lat
@@ -70,30 +83,33 @@ class MiniNet:
     def apply(self, src: str, effects: list[Effect]) -> None:
         """Carry out effects of engine `src`."""
         for eff in effects:
-            if isinstance(eff, Send):
-                lat = self.links.get((src, eff.peer))
-                self.sent.append((src, eff.peer, eff.msg))
-                if lat is None or not self.alive[int(eff.peer)]:
-                    continue
-                payload: object = encode(eff.msg) if self.wire else eff.msg
-                self._push(self.now + lat + eff.delay, "frame", src, eff.peer, payload)
-            elif isinstance(eff, Delivered):
-                self.delivered.append((src, eff.push_id))
-            elif isinstance(eff, CustodyReleased):
-                self.custody[eff.push_id] = eff.status
-            elif isinstance(eff, Connect):
-                if self.open_dial and (src, eff.peer) not in self.links and self.alive[int(eff.peer)]:
-                    self.links[(src, eff.peer)] = self.links[(eff.peer, src)] = 0.01
-                if (src, eff.peer) in self.links and self.alive[int(eff.peer)]:
-                    self._push(self.now + 0.01, "up", src, eff.peer, None)
-                else:
-                    self._push(self.now + 0.01, "fail", src, eff.peer, None)
-            elif isinstance(eff, Disconnect):
-                other = self.engines[int(eff.peer)]
-                if self.alive[int(eff.peer)]:
-                    self.apply(eff.peer, other.peer_down(src, self.now, eff.reason))
-            elif isinstance(eff, CustodyTaken):
-                pass
+            match eff:  # every effect type is handled: assert_never makes mypy flag a new one
+                case Send():
+                    lat = self.links.get((src, eff.peer))
+                    self.sent.append((src, eff.peer, eff.msg))
+                    if lat is None or not self.alive[int(eff.peer)]:
+                        continue
+                    payload: Message | bytes = encode(eff.msg) if self.wire else eff.msg
+                    self._push(self.now + lat + eff.delay, "frame", src, eff.peer, payload)
+                case Delivered():
+                    self.delivered.append((src, eff.push_id))
+                case CustodyReleased():
+                    self.custody[eff.push_id] = eff.status
+                case Connect():
+                    if self.open_dial and (src, eff.peer) not in self.links and self.alive[int(eff.peer)]:
+                        self.links[(src, eff.peer)] = self.links[(eff.peer, src)] = 0.01
+                    if (src, eff.peer) in self.links and self.alive[int(eff.peer)]:
+                        self._push(self.now + 0.01, "up", src, eff.peer, None)
+                    else:
+                        self._push(self.now + 0.01, "fail", src, eff.peer, None)
+                case Disconnect():
+                    other = self.engines[int(eff.peer)]
+                    if self.alive[int(eff.peer)]:
+                        self.apply(eff.peer, other.peer_down(src, self.now, eff.reason))
+                case CustodyTaken():
+                    pass  # nothing to persist in memory: custody lives in the engine
+                case _:
+                    assert_never(eff)
 
     def link_up(self, a: str, b: str) -> None:
         """a dialled b: both engines learn of the link, unless a refuses it (then b never sees it)."""
@@ -103,7 +119,7 @@ class MiniNet:
         if not refused:
             self.apply(b, self.engines[int(b)].peer_up(a, self.now, outbound=False, addr=f"addr-{a}"))
 
-    def _push(self, t: float, kind: str, a: str, b: str, payload: object) -> None:
+    def _push(self, t: float, kind: str, a: str, b: str, payload: Message | bytes | None) -> None:
         self._seq += 1
         heapq.heappush(self._q, (t, self._seq, kind, a + "|" + b, payload))
 
@@ -112,7 +128,7 @@ class MiniNet:
         self.alive[i] = False
         for (a, b) in list(self.links):
             if a == str(i) and self.alive[int(b)]:
-                self.apply(b, self.engines[int(b)].peer_down(a, self.now, "link_lost"))
+                self.apply(b, self.engines[int(b)].peer_down(a, self.now, DisconnectReason.LINK_LOST))
 
     def restart(self, i: int) -> None:
         """Relay i comes back after a crash: a fresh engine (memory lost) over the same home store."""
@@ -144,10 +160,10 @@ class MiniNet:
                 continue
             eng = self.engines[int(b)]
             if kind == "frame":
-                if self.wire:
-                    self.apply(b, eng.receive_frame(a, payload, t))  # type: ignore[arg-type]
-                else:
-                    self.apply(b, eng.receive_message(a, payload, t))  # type: ignore[arg-type]
+                if isinstance(payload, bytes):  # wire=True: frames travel encoded
+                    self.apply(b, eng.receive_frame(a, payload, t))
+                elif payload is not None:
+                    self.apply(b, eng.receive_message(a, payload, t))
             elif kind == "up":
                 self.link_up(a, b)
             elif kind == "fail":

@@ -21,6 +21,7 @@ from typing import Protocol
 import structlog
 import trio
 
+from inri.core.api import DisconnectReason
 from inri.node.quic import ConnectError, Link, LinkClosed, QuicEndpoint
 
 log = structlog.get_logger("inri.links")
@@ -31,7 +32,7 @@ class LinkEvents(Protocol):
 
     def peer_up(self, peer: str, *, outbound: bool, addr: str) -> None: ...
 
-    def peer_down(self, peer: str, reason: str) -> None: ...
+    def peer_down(self, peer: str, reason: DisconnectReason) -> None: ...
 
     def connect_failed(self, peer: str) -> None: ...
 
@@ -190,5 +191,5 @@ class LinkManager:
             if self._links.get(peer) is link:
                 del self._links[peer]
                 if not ours and self.events is not None:
-                    self.events.peer_down(peer, "link_closed: " + reason[:80])
+                    self.events.peer_down(peer, DisconnectReason.from_remote(reason))
             await link.aclose(reason)

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import ipaddress
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
+
+from inri.core.budget import KeyedBuckets
 
 RATE_TABLE_MAX = 100_000  # client buckets kept (LRU)
 
@@ -31,27 +32,11 @@ def client_key(scope: dict[str, Any]) -> str:
     return str(ip)
 
 
-class RateLimiter:
-    """Token buckets per client key, LRU-bounded. `take` returns 0 when allowed, else seconds to wait."""
+class RateLimiter(KeyedBuckets):
+    """Token buckets per client key (inri.core.budget), LRU-bounded at RATE_TABLE_MAX keys.
+
+    `take` returns 0 when allowed, else seconds to wait.
+    """
 
     def __init__(self, rate_per_s: float, burst: int, clock: Callable[[], float] = time.monotonic) -> None:
-        self.rate = rate_per_s
-        self.burst = float(burst)
-        self.clock = clock
-        self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()
-        self.hits = 0
-
-    def take(self, key: str) -> float:
-        now = self.clock()
-        tokens, t = self._buckets.pop(key, (self.burst, now))
-        tokens = min(self.burst, tokens + (now - t) * self.rate)
-        if tokens >= 1.0:
-            self._buckets[key] = (tokens - 1.0, now)
-            wait = 0.0
-        else:
-            self._buckets[key] = (tokens, now)
-            self.hits += 1
-            wait = (1.0 - tokens) / self.rate
-        while len(self._buckets) > RATE_TABLE_MAX:
-            self._buckets.popitem(last=False)
-        return wait
+        super().__init__(rate_per_s, burst, max_keys=RATE_TABLE_MAX, clock=clock)

@@ -17,7 +17,7 @@ import os
 import random
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, assert_never
 
 import structlog
 import trio
@@ -28,6 +28,7 @@ from inri.core.api import (
     CustodyTaken,
     Delivered,
     Disconnect,
+    DisconnectReason,
     Effect,
     InjectOutcome,
     InjectResult,
@@ -68,9 +69,6 @@ PRUNE_INTERVAL_S = 3600.0
 PENDING_FRAMES_PEER_MAX_BYTES = 256 * 1024
 PENDING_FRAMES_MAX_BYTES = 4 * 1024 * 1024
 _KEEPALIVE_TYPE = int(MessageType.KEEPALIVE)
-# A neighbour whose send queue overflows is scored at most this often: frames are dropped by the
-# hundred in one gossip flood, and one slow moment must not cost it the link at once.
-CONGESTION_SCORE_INTERVAL_S = 1.0
 PUSH_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 
 
@@ -112,7 +110,8 @@ class RelayService:
         listen_addr: str = "",
         rng: random.Random | None = None,
         verifier: Verifier | None = None,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
         mailbox_max: int | None = None,
     ) -> None:
         self.node_id = node_id
@@ -120,7 +119,12 @@ class RelayService:
         if mailbox_max is not None:
             store.mailbox_max = mailbox_max
         self.network = network
+        # Two clocks (issue 13): `clock` is monotonic and is the engine's `now` (budgets, keepalives,
+        # bans, custody timers, route lifetimes); `wall_clock` is unix time, for registrations'
+        # issued_at/expires_at and for what is stored on disk (custody deadlines, message and status
+        # times). The engine learns wall time through Engine.wall_offset, set by `_now()`.
         self.clock = clock
+        self.wall_clock = wall_clock
         self.verifier = verifier or CachingVerifier()
         self.engine = Engine(node_id, engine_config, verifier=self.verifier, home=store, tracer=tracer,
                              rng=rng or random.Random(), listen_addr=listen_addr)
@@ -136,40 +140,50 @@ class RelayService:
         self._active: set[str] = set()  # the engine's active view as last read (refreshed on a miss)
         self._pending_frames: dict[str, list[bytes]] = {}  # see PENDING_FRAMES_PEER_MAX_BYTES
         self._pending_bytes: dict[str, int] = {}
-        self._congested_at: dict[str, float] = {}  # peer -> when it was last scored for congestion
 
     def _count(self, name: str, n: int = 1) -> None:
         self.counters[name] = self.counters.get(name, 0) + n
 
+    def _now(self) -> float:
+        """The engine's `now` (monotonic), with Engine.wall_offset brought up to date first."""
+        now = self.clock()
+        self.engine.wall_offset = self.wall_clock() - now
+        return now
+
     # -- effects ----------------------------------------------------------------------------------
 
     def _apply(self, effects: list[Effect]) -> None:
-        now = self.clock()
+        now = self.wall_clock()  # the store keeps wall-clock times
+        offset = self.engine.wall_offset
         attempts: list[tuple[bytes, int]] = []
         for e in effects:
-            if type(e) is Send:
-                msg = e.msg
-                self.network.send(e.peer, encode(msg), e.delay)
-                self._count(_OUT_NAMES[type(msg)])
-                if type(msg) is Push and msg.attempt and msg.hops == 0 and msg.push_id in self._custody:
-                    attempts.append((msg.push_id, msg.attempt))
-            elif type(e) is CustodyTaken:
-                self.store.save_custody(e.push, e.deadline, now)
-                self._custody.add(e.push.push_id)
-            elif type(e) is CustodyReleased:
-                self.store.release_custody(e.push_id, e.status, e.hops, now)
-                self._custody.discard(e.push_id)
-                self._count("custody_" + e.status)
-            elif type(e) is Delivered:
-                self._count("delivered_here")
-                ev = self._mail_events.pop(e.route_id, None)
-                if ev is not None:
-                    ev.set()
-            elif type(e) is Connect:
-                self.network.connect(e.peer, e.addr)
-            elif type(e) is Disconnect:
-                self.network.disconnect(e.peer, e.reason)
-                self._link_gone(e.peer)
+            match e:  # every effect type is handled: assert_never makes mypy flag a new one
+                case Send():
+                    msg = e.msg
+                    self.network.send(e.peer, encode(msg), e.delay)
+                    self._count(_OUT_NAMES[type(msg)])
+                    if isinstance(msg, Push) and msg.attempt and msg.hops == 0 and msg.push_id in self._custody:
+                        attempts.append((msg.push_id, msg.attempt))
+                case CustodyTaken():
+                    # On disk in wall-clock time: a restart starts a new monotonic clock (run() converts back).
+                    self.store.save_custody(e.push, e.deadline + offset, now)
+                    self._custody.add(e.push.push_id)
+                case CustodyReleased():
+                    self.store.release_custody(e.push_id, e.status, e.hops, now)
+                    self._custody.discard(e.push_id)
+                    self._count("custody_" + e.status)
+                case Delivered():
+                    self._count("delivered_here")
+                    ev = self._mail_events.pop(e.route_id, None)
+                    if ev is not None:
+                        ev.set()
+                case Connect():
+                    self.network.connect(e.peer, e.addr)
+                case Disconnect():
+                    self.network.disconnect(e.peer, e.reason)
+                    self._link_gone(e.peer)
+                case _:
+                    assert_never(e)
         if attempts:
             self.store.update_attempts(attempts)
         when = self.engine.get_timer()
@@ -180,30 +194,27 @@ class RelayService:
 
     def peer_up(self, peer: str, *, outbound: bool, addr: str) -> None:
         self._linked[peer] = addr
-        self._apply(self.engine.peer_up(peer, self.clock(), outbound=outbound, addr=addr))
+        self._apply(self.engine.peer_up(peer, self._now(), outbound=outbound, addr=addr))
         self._admit_pending()
 
-    def peer_down(self, peer: str, reason: str) -> None:
+    def peer_down(self, peer: str, reason: DisconnectReason) -> None:
         self._link_gone(peer)
-        self._apply(self.engine.peer_down(peer, self.clock(), reason))
+        self._apply(self.engine.peer_down(peer, self._now(), reason))
 
     def _link_gone(self, peer: str) -> None:
         self._linked.pop(peer, None)
         self._active.discard(peer)
-        self._congested_at.pop(peer, None)
         self._pending_frames.pop(peer, None)
         self._pending_bytes.pop(peer, None)
 
     def link_congested(self, peer: str) -> None:
-        """The link manager dropped a frame for peer: its send queue is full. Counted; scored (throttled)."""
+        """The link manager dropped a frame for peer: its send queue is full. Counted, and scored by
+        the engine (rule S1; it scores at most once per keepalive interval however often we report)."""
         self._count("frames_dropped_congested")
-        now = self.clock()
-        if now - self._congested_at.get(peer, -math.inf) >= CONGESTION_SCORE_INTERVAL_S:
-            self._congested_at[peer] = now
-            self._apply(self.engine.link_congested(peer, now))
+        self._apply(self.engine.link_congested(peer, self._now()))
 
     def connect_failed(self, peer: str) -> None:
-        self._apply(self.engine.connect_failed(peer, self.clock()))
+        self._apply(self.engine.connect_failed(peer, self._now()))
 
     def receive_frame(self, peer: str, data: bytes) -> None:
         # Frames are msgpack arrays [type, ...]: peek the type for the per-type counters.
@@ -217,7 +228,7 @@ class RelayService:
 
     def _handle_frame(self, peer: str, data: bytes) -> None:
         try:
-            effects = self.engine.receive_frame(peer, data, self.clock())
+            effects = self.engine.receive_frame(peer, data, self._now())
         except Exception:  # a bug on one frame must not take the relay down
             self._count("internal_errors")
             log.exception("frame handling failed", peer=peer, size=len(data))
@@ -254,22 +265,23 @@ class RelayService:
                 self._handle_frame(peer, data)
 
     def add_candidates(self, peers: list[PeerInfo]) -> None:
-        self._apply(self.engine.add_candidates(peers, self.clock()))
+        self._apply(self.engine.add_candidates(peers, self._now()))
 
     # -- the timer task ---------------------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Restore custody and homed routes, then run the engine's timers until cancelled."""
-        now = self.clock()
+        now = self._now()
         restored = 0
         for push, deadline, attempt in self.store.load_custody():
             self._custody.add(push.push_id)
-            # attempt + 1: relays' seen-caches may still hold the attempt sent before the crash.
-            self._apply(self.engine.restore_custody(push, deadline, attempt + 1, now))
+            # attempt + 1: relays' seen-caches may still hold the attempt sent before the crash. The
+            # deadline on disk is wall-clock time: the engine wants it on its monotonic clock.
+            self._apply(self.engine.restore_custody(push, deadline - self.engine.wall_offset, attempt + 1, now))
             restored += 1
         self._apply(self.engine.start(now))
         for reg in self.store.homed():
-            if reg.expires_at > now:
+            if reg.expires_at > now + self.engine.wall_offset:
                 self._apply(self.engine.register(reg, now))
         if restored:
             log.info("custody restored", pushes=restored)
@@ -277,7 +289,7 @@ class RelayService:
         next_prune = self.clock()
         while True:
             if self.clock() >= next_prune:  # push statuses are kept a week after settling (store.prune)
-                self.store.prune(self.clock())
+                self.store.prune(self.wall_clock())
                 next_prune = self.clock() + PRUNE_INTERVAL_S
             when = self.engine.get_timer()
             self._wake = trio.Event()
@@ -285,7 +297,7 @@ class RelayService:
             delay = math.inf if when is None else max(0.0, when - self.clock())
             with trio.move_on_after(delay):
                 await self._wake.wait()
-            now = self.clock()
+            now = self._now()
             if when is not None and now >= when:
                 self._apply(self.engine.handle_timer(now))
 
@@ -299,9 +311,9 @@ class RelayService:
         self._check_registration(registration)
         secret = os.urandom(32)
         tokens = [os.urandom(16) for _ in range(n_tokens)]
-        if not self.store.add_device(registration, secret, tokens, self.clock()):
+        if not self.store.add_device(registration, secret, tokens, self.wall_clock()):
             raise RegistrationError("already_registered", "this route key is already registered here")
-        self._apply(self.engine.register(registration, self.clock()))
+        self._apply(self.engine.register(registration, self._now()))
         self._count("devices_registered")
         return secret, tokens
 
@@ -310,10 +322,10 @@ class RelayService:
         self._check_registration(registration)
         if not self.store.refresh_registration(registration):
             raise RegistrationError("not_newer", "the registration's epoch must be newer than the stored one")
-        self._apply(self.engine.register(registration, self.clock()))
+        self._apply(self.engine.register(registration, self._now()))
 
     def _check_registration(self, registration: Registration) -> None:
-        now = self.clock()
+        now = self.wall_clock()  # issued_at/expires_at are unix times
         if registration.expires_at <= now:
             raise RegistrationError("bad_registration", "registration has expired")
         if registration.issued_at > now + 300:
@@ -329,7 +341,7 @@ class RelayService:
     def unregister(self, route_id: bytes) -> None:
         """Delete everything about the device here and stop originating its route."""
         self.store.remove_device(route_id)
-        self._apply(self.engine.unregister(route_id, self.clock()))
+        self._apply(self.engine.unregister(route_id, self._now()))
         ev = self._mail_events.pop(route_id, None)
         if ev is not None:
             ev.set()  # live streams notice the device is gone
@@ -337,7 +349,7 @@ class RelayService:
     def inject_push(self, registration: Registration, token: bytes, ciphertext: bytes) -> InjectResult:
         """A home app's push: verified, committed to custody, then sent on its way."""
         t0 = time.perf_counter()
-        result = self.engine.inject_push(registration, token, ciphertext, self.clock())
+        result = self.engine.inject_push(registration, token, ciphertext, self._now())
         if result.outcome == InjectOutcome.ACCEPTED:
             self._apply(result.effects)
             dt = time.perf_counter() - t0

@@ -1,0 +1,189 @@
+"""Custody, rules C1-C3: the relay where a home app injects a push keeps it until a receipt returns,
+re-sends it with an escalating search, parks it until the deadline, and re-adopts it after a restart."""
+
+from __future__ import annotations
+
+import heapq
+
+from inri.core.api import (
+    CustodyReleased,
+    CustodyStatus,
+    CustodyTaken,
+    Effect,
+    InjectOutcome,
+    InjectResult,
+)
+from inri.core.state import (
+    MAX_CLOCK_SKEW_S,
+    RECEIPT_STATUS,
+    Custody,
+    EngineState,
+    ReverseMark,
+    readdress,
+)
+from inri.protocol import limits
+from inri.protocol.messages import (
+    Push,
+    ReceiptStatus,
+    Registration,
+)
+
+ROUTE_ATTEMPTS = 2  # custody attempts that follow routes before the expanding ring starts
+PARK_FACTOR = 4  # parked custody (escalation exhausted) retries along the route every 4 retry periods
+_LOCAL = ReverseMark.LOCAL
+_LATE = ReverseMark.LATE
+
+class CustodyRules(EngineState):
+    """C1-C3: pushes this relay accepted from home apps."""
+
+    # Rule C1.
+    def inject_push(
+        self,
+        registration: Registration,
+        token: bytes,
+        ciphertext: bytes,
+        now: float,
+        *,
+        push_id: bytes | None = None,
+    ) -> InjectResult:
+        """A home app pushes here with a push credential's registration and one token (rule C1)."""
+        reason = None
+        if len(token) != limits.TOKEN_BYTES or len(ciphertext) > limits.MAX_CIPHERTEXT_BYTES:
+            outcome, reason = InjectOutcome.TOKEN_MISMATCH, "malformed"
+        elif (registration.expires_at <= now + self.wall_offset
+              or registration.issued_at > now + self.wall_offset + MAX_CLOCK_SKEW_S):
+            outcome, reason = InjectOutcome.BAD_REGISTRATION, "stale_registration"
+        elif not self._verifier.verify_registration(registration):
+            outcome, reason = InjectOutcome.BAD_REGISTRATION, "bad_signature"
+        elif len(self._custody) >= self.config.custody_max:
+            outcome, reason = InjectOutcome.OVERLOADED, "custody_full"
+        if reason is not None:
+            self._count("push_refused_" + reason)
+            if self._level:
+                self._trace(now, "push_refused", route=registration.route_id.hex(), reason=reason)
+            return InjectResult(outcome, None, [])
+        pid = push_id if push_id is not None else self._rng.randbytes(limits.PUSH_ID_BYTES)
+        push = Push(pid, registration.route_id, token, ciphertext, self.config.push_ttl, 0, 0, 0, registration)
+        custody = Custody(push, now + self.config.custody_deadline_s)
+        self._custody[pid] = custody
+        if self._level:
+            self._trace(now, "push_injected", msg=pid.hex(), route=push.route_id.hex(), ttl=push.ttl)
+        effects: list[Effect] = [CustodyTaken(push, custody.deadline)]
+        effects += self._attempt(custody, now)
+        return InjectResult(InjectOutcome.ACCEPTED, pid, effects)
+
+    # Rule C3.
+    def restore_custody(self, push: Push, deadline: float, attempt: int, now: float) -> list[Effect]:
+        """Re-adopt a push this relay held in custody before a restart (the daemon reads it from disk).
+
+        It is re-sent with the same push id and a higher attempt number, so relays whose seen-caches
+        still hold the earlier attempt forward it, and the home relay answers DUPLICATE if it already
+        stored it: a push answered 202 is neither lost nor delivered twice across a crash.
+        deadline is on the engine's clock, as in CustodyTaken (the daemon stores a wall-clock deadline
+        on disk and converts it back: a restart resets the monotonic clock).
+        """
+        pid = push.push_id
+        if pid in self._custody:
+            return []
+        if deadline <= now:
+            self._count("custody_expired")
+            return [CustodyReleased(pid, CustodyStatus.EXPIRED)]
+        custody = Custody(push, deadline)
+        custody.attempt = max(0, attempt)
+        # A restarted relay has no routes yet: skip straight to ring searches after the route attempts.
+        custody.ring_step = max(0, custody.attempt - ROUTE_ATTEMPTS)
+        self._custody[pid] = custody
+        if custody.attempt >= self.config.custody_max_attempts:
+            return self._parked_attempt(custody, now)
+        return self._attempt(custody, now)
+
+    # Rule C2.
+    def _attempt(self, c: Custody, now: float) -> list[Effect]:
+        """Send attempt number c.attempt of a push in custody: route first, then widening rings."""
+        push = c.push
+        pid = push.push_id
+        if self._home.is_home(push.route_id):
+            status = self._home.accept_push(push.route_id, push.token, pid, push.ciphertext, now + self.wall_offset)
+            return self._deliver_local(pid, push, status, now) + self._settle(pid, status, 0, now)
+        cfg = self.config
+        self._reverse.put(pid, (_LOCAL, now + cfg.reverse_ttl_s))
+        # Retry periods 1, 1, 2, 2, 3, 3 x custody_retry_s: every escalation step (route, backups,
+        # rings, full TTL) gets its turn within 12 retry periods (24 s by default), so black holes
+        # on the routes cost latency, not pushes, within a 30 s deadline.
+        c.next_retry = now + cfg.custody_retry_s * (1 + c.attempt // 2)
+        self._schedule(pid, c.next_retry)
+        self._mark_seen((pid, c.attempt * 2), now)
+        self._mark_seen((pid, c.attempt * 2 + 1), now)
+        if c.attempt and self._level:
+            self._trace(now, "push_retry", msg=pid.hex(), route=push.route_id.hex(), count=c.attempt)
+        # The first two attempts follow the route when there is one (the second prefers backups all
+        # along the way); every later attempt (no receipt in time, or a route error) widens the ring:
+        # 1, 3, 5, 7, then the full TTL.
+        if c.attempt < ROUTE_ATTEMPTS or c.home_down:
+            c.home_down = False
+            nh = self._next_hop(push.route_id, None, alternate=c.attempt == 1)
+            if nh is not None:
+                c.routed = True
+                return [self._forward(readdress(push, cfg.push_ttl, 0, c.attempt, 0), nh, now)]
+        radii = limits.RING_RADII
+        ring = radii[c.ring_step] if c.ring_step < len(radii) else cfg.push_ttl
+        c.ring_step += 1
+        msg = readdress(push, cfg.push_ttl, 0, c.attempt, ring)
+        return self._ring_flood(msg, None, now)
+
+    # Rule C1.
+    def _settle(self, pid: bytes, status: ReceiptStatus, hops: int, now: float) -> list[Effect]:
+        c = self._custody.pop(pid, None)
+        self._reverse.pop(pid, None)
+        if c is None:
+            return []
+        final = RECEIPT_STATUS[status]
+        if self._level:
+            self._trace(now, "push_settled", msg=pid.hex(), route=c.push.route_id.hex(), hops=hops, reason=final)
+        return [CustodyReleased(pid, final, hops)]
+
+    # Rules C2, C3 (deadline).
+    def _retry(self, c: Custody, now: float) -> list[Effect]:
+        pid = c.push.push_id
+        if now >= c.deadline:
+            self._custody.pop(pid, None)
+            self._reverse.put(pid, (_LATE, now + self.config.reverse_ttl_s))
+            # expired: routes existed but no receipt came back in time; unreachable: no relay on our
+            # side ever had a route to the device.
+            final = CustodyStatus.EXPIRED if c.routed else CustodyStatus.UNREACHABLE
+            if self._level:
+                self._trace(now, "push_settled", msg=pid.hex(), route=c.push.route_id.hex(), reason=final)
+                self._trace(now, "push_dropped", msg=pid.hex(), route=c.push.route_id.hex(), reason=final)
+            return [CustodyReleased(pid, final)]
+        c.attempt += 1
+        if c.attempt >= self.config.custody_max_attempts:
+            return self._parked_attempt(c, now)
+        return self._attempt(c, now)
+
+    # Rule C3.
+    def _parked_attempt(self, c: Custody, now: float) -> list[Effect]:
+        """After the escalation (route, backups, rings, full TTL): keep custody until the deadline.
+
+        A home relay that crashed comes back and re-gossips its registrations, so the route returns:
+        a parked push is re-sent along it every PARK_FACTOR retry periods (never flooded: that was
+        tried), so a push answered 202 survives a home relay's downtime up to the custody deadline.
+        """
+        cfg = self.config
+        pid = c.push.push_id
+        c.next_retry = min(now + cfg.custody_retry_s * PARK_FACTOR, c.deadline)
+        self._schedule(pid, c.next_retry)
+        nh = self._next_hop(c.push.route_id, None, low_ok=True)
+        if nh is None:
+            return []
+        c.routed = True
+        self._reverse.put(pid, (_LOCAL, now + cfg.reverse_ttl_s))
+        self._mark_seen((pid, c.attempt * 2), now)
+        push = c.push
+        if self._level:
+            self._trace(now, "push_retry", msg=pid.hex(), route=push.route_id.hex(), count=c.attempt)
+        return [self._forward(readdress(push, cfg.push_ttl, 0, c.attempt, 0), nh, now)]
+
+    # Rule C2.
+    def _schedule(self, pid: bytes, when: float) -> None:
+        self._seq += 1
+        heapq.heappush(self._timers, (when, self._seq, pid))

@@ -1,0 +1,302 @@
+"""Push forwarding, rules F1-F4: along the route vector with reverse-path state, delivery at home,
+local repair and route errors, and ring copies that switch back to route mode."""
+
+from __future__ import annotations
+
+from inri.core.api import (
+    CustodyReleased,
+    Delivered,
+    Effect,
+    Send,
+    TraceLevel,
+)
+from inri.core.state import (
+    RECEIPT_STATUS,
+    EngineState,
+    ReverseMark,
+)
+from inri.core.tables import RouteTable
+from inri.protocol.messages import (
+    Push,
+    Receipt,
+    ReceiptStatus,
+    RouteError,
+    RouteErrorReason,
+)
+
+LOCAL_REPAIR_RADIUS = 2  # a relay whose route broke searches this far before the custodian must
+_LOCAL = ReverseMark.LOCAL
+_LATE = ReverseMark.LATE
+
+def _onward(push: Push, ring: int) -> Push:
+    """The copy of push a relay forwards: one hop further, one TTL less, in ring mode `ring` (0: route)."""
+    return Push(push.push_id, push.route_id, push.token, push.ciphertext, push.ttl - 1, push.hops + 1,
+                push.attempt, ring, push.registration)
+
+
+class ForwardingRules(EngineState):
+    """F1-F4: what a relay does with a push, a receipt or a route error."""
+
+    # Rules F1 (route vector), S2 (preference).
+    def _next_hop(self, rid: bytes, exclude: str | None, alternate: bool = False, low_ok: bool = False) -> str | None:
+        """The first live next hop for rid other than `exclude` whose score is not low (None: none).
+
+        low_ok: fall back to a live next hop with a low score (rule S2) when no other is left.
+
+        Next hops whose link is down are skipped, not forgotten: when the link comes back (a crashed
+        neighbour restarting, a partition healing), the route works again at once.
+        alternate: prefer the backup over the primary (odd custody attempts take the other path, so a
+        re-send does not walk into the same silent failure as the first copy).
+        """
+        entry = self._routes.get(rid)
+        if entry is None:
+            return None
+        hops = RouteTable.next_hops(entry)
+        if not hops:
+            return None
+        active = self._active
+        if alternate and len(hops) > 1:
+            hops = hops[1:] + hops[:1]
+        fallback = None
+        floor = self.config.score_prefer_below
+        for p in hops:
+            st = active.get(p)
+            if st is not None and p != exclude:
+                if st.score >= floor:
+                    return p
+                if fallback is None:
+                    fallback = p  # low score (S2): only when no better next hop is alive
+        return fallback if low_ok else None
+
+    # Rules F3 (home unreachable).
+    def _home_adjacent(self, rid: bytes) -> bool:
+        """True when our route for rid had distance 1 (the home relay was our neighbour) and no live
+        next hop remains: the home relay itself is unreachable from here, not just a path to it."""
+        entry = self._routes.get(rid)
+        if entry is None or RouteTable.distance(entry) != 1:
+            return False
+        primary = RouteTable.primary(entry)
+        return primary is None or primary not in self._active
+
+    # Rule F1.
+    def has_route(self, route_id: bytes) -> bool:
+        """True when a live next hop is known for route_id."""
+        return self._next_hop(route_id, None, low_ok=True) is not None
+
+    # Rules F1 (each (push id, attempt, mode) once).
+    def _mark_seen(self, key: tuple[bytes, int], now: float) -> None:
+        """Enter a (push id, attempt, mode) key in the seen-cache, oldest evicted past push_seen_max."""
+        self._push_seen.put(key, now + self.config.seen_ttl_s)
+
+    # Rules F1, S1 (an answer is awaited).
+    def _forward(self, msg: Push, nh: str, now: float) -> Send:
+        self._active[nh].last_sent = now
+        self._await.put_last(msg.push_id, (nh, now + self.config.receipt_timeout_s))  # stays in deadline order
+        if self._level:
+            self._trace(now, "push_forwarded", msg=msg.push_id.hex(), route=msg.route_id.hex(), peer=nh,
+                        hops=msg.hops, ttl=msg.ttl, count=1)
+        jitter = self.config.forward_jitter_s
+        return Send(nh, msg, self._rng.random() * jitter if jitter else 0.0)
+
+    # Rule F4.
+    def _ring_flood(self, msg: Push, sender: str | None, now: float) -> list[Effect]:
+        out: list[Effect] = []
+        for p, st in self._active.items():
+            if p != sender:
+                st.last_sent = now
+                out.append(Send(p, msg))
+        if self._level:
+            self._trace(now, "push_fallback", msg=msg.push_id.hex(), route=msg.route_id.hex(), hops=msg.hops,
+                        ttl=msg.ring, count=len(out))
+        return out
+
+    # Rules F1 (budget, seen, reverse path), F2 (at home), F4 (ring copies), F3 (local repair, no route).
+    def _on_push(self, peer: str, msg: Push, now: float) -> list[Effect]:
+        pid = msg.push_id
+        cfg = self.config
+        if not self._active[peer].push_budget.take(now, cfg.push_budget_per_peer_per_s, cfg.push_budget_peer_burst):
+            self._count("push_dropped_budget_peer")
+            if self._level:
+                self._trace(now, "push_dropped", msg=pid.hex(), route=msg.route_id.hex(), peer=peer, hops=msg.hops,
+                            ttl=msg.ttl, reason="budget_peer")
+            return self._score(peer, cfg.score_budget_drop, now, "budget_peer")
+        # Seen per (push, attempt, mode): a ring copy that met a route continues in route mode through
+        # relays that already saw (and flooded) the ring copy of the same attempt.
+        key = (pid, msg.attempt * 2 + (1 if msg.ring else 0))
+        if key in self._push_seen:
+            self._count("push_seen_dropped")
+            if msg.ring:  # ring copies are not awaited: they die quietly
+                return []
+            # A route-mode copy is awaited by its sender (S1): say it was a duplicate, or the sender
+            # would blame us as a black hole. Without this a hostile relay replaying push ids we saw
+            # through an honest neighbour could get that neighbour to cut its link to us.
+            if self._level:
+                self._trace(now, "route_error", msg=pid.hex(), route=msg.route_id.hex(), peer=peer,
+                            reason="duplicate", count=1)
+            return [Send(peer, RouteError(pid, msg.route_id, RouteErrorReason.DUPLICATE))]
+        self._push_seen.put(key, now + cfg.seen_ttl_s)
+        rid = msg.route_id
+        if self._level >= TraceLevel.FULL:
+            self._trace(now, "push_received", msg=pid.hex(), route=rid.hex(), peer=peer, hops=msg.hops,
+                        ttl=msg.ttl)
+        if pid not in self._custody:  # a custodian keeps its own LOCAL reverse marker
+            if self._reverse.put(pid, (peer, now + cfg.reverse_ttl_s)):
+                self._count("reverse_evicted")
+        if self._home.is_home(rid):
+            status = self._home.accept_push(rid, msg.token, pid, msg.ciphertext, now + self.wall_offset)
+            out = self._deliver_local(pid, msg, status, now, hops=msg.hops + 1)
+            out.append(Send(peer, Receipt(pid, status, msg.hops + 1)))
+            return out
+        if msg.ttl <= 1:
+            return self._push_drop(peer, msg, now, "ttl", RouteErrorReason.TTL_EXHAUSTED)
+        if msg.ring:
+            if msg.registration is None or msg.registration.route_id != rid or not (
+                self._verifier.verify_registration(msg.registration)
+            ):
+                return self._push_drop(peer, msg, now, "bad_registration", None)
+            nh = self._next_hop(rid, peer, alternate=bool(msg.attempt & 1))
+            if nh is not None:  # a route is known here: leave the ring, follow the route (once)
+                route_key = (pid, msg.attempt * 2)
+                if route_key in self._push_seen:
+                    self._count("push_seen_dropped")
+                    return []
+                self._mark_seen(route_key, now)
+                return [self._forward(_onward(msg, 0), nh, now)]
+            if self._home_adjacent(rid):  # tell the custodian: widening the ring cannot help
+                return self._push_drop(peer, msg, now, "home_unreachable", RouteErrorReason.HOME_UNREACHABLE)
+            if msg.ring <= 1:
+                return self._push_drop(peer, msg, now, "ring_end", None)
+            return self._ring_flood(_onward(msg, msg.ring - 1), peer, now)
+        nh = self._next_hop(rid, peer, alternate=bool(msg.attempt & 1))
+        if nh is None:
+            low = self._next_hop(rid, peer, low_ok=True)  # a live next hop with a low score (S2)
+            if low is not None and (msg.attempt == 0 or self._active[low].score > cfg.score_avoid_below):
+                # Low but not very low, or the push's first attempt: most likely an honest relay
+                # upstream of a failure (blame for a missing receipt is diffuse); use it rather than
+                # flood the neighbourhood. Re-sent attempts (the custodian saw a failure) avoid it.
+                return [self._forward(_onward(msg, 0), low, now)]
+            if low is None and self._home_adjacent(rid):
+                return self._push_drop(peer, msg, now, "home_unreachable", RouteErrorReason.HOME_UNREACHABLE)
+            ring_key = (pid, msg.attempt * 2 + 1)
+            if (msg.registration is not None and msg.ttl > LOCAL_REPAIR_RADIUS and len(self._active) > 1
+                    and ring_key not in self._push_seen):
+                # Local repair (AODV): our route broke; ask the neighbourhood before giving up. Neighbours
+                # with a route of their own (not through us: the sender is excluded) carry it on.
+                self._count("push_local_repair")
+                self._mark_seen(ring_key, now)
+                return self._ring_flood(_onward(msg, LOCAL_REPAIR_RADIUS), peer, now)
+            if low is not None:  # the neighbourhood was asked: the low-scored next hop is the last resort
+                return [self._forward(_onward(msg, 0), low, now)]
+            return self._push_drop(peer, msg, now, "no_route", RouteErrorReason.NO_ROUTE)
+        return [self._forward(_onward(msg, 0), nh, now)]
+
+    # Rule F3.
+    def _push_drop(
+        self, peer: str, msg: Push, now: float, reason: str, error: RouteErrorReason | None
+    ) -> list[Effect]:
+        self._count("push_dropped_" + reason)
+        if self._level:
+            self._trace(now, "push_dropped", msg=msg.push_id.hex(), route=msg.route_id.hex(), peer=peer,
+                        hops=msg.hops, ttl=msg.ttl, reason=reason)
+        if error is None:  # ring copies die quietly: other copies are still searching
+            return []
+        self._reverse.pop(msg.push_id, None)
+        if self._level:
+            self._trace(now, "route_error", msg=msg.push_id.hex(), route=msg.route_id.hex(), peer=peer,
+                        reason=reason, count=1)
+        return [Send(peer, RouteError(msg.push_id, msg.route_id, error))]
+
+    # Rule F2.
+    def _deliver_local(
+        self, pid: bytes, msg: Push, status: ReceiptStatus, now: float, hops: int = 0
+    ) -> list[Effect]:
+        if status == ReceiptStatus.STORED:
+            if self._level:
+                self._trace(now, "push_delivered", msg=pid.hex(), route=msg.route_id.hex(), hops=hops)
+            return [Delivered(msg.route_id, pid)]
+        if status == ReceiptStatus.DUPLICATE:
+            if self._level:
+                self._trace(now, "push_duplicate", msg=pid.hex(), route=msg.route_id.hex(), hops=hops)
+            return []
+        reason = RECEIPT_STATUS[status]
+        self._count("push_dropped_" + reason)
+        if self._level:
+            self._trace(now, "push_dropped", msg=pid.hex(), route=msg.route_id.hex(), hops=hops, reason=reason)
+        return []
+
+    # Rules F1 (receipts travel back), S1 (an answer).
+    def _on_receipt(self, peer: str, msg: Receipt, now: float) -> list[Effect]:
+        waited = self._await.pop(msg.push_id, None)
+        if waited is not None and waited[0] == peer:
+            self._score(peer, self.config.score_receipt, now, "receipt")  # a rise: never cuts
+        back = self._reverse.pop(msg.push_id, None)
+        if back is None:
+            self._count("receipt_orphan")
+            return []
+        prev = back[0]
+        if prev is _LOCAL:
+            return self._settle(msg.push_id, msg.status, msg.hops, now)
+        if prev is _LATE:
+            self._count("receipt_late")
+            return [CustodyReleased(msg.push_id, RECEIPT_STATUS[msg.status], msg.hops)]
+        if prev not in self._active:
+            self._count("receipt_lost_link")
+            return []
+        self._active[prev].last_sent = now
+        if self._level:
+            self._trace(now, "receipt_forwarded", msg=msg.push_id.hex(), peer=prev, hops=msg.hops, count=1)
+        return [Send(prev, msg)]
+
+    # Rules F3 (route errors travel back; the reporting next hop is dropped), C2.
+    def _on_route_error(self, peer: str, msg: RouteError, now: float) -> list[Effect]:
+        if msg.reason == RouteErrorReason.DUPLICATE:
+            # A relay down the path had this attempt already (its answer went back the way the first
+            # copy came): no black hole and no broken route. Neutral for the score; passed back along
+            # this copy's reverse path so no relay on it blames its next hop; a custodian keeps custody.
+            waited = self._await.get(msg.push_id)
+            if waited is None or waited[0] != peer:
+                self._count("route_error_unexpected")
+                return []
+            del self._await[msg.push_id]
+            self._count("route_error_duplicate")
+            back = self._reverse.get(msg.push_id)
+            if back is None or isinstance(back[0], ReverseMark) or back[0] not in self._active:
+                return []
+            del self._reverse[msg.push_id]
+            if self._level:
+                self._trace(now, "receipt_forwarded", msg=msg.push_id.hex(), peer=back[0], reason="duplicate",
+                            count=1)
+            return [Send(back[0], msg)]
+        waited = self._await.get(msg.push_id)
+        if waited is not None and waited[0] == peer:
+            # An answer, if not a receipt: no black hole there. It earns what a receipt earns, so a
+            # neighbour blamed while the home behind it was down (not yet detected) recovers.
+            del self._await[msg.push_id]
+            self._score(peer, self.config.score_receipt, now, "receipt")
+        back = self._reverse.pop(msg.push_id, None)
+        if back is None:
+            return []
+        prev = back[0]
+        # The neighbour that sent the error cannot reach the home: stop using it as a next hop for this
+        # route (a backup takes over). Relays further back keep their routes: their next hop is fine.
+        # A home that is down is no fault of the path, and the route is right again when it returns.
+        entry = self._routes.get(msg.route_id)
+        if entry is not None and msg.reason != RouteErrorReason.HOME_UNREACHABLE and RouteTable.claims(entry, peer):
+            self._routes.drop_next_hop(msg.route_id, entry, peer)
+        if prev is _LOCAL:
+            c = self._custody.get(msg.push_id)
+            if c is None:
+                return []
+            if msg.reason == RouteErrorReason.HOME_UNREACHABLE:
+                # The home relay is down: flooding cannot reach it. Keep custody and re-send along the
+                # route at the next scheduled retry (it may be back by then); never widen the ring.
+                c.home_down = True
+                return []
+            if c.attempt + 1 >= self.config.custody_max_attempts:
+                return []  # parked: the next slow retry is already scheduled
+            return self._retry(c, now)
+        if prev not in self._active:
+            return []
+        if self._level:
+            self._trace(now, "receipt_forwarded", msg=msg.push_id.hex(), peer=prev, reason="route_error", count=1)
+        return [Send(prev, msg)]

@@ -1,0 +1,175 @@
+"""Registration gossip, rules G1-G4: verified registrations set routes (first arrival), feasible later
+arrivals become backup next hops, and flood budgets bound what a neighbour or an origin can cost."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from inri.core.api import (
+    Effect,
+    Send,
+    TraceLevel,
+)
+from inri.core.budget import TokenBucket
+from inri.core.state import (
+    MAX_CLOCK_SKEW_S,
+    EngineState,
+    Neighbour,
+)
+from inri.core.tables import BoundedMap, RouteEntry, RouteTable
+from inri.protocol.codec import encode_unchecked
+from inri.protocol.messages import (
+    RegGossip,
+    Registration,
+)
+
+_REG_TRACE: BoundedMap[tuple[bytes, int], tuple[str, str, int]] = BoundedMap(65536)
+
+
+def _reg_trace(registration: Registration) -> tuple[str, str, int]:
+    """(label, route hex, gossip frame bytes) of a verified registration, computed once per (route, epoch)
+    in the process (every relay of a simulation emits the same; keyed without hashing the whole
+    registration, which is the cost on the hot path). A re-signed copy of the same epoch can differ
+    in size by a varint byte: a trace figure, never a protocol decision."""
+    key = (registration.route_id, registration.epoch)
+    got = _REG_TRACE.get(key)
+    if got is None:
+        route_hex = registration.route_id.hex()
+        got = (f"{route_hex}:{registration.epoch}", route_hex, _gossip_frame_bytes(registration))
+        _REG_TRACE.put(key, got)
+    return got
+
+
+@lru_cache(maxsize=8192)
+def _gossip_frame_bytes(registration: Registration) -> int:
+    # TTL and hops are positive fixints (< 128) so the frame size depends on the registration only.
+    return len(encode_unchecked(RegGossip(registration, 0, 0)))
+
+
+class GossipRules(EngineState):
+    """G1-G4: the route table, built from registration gossip."""
+
+    # Rules G2 (at distance 0: this relay is the home).
+    def register(self, registration: Registration, now: float) -> list[Effect]:
+        """A device homed here registered or refreshed: originate its gossip (rule G2 at distance 0)."""
+        rid = registration.route_id
+        old = self._routes.get(rid)
+        if old is not None and RouteTable.epoch(old) >= registration.epoch:
+            self._count("reg_local_stale")
+            return []
+        self._routes.originate(rid, registration.epoch, self._local_expiry(registration.expires_at))
+        gossip = RegGossip(registration, self.config.gossip_ttl, 0)
+        out: list[Effect] = []
+        for p, st in self._active.items():
+            st.last_sent = now
+            out.append(Send(p, gossip))
+        if self._level:
+            self._trace(now, "reg_originated", msg=f"{rid.hex()}:{registration.epoch}", route=rid.hex(),
+                        epoch=registration.epoch, ttl=self.config.gossip_ttl, hops=0, count=len(out),
+                        nbytes=_gossip_frame_bytes(registration))
+        return out
+
+    # Rule G2.
+    def unregister(self, route_id: bytes, now: float) -> list[Effect]:
+        """A device homed here unregistered: forget its route here (elsewhere it expires by TTL)."""
+        self._routes.pop(route_id, None)
+        self._origin_bucket.pop(route_id, None)
+        return []
+
+    # Rules G1, G4 (refusals are counted and traced).
+    def _drop_reg(self, now: float, reg: Registration, peer: str, reason: str, penalty: float = 0.0) -> list[Effect]:
+        self._count("reg_dropped_" + reason)
+        if self._level:
+            self._trace(now, "reg_dropped", msg=f"{reg.route_id.hex()}:{reg.epoch}", route=reg.route_id.hex(),
+                        peer=peer, epoch=reg.epoch, reason=reason)
+        return self._score(peer, penalty, now, reason) if penalty else []
+
+    # Rules G1 (verify, newest epoch), G2 (first arrival), G3 (duplicates), G4 (budgets).
+    def _on_gossip(self, peer: str, state: Neighbour, msg: RegGossip, now: float) -> list[Effect]:
+        cfg = self.config
+        reg = msg.registration
+        rid = reg.route_id
+        epoch = reg.epoch
+        routes = self._routes
+        entry = routes.get(rid)
+        if entry is not None:
+            known = routes.epoch(entry)
+            if epoch == known:  # a duplicate (most gossip arrivals): G3
+                self.reg_duplicates += 1
+                if routes.claims(entry, peer):  # it gave us this (route, epoch) before: honest relays forward once
+                    return self._drop_reg(now, reg, peer, "replayed", cfg.score_replay)
+                if msg.hops < routes.distance(entry) and routes.has_room(entry, cfg.route_k):  # feasible, room
+                    return self._add_backup(peer, msg, entry, rid, now)
+                if self._level >= TraceLevel.FULL:
+                    self._trace(now, "reg_duplicate", msg=f"{rid.hex()}:{epoch}", route=rid.hex(), peer=peer,
+                                hops=msg.hops + 1, epoch=epoch)
+                return []
+            if epoch < known:
+                return self._drop_reg(now, reg, peer, "stale_epoch", cfg.score_replay)
+        # Per-neighbour budget (G4): every new (route, epoch) costs the sender one token.
+        if not state.reg_budget.take(now, cfg.reg_budget_per_peer_per_s, cfg.reg_budget_peer_burst):
+            return self._drop_reg(now, reg, peer, "budget_peer", cfg.score_budget_drop)
+        wall = now + self.wall_offset  # registrations carry wall-clock times
+        if reg.expires_at <= wall:
+            return self._drop_reg(now, reg, peer, "expired")
+        if reg.issued_at > wall + MAX_CLOCK_SKEW_S:
+            return self._drop_reg(now, reg, peer, "future")
+        if not self._verifier.verify_registration(reg):
+            return self._drop_reg(now, reg, peer, "bad_signature", cfg.score_bad_signature)
+        if entry is not None:  # a refresh (newer epoch) of a known route id: per-origin budget
+            bucket = self._origin_bucket.get(rid)
+            if bucket is None:
+                bucket = self._origin_bucket[rid] = TokenBucket(float(cfg.reg_budget_burst), now)
+            if not bucket.take(now, cfg.reg_budget_per_origin_per_s, float(cfg.reg_budget_burst)):
+                return self._drop_reg(now, reg, peer, "budget_origin")
+        elif len(routes) >= cfg.route_max:
+            self._evict_route(now)
+        hops = msg.hops + 1
+        # The route lives as long as the registration (at most 30 days, limits.MAX_LIFETIME_S), on the
+        # engine's monotonic clock: a wall-clock step later neither shortens nor stretches it.
+        routes.set_first(rid, epoch, self._local_expiry(reg.expires_at), peer, hops)
+        out: list[Effect] = []
+        ttl = msg.ttl - 1
+        if ttl > 0:
+            fwd = RegGossip(reg, ttl, hops)
+            jitter = cfg.forward_jitter_s
+            for p, st in self._active.items():
+                if p != peer:
+                    st.last_sent = now
+                    out.append(Send(p, fwd, self._rng.random() * jitter if jitter else 0.0))
+        if self._level:
+            label, route_hex, nbytes = _reg_trace(reg)
+            if self._emit_row is not None:  # the hottest trace row: positional, no keyword dict
+                self._emit_row((now, self.relay_id, "route_set", label, route_hex, peer, hops, msg.ttl, epoch,
+                                len(out), nbytes, None))
+            else:
+                self._trace(now, "route_set", msg=label, route=route_hex, peer=peer, hops=hops,
+                            ttl=msg.ttl, epoch=epoch, count=len(out), nbytes=nbytes)
+        return out
+
+    # Rule G3.
+    def _add_backup(self, peer: str, msg: RegGossip, entry: RouteEntry, rid: bytes, now: float) -> list[Effect]:
+        # G3: a feasible arrival from a new neighbour while there is room: a backup next hop.
+        reg = msg.registration
+        if not self._verifier.verify_registration(reg):
+            return self._drop_reg(now, reg, peer, "bad_signature", self.config.score_bad_signature)
+        self._routes.add_backup(rid, entry, peer, msg.hops + 1)
+        if self._level >= TraceLevel.FULL:
+            self._trace(now, "route_backup", msg=f"{rid.hex()}:{reg.epoch}", route=rid.hex(), peer=peer,
+                        hops=msg.hops + 1, epoch=reg.epoch)
+        return []
+
+    # Rules G2 (bounded table).
+    def _evict_route(self, now: float) -> None:
+        # Table full: drop the entry that expires first (bounded memory; traced as a drop).
+        victim = self._routes.evict_first_expiring()
+        self._count("routes_evicted")
+        if self._level >= TraceLevel.FULL:
+            self._trace(now, "route_expired", route=victim.hex(), reason="evicted")
+
+    # Rules G2 (routes live as long as their registration).
+    def _sweep_routes(self, now: float) -> None:
+        for r in self._routes.expire(now):
+            self._origin_bucket.pop(r, None)
+            if self._level >= TraceLevel.FULL:
+                self._trace(now, "route_expired", route=r.hex(), reason="lifetime")

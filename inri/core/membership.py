@@ -1,0 +1,195 @@
+"""Membership, rules M1-M4 (HyParView-like): the active and passive views, links up and down,
+reconnection, the outbound quota, priority joins and peer exchange. Keepalive liveness (M2) is
+checked in the engine's timer (engine.Engine._tick)."""
+
+from __future__ import annotations
+
+from inri.core.api import (
+    Connect,
+    Disconnect,
+    DisconnectReason,
+    Effect,
+    Send,
+)
+from inri.core.state import (
+    SWEEP_INTERVAL_S,
+    EngineState,
+    Neighbour,
+)
+from inri.protocol import limits
+from inri.protocol.messages import (
+    Hello,
+    PeerExchange,
+    PeerInfo,
+)
+
+# Reconnecting to a lost neighbour: 2 s, 4 s, 8 s ... capped at 60 s, given up after 10 failures (~8 min).
+RECONNECT_BASE_S = 2.0
+RECONNECT_MAX_S = 60.0
+RECONNECT_MAX_FAILURES = 10
+PROBATION_S = 2.0  # a full relay waits this long for a "low" Hello on an inbound link (rule M4)
+MAKE_ROOM_INTERVAL_S = 60.0  # a full relay makes room for a "low" relay at most this often
+LOW = "low"  # Hello feature: the dialler is below active_min
+# Links that ended for these reasons take their route claims with them (peer_down).
+_PURGE_ON_DOWN = frozenset((DisconnectReason.MAKE_ROOM, DisconnectReason.OUTBOUND_QUOTA))
+# Links that ended for these reasons are not re-dialled.
+_NO_REDIAL = frozenset((DisconnectReason.FULL, DisconnectReason.OUTBOUND_QUOTA, DisconnectReason.SCORE,
+                        DisconnectReason.BANNED, DisconnectReason.MAKE_ROOM))
+
+class MembershipRules(EngineState):
+    """M1-M4: who this relay is linked to."""
+
+    # Rule M1.
+    def add_candidates(self, peers: list[PeerInfo], now: float) -> list[Effect]:
+        """Relays learned from a bootstrap list, a scenario or peer exchange: into the passive view."""
+        banned = self._banned
+        for p in peers:
+            if p.node_id == self.relay_id or p.node_id in self._active or (banned and p.node_id in banned):
+                continue
+            self._passive.pop(p.node_id, None)
+            self._passive[p.node_id] = p.addr
+        while len(self._passive) > self.config.passive_max:
+            del self._passive[next(iter(self._passive))]
+        return self._refill(now)
+
+    # Rule M1.
+    def start(self, now: float) -> list[Effect]:
+        """Begin: arm timers and Connect to passive candidates until active_min links are wanted."""
+        self._arm_tick(now)
+        self._next_sweep = now + SWEEP_INTERVAL_S
+        self._next_exchange = now + self.config.peer_exchange_interval_s * (0.5 + self._rng.random())
+        return self._refill(now)
+
+    # Rule M1.
+    def _refill(self, now: float) -> list[Effect]:
+        out: list[Effect] = []
+        have = len(self._active) + len(self._connecting)
+        if have < self.config.active_max and self._lost:
+            for peer, (addr, retry_at, _) in sorted(self._lost.items(), key=lambda kv: kv[1][1]):
+                if have >= self.config.active_max or retry_at > now:
+                    break
+                if peer not in self._connecting and peer not in self._active:
+                    self._connecting[peer] = now + self.config.connect_timeout_s
+                    out.append(Connect(peer, addr))
+                    have += 1
+        want = self.config.active_min - have
+        if want <= 0 or not self._passive:
+            return out
+        choices = [p for p in self._passive if p not in self._connecting]
+        self._rng.shuffle(choices)
+        for peer in choices[:want]:
+            self._connecting[peer] = now + self.config.connect_timeout_s
+            out.append(Connect(peer, self._passive[peer]))
+        return out
+
+    # Rules M1, M3, M4.
+    def peer_up(self, peer: str, now: float, *, outbound: bool, addr: str = "") -> list[Effect]:
+        """A link to peer is open (we dialled it: outbound=True). Beyond active_max it is refused (Disconnect)."""
+        self._connecting.pop(peer, None)
+        if peer in self._active or peer == self.relay_id:
+            return []
+        out: list[Effect] = []
+        until = self._banned.get(peer)
+        if until is not None:
+            if until > now:
+                self._count("peer_refused_banned")
+                return [Disconnect(peer, DisconnectReason.BANNED)]
+            del self._banned[peer]
+        if len(self._active) >= self.config.active_max:
+            # Full. An outbound link still gets in while we hold fewer than outbound_min dialled links,
+            # by evicting an inbound one: inbound connections alone can never take over the view.
+            dialled = sum(1 for st in self._active.values() if st.outbound)
+            inbound = sorted(p for p, st in self._active.items() if not st.outbound)
+            if not (outbound and dialled < self.config.outbound_min and inbound):
+                if not outbound and peer not in self._probation:
+                    # M4: wait for the dialler's Hello: a relay below active_min gets in anyway.
+                    self._probation[peer] = (now + PROBATION_S, addr)
+                    self._arm_tick(now)
+                    return []
+                self._count("peer_refused_full")
+                if addr:
+                    self._passive.setdefault(peer, addr)
+                return [Disconnect(peer, DisconnectReason.FULL)]
+            victim = self._rng.choice(inbound)
+            out.append(Disconnect(victim, DisconnectReason.OUTBOUND_QUOTA))
+            out += self.peer_down(victim, now, DisconnectReason.OUTBOUND_QUOTA)
+        self._passive.pop(peer, None)
+        self._lost.pop(peer, None)
+        self._probation.pop(peer, None)
+        if outbound and len(self._active) < self.config.priority_join_below:
+            # M4: tell a full relay we are short of neighbours, so it makes room.
+            out.append(Send(peer, Hello(limits.PROTOCOL_VERSION, self.relay_id, self.listen_addr, (LOW,))))
+        self._active[peer] = Neighbour(addr, outbound, now, self.config.reg_budget_peer_burst,
+                                   self.config.push_budget_peer_burst)
+        self._arm_tick(now)
+        if self._level:
+            self._trace(now, "peer_up", peer=peer, reason="outbound" if outbound else "inbound")
+        return out
+
+    # Rule M1.
+    def peer_down(self, peer: str, now: float, reason: DisconnectReason) -> list[Effect]:
+        """The link to peer closed or failed: refill the active view (passive view, lost neighbours)."""
+        state = self._active.pop(peer, None)
+        self._connecting.pop(peer, None)
+        self._probation.pop(peer, None)
+        if state is None:
+            return self._refill(now)
+        # A link the other side closed as full, or for our score, is not re-dialled (the reason is
+        # ours, or the remote's: a driver passes it on).
+        if state.score <= self.config.score_prefer_below or reason in _PURGE_ON_DOWN:
+            # Route claims leave with a distrusted neighbour (a liar that claimed to be a home and then
+            # dropped the link) and with a live one we dropped ourselves: either way we must not
+            # report its routes' homes unreachable ("home unreachable" means the home went down).
+            self._purge_routes(peer)
+        if state.addr and reason not in _NO_REDIAL:
+            self._lost[peer] = [state.addr, now + RECONNECT_BASE_S, 0]
+        if self._level:
+            self._trace(now, "peer_down", peer=peer, reason=reason)
+        return self._refill(now)
+
+    # Rule M1.
+    def connect_failed(self, peer: str, now: float) -> list[Effect]:
+        """A Connect effect did not produce a link: back off (former neighbour) or forget the candidate."""
+        self._connecting.pop(peer, None)
+        self._passive.pop(peer, None)
+        lost = self._lost.get(peer)
+        if lost is not None:
+            lost[2] += 1
+            if lost[2] >= RECONNECT_MAX_FAILURES:
+                del self._lost[peer]
+            else:
+                lost[1] = now + min(RECONNECT_MAX_S, RECONNECT_BASE_S * 2 ** lost[2])
+        return self._refill(now)
+
+    # Rule M4.
+    def _on_probation_hello(self, peer: str, msg: Hello, now: float) -> list[Effect]:
+        """M4: a Hello on an inbound link held while full. "low": make room; otherwise refuse."""
+        _, addr = self._probation.pop(peer)
+        if LOW not in msg.features or not self._active or now < self._next_make_room:
+            self._count("peer_refused_full")
+            return [Disconnect(peer, DisconnectReason.FULL)]
+        # At most one eviction per MAKE_ROOM_INTERVAL_S: a relay cut everywhere for its behaviour is
+        # "low" too, and must not be able to churn honest links at will.
+        self._next_make_room = now + MAKE_ROOM_INTERVAL_S
+        victim = self._rng.choice(sorted(self._active))
+        victim_addr = self._active[victim].addr
+        self._count("peer_made_room")
+        out: list[Effect] = [Disconnect(victim, DisconnectReason.MAKE_ROOM),
+                             *self.peer_down(victim, now, DisconnectReason.MAKE_ROOM)]
+        out += self.peer_up(peer, now, outbound=False, addr=addr)
+        if victim_addr:
+            self._passive[victim] = victim_addr  # still a good candidate for later
+        return out
+
+    # Rule M1.
+    def _peer_exchange(self, now: float) -> list[Effect]:
+        target = self._rng.choice(sorted(self._active))
+        pool = [PeerInfo(p, st.addr) for p, st in self._active.items() if p != target and st.addr]
+        pool += [PeerInfo(p, a) for p, a in self._passive.items() if p != target and a]
+        if self.listen_addr:
+            pool.append(PeerInfo(self.relay_id, self.listen_addr))
+        if not pool:
+            return []
+        sample = self._rng.sample(pool, min(len(pool), limits.MAX_PEERS_IN_EXCHANGE // 2))
+        self._active[target].last_sent = now
+        return [Send(target, PeerExchange(tuple(sample)))]
