@@ -53,7 +53,14 @@ async def _serve_api(app: Any, cfg: RelayConfig, shutdown: trio.Event, task_stat
     # hypercorn 0.18 can end its whole server on one malformed connection (bytes after a final
     # request: BusyResourceError, upstream issues #203/#225). The API is served again at once, the
     # relay (links, custody, store) never goes down with it.
-    status = task_status
+    bound: list[str] = []
+
+    class _Started:  # records the address bound (port 0: the one relay.json reports)
+        def started(self, binds: Any = None) -> None:
+            bound.extend(binds or [])
+            task_status.started(binds)
+
+    status: Any = _Started()
     while True:
         try:
             await hyper_serve(app, hc, shutdown_trigger=shutdown.wait, task_status=status)
@@ -63,6 +70,8 @@ async def _serve_api(app: Any, cfg: RelayConfig, shutdown: trio.Event, task_stat
                 return
             log.error("HTTP server failed; serving again", error=repr(exc)[:300])
             status = trio.TASK_STATUS_IGNORED
+            if port == 0 and bound:  # serve again where clients already connect, not on a new port
+                hc.bind = [bound[0].removeprefix("http://")]
             await trio.sleep(0.05)
 
 
