@@ -11,7 +11,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[analysis,test]'
+	$(BIN)/python -m pip install -q -e '.[analysis,sim,test]'
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -30,8 +30,8 @@ bench: $(STAMP)
 	HYPOTHESIS_PROFILE=full $(BIN)/python benchmarks/run_all.py
 
 lint: $(STAMP)
-	$(BIN)/ruff check inri bootstrap_nodes simulations spark_analysis tests benchmarks
-	$(BIN)/mypy inri bootstrap_nodes simulations spark_analysis benchmarks
+	$(BIN)/ruff check inri bootstrap_nodes simulations spark_analysis tests benchmarks fuzz
+	$(BIN)/mypy inri bootstrap_nodes simulations spark_analysis benchmarks fuzz
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis spark-warehouse metastore_db

@@ -13,8 +13,10 @@ from pathlib import Path
 
 import trio
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # fuzz/ lives beside the package, not in it
+
+from fuzz.campaign import format_report, fuzz_decoders, fuzz_http, fuzz_quic
 from inri import mesh
-from inri.fuzzing import format_report, fuzz_decoders, fuzz_http, fuzz_quic
 
 SEED = int(os.environ.get("BENCH_FUZZ_SEED", "20261123"))
 

@@ -8,13 +8,14 @@
    stored at B, beside a bare hypercorn ASGI endpoint answering 202 to the same load generator.
 
 Real processes: one bootstrap and two relays (`inri mesh up`); the load generator is this process.
-Env: BENCH_PUSHES (default 3000), BENCH_CONCURRENCY (32), BENCH_LATENCY_N (200).
+Env: BENCH_PUSHES (default 12000), BENCH_CONCURRENCY (32), BENCH_LATENCY_N (200), BENCH_WRK_SECONDS (5).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -30,8 +31,9 @@ sys.path.insert(0, str(ROOT))
 
 from inri import mesh  # noqa: E402
 from inri.client import DeviceClient, HomeAppClient  # noqa: E402
-from inri.client.credential import b64e, seal  # noqa: E402
-from inri.node.identity import NodeIdentity  # noqa: E402
+from inri.client.credential import seal  # noqa: E402
+from inri.common.b64url import b64e  # noqa: E402
+from inri.common.identity import NodeIdentity  # noqa: E402
 from inri.node.quic import QuicEndpoint  # noqa: E402
 from inri.protocol.codec import encode_registration  # noqa: E402
 
@@ -176,26 +178,29 @@ def wrk_load(url: str, bodies: list[dict], workdir: Path) -> tuple[float, float,
     out = proc.stdout
     if "Requests/sec" not in out:
         print("wrk failed:", out[-500:], proc.stderr[-500:])
+    return parse_wrk(out)
 
-    def grab(pattern: str) -> str:
-        import re
 
-        m = re.search(pattern, out)
-        return m.group(1) if m else "0"
+_WRK_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0}
 
-    def secs(text: str) -> float:
-        import re
 
-        m = re.match(r"([\d.]+)(us|ms|s)", text)
-        if not m:
-            return float("nan")
-        return float(m.group(1)) * {"us": 1e-6, "ms": 1e-3, "s": 1.0}[m.group(2)]
+def parse_wrk(out: str) -> tuple[float, float, float, int]:
+    """(req/s, p50 s, p99 s, non-2xx) from `wrk --latency` output.
 
-    rps = float(grab(r"Requests/sec:\s+([\d.]+)"))
-    p50 = secs(grab(r"50%\s+(\S+)"))
-    p99 = secs(grab(r"99%\s+(\S+)"))
-    bad = int(grab(r"Non-2xx or 3xx responses:\s+(\d+)"))
-    return rps, p50, p99, bad
+    Percentiles are read only from the "Latency Distribution" lines (`     50%    4.98ms`): a bare
+    `50%` search also matches the "+/- Stdev" column (`68.50%`) of the thread stats and yields NaN.
+    """
+    def grab(pattern: str) -> str | None:
+        m = re.search(pattern, out, re.MULTILINE)
+        return m.group(1) if m else None
+
+    def pctl(p: int) -> float:
+        m = re.search(rf"^\s*{p}%\s+([\d.]+)(us|ms|s|m)\s*$", out.split("Latency Distribution", 1)[-1], re.MULTILINE)
+        return float(m.group(1)) * _WRK_UNITS[m.group(2)] if m else float("nan")
+
+    rps = float(grab(r"^Requests/sec:\s+([\d.]+)") or 0)
+    bad = int(grab(r"^\s*Non-2xx or 3xx responses:\s+(\d+)") or 0)
+    return rps, pctl(50), pctl(99), bad
 
 
 async def relay_bench(info: dict) -> dict:

@@ -15,9 +15,10 @@ from hypercorn.trio import serve as hyper_serve
 
 from bootstrap_nodes.config import BootstrapConfig, ConfigError, load_bootstrap_config
 from bootstrap_nodes.service import Bootstrap, BootstrapApp
-from inri.node.identity import NodeIdentity
-from inri.node.logs import configure_logging
-from inri.node.quic import format_addr, parse_addr, probe
+from inri.common.addr import format_addr, parse_addr
+from inri.common.identity import NodeIdentity
+from inri.common.logs import configure_logging
+from inri.node.quic import probe
 
 log = structlog.get_logger("inri.bootstrap")
 

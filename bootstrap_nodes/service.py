@@ -13,51 +13,53 @@ peer bootstrap) including the probe, so one bad bootstrap cannot list what it co
 
 from __future__ import annotations
 
-import base64
-import binascii
 import ipaddress
-import json
 import math
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl
 
 import httpx
 import structlog
 import trio
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from bootstrap_nodes.config import BootstrapConfig
 from bootstrap_nodes.ranking import Candidate, prefix_of, rank
 from bootstrap_nodes.store import RecordStore
-from inri.node.asgi import serve_lifespan
-from inri.node.ratelimit import RateLimiter, client_key
+from inri.common.addr import rate_key
+from inri.common.b64url import b64d, b64e
+from inri.common.http import (
+    Problem,
+    Receive,
+    Request,
+    Route,
+    Router,
+    Scope,
+    Send,
+    StatusCounts,
+    metrics_answer,
+    respond,
+    respond_problem,
+    serve_lifespan,
+)
+from inri.core.budget import KeyedBuckets
 from inri.protocol.codec import DecodeError
-from inri.protocol.peer_record import PeerRecord, decode_record, verify_record
+from inri.protocol.peer_record import MAX_RECORD_BYTES, PeerRecord, decode_record, verify_record
 
 log = structlog.get_logger("inri.bootstrap")
 
 Prober = Callable[[str, str], Awaitable[bool]]  # (addr, node_id) -> key proven at addr
 MAX_PROBES = 16  # concurrent QUIC probes: bounds what an announce flood can make us send
+RECORDS_PAGE = 1000  # records per /v1/records answer; a peer pages through the rest with `next`
 SWEEP_S = 10.0
 
 
-class Refused(Exception):
-    """An announcement or request refused with an HTTP status and a stable code."""
-
-    def __init__(self, status: int, code: str, detail: str, retry_after: int | None = None) -> None:
-        super().__init__(detail)
-        self.status, self.code, self.detail, self.retry_after = status, code, detail, retry_after
-
-
-def b64e(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
-
-
-def b64d(text: str) -> bytes:
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+Refused = Problem  # an announcement or request refused with an HTTP status and a stable code
 
 
 def _host(addr: str) -> str:
@@ -76,12 +78,13 @@ class Bootstrap:
         self.prober = prober
         self.clock = clock
         self.rng = random.Random()
-        self.rate = RateLimiter(cfg.rate_per_s, cfg.rate_burst)
+        self.rate = KeyedBuckets(cfg.rate_per_s, cfg.rate_burst)  # per client address (IPv4, IPv6 /64)
         self.probe_limit = trio.CapacityLimiter(MAX_PROBES)
         self.counters: dict[str, int] = {}
         self.store.expire(clock())
 
-    def _count(self, name: str) -> None:
+    def count(self, name: str) -> None:
+        """Add one to the event counter `name` (exported by /metrics)."""
         self.counters[name] = self.counters.get(name, 0) + 1
 
     def close(self) -> None:
@@ -169,136 +172,149 @@ class Bootstrap:
                     try:
                         await self._sync_from(client, url, cursors)
                     except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
-                        self._count("sync_failed")
+                        self.count("sync_failed")
                         log.debug("sync failed", peer=url, error=str(exc))
                 await trio.sleep(self.cfg.sync_interval_s)
 
     async def _sync_from(self, client: httpx.AsyncClient, url: str, cursors: dict[str, float]) -> None:
-        r = await client.get(url.rstrip("/") + "/v1/records", params={"since": cursors.get(url, 0.0)})
-        r.raise_for_status()
-        data = r.json()
-        for text in data["records"][:1000]:
-            try:
-                await self.admit(b64d(text), source=url, max_age_s=self.cfg.record_ttl_s)
-                self._count("sync_admitted")
-            except (Refused, binascii.Error, ValueError) as exc:
-                if not (isinstance(exc, Refused) and exc.code == "replayed_seq"):
-                    self._count("sync_refused")
-        cursors[url] = float(data["now"]) - 1.0  # a little overlap: clocks of peers differ
+        """Pull every record the peer changed since our cursor, page by page (RECORDS_PAGE each).
+
+        The cursor moves to the peer's `now` only after the last page: jumping there after the first
+        page would skip for good whatever did not fit in it. A peer can make us read at most enough
+        pages to hold `max_records` records per interval, and every page must move its cursor forward.
+        """
+        since, after = cursors.get(url, 0.0), ""
+        for _ in range(self.cfg.max_records // RECORDS_PAGE + 2):
+            r = await client.get(url.rstrip("/") + "/v1/records", params={"since": since, "after": after})
+            r.raise_for_status()
+            data = r.json()
+            for text in data["records"][:RECORDS_PAGE]:
+                try:
+                    raw = b64d(text, "record", max_size=MAX_RECORD_BYTES)
+                    await self.admit(raw, source=url, max_age_s=self.cfg.record_ttl_s)
+                    self.count("sync_admitted")
+                except (Refused, ValueError) as exc:
+                    if not (isinstance(exc, Refused) and exc.code == "replayed_seq"):
+                        self.count("sync_refused")
+            nxt = data.get("next")
+            if nxt is None:
+                cursors[url] = float(data["now"]) - 1.0  # a little overlap: clocks of peers differ
+                return
+            cursor = (float(nxt["since"]), str(nxt["after"]))
+            if cursor <= (since, after):
+                raise ValueError(f"{url}: records cursor does not advance")
+            since, after = cursor
+            cursors[url] = since - 1.0  # what we have read so far stays read if a later page fails
+        self.count("sync_pages_exhausted")
+
+
+TITLES = {
+    "too_large": "Request body too large", "rate_limited": "Too many requests", "malformed": "Malformed request",
+    "bad_signature": "Record signature does not verify", "stale_record": "Record timestamp out of window",
+    "replayed_seq": "Record sequence number not newer", "address_not_allowed": "Address not allowed",
+    "prefix_full": "Network prefix full", "full": "Bootstrap full", "unreachable": "Relay not reachable",
+    "not_found": "Not found", "method_not_allowed": "Method not allowed", "internal": "Internal error",
+}
+UNLIMITED_PATHS = frozenset({"/healthz", "/metrics"})
+
+
+class BootstrapCollector(Collector):
+    """The bootstrap's metrics, read from its counters at scrape time."""
+
+    def __init__(self, app: BootstrapApp) -> None:
+        self.app = app
+
+    def collect(self) -> Iterator[Metric]:
+        boot = self.app.boot
+        yield GaugeMetricFamily("inri_bootstrap_records", "relay records held", value=len(boot.store.entries))
+        events = CounterMetricFamily("inri_bootstrap_events", "announcements, syncs, peer lists and refusals "
+                                     "by event", labels=["event"])
+        for key in sorted(boot.counters):
+            events.add_metric([key], boot.counters[key])
+        yield events
+        yield CounterMetricFamily("inri_bootstrap_rate_limited", "requests refused by the per-address rate limit",
+                                  value=boot.rate.hits)
+        yield self.app.http_codes.metric("inri_bootstrap_http_responses")
 
 
 class BootstrapApp:
-    """ASGI app over a Bootstrap."""
+    """ASGI app over a Bootstrap (routing, limits and problem+json from inri.common.http)."""
 
     def __init__(self, boot: Bootstrap) -> None:
         self.boot = boot
-        self.http_codes: dict[int, int] = {}
+        self.http_codes = StatusCounts()
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(BootstrapCollector(self))
+        self.router = Router([
+            Route("GET", "/healthz", self.health),
+            Route("GET", "/metrics", self.metrics),
+            Route("POST", "/v1/announce", self.announce, boot.cfg.max_body_bytes),
+            Route("GET", "/v1/peers", self.peers),
+            Route("GET", "/v1/records", self.records),
+        ])
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
             await serve_lifespan(receive, send)
             return
         if scope["type"] != "http":
             return
         try:
-            status, payload, ctype = await self._route(scope, receive)
-        except Refused as r:
-            self.boot._count("refused_" + r.code)
-            await self._send(send, r.status, {"type": "https://inri.dev/problems/" + r.code, "title": r.code,
-                                              "status": r.status, "detail": r.detail, "code": r.code},
-                             "application/problem+json", r.retry_after)
+            route, params = self.router.match(scope["method"], scope["path"])
+            if scope["path"] not in UNLIMITED_PATHS:
+                wait = self.boot.rate.take(rate_key(str((scope.get("client") or ("unknown", 0))[0])))
+                if wait:
+                    raise Problem(429, "rate_limited", "too many requests from this address",
+                                  retry_after=max(1, math.ceil(wait)))
+            status, payload = await route.handler(Request(scope, receive, route.max_body), **params)
+        except Problem as p:
+            self.boot.count("refused_" + p.code)
+            await respond_problem(send, self.http_codes, p, scope["path"], TITLES)
             return
-        except Exception:  # noqa: BLE001 - answer 500, keep serving
+        except Exception:  # answer 500, keep serving
             log.exception("request failed", path=scope.get("path"))
-            await self._send(send, 500, {"code": "internal", "status": 500, "title": "internal",
-                                         "detail": "internal error"}, "application/problem+json")
+            await respond_problem(send, self.http_codes, Problem(500, "internal", "internal error"), scope["path"],
+                                  TITLES)
             return
-        await self._send(send, status, payload, ctype)
+        await respond(send, self.http_codes, status, payload)
 
-    async def _send(self, send: Any, status: int, payload: Any, ctype: str, retry_after: int | None = None) -> None:
-        self.http_codes[status] = self.http_codes.get(status, 0) + 1
-        body = payload.encode() if isinstance(payload, str) else json.dumps(payload).encode()
-        headers = [(b"content-type", ctype.encode()), (b"content-length", str(len(body)).encode())]
-        if retry_after is not None:
-            headers.append((b"retry-after", str(retry_after).encode()))
-        if status == 413:
-            headers.append((b"connection", b"close"))
-        await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+    async def health(self, req: Request) -> tuple[int, Any]:
+        return 200, {"status": "ok", "records": len(self.boot.store.entries)}
 
-    async def _body(self, scope: dict[str, Any], receive: Any) -> bytes:
-        limit = self.boot.cfg.max_body_bytes
-        for k, v in scope.get("headers", []):
-            if k.lower() == b"content-length":
-                try:
-                    declared = int(v)
-                except ValueError:
-                    raise Refused(400, "malformed", "bad Content-Length") from None
-                if declared > limit:
-                    raise Refused(413, "too_large", f"body over {limit} bytes")
-        chunks, size = [], 0
-        while True:
-            msg = await receive()
-            if msg["type"] == "http.disconnect":
-                raise Refused(400, "malformed", "client went away")
-            chunk = msg.get("body", b"")
-            size += len(chunk)
-            if size > limit:
-                raise Refused(413, "too_large", f"body over {limit} bytes")
-            chunks.append(chunk)
-            if not msg.get("more_body"):
-                return b"".join(chunks)
+    async def metrics(self, req: Request) -> tuple[int, Any]:
+        return 200, metrics_answer(self.registry)
 
-    async def _route(self, scope: dict[str, Any], receive: Any) -> tuple[int, Any, str]:
-        path, method = scope["path"], scope["method"]
+    async def announce(self, req: Request) -> tuple[int, Any]:
         boot = self.boot
-        js = "application/json"
-        if path == "/healthz" and method == "GET":
-            return 200, {"status": "ok", "records": len(boot.store.entries)}, js
-        if path == "/metrics" and method == "GET":
-            return 200, self._metrics(), "text/plain; version=0.0.4"
-        if path not in ("/v1/announce", "/v1/peers", "/v1/records"):
-            raise Refused(404, "not_found", f"no endpoint {path}")
-        wait = boot.rate.take(client_key(scope))
-        if wait:
-            raise Refused(429, "rate_limited", "too many requests from this address", max(1, math.ceil(wait)))
-        query = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1")))
-        if path == "/v1/announce":
-            if method != "POST":
-                raise Refused(405, "method_not_allowed", "POST a msgpack record")
-            raw = await self._body(scope, receive)
-            rec = await boot.admit(raw, source="announce")
-            boot._count("announce_accepted")
-            expires = rec.timestamp + boot.cfg.record_ttl_s
-            return 200, {"listed": True, "node_id": rec.node_id, "expires_at": expires}, js
-        if method != "GET":
-            raise Refused(405, "method_not_allowed", "GET only")
-        if path == "/v1/peers":
-            try:
-                count = int(query.get("count", "8"))
-            except ValueError:
-                raise Refused(400, "malformed", "count must be an integer") from None
-            if not 1 <= count <= 64:
-                raise Refused(400, "malformed", "count must be 1..64")
-            host = str((scope.get("client") or ("", 0))[0])
-            peers = boot.peers(query.get("node_id") or None, query.get("geo") or None, host, count)
-            boot._count("peer_lists")
-            return 200, {"peers": peers}, js
+        raw = await req.body(malformed="malformed")
+        rec = await boot.admit(raw, source="announce")
+        boot.count("announce_accepted")
+        return 200, {"listed": True, "node_id": rec.node_id, "expires_at": rec.timestamp + boot.cfg.record_ttl_s}
+
+    async def peers(self, req: Request) -> tuple[int, Any]:
+        query = req.query()
+        try:
+            count = int(query.get("count", "8"))
+        except ValueError:
+            raise Problem(400, "malformed", "count must be an integer") from None
+        if not 1 <= count <= 64:
+            raise Problem(400, "malformed", "count must be 1..64")
+        host = str((req.scope.get("client") or ("", 0))[0])
+        peers = self.boot.peers(query.get("node_id") or None, query.get("geo") or None, host, count)
+        self.boot.count("peer_lists")
+        return 200, {"peers": peers}
+
+    async def records(self, req: Request) -> tuple[int, Any]:
+        query = req.query()
         try:
             since = float(query.get("since", "0"))
         except ValueError:
-            raise Refused(400, "malformed", "since must be a number") from None
-        now = boot.clock()
-        records = [b64e(e.raw) for e in boot.store.since(since, 1000) if e.expires_at > now]
-        return 200, {"records": records, "now": now}, js
-
-    def _metrics(self) -> str:
-        b = self.boot
-        lines = ["# TYPE inri_bootstrap_records gauge", f"inri_bootstrap_records {len(b.store.entries)}",
-                 "# TYPE inri_bootstrap_events_total counter"]
-        lines += [f'inri_bootstrap_events_total{{event="{k}"}} {v}' for k, v in sorted(b.counters.items())]
-        lines += ["# TYPE inri_bootstrap_rate_limited_total counter",
-                  f"inri_bootstrap_rate_limited_total {b.rate.hits}",
-                  "# TYPE inri_bootstrap_http_responses_total counter"]
-        lines += [f'inri_bootstrap_http_responses_total{{code="{c}"}} {n}' for c, n in sorted(self.http_codes.items())]
-        return "\n".join(lines) + "\n"
+            raise Problem(400, "malformed", "since must be a number") from None
+        after = query.get("after", "")
+        now = self.boot.clock()
+        page = self.boot.store.since(since, after, RECORDS_PAGE + 1, now)
+        answer: dict[str, Any] = {"records": [b64e(e.raw) for e in page[:RECORDS_PAGE]], "now": now, "next": None}
+        if len(page) > RECORDS_PAGE:  # more to come: the cursor of the last record sent
+            last = page[RECORDS_PAGE - 1]
+            answer["next"] = {"since": last.updated_at, "after": last.record.node_id}
+        return 200, answer

@@ -77,7 +77,13 @@ class RecordStore:
             self._db.execute("DELETE FROM records WHERE expires_at <= ?", (now,))
         return len(dead)
 
-    def since(self, t: float, limit: int) -> list[Entry]:
-        """Live entries updated after t, oldest update first (for bootstrap-to-bootstrap sync)."""
-        out = sorted((e for e in self.entries.values() if e.updated_at > t), key=lambda e: e.updated_at)
+    def since(self, t: float, after: str, limit: int, now: float) -> list[Entry]:
+        """Up to `limit` live entries after the cursor (t, after), in (updated_at, node id) order.
+
+        The node id breaks ties, so a page may end in the middle of records updated at the same time
+        and the next page (cursor = the last entry's updated_at and node id) starts right after it.
+        """
+        out = sorted((e for e in self.entries.values()
+                      if e.expires_at > now and (e.updated_at, e.record.node_id) > (t, after)),
+                     key=lambda e: (e.updated_at, e.record.node_id))
         return out[:limit]

@@ -24,14 +24,17 @@ def _relay(args: argparse.Namespace) -> int:
         return 0
     import trio
 
-    from inri.node.logs import configure_logging
-    from inri.node.relay import run_relay
+    from inri.common.logs import configure_logging
+    from inri.node.relay import StartupError, run_relay
 
     configure_logging(cfg.relay.log_format, cfg.relay.log_level)
     try:
         trio.run(run_relay, cfg)
     except KeyboardInterrupt:
         pass
+    except StartupError as exc:  # one line for the operator; non-zero so systemd restarts and reports it
+        print(f"inri relay: {exc}", file=sys.stderr)
+        return 1
     except OSError as exc:
         print(f"inri relay: {exc}", file=sys.stderr)
         return 1

@@ -12,7 +12,7 @@ run exactly the code a real relay runs, scoring included:
 - reg_spammer: originates rate_per_s fresh, validly signed registrations per second (new keys:
   per-origin budgets cannot stop it, only the per-neighbour flood budget and scores can).
 - push_spammer (a client, not a relay): a home app pushing at rate_x times the capacity of one
-  relay's API, through that relay. See `Ingress`.
+  relay's API, through that relay. See `simulations.ingress.Ingress`.
 
 Extension point: a hostile relay subclasses `Engine` and overrides only methods named in
 `inri.core.engine.HOOKS`, each marked `@override`, so the type checker (and
@@ -27,14 +27,12 @@ from __future__ import annotations
 
 import random
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from typing_extensions import override
 
 from inri.core.api import Effect, Send
-from inri.core.budget import KeyedBuckets
 from inri.core.engine import Engine
 from inri.core.state import Neighbour
 from inri.protocol.codec import make_registration
@@ -153,75 +151,3 @@ def make_engine(kind: str, adversary: Adversary, seed: int, **kwargs: Any) -> En
         if isinstance(eng, Forger):
             eng.seen = deque(maxlen=1000)
     return eng
-
-
-class Ingress:
-    """One relay's HTTP API under load: a server of fixed capacity, taking connections in turn.
-
-    Each HTTP/1.1 connection carries one request at a time; the server serves the connections with a
-    request waiting in turn (round robin), as an event loop does. The spammer has `connections`
-    of them: a spam request that finds all of them busy is never sent (the offered load beyond that
-    is what a closed-loop load generator cannot get in). Each honest home app has one connection
-    (its requests queue on it). Every request passes the relay's own rate limits (the daemon's
-    token buckets, inri.core.budget.KeyedBuckets, with its documented defaults: per client address,
-    per device, per token) and costs
-    1/capacity_per_s when accepted, reject_cost of that when refused.
-    """
-
-    def __init__(self, adversary: Adversary, client_rate: tuple[float, int], device_rate: tuple[float, int],
-                 token_rate: tuple[float, int], clock: Callable[[], float]) -> None:
-        self.a = adversary
-        self.service = 1.0 / adversary.capacity_per_s
-        self.queues: dict[str, deque[tuple[Any, ...]]] = {}
-        self.order: deque[str] = deque()  # clients with waiting requests, in turn
-        self.busy = False
-        self.limit_client = KeyedBuckets(*client_rate, clock=clock)
-        self.limit_device = KeyedBuckets(*device_rate, clock=clock)
-        self.limit_token = KeyedBuckets(*token_rate, clock=clock)
-        self.offered = {"spam": 0, "honest": 0}
-        self.accepted = {"spam": 0, "honest": 0}
-        self.refused = {"spam": 0, "honest": 0}
-        self.unsent = 0  # spam the spammer could not send: every connection busy
-        self._conns: list[str] = []
-
-    def arrive(self, conn: str, request: tuple[Any, ...]) -> bool:
-        """Queue a request on a connection; False for spam when every spam connection is busy."""
-        kind = "spam" if conn.startswith("spammer") else "honest"
-        self.offered[kind] += 1
-        if kind == "spam":
-            conn = next((c for c in self._spam_conns() if not self.queues.get(c)), "")
-            if not conn:
-                self.unsent += 1
-                return False
-        q = self.queues.get(conn)
-        if q is None:
-            q = self.queues[conn] = deque()
-        if not q:
-            self.order.append(conn)
-        q.append(request)
-        return True
-
-    def _spam_conns(self) -> list[str]:
-        if not self._conns:
-            self._conns = [f"spammer#{i}" for i in range(self.a.connections)]
-        return self._conns
-
-    def next_request(self) -> tuple[str, tuple[Any, ...]] | None:
-        """The next request to serve (round robin over clients), or None."""
-        if not self.order:
-            return None
-        client = self.order.popleft()
-        q = self.queues[client]
-        req = q.popleft()
-        if q:
-            self.order.append(client)
-        return client, req
-
-    def admit(self, conn: str, device: bytes, token: bytes) -> bool:
-        """The daemon's three limits, in its order; False: refused (429)."""
-        kind = "spam" if conn.startswith("spammer") else "honest"
-        client = "spammer" if kind == "spam" else conn  # rate limits key on the client address
-        ok = (self.limit_client.take(client) == 0.0 and self.limit_device.take(device.hex()) == 0.0
-              and self.limit_token.take(token.hex()) == 0.0)
-        (self.accepted if ok else self.refused)[kind] += 1
-        return ok

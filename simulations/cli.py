@@ -9,8 +9,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from simulations.extras import INSTALL_HINT, MissingExtra
 from simulations.scenario import ScenarioError, load, parse_level
-from simulations.sim import Simulator, summary_line
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,11 +32,20 @@ def main(argv: list[str] | None = None) -> int:
     priv.add_argument("--colluders", type=float, default=0.05, help="share of colluding relays (default 0.05)")
     priv.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
-    if args.command == "privacy":
+    try:
+        # Imported here: the simulator needs the sim extra, and a missing module gets one line, not a traceback.
         from simulations.privacy import main as privacy_main
-
-        return privacy_main([f"--relays={args.relays}", f"--devices={args.devices}",
-                             f"--colluders={args.colluders}", f"--seed={args.seed}"])
+        from simulations.sim import Simulator, summary_line
+    except ImportError as exc:
+        print(f"inri-sim: {exc.name or exc} is not installed: {INSTALL_HINT}", file=sys.stderr)
+        return 2
+    if args.command == "privacy":
+        try:
+            return privacy_main([f"--relays={args.relays}", f"--devices={args.devices}",
+                                 f"--colluders={args.colluders}", f"--seed={args.seed}"])
+        except MissingExtra as exc:
+            print(f"inri-sim: {exc}", file=sys.stderr)
+            return 2
     try:
         scenario = load(args.scenario)
         level = parse_level(args.trace_level) if args.trace_level else None
@@ -44,8 +53,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"inri-sim: {exc}", file=sys.stderr)
         return 2
     progress = args.progress == "on" or (args.progress == "auto" and sys.stderr.isatty())
-    sim = Simulator(scenario, seed=args.seed, trace_dir=args.trace_dir, trace_level=level,
-                    trace_format=args.trace_format, progress=progress, adversaries=not args.no_adversaries)
+    try:
+        sim = Simulator(scenario, seed=args.seed, trace_dir=args.trace_dir, trace_level=level,
+                        trace_format=args.trace_format, progress=progress, adversaries=not args.no_adversaries)
+    except MissingExtra as exc:
+        print(f"inri-sim: {exc}", file=sys.stderr)
+        return 2
     n = sim.net.n
     print(f"inri-sim: {scenario.name}: {n} relays, {len(sim.net.undirected_edges())} links, seed {sim.seed}",
           file=sys.stderr)

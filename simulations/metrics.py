@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from array import array
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -38,7 +39,7 @@ class Collector:
         self.push_messages = 0
         self.fallback_messages = 0
         self.reg_origin: dict[str, tuple[float, str]] = {}  # msg -> (t0, origin relay)
-        self.reg_times: dict[str, array] = {}  # msg -> route_set times
+        self.reg_times: dict[str, array[float]] = {}  # msg -> route_set times
         self.reg_relays: dict[str, list[str]] = {}  # msg -> route_set relays (same order)
         self.injected: dict[str, tuple[float, str]] = {}  # push -> (t, relay)
         self.delivered: dict[str, tuple[float, str, int]] = {}  # push -> earliest (t, relay, hops)
@@ -48,7 +49,7 @@ class Collector:
         self.transitions: dict[str, list[tuple[float, bool]]] = {}  # relay -> [(t, up)]
         self.rows = 0
 
-    def add(self, row: tuple) -> None:
+    def add(self, row: tuple[Any, ...]) -> None:
         """Feed one row (trace column order)."""
         self.rows += 1
         t, relay, kind, msg = row[0], row[1], row[2], row[3]
@@ -80,7 +81,7 @@ class Collector:
         elif kind == "relay_up":
             self.transitions.setdefault(relay, []).append((t, True))
 
-    def add_route_set(self, row: tuple) -> None:
+    def add_route_set(self, row: tuple[Any, ...]) -> None:
         """Feed one route_set row (what `add` does for that kind, without the dispatch)."""
         self.rows += 1
         count = row[9] or 0
@@ -94,7 +95,7 @@ class Collector:
         times.append(row[0])
         self.reg_relays[msg].append(row[1])
 
-    def add_all(self, rows: Iterable[tuple]) -> None:
+    def add_all(self, rows: Iterable[tuple[Any, ...]]) -> None:
         """Feed many rows."""
         for r in rows:
             self.add(r)

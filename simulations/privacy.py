@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from simulations.extras import require
 from simulations.scenario import from_dict
 from simulations.sim import Simulator
 
@@ -79,14 +80,13 @@ def measure(relays: int = 1000, devices: int = 100, colluders: float = 0.05, see
     with tempfile.TemporaryDirectory() as tmp:
         sim = Simulator(from_dict(raw), seed=seed, trace_dir=Path(tmp))
         sim.run()
-        import pyarrow.parquet as pq
-
+        pq = require("pyarrow.parquet", "the privacy measurement")
         t = pq.read_table(Path(tmp) / "events.parquet", columns=["kind", "relay", "route", "hops"]).to_pylist()
     seen: dict[str, dict[int, int]] = {}  # route hex -> {observer relay: hops}
     for r in t:
         if r["kind"] == "route_set":
             seen.setdefault(r["route"], {})[int(r["relay"])] = int(r["hops"])
-    routes = [(reg.route_id.hex(), home) for home, reg, _ in sim.regs if reg is not None]
+    routes = [(reg.route_id.hex(), home) for home, reg, _ in sim.work.regs if reg is not None]
     n = sim.net.n
     rng = random.Random(seed)
     all_observers = sorted(rng.sample(range(n), max(1, int(round(colluders * n)))))

@@ -57,11 +57,15 @@ from __future__ import annotations
 
 import math
 import tomllib
-from dataclasses import dataclass, field, fields, replace
+import typing
+from dataclasses import dataclass, field, fields
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+import msgspec
+
+from inri.common.config import Setting, build, check_value, engine_config
 from inri.core.api import TraceLevel
 from inri.core.config import EngineConfig
 from simulations.adversary import KINDS, Adversary
@@ -69,6 +73,9 @@ from simulations.adversary import KINDS, Adversary
 
 class ScenarioError(ValueError):
     """A scenario file that cannot be run, with the key at fault."""
+
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -135,36 +142,22 @@ class Scenario:
     adversaries: tuple[Adversary, ...] = ()
 
 
-def _typed(value: Any, kind: str, where: str) -> Any:
-    """Check one scalar against its declared type ('float' also takes an integer)."""
-    if kind == "float" and type(value) in (int, float):
-        return float(value)
-    if kind == "int" and type(value) is int:
-        return value
-    if kind == "str" and type(value) is str:
-        return value
-    if kind == "bool" and type(value) is bool:
-        return value
-    if kind not in ("float", "int", "str", "bool"):
-        return value
-    want = {"float": "a number", "int": "an integer", "str": "a string", "bool": "true or false"}[kind]
-    raise ScenarioError(f"{where} must be {want}, not {value!r:.60}")
+def _nonnegative(cls: type) -> dict[str, msgspec.Meta]:
+    """Every number of a scenario table is a count, a time, a rate or a share: none is negative."""
+    return {name: _NONNEG for name, hint in typing.get_type_hints(cls).items() if hint in (int, float)}
 
 
-def _section(cls: type, raw: Any, name: str) -> Any:
+_NONNEG = msgspec.Meta(ge=0)
+
+
+def _section(cls: type[T], raw: Any, name: str) -> T:
     if raw is None:
         return cls()
-    if not isinstance(raw, dict):
-        raise ScenarioError(f"[{name}] must be a table")
-    known = {f.name: f.type for f in fields(cls)}
-    unknown = sorted(set(raw) - set(known))
-    if unknown:
-        raise ScenarioError(f"[{name}] unknown keys: {', '.join(unknown)}")
-    values = {k: _typed(v, str(known[k]), f"[{name}] {k}") for k, v in raw.items()}
-    try:
-        return cls(**values)
-    except TypeError as exc:
-        raise ScenarioError(f"[{name}] {exc}") from None
+    return build(cls, raw, where=f"[{name}]", rules=_nonnegative(cls), error=ScenarioError)
+
+
+def _top(raw: dict[str, Any], key: str, default: Any, hint: Any) -> Any:
+    return check_value(raw.pop(key, default), hint, key, error=ScenarioError)
 
 
 def parse_level(value: str) -> TraceLevel:
@@ -210,11 +203,8 @@ def from_dict(raw: dict[str, Any], default_name: str = "scenario") -> Scenario:
     engine_raw = raw.pop("engine", {}) or {}
     if not isinstance(engine_raw, dict):
         raise ScenarioError("[engine] must be a table")
-    known_engine = {f.name: str(f.type) for f in fields(EngineConfig)}
-    bad = sorted(set(engine_raw) - set(known_engine))
-    if bad:
-        raise ScenarioError(f"[engine] unknown keys: {', '.join(bad)}")
-    engine_raw = {k: _typed(v, known_engine[k], f"[engine] {k}") for k, v in engine_raw.items()}
+    engine = engine_config(EngineConfig(), {k: Setting(v, f"[engine] {k}") for k, v in engine_raw.items()},
+                           where="[engine]", error=ScenarioError)
     network = raw.pop("network", {}) or {}
     if not isinstance(network, dict) or set(network) - {"loss"}:
         raise ScenarioError("[network] must be a table with only the key loss")
@@ -223,19 +213,19 @@ def from_dict(raw: dict[str, Any], default_name: str = "scenario") -> Scenario:
     if not isinstance(parts, list) or not isinstance(advs, list):
         raise ScenarioError("[[partitions]] and [[adversaries]] must be arrays of tables")
     sc = Scenario(
-        name=_typed(raw.pop("name", default_name), "str", "name"),
-        seed=_typed(raw.pop("seed", 1), "int", "seed"),
-        duration_s=_typed(raw.pop("duration_s", 60.0), "float", "duration_s"),
-        deadline_s=_typed(raw.pop("deadline_s", 30.0), "float", "deadline_s"),
-        coverage_after_s=_typed(raw.pop("coverage_after_s", 10.0), "float", "coverage_after_s"),
-        trace_level=parse_level(_typed(raw.pop("trace_level", "summary"), "str", "trace_level")),
-        loss=_typed(network.get("loss", 0.0), "float", "[network] loss"),
+        name=_top(raw, "name", default_name, str),
+        seed=_top(raw, "seed", 1, int),
+        duration_s=_top(raw, "duration_s", 60.0, float),
+        deadline_s=_top(raw, "deadline_s", 30.0, float),
+        coverage_after_s=_top(raw, "coverage_after_s", 10.0, float),
+        trace_level=parse_level(_top(raw, "trace_level", "summary", str)),
+        loss=check_value(network.get("loss", 0.0), float, "[network] loss", error=ScenarioError),
         topology=_section(Topology, raw.pop("topology", None), "topology"),
         workload=_section(Workload, raw.pop("workload", None), "workload"),
         churn=_section(Churn, raw.pop("churn", None), "churn"),
         partitions=tuple(_section(Partition, p, "partitions") for p in parts),
         adversaries=tuple(_section(Adversary, a, "adversaries") for a in advs),
-        engine=replace(EngineConfig(), **engine_raw),
+        engine=engine,
     )
     for key in ("duration_s", "deadline_s", "coverage_after_s"):
         v = getattr(sc, key)

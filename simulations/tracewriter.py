@@ -5,33 +5,36 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-
-from inri.core.trace import COLUMNS
+from inri.core.trace import COLUMNS, Row
+from simulations.extras import require
 
 if TYPE_CHECKING:
     from simulations.topology import Network
 
-SCHEMA = pa.schema(
-    [
-        ("t", pa.float64()),
-        ("relay", pa.string()),
-        ("kind", pa.string()),
-        ("msg", pa.string()),
-        ("route", pa.string()),
-        ("peer", pa.string()),
-        ("hops", pa.int32()),
-        ("ttl", pa.int32()),
-        ("epoch", pa.int64()),
-        ("count", pa.int32()),
-        ("bytes", pa.int32()),
-        ("reason", pa.string()),
-    ]
-)
 BATCH_ROWS = 500_000
+
+
+def parquet_schema() -> Any:
+    """The events table's Arrow schema (pyarrow is imported only for Parquet traces)."""
+    pa = require("pyarrow", "a Parquet trace")
+    return pa.schema(
+        [
+            ("t", pa.float64()),
+            ("relay", pa.string()),
+            ("kind", pa.string()),
+            ("msg", pa.string()),
+            ("route", pa.string()),
+            ("peer", pa.string()),
+            ("hops", pa.int32()),
+            ("ttl", pa.int32()),
+            ("epoch", pa.int64()),
+            ("count", pa.int32()),
+            ("bytes", pa.int32()),
+            ("reason", pa.string()),
+        ]
+    )
 
 
 class TraceWriter:
@@ -45,12 +48,13 @@ class TraceWriter:
         for old in ("events.parquet", "events.jsonl"):
             (self.dir / old).unlink(missing_ok=True)
         self.fmt = fmt
-        self._rows: list[tuple] = []
-        self._pq: pq.ParquetWriter | None = None
+        self._rows: list[Row] = []
+        self._schema: Any = parquet_schema() if fmt == "parquet" else None  # fails now, not after the run
+        self._pq: Any = None  # the pyarrow.parquet.ParquetWriter, from the first batch
         self._jsonl = open(self.dir / "events.jsonl", "w") if fmt == "jsonl" else None  # noqa: SIM115
         self.rows_written = 0
 
-    def add(self, row: tuple) -> None:
+    def add(self, row: Row) -> None:
         """Queue one row (COLUMNS order)."""
         self._rows.append(row)
         if len(self._rows) >= BATCH_ROWS:
@@ -65,14 +69,17 @@ class TraceWriter:
         if self._jsonl is not None:
             self._jsonl.write("".join(json.dumps(dict(zip(COLUMNS, r, strict=True))) + "\n" for r in rows))
             return
+        pa = require("pyarrow", "a Parquet trace")
+        schema = self._schema
         cols = list(zip(*rows, strict=True))
-        table = pa.Table.from_arrays([pa.array(c, type=f.type) for c, f in zip(cols, SCHEMA, strict=True)],
-                                     schema=SCHEMA)
+        table = pa.Table.from_arrays([pa.array(c, type=f.type) for c, f in zip(cols, schema, strict=True)],
+                                     schema=schema)
         if self._pq is None:
-            self._pq = pq.ParquetWriter(self.dir / "events.parquet", SCHEMA, compression="zstd")
+            pq = require("pyarrow.parquet", "a Parquet trace")
+            self._pq = pq.ParquetWriter(self.dir / "events.parquet", schema, compression="zstd")
         self._pq.write_table(table)
 
-    def close(self, meta: dict, net: Network) -> None:
+    def close(self, meta: dict[str, object], net: Network) -> None:
         """Flush, close, and write meta.json, topology.csv and relays.csv."""
         self.flush()
         if self._pq is not None:

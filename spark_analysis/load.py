@@ -6,6 +6,7 @@ import csv
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -36,7 +37,7 @@ class Trace:
 
     events: DataFrame
     malformed: int
-    meta: dict
+    meta: dict[str, Any]
     topology: list[tuple[int, int, float]] | None  # directed links (src, dst, latency_s)
     processing: dict[int, float] | None
 
@@ -82,9 +83,9 @@ def load_trace(spark: SparkSession, trace_dir: str | Path) -> Trace:
     meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
     topology = processing = None
     if (root / "topology.csv").exists():
-        with open(root / "topology.csv") as f:
-            topology = [(int(r["src"]), int(r["dst"]), float(r["latency_s"])) for r in csv.DictReader(f)]
+        with open(root / "topology.csv") as fh:
+            topology = [(int(r["src"]), int(r["dst"]), float(r["latency_s"])) for r in csv.DictReader(fh)]
     if (root / "relays.csv").exists():
-        with open(root / "relays.csv") as f:
-            processing = {int(r["relay"]): float(r["processing_s"]) for r in csv.DictReader(f)}
+        with open(root / "relays.csv") as fh:
+            processing = {int(r["relay"]): float(r["processing_s"]) for r in csv.DictReader(fh)}
     return Trace(events, malformed, meta, topology, processing)

@@ -12,7 +12,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import DataFrame, Row, SparkSession, Window
 from pyspark.sql import functions as F
 
 from spark_analysis.load import Trace
@@ -29,6 +29,14 @@ def nearest_rank(df: DataFrame, col: str, q: float, n: int | None = None) -> flo
     w = Window.orderBy(F.col(col).asc())
     row = df.select(col).withColumn("_rn", F.row_number().over(w)).filter(F.col("_rn") == rank).first()
     return None if row is None else row[0]
+
+
+def one_row(aggregate: DataFrame) -> Row:
+    """The row of a global aggregate (one without groupBy, which Spark answers with exactly one row)."""
+    row = aggregate.first()
+    if row is None:
+        raise RuntimeError("a global aggregate returned no row")
+    return row
 
 
 @dataclass
@@ -69,10 +77,10 @@ def analyse(
         .cache()
     )
     n_regs = regs.count()
-    gossip = ev.filter(F.col("kind").isin("reg_originated", "route_set")).agg(
+    gossip = one_row(ev.filter(F.col("kind").isin("reg_originated", "route_set")).agg(
         F.sum(F.coalesce(F.col("count"), F.lit(0))).alias("m"),
         F.sum(F.coalesce(F.col("count"), F.lit(0)) * F.coalesce(F.col("bytes"), F.lit(0))).alias("b"),
-    ).first()
+    ))
     gossip_messages = int(gossip["m"] or 0)
     gossip_bytes = int(gossip["b"] or 0)
 
@@ -104,13 +112,13 @@ def analyse(
         .withColumn("on_time", F.col("t_del").isNotNull() & (F.col("latency_s") <= F.lit(deadline)))
         .cache()
     )
-    counts = per_push.agg(
+    counts = one_row(per_push.agg(
         F.count("*").alias("pushes"),
         F.sum(F.col("excluded").cast("int")).alias("excluded"),
         F.sum(F.col("on_time").cast("int")).alias("delivered_all"),
         F.sum((F.col("on_time") & ~F.col("excluded")).cast("int")).alias("delivered"),
         F.sum(F.col("fallback").cast("int")).alias("fallback_pushes"),
-    ).first()
+    ))
     n_pushes = int(counts["pushes"])
     n_excl = int(counts["excluded"] or 0)
     n_deliv_all = int(counts["delivered_all"] or 0)

@@ -10,9 +10,12 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from pyspark.sql import DataFrame
 
-from spark_analysis.metrics import Analysis  # noqa: E402
+from spark_analysis.metrics import Analysis
 
 PLOTS = {
     "convergence_cdf.png": "Registration convergence (time until 90% of live relays hold a route)",
@@ -24,12 +27,12 @@ PLOTS = {
 MAX_PLOT_POINTS = 200_000  # a CDF needs no more points than a screen has pixels, times a margin
 
 
-def _values(df, col: str) -> list[float]:  # noqa: ANN001
+def _values(df: DataFrame, col: str) -> list[float]:
     rows = df.select(col).where(f"{col} IS NOT NULL").orderBy(col).limit(MAX_PLOT_POINTS).collect()
     return [float(r[0]) for r in rows]
 
 
-def _cdf(ax, values: list[float], xlabel: str) -> None:  # noqa: ANN001
+def _cdf(ax: Axes, values: list[float], xlabel: str) -> None:
     if values:
         n = len(values)
         ax.step(values, [(i + 1) / n for i in range(n)], where="post")
@@ -40,7 +43,7 @@ def _cdf(ax, values: list[float], xlabel: str) -> None:  # noqa: ANN001
     ax.grid(True, alpha=0.3)
 
 
-def _save(fig, ax, out: Path, name: str) -> str:  # noqa: ANN001
+def _save(fig: Figure, ax: Axes, out: Path, name: str) -> str:
     ax.set_title(PLOTS[name], fontsize=9)
     fig.savefig(out / name, dpi=100, bbox_inches="tight")
     plt.close(fig)
@@ -68,10 +71,11 @@ def write_plots(analysis: Analysis, out: Path) -> list[str]:
     ax.set_ylabel("pushes")
     made.append(_save(fig, ax, out, "hops_histogram.png"))
 
-    loss = analysis.summary.get("loss_by_reason") or {}
+    by_reason = analysis.summary.get("loss_by_reason")
+    loss: dict[str, int] = by_reason if isinstance(by_reason, dict) else {}
     fig, ax = plt.subplots(figsize=(6, 4))
     if loss:
-        ax.barh(list(loss), list(loss.values()))  # type: ignore[arg-type]
+        ax.barh(list(loss), list(loss.values()))
     else:
         ax.text(0.5, 0.5, "no undelivered pushes", ha="center", va="center", transform=ax.transAxes)
     ax.set_xlabel("pushes")

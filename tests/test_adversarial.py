@@ -77,7 +77,7 @@ def test_a_push_spammer_at_ten_times_capacity_costs_honest_pushes_little_latency
 def test_adversary_tables_are_checked() -> None:
     with pytest.raises(ScenarioError, match="kind must be one of"):
         from_dict({**BASE, "adversaries": [{"kind": "gremlin"}]})
-    with pytest.raises(ScenarioError, match="unknown keys"):
+    with pytest.raises(ScenarioError, match="unknown key 'share'"):
         from_dict({**BASE, "adversaries": [{"kind": "black_hole", "share": 0.1}]})
     with pytest.raises(ScenarioError, match="leave no honest relay"):
         from_dict({**BASE, "adversaries": [{"kind": "black_hole", "count": 200}]})

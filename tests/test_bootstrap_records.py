@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 from bootstrap_nodes.config import ConfigError, load_bootstrap_config
 from bootstrap_nodes.ranking import Candidate, prefix_of, rank
+from inri.common.identity import NodeIdentity
 from inri.node.bootstrap_client import load_seed_list
-from inri.node.identity import NodeIdentity
 from inri.protocol.codec import DecodeError
 from inri.protocol.peer_record import (
     MAX_RECORD_BYTES,

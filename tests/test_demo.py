@@ -27,6 +27,7 @@ def test_live_demo_delivers_over_real_processes() -> None:
     assert 0 < out["latency_ms"] < 10_000
 
 
+@pytest.mark.integration
 def test_virtual_demo_shows_the_seed_path_and_a_decrypted_delivery() -> None:
     out = json.loads(_inri("demo", "--virtual", "--json").stdout.strip().splitlines()[-1])
     assert out["relays"] == 6
@@ -36,6 +37,7 @@ def test_virtual_demo_shows_the_seed_path_and_a_decrypted_delivery() -> None:
     assert 0 < out["latency_ms"] < 200
 
 
+@pytest.mark.integration
 def test_virtual_demo_text_names_every_relay() -> None:
     text = _inri("demo", "--virtual").stdout
     for relay in ("R1", "R2", "R3", "R4", "R5", "R6"):

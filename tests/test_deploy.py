@@ -12,6 +12,7 @@ UNITS = Path(__file__).resolve().parent.parent / "deploy" / "systemd"
 
 
 @pytest.mark.parametrize("unit", ["inri-relay.service", "inri-bootstrap.service"])
+@pytest.mark.integration
 def test_unit_verifies_and_is_sandboxed(unit: str, tmp_path: Path) -> None:
     if shutil.which("systemd-analyze") is None:
         pytest.skip("systemd-analyze is not installed (Debian's systemd package)")
@@ -66,6 +67,7 @@ def test_every_config_key_is_documented_with_its_default() -> None:
 ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.integration
 def test_containerfile_passes_hadolint() -> None:
     import shutil
     import subprocess
@@ -78,6 +80,7 @@ def test_containerfile_passes_hadolint() -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+@pytest.mark.integration
 def test_compose_mesh_parses_and_every_command_is_a_valid_configuration() -> None:
     """The compose file is valid YAML, and each service's command + environment passes --check-config."""
     import os

@@ -1,4 +1,4 @@
-"""The fuzz campaign (inri.fuzzing) with its short CI profile; `make bench` runs 100,000 decoder cases
+"""The fuzz campaign (fuzz/campaign.py) with its short CI profile; `make bench` runs 100,000 decoder cases
 and 10,000 live ones (benchmarks/bench_fuzzing.py)."""
 
 from __future__ import annotations
@@ -8,9 +8,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 
+from fuzz.campaign import format_report, fuzz_decoders, fuzz_http, fuzz_quic
 from inri import mesh
-from inri.fuzzing import format_report, fuzz_decoders, fuzz_http, fuzz_quic
+from inri.node.config import load_config
+from tests.inproc import relay_api
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +47,22 @@ def test_the_campaign_reports_a_decoder_that_raises_the_wrong_error() -> None:
     assert any("KeyError" in f for f in report.failures)
 
 
+async def test_http_seed_requests_get_past_field_validation(tmp_path: Path) -> None:
+    """Seeds encode registrations in base64url (the API's encoding): requests reach the checks behind
+    the 422 (already registered, not newer, accepted) instead of nearly all stopping at invalid_field."""
+    cfg = load_config(None, env={"INRI_API_RATE_PER_S": "100000", "INRI_API_RATE_BURST": "100000",
+                                 "INRI_API_TARPIT_S": "0", "INRI_API_DEVICE_RATE_BURST": "100000"})
+    with trio.fail_after(60):
+        async with relay_api(tmp_path, cfg) as url:
+            report = await fuzz_http(url, 300, seed=5)
+    assert not report.failures, format_report("http", report)
+    past_422 = sum(report.outcomes[k] for k in ("http: accepted 201", "http: accepted 202",
+                                                 "http: rejected 409 already_registered",
+                                                 "http: rejected 400 not_newer"))
+    assert past_422 >= 10, format_report("http", report)
+
+
+@pytest.mark.integration
 async def test_a_live_relay_api_and_quic_port_survive_fuzzing(lab: dict[str, Any]) -> None:
     r = lab["relays"][0]
     http = await fuzz_http(r["api"], 300, seed=5)
@@ -71,6 +90,7 @@ def _alive(api: str, wait_s: float = 3.0) -> bool:
     return False
 
 
+@pytest.mark.integration
 def test_one_quic_initial_with_an_unknown_version_does_not_kill_the_relay(lab: dict[str, Any]) -> None:
     """Regression (fuzz finding F9): aioquic was handed a connection it never set up, and the
     IndexError it raised ended the relay's QUIC endpoint and the relay with it."""
@@ -80,7 +100,8 @@ def test_one_quic_initial_with_an_unknown_version_does_not_kill_the_relay(lab: d
     from aioquic.quic.configuration import QuicConfiguration
     from aioquic.quic.connection import QuicConnection
 
-    from inri.node.quic import ALPN, parse_addr
+    from inri.common.addr import parse_addr
+    from inri.node.quic import ALPN
 
     r = lab["relays"][1]
     addr = parse_addr(r["quic"])
@@ -93,6 +114,7 @@ def test_one_quic_initial_with_an_unknown_version_does_not_kill_the_relay(lab: d
     assert _alive(r["api"])
 
 
+@pytest.mark.integration
 def test_trailing_bytes_after_a_final_request_do_not_take_the_relay_down(lab: dict[str, Any]) -> None:
     """Regression (fuzz finding F8): hypercorn 0.18 ends its server on bytes after a request that
     closes the connection; the relay serves its API again at once instead of dying."""
@@ -111,6 +133,7 @@ def test_trailing_bytes_after_a_final_request_do_not_take_the_relay_down(lab: di
         assert _alive(r["api"])
 
 
+@pytest.mark.integration
 def test_deeply_nested_json_is_malformed_not_an_internal_error(lab: dict[str, Any]) -> None:
     """Regression (fuzz finding F1): json.loads raises RecursionError on deep nesting."""
     import httpx

@@ -25,7 +25,6 @@ from inri.node.metrics import parse_metrics
 from inri.node.service import RelayService
 from inri.node.store import Store
 from inri.node.tracefile import TraceFile
-from tests.procs import free_port
 
 
 class NullNetwork:
@@ -50,17 +49,16 @@ async def relay(tmp: Path, cfg: RelayConfig | None = None) -> AsyncIterator[tupl
     store = Store(tmp / "relay.sqlite3")
     service = RelayService("a" * 32, cfg.engine.test_profile(), store, NullNetwork(),
                            TraceFile(tmp / "traces", "a" * 32))
-    port = free_port()
     hc = HyperConfig()
-    hc.bind = [f"127.0.0.1:{port}"]
+    hc.bind = ["127.0.0.1:0"]  # port 0, read back from hypercorn: no port picked and released
     hc.accesslog = None
     stop = trio.Event()
     async with trio.open_nursery() as n:
         await n.start(service.run)
-        await n.start(lambda task_status: serve(create_app(service, config=cfg), hc, shutdown_trigger=stop.wait,
-                                                task_status=task_status))
+        binds = await n.start(lambda task_status: serve(create_app(service, config=cfg), hc,
+                                                        shutdown_trigger=stop.wait, task_status=task_status))
         try:
-            yield f"http://127.0.0.1:{port}", service
+            yield binds[0], service
         finally:
             stop.set()
             n.cancel_scope.cancel()
@@ -140,7 +138,7 @@ async def test_bad_input_gets_documented_errors_and_the_relay_stays_up(tmp_path:
                         "bad_registration")
                 problem(await c.get(url + "/v1/push/zz"), 404, "not_found")
                 problem(await c.get(url + "/v1/push/" + "00" * 16), 404, "not_found")
-                problem(await c.get(url + "/v1/devices/" + "00" * 16 + "/messages"), 404, "unknown_device")
+                problem(await c.get(url + "/v1/devices/" + "00" * 16 + "/messages"), 401, "bad_credentials")
                 problem(await c.put(url + "/v1/push"), 405, "method_not_allowed")
                 problem(await c.get(url + "/nope"), 404, "not_found")
                 dev = DeviceClient(url)
@@ -227,3 +225,229 @@ def test_fuzzed_bodies_never_crash_the_api(tmp_path_factory: pytest.TempPathFact
             assert service.store.device_count() == 0 and service.store.custody_count() == 0
 
     trio.run(main)
+
+
+async def test_live_stream_keeps_up_with_concurrent_pushes(tmp_path: Path) -> None:
+    """45 pushes at 32 concurrent to one device with an open stream: each message is on the stream within
+    a bound close to the pull's, not held back until the next ping (20 s) by a lost wake-up."""
+    n_push, concurrency, bound_s = 45, 32, 3.0
+    with trio.fail_after(60):
+        async with relay(tmp_path) as (url, _):
+            dev = DeviceClient(url)
+            await dev.register(tokens=n_push)
+            cred = dev.export_credential(n_push)
+            accepted: dict[str, float] = {}
+            arrived: dict[str, float] = {}
+            limiter = trio.CapacityLimiter(concurrency)
+            async with HomeAppClient([url]) as app, dev.stream(ack=False) as messages:
+
+                async def push_one(i: int) -> None:
+                    async with limiter:
+                        receipt = await app.push(cred, b"m%d" % i)
+                        accepted[receipt.push_id] = trio.current_time()
+
+                async def read_stream() -> None:
+                    while len(arrived) < n_push:
+                        msg = await messages.receive()
+                        arrived.setdefault(msg.id, trio.current_time())
+
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(read_stream)
+                    async with trio.open_nursery() as pushers:
+                        for i in range(n_push):
+                            pushers.start_soon(push_one, i)
+                    with trio.move_on_after(bound_s):  # the last 202 + bound: everything must be there
+                        while len(arrived) < n_push:
+                            await trio.sleep(0.02)
+                    nursery.cancel_scope.cancel()
+            pulled = {m.id for m in await dev.pull(limit=1000)}
+    assert pulled == set(accepted)  # the pull has every message at once
+    late = sorted(set(accepted) - set(arrived))
+    assert not late, f"{len(late)} of {n_push} messages not on the stream within {bound_s} s of the last 202"
+    assert max(arrived[p] - accepted[p] for p in accepted) < bound_s
+
+
+DEVICE_ENDPOINTS = [("POST", "/registration", {"registration": "AA"}), ("POST", "/tokens", {"count": 1}),
+                    ("DELETE", "", None), ("GET", "/messages", None), ("POST", "/ack", {"ids": []})]
+
+
+async def test_device_endpoints_do_not_tell_where_a_device_is_homed(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A route id homed here with a wrong or missing secret, and one homed elsewhere (every relay learns it
+    from gossip), get the same 401 after the same work (one secret hash) on every device endpoint."""
+    import inri.node.api
+    import inri.node.store
+
+    hashes = 0
+    real_hash = inri.node.store.secret_hash
+
+    def counting_hash(secret: bytes) -> bytes:
+        nonlocal hashes
+        hashes += 1
+        return real_hash(secret)
+
+    monkeypatch.setattr(inri.node.store, "secret_hash", counting_hash)
+    monkeypatch.setattr(inri.node.api, "secret_hash", counting_hash)
+    with trio.fail_after(30):
+        async with relay(tmp_path) as (url, _):
+            dev = DeviceClient(url)
+            homed = await dev.register(tokens=1)
+            elsewhere = "5b" * 16  # a well-formed route id this relay does not home
+            wrong = {"authorization": "Bearer " + b64e(bytes(32))}
+            async with httpx.AsyncClient() as c:
+                for method, suffix, body in DEVICE_ENDPOINTS:
+                    answers = []
+                    for device_id, headers in ((homed, wrong), (elsewhere, wrong), (homed, {}), (elsewhere, {})):
+                        hashes = 0
+                        r = await c.request(method, f"{url}/v1/devices/{device_id}{suffix}", json=body,
+                                            headers=headers)
+                        problem(r, 401, "bad_credentials")
+                        answers.append((r.json()["detail"], r.json()["title"], hashes))
+                    assert len(set(answers)) == 1 and answers[0][2] == 1, (method, suffix, answers)
+                for device_id in (homed, elsewhere):
+                    ws_url = url.replace("http", "ws") + f"/v1/devices/{device_id}/stream"
+                    async with open_websocket_url(ws_url, extra_headers=[(b"authorization", wrong["authorization"]
+                                                                           .encode())]) as ws:
+                        with pytest.raises(Exception) as closed:
+                            await ws.get_message()
+                        assert closed.value.reason.code == 4401  # type: ignore[attr-defined]
+            assert (await dev.pull()) == []  # the right secret still works
+
+
+async def test_wrong_method_gets_405_with_allow_and_stream_over_http_426(tmp_path: Path) -> None:
+    with trio.fail_after(30):
+        async with relay(tmp_path) as (url, _):
+            async with httpx.AsyncClient() as c:
+                r = await c.put(url + "/v1/push")
+                problem(r, 405, "method_not_allowed")
+                assert r.headers["allow"] == "POST"
+                r = await c.post(f"{url}/v1/devices/{'00' * 16}")
+                problem(r, 405, "method_not_allowed")
+                assert r.headers["allow"] == "DELETE"
+                r = await c.get(f"{url}/v1/devices/{'00' * 16}/stream")
+                problem(r, 426, "upgrade_required")
+
+
+async def test_ack_of_the_documented_maximum_fits_the_body_limit(tmp_path: Path) -> None:
+    """500 ids (docs/api.md) are ~17.5 KB of JSON, more than the general 16 KiB body limit."""
+    with trio.fail_after(30):
+        async with relay(tmp_path) as (url, service):
+            dev = DeviceClient(url)
+            device_id = await dev.register(tokens=2)
+            cred = dev.export_credential(2)
+            async with HomeAppClient([url]) as app:
+                first = await app.push(cred, b"one")
+            auth = {"authorization": f"Bearer {dev.secret}", "content-type": "application/json"}
+            ids = [first.push_id] + [f"{i:032x}" for i in range(500 - 1)]
+            body = json.dumps({"ids": ids}).encode()  # Python's default separators: 36 bytes per id
+            assert len(body) > 16 * 1024
+            async with httpx.AsyncClient() as c:
+                r = await c.post(f"{url}/v1/devices/{device_id}/ack", content=body, headers=auth)
+                assert r.status_code == 200 and r.json() == {"deleted": 1}, r.text
+                from inri.node.api import ACK_MAX_BODY_BYTES
+
+                too_many = json.dumps({"ids": ids + ["00" * 16]})
+                problem(await c.post(f"{url}/v1/devices/{device_id}/ack", content=too_many, headers=auth), 422,
+                        "invalid_field")
+                padded = b'{"ids": []' + b" " * (ACK_MAX_BODY_BYTES - 11) + b"}"
+                assert len(padded) == ACK_MAX_BODY_BYTES
+                r = await c.post(f"{url}/v1/devices/{device_id}/ack", content=padded, headers=auth)
+                assert r.status_code == 200, r.text
+                problem(await c.post(f"{url}/v1/devices/{device_id}/ack", content=padded + b" ", headers=auth),
+                        413, "too_large")
+            assert service.store.mailbox_size() == 0
+
+
+async def test_openapi_lists_the_routes_and_limits_the_router_enforces(tmp_path: Path) -> None:
+    with trio.fail_after(30):
+        async with relay(tmp_path) as (url, _):
+            async with httpx.AsyncClient() as c:
+                doc = (await c.get(url + "/openapi.json")).json()
+    app = create_app(RelayService("b" * 32, RelayConfig().engine, Store(tmp_path / "x.sqlite3"), NullNetwork(),
+                                  TraceFile(tmp_path / "t", "b" * 32)))
+    documented = {(m.upper(), path) for path, ops in doc["paths"].items() for m in ops}
+    routed = {(r.method, r.template) for r in app.router.routes}
+    assert documented == routed
+    for route in app.router.routes:
+        op = doc["paths"][route.template][route.method.lower()]
+        if route.max_body:
+            assert op["requestBody"]["x-max-body-bytes"] == route.max_body, route
+            assert {"400", "413", "422"} <= set(op["responses"]), route
+        else:
+            assert "requestBody" not in op, route
+        if route.template.startswith("/v1/devices/{device_id}") and not route.template.endswith("/stream"):
+            assert "401" in op["responses"] and "404" not in op["responses"], route  # never "not homed here"
+    limit = next(p for p in doc["paths"]["/v1/devices/{device_id}/messages"]["get"]["parameters"]
+                 if p["name"] == "limit")
+    assert (limit["schema"]["minimum"], limit["schema"]["maximum"]) == (1, 1000)
+    assert doc["paths"]["/v1/devices/{device_id}/messages"]["get"]["responses"]["422"]
+
+
+def test_documented_push_statuses_are_the_ones_the_relay_produces() -> None:
+    """`duplicate` was documented and never produced: a home relay that already stored a push answers
+    DUPLICATE and the custodian settles it as `delivered` (inri/core/engine.py, receipt statuses)."""
+    import re as re_
+
+    from inri.node.openapi import openapi_document
+    from tests.procs import ROOT
+
+    produced = {"pending", "delivered", "spent", "unknown_token", "mailbox_full", "expired", "unreachable"}
+    enum = openapi_document("0", {k: 1 for k in ("POST /v1/devices", "POST /v1/devices/{device_id}/registration",
+                                                 "POST /v1/devices/{device_id}/tokens", "POST /v1/push",
+                                                 "POST /v1/devices/{device_id}/ack")})[
+        "paths"]["/v1/push/{push_id}"]["get"]["responses"]["200"]["content"]["application/json"]["schema"][
+        "properties"]["status"]["enum"]
+    assert set(enum) == produced
+    api_md = (ROOT / "docs" / "api.md").read_text()
+    table = api_md.split("### Push status")[1].split("## Push credentials")[0]
+    assert set(re_.findall(r"^\| `(\w+)` \|", table, re_.M)) == produced
+
+
+def test_no_file_cites_a_guide_that_is_not_in_the_repository() -> None:
+    from tests.procs import ROOT
+
+    if (ROOT / "GUIDE.md").exists():
+        return
+    cited = [str(p.relative_to(ROOT)) for d in ("inri", "bootstrap_nodes", "simulations", "docs", "benchmarks")
+             for p in (ROOT / d).rglob("*") if p.suffix in (".py", ".md", ".toml") and "GUIDE.md" in p.read_text()]
+    assert cited == []
+
+
+async def test_metrics_scrape_parses_with_prometheus_client_and_keeps_sources_apart(tmp_path: Path) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with trio.fail_after(30):
+        async with relay(tmp_path) as (url, service):
+            # One key counted by both the engine (deadline sweep) and the service (settled statuses), and a
+            # label value that needs escaping.
+            service.engine.counters["custody_expired"] = service.engine.counters.get("custody_expired", 0) + 3
+            service.counters["custody_expired"] = 2
+            service.engine.counters['push_dropped_we"ird\\reason'] = 1
+            async with httpx.AsyncClient() as c:
+                r = await c.get(url + "/metrics")
+    assert r.headers["content-type"].startswith("text/plain; version=0.0.4")
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for fam in text_string_to_metric_families(r.text) for s in fam.samples}
+    assert samples[("inri_custody_settled_total", (("status", "expired"),))] == 2
+    assert samples[("inri_engine_events_total", (("event", "custody_expired"),))] == 3
+    assert samples[("inri_pushes_dropped_total", (("reason", 'we"ird\\reason'),))] == 1
+    for name in ("inri_pushes_accepted_total", "inri_routes_cached", "inri_websockets_open",
+                 "inri_push_accept_seconds_count", "inri_gossip_duplicates_total"):
+        assert any(n == name for n, _ in samples), name
+
+
+async def test_what_hypercorn_refuses_has_the_documented_empty_answers(tmp_path: Path) -> None:
+    """docs/api.md, Errors: HTTP the server cannot parse never reaches the API: 400/501 with empty bodies."""
+    with trio.fail_after(30):
+        async with relay(tmp_path) as (url, _):
+            host, port = url.removeprefix("http://").rsplit(":", 1)
+            for raw, status in ((b"GARBAGE\r\n\r\n", b"400"),
+                                (b"POST /v1/push HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n", b"501")):
+                stream = await trio.open_tcp_stream(host, int(port))
+                await stream.send_all(raw)
+                answer = b""
+                while b"\r\n\r\n" not in answer:
+                    answer += await stream.receive_some(4096)
+                await stream.aclose()
+                head = answer.split(b"\r\n\r\n")[0].lower()
+                assert head.startswith(b"http/1.1 " + status) and b"content-length: 0" in head, answer

@@ -1,6 +1,15 @@
-"""The wire codec: round trips, and nothing but DecodeError out of any bytes."""
+"""The wire codec: round trips, nothing but DecodeError out of any bytes, and nothing out of spec decoded.
+
+The spec (docs/protocol.md, inri/protocol/limits.py) is restated here, independently of the codec, as
+`SPEC`: every property that feeds the decoder something also checks that whatever it accepted has
+exactly its type's field count and every field in range, so removing a check from the codec fails
+these tests rather than passing them silently.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from enum import IntEnum
 
 import msgpack
 import pytest
@@ -24,6 +33,7 @@ from inri.protocol.messages import (
     ErrorFrame,
     Hello,
     Keepalive,
+    MessageType,
     PeerExchange,
     PeerInfo,
     Push,
@@ -68,6 +78,150 @@ messages = st.one_of(
 )
 
 
+# -- the spec, restated as the tests' oracle ---------------------------------------------------
+
+Check = Callable[[object], bool]
+
+
+def uint(maximum: int) -> Check:
+    return lambda v: type(v) is int and 0 <= v <= maximum
+
+
+def exact_bytes(n: int) -> Check:
+    return lambda v: type(v) is bytes and len(v) == n
+
+
+def text(maximum: int) -> Check:
+    return lambda v: type(v) is str and len(v) <= maximum
+
+
+def enum(kind: type[IntEnum]) -> Check:
+    return lambda v: type(v) is int and v in {int(x) for x in kind}
+
+
+def fields(spec: list[Check]) -> Check:
+    """An array of exactly len(spec) elements, each passing its check."""
+    return lambda v: type(v) is list and len(v) == len(spec) and all(c(x) for c, x in zip(spec, v, strict=True))
+
+
+REGISTRATION = [exact_bytes(L.KEY_BYTES), uint(L.MAX_EPOCH), uint(L.MAX_TIMESTAMP), uint(L.MAX_LIFETIME_S),
+                exact_bytes(L.SIGNATURE_BYTES)]
+REG_INTS = {1: L.MAX_EPOCH, 2: L.MAX_TIMESTAMP, 3: L.MAX_LIFETIME_S}  # registration position -> maximum
+SPEC: dict[int, list[Check]] = {
+    MessageType.HELLO: [uint(2**16), text(L.MAX_NODE_ID_CHARS), text(L.MAX_ADDR_CHARS),
+                        lambda v: type(v) is list and len(v) <= 16 and all(text(64)(x) for x in v)],
+    MessageType.REG_GOSSIP: [fields(REGISTRATION), uint(L.MAX_TTL), uint(255)],
+    MessageType.PUSH: [exact_bytes(L.PUSH_ID_BYTES), exact_bytes(L.ROUTE_ID_BYTES), exact_bytes(L.TOKEN_BYTES),
+                       lambda v: type(v) is bytes and len(v) <= L.MAX_CIPHERTEXT_BYTES, uint(L.MAX_TTL), uint(255),
+                       uint(255), uint(L.MAX_TTL), lambda v: v is None or fields(REGISTRATION)(v)],
+    MessageType.RECEIPT: [exact_bytes(L.PUSH_ID_BYTES), enum(ReceiptStatus), uint(255)],
+    MessageType.ROUTE_ERROR: [exact_bytes(L.PUSH_ID_BYTES), exact_bytes(L.ROUTE_ID_BYTES), enum(RouteErrorReason)],
+    MessageType.KEEPALIVE: [uint(L.MAX_NONCE), lambda v: type(v) is bool],
+    MessageType.PEER_EXCHANGE: [lambda v: type(v) is list and len(v) <= L.MAX_PEERS_IN_EXCHANGE and all(
+        fields([text(L.MAX_NODE_ID_CHARS), text(L.MAX_ADDR_CHARS)])(p) for p in v)],
+    MessageType.ERROR: [enum(ErrorCode), text(L.MAX_ERROR_DETAIL_CHARS)],
+}
+# frame position (after type and version) -> maximum, for every integer field with a range
+INT_FIELDS: dict[int, dict[int, int]] = {
+    MessageType.HELLO: {0: 2**16}, MessageType.REG_GOSSIP: {1: L.MAX_TTL, 2: 255},
+    MessageType.PUSH: {4: L.MAX_TTL, 5: 255, 6: 255, 7: L.MAX_TTL}, MessageType.RECEIPT: {2: 255},
+    MessageType.KEEPALIVE: {0: L.MAX_NONCE},
+}
+
+
+def within_spec(frame: bytes) -> bool:
+    """The frame's array has exactly its type's fields, each of the right type and in range."""
+    raw = msgpack.unpackb(frame, raw=False)
+    return (type(raw) is list and len(raw) >= 2 and raw[0] in SPEC and raw[1] == L.PROTOCOL_VERSION
+            and fields(SPEC[raw[0]])(raw[2:]))
+
+
+def decodes_only_within_spec(frame: bytes) -> None:
+    """decode(frame) raises DecodeError, or the frame is within the spec and round-trips."""
+    try:
+        msg = decode(frame)
+    except DecodeError as exc:
+        assert exc.code in {"malformed", "too_large", "unsupported_version"}
+        return
+    assert within_spec(frame), f"decoded a frame out of spec: {msgpack.unpackb(frame, raw=False)!r:.300}"
+    assert decode(encode(msg)) == msg
+
+
+def out_of_range(maximum: int) -> st.SearchStrategy[int]:
+    return st.one_of(st.integers(maximum + 1, 2**64 - 1), st.integers(-(2**63), -1), st.just(maximum + 1))
+
+
+def raw_fields(msg: object) -> list[object]:
+    raw = msgpack.unpackb(encode(msg), raw=False)  # type: ignore[arg-type]
+    assert within_spec(encode(msg))  # type: ignore[arg-type]  # the oracle agrees with the encoder
+    return list(raw)
+
+
+@given(messages, st.one_of(st.none(), st.integers(0, 3), st.binary(max_size=4), st.text(max_size=4)))
+def test_a_frame_with_one_field_too_many_is_refused(msg: object, extra: object) -> None:
+    raw = raw_fields(msg)
+    with pytest.raises(DecodeError) as err:
+        decode(msgpack.packb([*raw, extra], use_bin_type=True))
+    assert err.value.code == "malformed"
+
+
+@given(messages)
+def test_a_frame_with_one_field_too_few_is_refused(msg: object) -> None:
+    raw = raw_fields(msg)
+    with pytest.raises(DecodeError) as err:
+        decode(msgpack.packb(raw[:-1], use_bin_type=True))
+    assert err.value.code == "malformed"
+
+
+@given(registrations, st.integers(1, 3), st.sampled_from([RegGossip, Push]))
+def test_an_embedded_registration_with_a_field_too_many_or_too_few_is_refused(
+    reg: Registration, extra: int, kind: type
+) -> None:
+    msg = RegGossip(reg, 3, 0) if kind is RegGossip else Push(b"p" * 16, b"r" * 16, b"t" * 16, b"", 3, 0, 0, 0, reg)
+    raw = raw_fields(msg)
+    pos = 2 if kind is RegGossip else 10
+    inner = list(raw[pos])  # type: ignore[call-overload]
+    for wrong in ([*inner, *range(extra)], inner[:-extra]):
+        raw[pos] = wrong
+        with pytest.raises(DecodeError):
+            decode(msgpack.packb(raw, use_bin_type=True))
+    with pytest.raises(DecodeError):
+        decode_registration(msgpack.packb([L.PROTOCOL_VERSION, *_reg_list(reg), b""], use_bin_type=True))
+    with pytest.raises(DecodeError):
+        decode_registration(msgpack.packb([L.PROTOCOL_VERSION, *_reg_list(reg)[:-1]], use_bin_type=True))
+
+
+def _reg_list(reg: Registration) -> list[object]:
+    return [reg.route_key, reg.epoch, reg.issued_at, reg.lifetime, reg.signature]
+
+
+@given(messages, st.data())
+def test_every_integer_field_out_of_its_range_is_refused(msg: object, data: st.DataObject) -> None:
+    raw = raw_fields(msg)
+    mtype = int(raw[0])  # type: ignore[call-overload]
+    targets: list[tuple[list[object], int, int]] = [(raw, 2 + i, m) for i, m in INT_FIELDS.get(mtype, {}).items()]
+    reg_pos = {MessageType.REG_GOSSIP: 2, MessageType.PUSH: 10}.get(MessageType(mtype))
+    if reg_pos is not None and raw[reg_pos] is not None:
+        targets += [(raw[reg_pos], i, m) for i, m in REG_INTS.items()]  # type: ignore[misc]
+    if not targets:
+        return
+    where, i, maximum = data.draw(st.sampled_from(targets))
+    where[i] = data.draw(out_of_range(maximum))
+    with pytest.raises(DecodeError) as err:
+        decode(msgpack.packb(raw, use_bin_type=True))
+    assert err.value.code == "malformed"
+
+
+@given(registrations, st.sampled_from(sorted(REG_INTS)), st.data())
+def test_a_registration_field_out_of_range_is_refused_over_http_encoding_too(
+    reg: Registration, i: int, data: st.DataObject
+) -> None:
+    raw = _reg_list(reg)
+    raw[i] = data.draw(out_of_range(REG_INTS[i]))
+    with pytest.raises(DecodeError):
+        decode_registration(msgpack.packb([L.PROTOCOL_VERSION, *raw], use_bin_type=True))
+
+
 @given(messages)
 def test_every_message_round_trips(msg: object) -> None:
     assert decode(encode(msg)) == msg  # type: ignore[arg-type]
@@ -75,10 +229,7 @@ def test_every_message_round_trips(msg: object) -> None:
 
 @given(st.binary(max_size=2048))
 def test_arbitrary_bytes_raise_only_decode_error(data: bytes) -> None:
-    try:
-        decode(data)
-    except DecodeError as exc:
-        assert exc.code in {"malformed", "too_large", "unsupported_version"}
+    decodes_only_within_spec(data)
 
 
 @given(messages, st.data())
@@ -89,20 +240,18 @@ def test_mutated_frames_raise_only_decode_error(msg: object, data: st.DataObject
         frame[i] = data.draw(st.integers(0, 255))
     cut = data.draw(st.integers(0, len(frame)))
     for candidate in (bytes(frame), bytes(frame[:cut])):
-        try:
-            decode(candidate)
-        except DecodeError:
-            pass
+        decodes_only_within_spec(candidate)
 
 
-@given(st.lists(st.one_of(st.integers(-(2**63), 2**64 - 1), st.binary(max_size=40), st.text(max_size=10),
-                          st.none(), st.booleans(), st.floats(allow_nan=False)), max_size=12))
-def test_wellformed_msgpack_of_wrong_shape_is_refused(fields: list[object]) -> None:
-    data = msgpack.packb(fields, use_bin_type=True)
-    try:
-        decode(data)
-    except DecodeError:
-        pass
+@given(st.lists(st.one_of(st.integers(-(2**63), 2**64 - 1), st.integers(0, 300), st.binary(max_size=40),
+                          st.binary(min_size=16, max_size=16), st.text(max_size=10), st.none(), st.booleans(),
+                          st.floats(allow_nan=False)), max_size=12))
+def test_wellformed_msgpack_of_wrong_shape_is_refused(values: list[object]) -> None:
+    data = msgpack.packb(values, use_bin_type=True)
+    decodes_only_within_spec(data)
+    # The same values behind a real type and version: still nothing out of spec gets through.
+    for mtype in MessageType:
+        decodes_only_within_spec(msgpack.packb([int(mtype), L.PROTOCOL_VERSION, *values], use_bin_type=True))
 
 
 def test_out_of_range_values_are_refused_both_ways() -> None:
@@ -134,9 +283,12 @@ def test_registration_codec_round_trips(reg: Registration) -> None:
 @given(st.binary(max_size=300))
 def test_registration_decoder_raises_only_decode_error(data: bytes) -> None:
     try:
-        decode_registration(data)
+        reg = decode_registration(data)
     except DecodeError:
-        pass
+        return
+    raw = msgpack.unpackb(data, raw=False)
+    assert type(raw) is list and raw[0] == L.PROTOCOL_VERSION and fields(REGISTRATION)(raw[1:])
+    assert decode_registration(encode_registration(reg)) == reg
 
 
 def test_signatures_bind_every_signed_field() -> None:

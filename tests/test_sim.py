@@ -15,8 +15,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from simulations.events import EventKind, EventQueue
 from simulations.scenario import ScenarioError, from_dict, load
-from simulations.sim import _FAIL, _REJOIN, Simulator
+from simulations.sim import Simulator
 
 REQUIRED_KEYS = {
     "relays", "registrations", "pushes", "delivered", "delivery_ratio", "gossip_messages", "gossip_bytes",
@@ -134,6 +135,7 @@ def test_partition_excludes_pushes_across_the_cut(tmp_path: Path) -> None:
     assert s["delivery_ratio"] >= 0.95
 
 
+@pytest.mark.integration
 def test_same_seed_same_trace_whatever_the_hash_seed(tmp_path: Path) -> None:
     digests = []
     for hash_seed in ("1", "4242"):
@@ -146,6 +148,7 @@ def test_same_seed_same_trace_whatever_the_hash_seed(tmp_path: Path) -> None:
     assert digests[0] == digests[1]
 
 
+@pytest.mark.integration
 def test_cli_last_line_is_json_with_every_required_key(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "simulations.cli", "run", "tiny-50", "--seed", "3",
                            "--trace-level", "off"], capture_output=True, text=True, check=True)
@@ -154,8 +157,9 @@ def test_cli_last_line_is_json_with_every_required_key(tmp_path: Path) -> None:
     assert summary["seed"] == 3 and summary["relays"] == 50
 
 
+@pytest.mark.integration
 def test_bad_scenarios_are_refused_with_the_key_at_fault(tmp_path: Path) -> None:
-    with pytest.raises(ScenarioError, match="unknown keys: bogus"):
+    with pytest.raises(ScenarioError, match="unknown key .bogus."):
         from_dict(small(topology={"bogus": 1}))
     with pytest.raises(ScenarioError, match="more pushes than tokens"):
         from_dict(small(workload={"pushes": 1000}))
@@ -186,12 +190,14 @@ def test_incremental_components_match_a_full_relabel_under_fail_and_rejoin(data:
     sim = Simulator(from_dict(small(topology={"relays": 24})))
     n = sim.net.n
     # A sparse graph (about 1.3 links per relay), so failures really split components.
-    sim.lat = [{} for _ in range(n)]
+    for links in sim.lat:
+        links.clear()
     for _ in range(data.draw(st.integers(8, 32), label="links")):
         u, v = data.draw(st.integers(0, n - 1)), data.draw(st.integers(0, n - 1))
         if u != v:
             sim.lat[u][v] = sim.lat[v][u] = 0.01
-    sim._component_labels()
+    tracker = sim.components
+    tracker.labels()
 
     def partition(labels: list[int]) -> set[frozenset[int]]:
         groups: dict[int, set[int]] = {}
@@ -202,11 +208,10 @@ def test_incremental_components_match_a_full_relabel_under_fail_and_rejoin(data:
 
     for _ in range(data.draw(st.integers(1, 30), label="steps")):
         relay = data.draw(st.integers(0, n - 1))
-        sim._control(_REJOIN if not sim.alive[relay] else _FAIL, relay, 0, None, 1.0)
-        kept = sim._components if sim._components is not None else sim._component_labels()
-        kept = list(kept)
-        sim._components = None
-        fresh = sim._component_labels()
+        sim._control(EventKind.REJOIN if not sim.alive[relay] else EventKind.FAIL, relay, 0, None, 1.0)
+        kept = list(tracker.kept if tracker.kept is not None else tracker.labels())
+        tracker.invalidate()
+        fresh = tracker.labels()
         assert partition(kept) == partition(fresh)
         assert all(kept[i] == -1 for i in range(n) if not sim.alive[i])
 
@@ -215,17 +220,20 @@ def test_incremental_components_match_a_full_relabel_under_fail_and_rejoin(data:
 @given(st.lists(st.tuples(st.booleans(), st.floats(0.0, 0.01), st.integers(0, 3)), max_size=300))
 def test_event_queue_pops_in_heap_order(ops: list[tuple[bool, float, int]]) -> None:
     """EventQueue (calendar buckets) against heapq: same events out in the same order, including events
-    pushed for the bucket being read and ties in time (broken by the sequence number)."""
-    from simulations.sim import EventQueue
-
+    pushed for the bucket being read and ties in time (broken by the sequence number). Odd kinds go in
+    through `schedule` (which numbers them), even ones through `push` (numbered here)."""
     cal, heap = EventQueue(), []
     now, seq = 0.0, 0
     for is_push, delay, kind in ops:
         if is_push:
             seq += 1
-            t = now + (delay if kind else 0.0)  # kind 0: due now, in the bucket being read
-            cal.push((t, seq, kind))
-            heapq.heappush(heap, (t, seq, kind))
+            t = now + (delay if kind > 1 else 0.0)  # kinds 0, 1: due now, in the bucket being read
+            if kind % 2:
+                cal.schedule(t, kind, 0, 0, None)
+            else:
+                cal.seq = seq
+                cal.push((t, seq, kind, 0, 0, None))
+            heapq.heappush(heap, (t, seq, kind, 0, 0, None))
         else:
             got = cal.pop()
             assert got == (heapq.heappop(heap) if heap else None)
@@ -235,3 +243,60 @@ def test_event_queue_pops_in_heap_order(ops: list[tuple[bool, float, int]]) -> N
     while heap:
         assert cal.pop() == heapq.heappop(heap)
     assert cal.pop() is None
+
+
+def test_the_spammed_apis_rate_limits_are_the_relay_daemons_defaults() -> None:
+    """simulations/ingress.py copies the daemon's documented [api] defaults (simulations do not import
+    the daemon): a change of one default must show here."""
+    from inri.node.config import ApiSection
+    from simulations.ingress import CLIENT_LIMIT, DEVICE_LIMIT, TOKEN_LIMIT
+
+    api = ApiSection()
+    assert (CLIENT_LIMIT.rate_per_s, CLIENT_LIMIT.burst) == (api.rate_per_s, api.rate_burst)
+    assert (DEVICE_LIMIT.rate_per_s, DEVICE_LIMIT.burst) == (api.device_rate_per_s, api.device_rate_burst)
+    assert (TOKEN_LIMIT.rate_per_s, TOKEN_LIMIT.burst) == (api.token_rate_per_s, api.token_rate_burst)
+
+
+def _sim_cli_without(module: str, args: list[str]) -> subprocess.CompletedProcess[str]:
+    """inri-sim with `module` not importable (as in an install without the sim extra)."""
+    code = (f"import sys; sys.modules[{module!r}] = None\n"
+            "from simulations.cli import main\n"
+            f"raise SystemExit(main({args!r}))")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.integration
+def test_without_the_sim_extra_the_simulator_says_what_to_install_in_one_line(tmp_path: Path) -> None:
+    for module, args in (("pyarrow", ["run", "tiny-50", "--trace-dir", str(tmp_path / "t"), "--progress", "off"]),
+                         ("numpy", ["run", "tiny-50", "--progress", "off"])):
+        proc = _sim_cli_without(module, args)
+        assert proc.returncode == 2, proc.stderr
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1, proc.stderr
+        assert lines[0].startswith(f"inri-sim: {module} is not installed") and "pip install 'inri[sim]'" in lines[0]
+    # tqdm is optional: no progress bar, one line saying why, and the run goes on.
+    proc = _sim_cli_without("tqdm", ["run", "tiny-50", "--progress", "on", "--trace-dir", str(tmp_path / "j"),
+                                     "--trace-format", "jsonl"])
+    assert proc.returncode == 0, proc.stderr
+    assert "inri-sim: no progress bar: tqdm is not installed" in proc.stderr
+    assert json.loads(proc.stdout.splitlines()[-1])["delivery_ratio"] == 1.0
+
+
+def test_simulations_import_neither_the_daemon_nor_private_names_of_the_engine() -> None:
+    """Layering: simulations sit on inri.core and inri.protocol (public names), beside inri.node."""
+    import ast
+
+    found = []
+    for path in sorted((Path(__file__).parent.parent / "simulations").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("inri"):
+                mods, names = [node.module], [a.name for a in node.names]
+            elif isinstance(node, ast.Import):
+                mods, names = [a.name for a in node.names], []
+            else:
+                continue
+            for mod in mods:
+                if mod == "inri.node" or mod.startswith("inri.node.") or "._" in mod:
+                    found.append(f"{path.name}: {mod}")
+            found += [f"{path.name}: {node.module}.{n}" for n in names if n.startswith("_")]
+    assert found == []

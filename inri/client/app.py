@@ -8,8 +8,9 @@ from typing import Any
 
 import httpx
 
-from inri.client.credential import PushCredential, b64e, seal
+from inri.client.credential import PushCredential, seal
 from inri.client.errors import ApiError
+from inri.common.b64url import b64e
 from inri.protocol.codec import encode_registration
 
 

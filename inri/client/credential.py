@@ -13,10 +13,8 @@ hand-over: the device exports a new credential and the home app replaces the old
 
 from __future__ import annotations
 
-import base64
 import json
 import os
-import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,27 +24,15 @@ from nacl.exceptions import CryptoError
 from nacl.public import PrivateKey, PublicKey, SealedBox
 from nacl.signing import SigningKey
 
+from inri.common.b64url import b64d, b64e
 from inri.protocol import limits
 from inri.protocol.codec import DecodeError, decode_registration, encode_registration, make_registration
 from inri.protocol.messages import Registration
 
+# b64e/b64d are the shared strict base64url helpers (inri.common.b64url), re-exported for SDK users.
+__all__ = ["CREDENTIAL_VERSION", "DeviceKeys", "PushCredential", "b64d", "b64e", "open_sealed", "seal"]
+
 CREDENTIAL_VERSION = 1
-
-
-def b64e(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
-
-
-def b64d(text: object, what: str, size: int | None = None) -> bytes:
-    if not isinstance(text, str) or not re.fullmatch(r"[A-Za-z0-9_-]*={0,2}", text):
-        raise ValueError(f"{what}: expected a base64url string")
-    try:
-        data = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-    except ValueError:
-        raise ValueError(f"{what}: not valid base64url") from None
-    if size is not None and len(data) != size:
-        raise ValueError(f"{what}: expected {size} bytes, got {len(data)}")
-    return data
 
 
 def seal(seal_key: bytes, plaintext: bytes) -> bytes:

@@ -18,18 +18,26 @@ import httpx
 import trio
 from trio_websocket import ConnectionClosed, HandshakeError, open_websocket_url
 
-from inri.client.credential import DeviceKeys, PushCredential, _write_private, b64d, b64e, open_sealed
+from inri.client.credential import DeviceKeys, PushCredential, _write_private, open_sealed
 from inri.client.errors import ApiError
+from inri.common.b64url import b64d, b64e
 from inri.protocol.codec import encode_registration
 
 
 @dataclass(frozen=True)
 class Message:
-    """A delivered push, decrypted."""
+    """A delivered push, decrypted.
+
+    `undecryptable` is True (and `plaintext` empty) when the ciphertext does not open with this
+    device's seal key: anyone holding a push credential can send such a message, so it is handed over
+    like any other (the app sees its id and acks it to delete it) instead of failing the whole batch
+    or ending the stream.
+    """
 
     id: str
     plaintext: bytes
     received_at: float
+    undecryptable: bool = False
 
 
 class DeviceClient:
@@ -135,10 +143,15 @@ class DeviceClient:
         return PushCredential(self.keys.registration(), bytes(self.keys.seal_key.public_key), give)
 
     def _decrypt(self, item: dict[str, Any]) -> Message:
-        return Message(item["id"], open_sealed(self.keys.seal_key, b64d(item["ciphertext"], "ciphertext")),
-                       float(item["received_at"]))
+        msg_id, received_at = str(item["id"]), float(item["received_at"])
+        try:
+            plaintext = open_sealed(self.keys.seal_key, b64d(item["ciphertext"], "ciphertext"))
+        except ValueError:  # not base64url, not sealed to this device, or tampered with
+            return Message(msg_id, b"", received_at, undecryptable=True)
+        return Message(msg_id, plaintext, received_at)
 
     async def pull(self, limit: int = 100) -> list[Message]:
+        """Stored, unacknowledged messages (oldest first); undecryptable ones are marked, not raised."""
         body = await self._call("GET", f"/v1/devices/{self.device_id}/messages", headers=self._auth(),
                                 params={"limit": limit})
         return [self._decrypt(m) for m in body["messages"]]
@@ -155,7 +168,8 @@ class DeviceClient:
                 async for m in messages: ...
 
         A message is acknowledged (deleted at the relay) once the caller has received it from the
-        channel (ack=True). The stream reconnects with exponential backoff (0.2 s .. 10 s); the relay
+        channel (ack=True). A message that does not decrypt arrives marked `undecryptable` and the
+        stream goes on. The stream reconnects with exponential backoff (0.2 s .. 10 s); the relay
         re-sends whatever was not acknowledged, so nothing is lost across reconnects (ids may repeat).
         Wrong credentials raise ApiError(bad_credentials).
         """

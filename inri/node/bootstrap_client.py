@@ -4,20 +4,25 @@ A relay configured with several bootstrap URLs uses any that answers: announceme
 first that accepts (in shuffled order, so load spreads), peer lists merge the answers of two.
 Peer entries are signed records; the client re-verifies each signature, so a bootstrap can omit
 relays but cannot invent or alter one.
+
+One HTTP client (connection pool, TLS context) serves every request of a relay's lifetime: building
+one per request cost an isolated relay 7% of its CPU in one profile. A relay that keeps asking for
+peers without finding any backs off (`Backoff`) instead of polling every 2 s.
 """
 
 from __future__ import annotations
 
-import base64
 import random
 import tomllib
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from inri.node.identity import NodeIdentity
+from inri.common.b64url import b64d
+from inri.common.identity import NodeIdentity
 from inri.protocol.codec import DecodeError
 from inri.protocol.messages import PeerInfo
 from inri.protocol.peer_record import PeerRecord, decode_record, encode_record, make_peer_record, verify_record
@@ -63,8 +68,36 @@ def _problem(r: httpx.Response) -> tuple[str, str]:
         return str(r.status_code), r.text[:200]
 
 
+@dataclass
+class Backoff:
+    """Retry delays that double from `first_s` up to `max_s`, each drawn from [cap/2, cap].
+
+    The random half ("equal jitter") keeps relays that started together (a data-centre reboot) from
+    asking their bootstrap in lockstep; the floor of cap/2 keeps the delays growing. `reset()` when
+    the thing waited for made progress.
+    """
+
+    first_s: float
+    max_s: float
+    rng: random.Random = field(default_factory=random.Random)
+    _cap: float = field(init=False, default=0.0)
+
+    def __post_init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        """Start again from first_s."""
+        self._cap = min(self.first_s, self.max_s)
+
+    def next(self) -> float:
+        """The next delay in seconds."""
+        cap = self._cap
+        self._cap = min(cap * 2.0, self.max_s)
+        return self.rng.uniform(cap / 2.0, cap)
+
+
 class BootstrapClient:
-    """Talks to a list of bootstrap nodes."""
+    """Talks to a list of bootstrap nodes over one HTTP client; `aclose()` when done."""
 
     def __init__(self, urls: list[str], *, timeout_s: float = 3.0, local_address: str | None = None) -> None:
         if not urls:
@@ -72,10 +105,25 @@ class BootstrapClient:
         self.urls = [u.rstrip("/") for u in urls]
         self.timeout_s = timeout_s
         self.local_address = local_address  # bind the source address (tests with many 127.0.0.x relays)
+        self._http: httpx.AsyncClient | None = None
 
     def _client(self) -> httpx.AsyncClient:
-        transport = httpx.AsyncHTTPTransport(local_address=self.local_address) if self.local_address else None
-        return httpx.AsyncClient(timeout=self.timeout_s, transport=transport)
+        if self._http is None:  # made on first use, then kept: its pool keeps connections to bootstraps open
+            transport = httpx.AsyncHTTPTransport(local_address=self.local_address) if self.local_address else None
+            self._http = httpx.AsyncClient(timeout=self.timeout_s, transport=transport)
+        return self._http
+
+    async def aclose(self) -> None:
+        """Close the HTTP client (a later request makes a new one)."""
+        if self._http is not None:
+            http, self._http = self._http, None
+            await http.aclose()
+
+    async def __aenter__(self) -> BootstrapClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
 
     async def announce(self, record: PeerRecord) -> str:
         """Announce to the first bootstrap that accepts; returns its URL. BootstrapError if none did."""
@@ -83,19 +131,19 @@ class BootstrapClient:
         last = ("unreachable", "no bootstrap answered")
         urls = self.urls[:]
         random.shuffle(urls)
-        async with self._client() as client:
-            for url in urls:
-                try:
-                    r = await client.post(url + "/v1/announce", content=body,
-                                          headers={"content-type": "application/msgpack"})
-                except httpx.HTTPError as exc:
-                    last = ("unreachable", f"{url}: {type(exc).__name__}")
-                    continue
-                if r.status_code == 200:
-                    return url
-                last = _problem(r)
-                if last[0] in ("bad_signature", "malformed", "too_large", "replayed_seq"):
-                    break  # every bootstrap would refuse this record the same way
+        client = self._client()
+        for url in urls:
+            try:
+                r = await client.post(url + "/v1/announce", content=body,
+                                      headers={"content-type": "application/msgpack"})
+            except httpx.HTTPError as exc:
+                last = ("unreachable", f"{url}: {type(exc).__name__}")
+                continue
+            if r.status_code == 200:
+                return url
+            last = _problem(r)
+            if last[0] in ("bad_signature", "malformed", "too_large", "replayed_seq"):
+                break  # every bootstrap would refuse this record the same way
         raise BootstrapError(*last)
 
     async def fetch_peers(self, node_id: str, geo: str | None, count: int) -> list[PeerInfo]:
@@ -105,39 +153,38 @@ class BootstrapClient:
         found: dict[str, PeerInfo] = {}
         answered = 0
         last = ("unreachable", "no bootstrap answered")
-        async with self._client() as client:
-            for url in urls:
-                if answered >= 2:
-                    break
-                params: dict[str, Any] = {"node_id": node_id, "count": count}
-                if geo:
-                    params["geo"] = geo
-                try:
-                    r = await client.get(url + "/v1/peers", params=params)
-                except httpx.HTTPError as exc:
-                    last = ("unreachable", f"{url}: {type(exc).__name__}")
-                    continue
-                if r.status_code != 200:
-                    last = _problem(r)
-                    continue
-                answered += 1
-                try:
-                    entries = r.json()["peers"]
-                except (ValueError, KeyError, TypeError, RecursionError):  # deep nesting: RecursionError
-                    continue
-                for entry in entries if isinstance(entries, list) else []:
-                    rec = _verified(entry)
-                    if rec is not None and rec.node_id != node_id:
-                        found.setdefault(rec.node_id, PeerInfo(rec.node_id, rec.addrs[0]))
+        client = self._client()
+        for url in urls:
+            if answered >= 2:
+                break
+            params: dict[str, Any] = {"node_id": node_id, "count": count}
+            if geo:
+                params["geo"] = geo
+            try:
+                r = await client.get(url + "/v1/peers", params=params)
+            except httpx.HTTPError as exc:
+                last = ("unreachable", f"{url}: {type(exc).__name__}")
+                continue
+            if r.status_code != 200:
+                last = _problem(r)
+                continue
+            answered += 1
+            try:
+                entries = r.json()["peers"]
+            except (ValueError, KeyError, TypeError, RecursionError):  # deep nesting: RecursionError
+                continue
+            for entry in entries if isinstance(entries, list) else []:
+                rec = verified_entry(entry)
+                if rec is not None and rec.node_id != node_id:
+                    found.setdefault(rec.node_id, PeerInfo(rec.node_id, rec.addrs[0]))
         if not answered:
             raise BootstrapError(*last)
         return list(found.values())
 
 
-def _verified(entry: Any) -> PeerRecord | None:
+def verified_entry(entry: Any) -> PeerRecord | None:
     try:
-        text = entry["record"]
-        rec = decode_record(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
+        rec = decode_record(b64d(entry["record"], "record"))
     except (KeyError, TypeError, ValueError, DecodeError):
         return None
     return rec if verify_record(rec) else None

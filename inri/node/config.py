@@ -9,16 +9,24 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import tomllib
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
+from msgspec import Meta
+
+from inri.common.addr import parse_addr
+from inri.common.config import ConfigError, Setting, apply, engine_config, read_toml
 from inri.core.config import EngineConfig
+from inri.protocol.peer_record import parse_geo
 
+__all__ = ["ApiSection", "ConfigError", "QuicSection", "RelayConfig", "RelaySection", "TraceSection",
+           "describe", "load_config", "read_toml"]
 
-class ConfigError(ValueError):
-    """A configuration problem, with the file, section and key it concerns."""
+# Ranges of the fields below (msgspec checks them; inri.common.config).
+Positive = Meta(gt=0)
+NonNegative = Meta(ge=0)
+AtLeastOne = Meta(ge=1)
 
 
 @dataclass(frozen=True)
@@ -29,46 +37,50 @@ class RelaySection:
     public_addr: str = ""  # QUIC address announced to bootstraps and peers; default: the quic address
     bootstrap: tuple[str, ...] = ()  # bootstrap URLs; empty: bootstrap_nodes/default.toml
     geo: str = ""  # coarse hint "lat,lon" (1 decimal) for proximity ranking; empty: none
-    capacity: int = 100  # relative capacity announced to bootstraps (1..65535)
-    profile: str = "default"  # "test": short timers for loopback tests (GUIDE.md section 5)
-    announce_interval_s: float = 300.0  # re-announce to bootstraps (records expire after 30 min)
-    peers_interval_s: float = 60.0  # ask bootstraps for candidates while below the active view size
-    log_format: str = "auto"  # auto (pretty on a terminal, JSON otherwise) | json | console
+    capacity: Annotated[int, Meta(ge=1, le=65535)] = 100  # relative capacity announced to bootstraps (1..65535)
+    # "test": short timers for loopback tests (EngineConfig.test_profile)
+    profile: Literal["default", "test"] = "default"
+    announce_interval_s: Annotated[float, Positive] = 300.0  # re-announce to bootstraps (records expire after 30 min)
+    # ask bootstraps for candidates while below the active view size
+    peers_interval_s: Annotated[float, Positive] = 60.0
+    log_format: Literal["auto", "json", "console"] = "auto"  # auto: pretty on a terminal, JSON otherwise
     log_level: str = "info"
-    shutdown_grace_s: float = 5.0  # time given to in-flight requests on SIGINT/SIGTERM
+    shutdown_grace_s: Annotated[float, NonNegative] = 5.0  # time given to in-flight requests on SIGINT/SIGTERM
 
 
 @dataclass(frozen=True)
 class QuicSection:
-    idle_timeout_s: float = 30.0  # aioquic default is 60 s; links also carry engine keepalives
+    idle_timeout_s: Annotated[float, Positive] = 30.0  # aioquic default is 60 s; links also carry engine keepalives
 
 
 @dataclass(frozen=True)
 class ApiSection:
-    max_body_bytes: int = 16 * 1024  # larger bodies get 413 without being read
-    rate_per_s: float = 50.0  # per client address (/64 for IPv6), token bucket
-    rate_burst: int = 100
-    tokens_default: int = 50  # tokens handed out per registration / refill
-    tokens_max: int = 500
-    mailbox_max: int = 1000  # stored, unacknowledged messages per device
-    device_rate_per_s: float = 10.0  # pushes accepted here per device (route id): one credential cannot flood it
-    device_rate_burst: int = 50
-    token_rate_per_s: float = 0.1  # pushes accepted here per token: a one-use token re-sent is a retry, not traffic
-    token_rate_burst: int = 3
+    max_body_bytes: Annotated[int, Meta(ge=1024)] = 16 * 1024  # larger bodies get 413 without being read
+    rate_per_s: Annotated[float, Positive] = 50.0  # per client address (/64 for IPv6), token bucket
+    rate_burst: Annotated[int, AtLeastOne] = 100
+    tokens_default: Annotated[int, AtLeastOne] = 50  # tokens handed out per registration / refill
+    tokens_max: Annotated[int, AtLeastOne] = 500
+    mailbox_max: Annotated[int, AtLeastOne] = 1000  # stored, unacknowledged messages per device
+    # pushes accepted here per device (route id): one credential cannot flood it
+    device_rate_per_s: Annotated[float, Positive] = 10.0
+    device_rate_burst: Annotated[int, AtLeastOne] = 50
+    # pushes accepted here per token: a one-use token re-sent is a retry, not traffic
+    token_rate_per_s: Annotated[float, Positive] = 0.1
+    token_rate_burst: Annotated[int, AtLeastOne] = 3
     # A request refused for a rate limit is answered after up to tarpit_s (never later than its
     # Retry-After), so a client hammering the API over a few connections gets about one answer per
     # connection per second instead of thousands of cheap 429s that crowd everyone else out. At most
     # tarpit_max requests wait at once; beyond that, 429 comes at once. tarpit_s = 0 turns it off.
-    tarpit_s: float = 1.0
-    tarpit_max: int = 1024
+    tarpit_s: Annotated[float, NonNegative] = 1.0
+    tarpit_max: Annotated[int, NonNegative] = 1024
 
 
 @dataclass(frozen=True)
 class TraceSection:
-    level: str = "off"  # off | summary | full (a trace of route ids and peers is metadata)
+    level: Literal["off", "summary", "full"] = "off"  # a trace of route ids and peers is metadata
     salt: str = ""  # empty: a random per-relay salt (traces do not join across relays)
-    max_bytes: int = 64 * 1024 * 1024  # rotate a trace file past this
-    keep: int = 3  # rotated files kept
+    max_bytes: Annotated[int, AtLeastOne] = 64 * 1024 * 1024  # rotate a trace file past this
+    keep: Annotated[int, NonNegative] = 3  # rotated files kept
 
 
 @dataclass(frozen=True)
@@ -89,111 +101,46 @@ _SECTIONS = {"relay": RelaySection, "quic": QuicSection, "api": ApiSection, "tra
 TEST_PROFILE_QUIC_IDLE_S = 5.0
 
 
-def _coerce(value: Any, default: Any, where: str) -> Any:
-    """Check/convert value to the type of default; ConfigError with `where` otherwise."""
-    if isinstance(default, bool):
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("1", "true", "yes", "0", "false", "no"):
-            return value.lower() in ("1", "true", "yes")
-    elif isinstance(default, int):
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, str):
-            try:
-                return int(value)
-            except ValueError:
-                pass
-    elif isinstance(default, float):
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):
-            try:
-                return float(value)
-            except ValueError:
-                pass
-    elif isinstance(default, str):
-        if isinstance(value, str):
-            return value
-    elif isinstance(default, tuple):
-        if isinstance(value, tuple):
-            value = list(value)
-        if isinstance(value, str):
-            value = [v.strip() for v in value.split(",") if v.strip()]
-        if isinstance(value, list) and all(isinstance(v, str) for v in value):
-            return tuple(value)
-    raise ConfigError(f"{where}: expected {type(default).__name__}, got {value!r}")
+def _env_settings(env: dict[str, str]) -> dict[str, dict[str, Setting]]:
+    """INRI_<SECTION>_<KEY> variables of a known section; an error names the variable."""
+    out: dict[str, dict[str, Setting]] = {}
+    for name, value in env.items():
+        if not name.startswith("INRI_"):
+            continue
+        parts = name[5:].lower().split("_", 1)
+        if len(parts) == 2 and parts[0] in _SECTIONS:
+            out.setdefault(parts[0], {})[parts[1]] = Setting(value, name, text=True)
+    return out
 
 
-def _apply(section: Any, values: dict[str, Any], where: str) -> Any:
-    known = {f.name: f for f in fields(section)}
-    changes = {}
-    for key, value in values.items():
-        if key not in known:
-            hint = ", ".join(sorted(known))
-            raise ConfigError(f"{where}: unknown key {key!r} (known: {hint})")
-        changes[key] = _coerce(value, getattr(section, key), f"{where}.{key}")
-    return replace(section, **changes)
+def _validate(cfg: RelayConfig, origin: dict[tuple[str, str], str]) -> None:
+    """Rules over values of several keys, or beyond a type and a range; errors name the value's origin."""
 
-
-def _validate(cfg: RelayConfig) -> None:
-    from inri.node.quic import parse_addr
+    def at(section: str, key: str) -> str:
+        return origin.get((section, key), f"{section}.{key}")
 
     r = cfg.relay
-    for name in ("api", "quic"):
+    for name in ("api", "quic", "public_addr"):
+        value = getattr(r, name)
+        if name == "public_addr" and not value:
+            continue
         try:
-            parse_addr(getattr(r, name))
+            parse_addr(value)
         except ValueError as exc:
-            raise ConfigError(f"relay.{name}: {exc}") from None
-    if r.public_addr:
-        try:
-            parse_addr(r.public_addr)
-        except ValueError as exc:
-            raise ConfigError(f"relay.public_addr: {exc}") from None
-    if r.profile not in ("default", "test"):
-        raise ConfigError(f"relay.profile: expected 'default' or 'test', got {r.profile!r}")
-    if r.log_format not in ("auto", "json", "console"):
-        raise ConfigError(f"relay.log_format: expected auto, json or console, got {r.log_format!r}")
+            raise ConfigError(f"{at('relay', name)}: {exc}") from None
     if r.log_level.lower() not in ("debug", "info", "warning", "error"):
-        raise ConfigError(f"relay.log_level: expected debug, info, warning or error, got {r.log_level!r}")
-    from inri.protocol.peer_record import parse_geo
-
+        raise ConfigError(f"{at('relay', 'log_level')}: expected debug, info, warning or error, got {r.log_level!r}")
     if r.geo and parse_geo(r.geo) is None:
-        raise ConfigError(f"relay.geo: {r.geo!r} is not a coarse 'lat,lon' with at most one decimal (e.g. 48.8,2.3)")
-    if not 1 <= r.capacity <= 65535:
-        raise ConfigError("relay.capacity: must be 1..65535")
+        raise ConfigError(f"{at('relay', 'geo')}: {r.geo!r} is not a coarse 'lat,lon' with at most one decimal "
+                          "(e.g. 48.8,2.3)")
     for url in r.bootstrap:
         if not url.startswith(("http://", "https://")):
-            raise ConfigError(f"relay.bootstrap: {url!r} is not an http(s) URL")
-    if cfg.trace.level not in ("off", "summary", "full"):
-        raise ConfigError(f"trace.level: expected off, summary or full, got {cfg.trace.level!r}")
-    a = cfg.api
-    if a.tarpit_s < 0 or a.tarpit_max < 0:
-        raise ConfigError("api: tarpit_s >= 0 and tarpit_max >= 0")
-    if a.max_body_bytes < 1024 or a.rate_per_s <= 0 or a.rate_burst < 1 or a.mailbox_max < 1:
-        raise ConfigError("api: max_body_bytes >= 1024, rate_per_s > 0, rate_burst >= 1, mailbox_max >= 1")
-    if min(a.device_rate_per_s, a.token_rate_per_s) <= 0 or min(a.device_rate_burst, a.token_rate_burst) < 1:
-        raise ConfigError("api: device/token rates must be > 0 and their bursts >= 1")
-    if not 1 <= a.tokens_default <= a.tokens_max:
-        raise ConfigError("api: need 1 <= tokens_default <= tokens_max")
-    e = cfg.engine
-    if not 1 <= e.active_min <= e.active_max:
-        raise ConfigError("engine: need 1 <= active_min <= active_max")
-    if e.keepalive_interval_s <= 0 or e.keepalive_misses < 1:
-        raise ConfigError("engine: keepalive_interval_s > 0 and keepalive_misses >= 1")
-    if cfg.quic.idle_timeout_s <= e.keepalive_interval_s:
-        raise ConfigError("quic.idle_timeout_s must exceed engine.keepalive_interval_s (keepalives keep links up)")
-
-
-def read_toml(path: str | Path, error: type[ValueError]) -> dict[str, Any]:
-    """A TOML file as a dict; `error` (a ValueError subclass) names the file when it is missing or invalid."""
-    try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
-    except FileNotFoundError:
-        raise error(f"{path}: no such file") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError, RecursionError) as exc:
-        raise error(f"{path}: not valid TOML: {str(exc)[:200]}") from None
+            raise ConfigError(f"{at('relay', 'bootstrap')}: {url!r} is not an http(s) URL")
+    if cfg.api.tokens_default > cfg.api.tokens_max:
+        raise ConfigError(f"{at('api', 'tokens_default')}: must be <= api.tokens_max ({cfg.api.tokens_max})")
+    if cfg.quic.idle_timeout_s <= cfg.engine.keepalive_interval_s:
+        raise ConfigError(f"{at('quic', 'idle_timeout_s')}: must exceed engine.keepalive_interval_s "
+                          f"({cfg.engine.keepalive_interval_s}): keepalives keep links up")
 
 
 def load_config(
@@ -202,36 +149,41 @@ def load_config(
     env: dict[str, str] | None = None,
     overrides: dict[str, dict[str, Any]] | None = None,
 ) -> RelayConfig:
-    """Defaults <- profile <- TOML file <- INRI_<SECTION>_<KEY> environment <- overrides; validated."""
+    """Defaults <- profile <- TOML file <- INRI_<SECTION>_<KEY> environment <- overrides; validated.
+
+    Every error names where the faulty value came from: `<file>: <section>.<key>`, the environment
+    variable, or `<section>.<key> (command line)`.
+    """
     env = dict(os.environ) if env is None else env
-    raw: dict[str, dict[str, Any]] = {}
-    where = "defaults"
+    settings: dict[str, dict[str, Setting]] = {}
     if path is not None:
-        where = str(path)
         data = read_toml(path, ConfigError)
         for section, values in data.items():
             if section not in _SECTIONS:
                 raise ConfigError(f"{path}: unknown section [{section}] (known: {', '.join(_SECTIONS)})")
             if not isinstance(values, dict):
                 raise ConfigError(f"{path}: {section} must be a table")
-            raw.setdefault(section, {}).update(values)
-    for key, value in env.items():
-        if not key.startswith("INRI_"):
-            continue
-        parts = key[5:].lower().split("_", 1)
-        if len(parts) == 2 and parts[0] in _SECTIONS:
-            raw.setdefault(parts[0], {})[parts[1]] = value
+            settings.setdefault(section, {}).update(
+                {k: Setting(v, f"{path}: {section}.{k}", source=str(path)) for k, v in values.items()})
+    for section, values in _env_settings(env).items():
+        settings.setdefault(section, {}).update(values)
     for section, values in (overrides or {}).items():
-        raw.setdefault(section, {}).update({k: v for k, v in values.items() if v is not None})
-    profile = raw.get("relay", {}).get("profile", "default")
+        settings.setdefault(section, {}).update(
+            {k: Setting(v, f"{section}.{k} (command line)") for k, v in values.items() if v is not None})
+    # The profile picks the base the other settings apply to, so it is checked first.
+    profile = apply(RelaySection(), {k: s for k, s in settings.get("relay", {}).items() if k == "profile"},
+                    where="[relay]").profile
     cfg = RelayConfig()
     if profile == "test":
         cfg = replace(cfg, engine=cfg.engine.test_profile(), quic=QuicSection(idle_timeout_s=TEST_PROFILE_QUIC_IDLE_S))
-    parts_out: dict[str, Any] = {}
-    for section, values in raw.items():
-        parts_out[section] = _apply(getattr(cfg, section), values, f"{where} [{section}]")
-    cfg = replace(cfg, **parts_out)
-    _validate(cfg)
+    parts: dict[str, Any] = {}
+    for section, values in settings.items():
+        if section == "engine":
+            parts[section] = engine_config(cfg.engine, values, where="[engine]")
+        else:
+            parts[section] = apply(getattr(cfg, section), values, where=f"[{section}]")
+    cfg = replace(cfg, **parts)
+    _validate(cfg, {(sec, k): s.origin for sec, values in settings.items() for k, s in values.items()})
     return cfg
 
 

@@ -1,12 +1,24 @@
-"""Prometheus text exposition (format 0.0.4) of a relay's counters, gauges and histograms.
+"""The relay's Prometheus metrics: a `prometheus_client` collector over counters the relay already keeps.
 
-No client library: the relay's metrics are a few dozen numbers it already keeps, rendered on demand
-at GET /metrics. Names are prefixed `inri_`; counters end in `_total`.
+The engine and the service count in plain dicts (a dict increment is all the hot path pays); this
+collector reads them only when /metrics is scraped. prometheus_client renders the text format (label
+values escaped, names checked). Names are prefixed `inri_`; counters end in `_total`; the list is in
+docs/operations.md and the Grafana dashboard in deploy/ reads them.
+
+Each counter comes from exactly one source, so a key counted by both the engine and the service
+(`custody_expired`: the engine's deadline sweep, the service's settled statuses) is two series, never
+one value overwriting the other.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import Collector
 
 from inri.node.service import PUSH_LATENCY_BUCKETS
 
@@ -14,108 +26,108 @@ if TYPE_CHECKING:
     from inri.node.api import RelayApi
     from inri.node.service import RelayService
 
-# engine counter prefix -> (metric name, label name): every counter with that prefix becomes one
-# labelled series, so a new drop reason in the engine shows up without touching this table.
-_LABELLED = (
-    ("reg_dropped_", "inri_gossip_dropped_total", "reason"),
-    ("push_refused_", "inri_pushes_refused_total", "reason"),
-    ("push_dropped_", "inri_pushes_dropped_total", "reason"),
-    ("custody_", "inri_custody_settled_total", "status"),
-    ("frames_in_", "inri_frames_in_total", "type"),
-    ("frames_out_", "inri_frames_out_total", "type"),
-    ("score_", "inri_peer_penalties_total", "reason"),
+# Counter key prefix -> (metric name, label): every key with that prefix becomes one labelled sample,
+# so a new drop reason shows up without touching this table. Engine and service tables are separate.
+_ENGINE_LABELLED = (
+    ("reg_dropped_", "inri_gossip_dropped", "reason"),
+    ("push_refused_", "inri_pushes_refused", "reason"),
+    ("push_dropped_", "inri_pushes_dropped", "reason"),
+    ("score_", "inri_peer_penalties", "reason"),
 )
+_SERVICE_LABELLED = (
+    ("custody_", "inri_custody_settled", "status"),
+    ("frames_in_", "inri_frames_in", "type"),
+    ("frames_out_", "inri_frames_out", "type"),
+)
+# metric -> (help, source, key); source "engine" or "service"
+_PLAIN = {
+    "inri_pushes_accepted": ("pushes accepted from home apps (202)", "service", "pushes_accepted"),
+    "inri_pushes_delivered": ("pushes stored in a mailbox here", "service", "delivered_here"),
+    "inri_pushes_in": ("push frames received from neighbours", "service", "frames_in_push"),
+    "inri_pushes_out": ("push frames sent to neighbours", "service", "frames_out_push"),
+    "inri_gossip_in": ("registration gossip frames received", "service", "frames_in_reg_gossip"),
+    "inri_gossip_out": ("registration gossip frames sent", "service", "frames_out_reg_gossip"),
+    "inri_gossip_duplicates": ("gossip arrivals already known (dropped)", "engine", "reg_duplicate"),
+    "inri_frames_invalid": ("malformed frames from peers", "engine", "frames_invalid"),
+    "inri_peers_cut": ("links cut because the neighbour's score fell too low", "engine", "peer_cut_score"),
+    "inri_internal_errors": ("frames whose handling raised (bugs)", "service", "internal_errors"),
+    "inri_messages_acked": ("messages acknowledged and deleted", "service", "messages_acked"),
+    "inri_devices_registered": ("devices registered", "service", "devices_registered"),
+}
+_ENGINE_PLAIN_KEYS = frozenset(key for _, source, key in _PLAIN.values() if source == "engine")
+_ENGINE_PREFIXES = tuple(prefix for prefix, _, _ in _ENGINE_LABELLED)
 
 
-def _line(out: list[str], name: str, value: float, labels: dict[str, str] | None = None) -> None:
-    if labels:
-        inner = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
-        out.append(f"{name}{{{inner}}} {value}")
-    else:
-        out.append(f"{name} {value}")
+class RelayCollector(Collector):
+    """Every relay metric, read from the service, its engine and the API at scrape time."""
+
+    def __init__(self, service: RelayService, api: RelayApi) -> None:
+        self.service = service
+        self.api = api
+
+    def collect(self) -> Iterator[Metric]:
+        service, api = self.service, self.api
+        stats = service.engine.stats()  # table sizes plus the engine's counters (and reg_duplicate)
+        sources = {"engine": stats, "service": service.counters}
+        gauges = (
+            ("inri_routes_cached", "route ids with a cached route vector", stats["routes"]),
+            ("inri_neighbours", "active neighbours", stats["active"]),
+            ("inri_passive_peers", "passive-view candidates", stats["passive"]),
+            ("inri_custody_pushes", "pushes held in custody (on disk until their receipt)", stats["custody"]),
+            ("inri_reverse_path_entries", "reverse-path state entries", stats["reverse"]),
+            ("inri_seen_cache_entries", "push seen-cache entries", stats["seen"]),
+            ("inri_devices", "devices homed here", service.store.device_count()),
+            ("inri_mailbox_messages", "stored, unacknowledged messages", service.store.mailbox_size()),
+            ("inri_websockets_open", "open device streams", api.ws_open),
+            ("inri_peers_banned", "neighbours cut for their score and refused for now", stats["banned"]),
+            ("inri_pushes_awaiting_receipt", "forwarded pushes waiting for an answer", stats["awaiting_receipt"]),
+        )
+        for name, help_, value in gauges:
+            yield GaugeMetricFamily(name, help_, value=value)
+        for name, (help_, source, key) in _PLAIN.items():
+            yield CounterMetricFamily(name, help_, value=sources[source].get(key, 0))
+        for source, table in (("engine", _ENGINE_LABELLED), ("service", _SERVICE_LABELLED)):
+            counters = sources[source]
+            for prefix, name, label in table:
+                family = CounterMetricFamily(name, f"by {label}", labels=[label])
+                for key in sorted(counters):
+                    if key.startswith(prefix):
+                        family.add_metric([key[len(prefix):]], counters[key])
+                yield family
+        # Engine counters no table names (e.g. the deadline sweep's custody_expired): one labelled series.
+        other = CounterMetricFamily("inri_engine_events", "other protocol engine counters", labels=["event"])
+        for key in sorted(service.engine.counters):
+            if key not in _ENGINE_PLAIN_KEYS and not key.startswith(_ENGINE_PREFIXES):
+                other.add_metric([key], service.engine.counters[key])
+        yield other
+        limited = CounterMetricFamily("inri_rate_limited", "requests refused by a rate limit (per client, device, "
+                                      "token)", labels=["key"])
+        for key, limiter in (("client", api.rate), ("device", api.device_rate), ("token", api.token_rate)):
+            limited.add_metric([key], limiter.hits)
+        yield limited
+        yield api.http_codes.metric("inri_http_responses")
+        buckets: list[tuple[str, float]] = []
+        cum = 0
+        for bound, n in zip(PUSH_LATENCY_BUCKETS, service.push_latency, strict=False):
+            cum += n
+            buckets.append((str(bound), cum))
+        buckets.append(("+Inf", cum + service.push_latency[-1]))
+        yield HistogramMetricFamily("inri_push_accept_seconds", "time to verify, commit and send a push a home "
+                                    "app injected", buckets=buckets, sum_value=service.push_latency_sum)
 
 
-def render_metrics(service: RelayService, api: RelayApi, extra: dict[str, int]) -> str:
-    """Every metric as Prometheus text."""
-    out: list[str] = []
-    eng = service.engine
-    stats = eng.stats()
-    counters: dict[str, int] = {**eng.counters, **service.counters, "reg_duplicate": eng.reg_duplicates}
-
-    def typed(name: str, kind: str, help_: str) -> None:
-        out.append(f"# HELP {name} {help_}")
-        out.append(f"# TYPE {name} {kind}")
-
-    gauges = {
-        "inri_routes_cached": ("route ids with a cached route vector", stats["routes"]),
-        "inri_neighbours": ("active neighbours", stats["active"]),
-        "inri_passive_peers": ("passive-view candidates", stats["passive"]),
-        "inri_custody_pushes": ("pushes held in custody (on disk until their receipt)", stats["custody"]),
-        "inri_reverse_path_entries": ("reverse-path state entries", stats["reverse"]),
-        "inri_seen_cache_entries": ("push seen-cache entries", stats["seen"]),
-        "inri_devices": ("devices homed here", service.store.device_count()),
-        "inri_mailbox_messages": ("stored, unacknowledged messages", service.store.mailbox_size()),
-        "inri_websockets_open": ("open device streams", api.ws_open),
-        "inri_peers_banned": ("neighbours cut for their score and refused for now", stats["banned"]),
-        "inri_pushes_awaiting_receipt": ("forwarded pushes waiting for an answer", stats["awaiting_receipt"]),
-    }
-    for name, (help_, value) in gauges.items():
-        typed(name, "gauge", help_)
-        _line(out, name, value)
-    plain = {
-        "inri_pushes_accepted_total": ("pushes accepted from home apps (202)", "pushes_accepted"),
-        "inri_pushes_delivered_total": ("pushes stored in a mailbox here", "delivered_here"),
-        "inri_pushes_in_total": ("push frames received from neighbours", "frames_in_push"),
-        "inri_pushes_out_total": ("push frames sent to neighbours", "frames_out_push"),
-        "inri_gossip_in_total": ("registration gossip frames received", "frames_in_reg_gossip"),
-        "inri_gossip_out_total": ("registration gossip frames sent", "frames_out_reg_gossip"),
-        "inri_gossip_duplicates_total": ("gossip arrivals already known (dropped)", "reg_duplicate"),
-        "inri_frames_invalid_total": ("malformed frames from peers", "frames_invalid"),
-        "inri_peers_cut_total": ("links cut because the neighbour's score fell too low", "peer_cut_score"),
-        "inri_internal_errors_total": ("frames whose handling raised (bugs)", "internal_errors"),
-        "inri_messages_acked_total": ("messages acknowledged and deleted", "messages_acked"),
-        "inri_devices_registered_total": ("devices registered", "devices_registered"),
-    }
-    for name, (help_, key) in plain.items():
-        typed(name, "counter", help_)
-        _line(out, name, counters.get(key, 0))
-    for prefix, name, label in _LABELLED:
-        typed(name, "counter", f"by {label}")
-        for key in sorted(counters):
-            if key.startswith(prefix):
-                _line(out, name, counters[key], {label: key[len(prefix):]})
-    typed("inri_rate_limited_total", "counter", "requests refused by a rate limit (per client, device, token)")
-    _line(out, "inri_rate_limited_total", api.rate.hits, {"key": "client"})
-    _line(out, "inri_rate_limited_total", api.device_rate.hits, {"key": "device"})
-    _line(out, "inri_rate_limited_total", api.token_rate.hits, {"key": "token"})
-    typed("inri_http_responses_total", "counter", "HTTP responses by status code")
-    for code in sorted(api.http_codes):
-        _line(out, "inri_http_responses_total", api.http_codes[code], {"code": str(code)})
-    for key in sorted(extra):
-        name = "inri_" + key + ("_total" if not key.endswith("_total") else "")
-        typed(name, "counter", key.replace("_", " "))
-        _line(out, name, extra[key])
-    name = "inri_push_accept_seconds"
-    typed(name, "histogram", "time to verify, commit and send a push a home app injected")
-    cum = 0
-    for bound, n in zip(PUSH_LATENCY_BUCKETS, service.push_latency, strict=False):
-        cum += n
-        _line(out, name + "_bucket", cum, {"le": str(bound)})
-    cum += service.push_latency[-1]
-    _line(out, name + "_bucket", cum, {"le": "+Inf"})
-    _line(out, name + "_sum", round(service.push_latency_sum, 6))
-    _line(out, name + "_count", cum)
-    return "\n".join(out) + "\n"
+def relay_registry(service: RelayService, api: RelayApi) -> CollectorRegistry:
+    """A registry of its own per relay (never the process-global one: tests run several relays)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(RelayCollector(service, api))
+    return registry
 
 
 def parse_metrics(text: str) -> dict[str, float]:
-    """'name{labels}' -> value, for tests and tools (not a full Prometheus parser)."""
+    """'name{label="v",...}' -> value for every sample of a scrape (parsed by prometheus_client)."""
     values: dict[str, float] = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            key, _, value = line.rpartition(" ")
-            values[key] = float(value)
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
+            values[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
     return values
-
-
-__all__: list[Any] = ["render_metrics", "parse_metrics"]

@@ -1,4 +1,8 @@
-"""The OpenAPI 3.1 document of the relay API, served at GET /openapi.json (prose: docs/api.md)."""
+"""The OpenAPI 3.1 document of the relay API, served at GET /openapi.json (prose: docs/api.md).
+
+Every request body carries `x-max-body-bytes`, the limit the router enforces for it (413 beyond);
+tests/test_node_api.py checks that this document and the router list the same routes and limits.
+"""
 
 from __future__ import annotations
 
@@ -19,18 +23,21 @@ def _json(schema: dict[str, Any], description: str = "OK") -> dict[str, Any]:
     return {"description": description, "content": {"application/json": {"schema": schema}}}
 
 
-def _body(schema: dict[str, Any], required: bool = True) -> dict[str, Any]:
-    return {"required": required, "content": {"application/json": {"schema": schema}}}
-
-
 DEVICE_PARAM = {"name": "device_id", "in": "path", "required": True, "schema": HEX_ID,
                 "description": "the device's route id (hex)"}
-AUTH_ERRORS = {"401": _problem_ref("bad_credentials"), "404": _problem_ref("unknown_device"),
-               "429": _problem_ref("rate_limited")}
+# 401 also when the device is not homed here: the API never says which relay is a device's home.
+AUTH_ERRORS = {"401": _problem_ref("bad_credentials"), "429": _problem_ref("rate_limited")}
+BODY_ERRORS = {"400": _problem_ref("malformed_json"), "413": _problem_ref("too_large"),
+               "422": _problem_ref("invalid_field")}
 
 
-def openapi_document(version: str) -> dict[str, Any]:
-    """The whole document."""
+def openapi_document(version: str, body_limits: dict[str, int]) -> dict[str, Any]:
+    """The whole document; body_limits: 'METHOD /path' -> the router's body limit for that route."""
+
+    def _body(key: str, schema: dict[str, Any], required: bool = True) -> dict[str, Any]:
+        return {"required": required, "content": {"application/json": {"schema": schema}},
+                "x-max-body-bytes": body_limits[key]}
+
     message = {"type": "object", "properties": {"id": HEX_ID, "ciphertext": B64, "received_at": {"type": "number"}}}
     return {
         "openapi": "3.1.0",
@@ -56,8 +63,9 @@ def openapi_document(version: str) -> dict[str, Any]:
         "paths": {
             "/v1/devices": {"post": {
                 "summary": "Register a device at this (home) relay",
-                "requestBody": _body({"type": "object", "required": ["registration"], "properties": {
-                    "registration": B64, "tokens": {"type": "integer", "minimum": 1, "maximum": 500}}}),
+                "requestBody": _body("POST /v1/devices", {"type": "object", "required": ["registration"],
+                                                         "properties": {"registration": B64, "tokens": {
+                                                             "type": "integer", "minimum": 1, "maximum": 500}}}),
                 "responses": {
                     "201": _json({"type": "object", "properties": {
                         "device_id": HEX_ID, "device_secret": B64, "tokens": {"type": "array", "items": B64},
@@ -68,39 +76,46 @@ def openapi_document(version: str) -> dict[str, Any]:
             "/v1/devices/{device_id}/registration": {"post": {
                 "summary": "Refresh the registration (a newer epoch under the same route key)",
                 "security": [{"device": []}], "parameters": [DEVICE_PARAM],
-                "requestBody": _body({"type": "object", "required": ["registration"],
-                                      "properties": {"registration": B64}}),
-                "responses": {"200": _json({"type": "object"}),
-                              "400": _problem_ref("bad_registration", "not_newer"), **AUTH_ERRORS}}},
+                "requestBody": _body("POST /v1/devices/{device_id}/registration", {
+                    "type": "object", "required": ["registration"], "properties": {"registration": B64}}),
+                "responses": {"200": _json({"type": "object", "properties": {
+                    "device_id": HEX_ID, "epoch": {"type": "integer"}, "expires_at": {"type": "integer"}}}),
+                              **BODY_ERRORS, "400": _problem_ref("malformed_json", "bad_registration", "not_newer"),
+                              **AUTH_ERRORS}}},
             "/v1/devices/{device_id}/tokens": {"post": {
                 "summary": "More one-use tokens", "security": [{"device": []}], "parameters": [DEVICE_PARAM],
-                "requestBody": _body({"type": "object", "properties": {"count": {"type": "integer"}}}, False),
+                "requestBody": _body("POST /v1/devices/{device_id}/tokens", {"type": "object", "properties": {
+                    "count": {"type": "integer", "minimum": 1, "maximum": 500}}}, False),
                 "responses": {"200": _json({"type": "object", "properties": {
-                    "tokens": {"type": "array", "items": B64}}}), **AUTH_ERRORS}}},
+                    "tokens": {"type": "array", "items": B64}}}), **BODY_ERRORS, **AUTH_ERRORS}}},
             "/v1/devices/{device_id}": {"delete": {
                 "summary": "Unregister: delete everything about the device", "security": [{"device": []}],
                 "parameters": [DEVICE_PARAM], "responses": {"204": {"description": "deleted"}, **AUTH_ERRORS}}},
             "/v1/devices/{device_id}/messages": {"get": {
                 "summary": "Pull unacknowledged messages, oldest first", "security": [{"device": []}],
                 "parameters": [DEVICE_PARAM, {"name": "limit", "in": "query",
-                                              "schema": {"type": "integer", "minimum": 1, "maximum": 1000}}],
+                                              "schema": {"type": "integer", "minimum": 1, "maximum": 1000,
+                                                         "default": 100}}],
                 "responses": {"200": _json({"type": "object", "properties": {
-                    "messages": {"type": "array", "items": message}}}), **AUTH_ERRORS}}},
+                    "messages": {"type": "array", "items": message}}}), "422": _problem_ref("invalid_field"),
+                              **AUTH_ERRORS}}},
             "/v1/devices/{device_id}/ack": {"post": {
                 "summary": "Acknowledge messages: they are deleted and never sent again",
                 "security": [{"device": []}], "parameters": [DEVICE_PARAM],
-                "requestBody": _body({"type": "object", "required": ["ids"], "properties": {
-                    "ids": {"type": "array", "items": HEX_ID, "maxItems": 500}}}),
+                "requestBody": _body("POST /v1/devices/{device_id}/ack", {"type": "object", "required": ["ids"],
+                                      "properties": {"ids": {"type": "array", "items": HEX_ID, "maxItems": 500}}}),
                 "responses": {"200": _json({"type": "object", "properties": {"deleted": {"type": "integer"}}}),
-                              **AUTH_ERRORS}}},
+                              **BODY_ERRORS, **AUTH_ERRORS}}},
             "/v1/devices/{device_id}/stream": {"get": {
                 "summary": "WebSocket: live delivery (see docs/api.md for the frame protocol)",
                 "security": [{"device": []}], "parameters": [DEVICE_PARAM],
-                "responses": {"101": {"description": "switching to WebSocket"}}}},
+                "responses": {"101": {"description": "switching to WebSocket"},
+                              "426": _problem_ref("upgrade_required")}}},
             "/v1/push": {"post": {
                 "summary": "Push a sealed payload with a push credential, at any relay",
-                "requestBody": _body({"type": "object", "required": ["registration", "token", "ciphertext"],
-                                      "properties": {"registration": B64, "token": B64, "ciphertext": B64}}),
+                "requestBody": _body("POST /v1/push", {
+                    "type": "object", "required": ["registration", "token", "ciphertext"],
+                    "properties": {"registration": B64, "token": B64, "ciphertext": B64}}),
                 "responses": {
                     "202": _json({"type": "object", "properties": {"push_id": HEX_ID, "status": {"type": "string"}}},
                                  "accepted and durably in custody"),
@@ -112,7 +127,7 @@ def openapi_document(version: str) -> dict[str, Any]:
                 "parameters": [{"name": "push_id", "in": "path", "required": True, "schema": HEX_ID}],
                 "responses": {"200": _json({"type": "object", "properties": {
                     "push_id": HEX_ID,
-                    "status": {"enum": ["pending", "delivered", "duplicate", "spent", "unknown_token",
+                    "status": {"enum": ["pending", "delivered", "spent", "unknown_token",
                                         "mailbox_full", "expired", "unreachable"]},
                     "hops": {"type": ["integer", "null"]}, "accepted_at": {"type": "number"},
                     "settled_at": {"type": ["number", "null"]}}}), "404": _problem_ref("not_found")}}},

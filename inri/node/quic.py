@@ -41,7 +41,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.x509.oid import NameOID
 
-from inri.node.identity import NodeIdentity
+from inri.common.addr import format_addr, parse_addr
+from inri.common.identity import NodeIdentity
 from inri.protocol import keys, limits
 
 ALPN = "inri/1"
@@ -60,27 +61,6 @@ class ConnectError(Exception):
 
 class LinkClosed(Exception):
     """The link is gone (peer closed, idle timeout, protocol error, or we closed it)."""
-
-
-def parse_addr(addr: str) -> tuple[str, int]:
-    """'host:port' or '[v6]:port' -> (host, port); ValueError with a clear message otherwise."""
-    host, sep, port_s = addr.rpartition(":")
-    if not sep or not host:
-        raise ValueError(f"address {addr!r} is not host:port")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    try:
-        port = int(port_s)
-    except ValueError:
-        raise ValueError(f"address {addr!r}: port {port_s!r} is not a number") from None
-    if not 0 <= port <= 65535:
-        raise ValueError(f"address {addr!r}: port out of range")
-    return host, port
-
-
-def format_addr(host: str, port: int) -> str:
-    """(host, port) -> 'host:port' ('[v6]:port' for IPv6)."""
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _certificate(identity: NodeIdentity) -> tuple[Any, Any]:
@@ -252,7 +232,7 @@ class _Connection:
             self.wake = trio.Event()
             await ep.transmit(self)
             # aioquic has no public "terminated" flag; the state leaves CLOSING/DRAINING for this.
-            if self.quic._state == QuicConnectionState.TERMINATED:
+            if self.quic._state == QuicConnectionState.TERMINATED:  # noqa: SLF001 - see above
                 break
             timer = self.quic.get_timer()
             with trio.move_on_at(timer if timer is not None else math.inf):
@@ -457,7 +437,7 @@ class QuicEndpoint:
             await self._on_link(link)
         except LinkClosed:
             pass
-        except Exception:  # noqa: BLE001 - one link's failure must never take the endpoint down
+        except Exception:  # one link's failure must never take the endpoint down
             log.exception("link handler failed", peer=link.peer_node_id)
         finally:
             await link.aclose("handler done")

@@ -7,11 +7,11 @@ grow it without limit.
 
 from __future__ import annotations
 
-import ipaddress
 import time
 from collections.abc import Callable
 from typing import Any
 
+from inri.common.addr import rate_key
 from inri.core.budget import KeyedBuckets
 
 RATE_TABLE_MAX = 100_000  # client buckets kept (LRU)
@@ -20,16 +20,7 @@ RATE_TABLE_MAX = 100_000  # client buckets kept (LRU)
 def client_key(scope: dict[str, Any]) -> str:
     """Rate-limit key of a request's client: the IPv4 address, or the IPv6 /64."""
     client = scope.get("client") or ("unknown", 0)
-    host = str(client[0])
-    try:
-        ip = ipaddress.ip_address(host)
-    except ValueError:
-        return host
-    if ip.version == 6:
-        if ip.ipv4_mapped is not None:
-            return str(ip.ipv4_mapped)
-        return str(ipaddress.ip_network(f"{ip}/64", strict=False))
-    return str(ip)
+    return rate_key(str(client[0]))
 
 
 class RateLimiter(KeyedBuckets):

@@ -10,9 +10,11 @@ accepted is lost by stopping — or by being killed.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import signal
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -22,12 +24,13 @@ import trio
 from hypercorn.config import Config as HyperConfig
 from hypercorn.trio import serve as hyper_serve
 
+from inri.common.addr import format_addr, parse_addr
+from inri.common.identity import NodeIdentity
 from inri.node.api import create_app
-from inri.node.bootstrap_client import BootstrapClient, BootstrapError, load_seed_list, make_record
+from inri.node.bootstrap_client import Backoff, BootstrapClient, BootstrapError, load_seed_list, make_record
 from inri.node.config import RelayConfig
-from inri.node.identity import NodeIdentity
 from inri.node.links import LinkManager
-from inri.node.quic import QuicEndpoint, format_addr, parse_addr
+from inri.node.quic import QuicEndpoint
 from inri.node.service import RelayService
 from inri.node.store import Store
 from inri.node.tracefile import TraceFile
@@ -37,37 +40,101 @@ log = structlog.get_logger("inri.relay")
 READY_FILE = "relay.json"  # written into the data dir once the relay listens: its URLs, for scripts
 
 
+API_RESTART_MIN_S = 0.05  # first retry after the HTTP server failed; doubles per failure in a row
+# Small, because a client can trigger the upstream crash (see _serve_api): connections wait in the
+# listening socket's backlog meanwhile (never refused), so the cost of a crash is at most this delay.
+API_RESTART_MAX_S = 2.0
+API_STABLE_S = 10.0  # a server that ran this long before failing starts the backoff over
+
+
+class StartupError(Exception):
+    """The relay could not start; the message is one line for the operator (the process exits 1)."""
+
+
 def _api_url(host: str, port: int) -> str:
     return f"http://{format_addr(host, port)}"
 
 
-async def _serve_api(app: Any, cfg: RelayConfig, shutdown: trio.Event, task_status: Any) -> None:
+class _HypercornLog(logging.Handler):
+    """hypercorn's error log (warnings and errors: a failed connection, a crashed server) into ours."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        log.log(record.levelno, record.getMessage(), source="hypercorn", exc_info=record.exc_info)
+
+
+def _hypercorn_logger() -> logging.Logger:
+    logger = logging.getLogger("inri.hypercorn")
+    if not logger.handlers:
+        logger.addHandler(_HypercornLog())
+        logger.setLevel(logging.WARNING)  # its INFO lines only repeat "Running on ...", which we log once
+        logger.propagate = False
+    return logger
+
+
+def bind_api(addr: str) -> socket.socket:
+    """The API's listening socket, bound once for the relay's life; StartupError naming addr if taken."""
+    host, port = parse_addr(addr)
+    where = format_addr(host, port)
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family, type_, proto, _, sockaddr = infos[0]
+        sock = socket.socket(family, type_, proto)
+    except OSError as exc:
+        raise StartupError(f"cannot listen for the HTTP API on {where}: {exc.strerror or exc}") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # inherited by accepted connections
+        sock.bind(sockaddr)
+        sock.listen(1024)
+    except OSError as exc:
+        sock.close()
+        raise StartupError(f"cannot listen for the HTTP API on {where}: {exc.strerror or exc}") from None
+    return sock
+
+
+async def _serve_api(app: Any, cfg: RelayConfig, listener: socket.socket, shutdown: trio.Event,
+                     task_status: Any) -> None:
     hc = HyperConfig()
-    host, port = parse_addr(cfg.relay.api)
-    hc.bind = [format_addr(host, port)]
     hc.graceful_timeout = cfg.relay.shutdown_grace_s
     hc.accesslog = None
-    hc.errorlog = None
+    hc.errorlog = _hypercorn_logger()
     hc.keep_alive_timeout = 30
     hc.include_server_header = False
     # hypercorn 0.18 can end its whole server on one malformed connection (bytes after a final
-    # request: BusyResourceError, upstream issues #203/#225). The API is served again at once, the
-    # relay (links, custody, store) never goes down with it.
+    # request: BusyResourceError, upstream issues #203/#225). The API is served again, the relay
+    # (links, custody, store) never goes down with it. Each run gets a duplicate of the listening
+    # socket (hypercorn closes what it is given), so the address never has to be bound again, and
+    # failures in a row back off up to API_RESTART_MAX_S.
     status = task_status
+    delay = API_RESTART_MIN_S
     while True:
+        hc.bind = [f"fd://{os.dup(listener.fileno())}"]
+        started = trio.current_time()
         try:
             await hyper_serve(app, hc, shutdown_trigger=shutdown.wait, task_status=status)
             return
-        except Exception as exc:  # noqa: BLE001 - see above
+        except Exception as exc:  # noqa: BLE001 - any server failure: serve again (see above)
             if shutdown.is_set():
                 return
-            log.error("HTTP server failed; serving again", error=repr(exc)[:300])
+            if trio.current_time() - started > API_STABLE_S:
+                delay = API_RESTART_MIN_S
+            log.error("HTTP server failed; serving again", error=repr(exc)[:300], retry_in_s=delay)
             status = trio.TASK_STATUS_IGNORED
-            await trio.sleep(0.05)
+            await trio.sleep(delay)
+            delay = min(API_RESTART_MAX_S, delay * 2)
+
+
+PEERS_FIRST_RETRY_S = 2.0  # a relay below its active view asks again this soon, then backs off to peers_interval_s
 
 
 class _BootstrapLoop:
-    """Announce this relay to the bootstrap nodes and ask them for candidate neighbours."""
+    """Announce this relay to the bootstrap nodes and ask them for candidate neighbours.
+
+    While the relay has fewer neighbours than `active_max` it asks for peers after 2 s, 4 s, 8 s ...
+    (jittered) up to `peers_interval_s`, and starts again from 2 s whenever its number of neighbours
+    changed (one gained: the mesh is forming; one lost: a gap to fill): quick then, quiet when the
+    bootstrap has nobody new to offer (an isolated relay used to ask every 2 s forever).
+    """
 
     def __init__(self, cfg: RelayConfig, identity: NodeIdentity, service: RelayService, quic_addr: str) -> None:
         urls = list(cfg.relay.bootstrap) or load_seed_list()
@@ -77,10 +144,19 @@ class _BootstrapLoop:
         self.service = service
         self.quic_addr = quic_addr
         self.announced_to: str | None = None
+        self.peers_backoff = Backoff(PEERS_FIRST_RETRY_S, max(cfg.relay.peers_interval_s, PEERS_FIRST_RETRY_S))
 
     async def run(self) -> None:
+        try:
+            await self._run()
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(2.0):
+                await self.client.aclose()
+
+    async def _run(self) -> None:
         cfg = self.cfg.relay
         next_announce = 0.0
+        neighbours = 0
         while True:
             now = time.time()
             if now >= next_announce:
@@ -94,20 +170,23 @@ class _BootstrapLoop:
                 except BootstrapError as exc:
                     next_announce = now + min(30.0, cfg.announce_interval_s)
                     log.warning("announce failed", error=str(exc))
-                except Exception:  # noqa: BLE001 - bootstraps are optional helpers: never fatal to the relay
+                except Exception:  # bootstraps are optional helpers: never fatal to the relay
                     next_announce = now + min(30.0, cfg.announce_interval_s)
                     log.exception("announce failed")
-            if len(self.service.active_peers()) < self.cfg.engine.active_max:
+            active = len(self.service.active_peers())
+            if active != neighbours:
+                self.peers_backoff.reset()  # the mesh moved around us: ask again soon
+            neighbours = active
+            if active < self.cfg.engine.active_max:
                 try:
                     peers = await self.client.fetch_peers(self.identity.node_id, cfg.geo or None, 16)
                     if peers:
                         self.service.add_candidates(peers)
                 except BootstrapError as exc:
                     log.warning("peer list failed", error=str(exc))
-                except Exception:  # noqa: BLE001 - as above
+                except Exception:  # as above
                     log.exception("peer list failed")
-                # Ask again soon while the mesh is forming, slowly once it has formed.
-                await trio.sleep(min(cfg.peers_interval_s, 2.0 if not self.service.active_peers() else 10.0))
+                await trio.sleep(self.peers_backoff.next())
             else:
                 await trio.sleep(cfg.peers_interval_s)
 
@@ -117,50 +196,73 @@ async def run_relay(cfg: RelayConfig, *, shutdown: trio.Event | None = None) -> 
     data = cfg.data_path
     data.mkdir(parents=True, exist_ok=True)
     identity = NodeIdentity.load_or_create(data / "node.key")
+    listener = bind_api(cfg.relay.api)  # first: a taken port is a clear error before anything starts
     store = Store(data / "relay.sqlite3")
     shutdown = shutdown or trio.Event()
-    qhost, qport = parse_addr(cfg.relay.quic)
-    endpoint = QuicEndpoint(identity, idle_timeout_s=cfg.quic.idle_timeout_s, listen_addr=cfg.relay.public_addr)
-    await endpoint.bind(qhost, qport)
-    if parse_addr(endpoint.listen_addr)[0] in ("0.0.0.0", "::"):
-        log.warning("announcing an unspecified address: bootstraps will refuse it; set relay.public_addr "
-                    "(--public-addr) to the address peers can reach", quic=endpoint.listen_addr)
-    links = LinkManager(endpoint, connect_timeout_s=cfg.engine.connect_timeout_s)
-    tracer = TraceFile(data / "traces", identity.node_id, level=cfg.trace.level, salt=cfg.trace.salt or None,
-                       max_bytes=cfg.trace.max_bytes, keep=cfg.trace.keep)
-    service = RelayService(identity.node_id, cfg.engine, store, links, tracer, listen_addr=endpoint.listen_addr,
-                           rng=random.Random(), mailbox_max=cfg.api.mailbox_max)
-    links.events = service
-    app = create_app(service, config=cfg, neighbours=links.neighbours)
-    log.info("relay starting", node_id=identity.node_id, quic=endpoint.listen_addr, api=cfg.relay.api,
-             data_dir=str(data))
+    ready = False
     try:
-        async with trio.open_nursery() as nursery:
-            await nursery.start(links.run)
-            await nursery.start(service.run)
-            binds = await nursery.start(_serve_api, app, cfg, shutdown)
-            api_url = binds[0] if binds else _api_url(*parse_addr(cfg.relay.api))
-            boot = _BootstrapLoop(cfg, identity, service, endpoint.listen_addr)
-            nursery.start_soon(boot.run)
-            _write_ready(data, {"node_id": identity.node_id, "api": api_url, "quic": endpoint.listen_addr,
-                                "pid": os.getpid()})
-            log.info("relay ready", node_id=identity.node_id, api=api_url, quic=endpoint.listen_addr)
-            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-                async with trio.open_nursery() as watch:
-                    watch.start_soon(_first_signal, signals, shutdown)
-                    await shutdown.wait()
-                    watch.cancel_scope.cancel()
-            log.info("relay stopping")
-            # hypercorn finishes in-flight requests (graceful_timeout), then we stop the rest.
-            with trio.move_on_after(cfg.relay.shutdown_grace_s + 1):
-                while _api_running(nursery):
-                    await trio.sleep(0.05)
-            nursery.cancel_scope.cancel()
+        qhost, qport = parse_addr(cfg.relay.quic)
+        endpoint = QuicEndpoint(identity, idle_timeout_s=cfg.quic.idle_timeout_s, listen_addr=cfg.relay.public_addr)
+        try:
+            await endpoint.bind(qhost, qport)
+        except OSError as exc:
+            where = format_addr(qhost, qport)
+            raise StartupError(f"cannot listen for QUIC on {where}: {exc.strerror or exc}") from None
+        if parse_addr(endpoint.listen_addr)[0] in ("0.0.0.0", "::"):
+            log.warning("announcing an unspecified address: bootstraps will refuse it; set relay.public_addr "
+                        "(--public-addr) to the address peers can reach", quic=endpoint.listen_addr)
+        links = LinkManager(endpoint, connect_timeout_s=cfg.engine.connect_timeout_s)
+        tracer = TraceFile(data / "traces", identity.node_id, level=cfg.trace.level, salt=cfg.trace.salt or None,
+                           max_bytes=cfg.trace.max_bytes, keep=cfg.trace.keep)
+        service = RelayService(identity.node_id, cfg.engine, store, links, tracer, listen_addr=endpoint.listen_addr,
+                               rng=random.Random(), mailbox_max=cfg.api.mailbox_max)
+        links.events = service
+        app = create_app(service, config=cfg, neighbours=links.neighbours)
+        log.info("relay starting", node_id=identity.node_id, quic=endpoint.listen_addr, api=cfg.relay.api,
+                 data_dir=str(data))
+        try:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(links.run)
+                await nursery.start(service.run)
+                binds = await nursery.start(_serve_api, app, cfg, listener, shutdown)
+                api_url = binds[0] if binds else _api_url(*parse_addr(cfg.relay.api))
+                boot = _BootstrapLoop(cfg, identity, service, endpoint.listen_addr)
+                nursery.start_soon(boot.run)
+                _write_ready(data, {"node_id": identity.node_id, "api": api_url, "quic": endpoint.listen_addr,
+                                    "pid": os.getpid()})
+                ready = True
+                log.info("relay ready", node_id=identity.node_id, api=api_url, quic=endpoint.listen_addr)
+                with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                    async with trio.open_nursery() as watch:
+                        watch.start_soon(_first_signal, signals, shutdown)
+                        await shutdown.wait()
+                        watch.cancel_scope.cancel()
+                log.info("relay stopping")
+                # hypercorn finishes in-flight requests (graceful_timeout), then we stop the rest.
+                with trio.move_on_after(cfg.relay.shutdown_grace_s + 1):
+                    while _api_running(nursery):
+                        await trio.sleep(0.05)
+                nursery.cancel_scope.cancel()
+        finally:
+            tracer.close()
+            (data / READY_FILE).unlink(missing_ok=True)
+            log.info("relay stopped", node_id=identity.node_id)
+    except Exception as exc:
+        if ready or isinstance(exc, StartupError):
+            raise
+        leaf = _first_leaf(exc)
+        raise StartupError(f"relay failed before it was ready (API {cfg.relay.api}, QUIC {cfg.relay.quic}): "
+                           f"{type(leaf).__name__}: {leaf}") from exc
     finally:
         store.close()
-        tracer.close()
-        (data / READY_FILE).unlink(missing_ok=True)
-        log.info("relay stopped", node_id=identity.node_id)
+        listener.close()
+
+
+def _first_leaf(exc: BaseException) -> BaseException:
+    """The first exception inside (nested) exception groups: what actually went wrong."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc
 
 
 def _api_running(nursery: trio.Nursery) -> bool:

@@ -308,12 +308,16 @@ class RelayService:
         self._count("messages_acked", n)
         return n
 
-    async def wait_for_mail(self, route_id: bytes) -> None:
-        """Return when a message is delivered for route_id (or the device is unregistered)."""
+    def mail_event(self, route_id: bytes) -> trio.Event:
+        """The event the next delivery for route_id (or its unregistering) sets.
+
+        Take it *before* reading the mailbox, then wait on it: a delivery in between sets it, so the
+        waiter never sleeps on a message it has not read (no lost wake-up).
+        """
         ev = self._mail_events.get(route_id)
         if ev is None:
             ev = self._mail_events[route_id] = trio.Event()
-        await ev.wait()
+        return ev
 
     # -- introspection ----------------------------------------------------------------------------
 

@@ -1,0 +1,1 @@
+"""Shared layer below node, bootstrap and simulations (see docs/architecture.md)."""

@@ -1,0 +1,92 @@
+"""The run's summary (docs/metrics.md): the collector's figures, the adversary figures, the run's own
+counts, and the CLI's last line."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from inri.core.engine import Engine
+from simulations.adversary import Adversary, RegSpammer
+from simulations.metrics import Collector, shortest_latencies
+from simulations.topology import Network
+from simulations.workload import PushPlan, Roles, Workload
+
+
+@dataclass
+class Result:
+    """The run's summary (the CLI's last line) and where the trace went."""
+
+    summary: dict[str, object]
+    trace_dir: Path | None = None
+    extra: dict[str, object] = field(default_factory=dict)
+
+
+def summary_line(result: Result) -> str:
+    """The CLI's last line: the summary as one JSON object."""
+    return json.dumps(result.summary, sort_keys=True)
+
+
+def delivery_summary(collector: Collector, net: Network, names: Sequence[str], work: Workload) -> dict[str, object]:
+    """The collector's figures, with each push's latency set against the shortest path of the topology
+    from the relay it was injected at to its home."""
+    pairs = {(p.inject, work.regs[p.reg_index][0]) for p in work.pushes}
+    dist_idx = shortest_latencies(net.n, net.latency, net.processing, pairs)
+    distance = {(names[u], names[v]): d for (u, v), d in dist_idx.items()}
+    return collector.summary(distance)
+
+
+def adversary_summary(tables: Sequence[Adversary], roles: Roles, hostile_on: bool, engines: Sequence[Engine],
+                      alive: Sequence[bool], names: Sequence[str], work: Workload,
+                      scored: Sequence[tuple[str, str | None, str | None]]) -> dict[str, object]:
+    """Figures of hostile relays (docs/metrics.md, "Adversarial scenarios"), read from the engines at the
+    end of the run and from the honest relays' scoring cuts (`scored`: peer_scored rows). `tables`: the
+    scenario's `[[adversaries]]`."""
+    out: dict[str, object] = {"adversaries_on": hostile_on}
+    kinds: dict[str, int] = {}
+    for a in roles.role:
+        if a is not None:
+            kinds[a.kind] = kinds.get(a.kind, 0) + 1
+    out["hostile_relays"] = kinds
+    n = len(engines)
+    hostile = {names[i] for i in range(n) if roles.role[i] is not None}
+    honest_cuts = [(r, p) for r, p, _ in scored if r not in hostile]
+    out["cuts_of_hostile"] = sum(1 for _, p in honest_cuts if p in hostile)
+    out["cuts_of_honest"] = sum(1 for _, p in honest_cuts if p not in hostile)
+    honest_names = {names[i] for i in roles.honest}
+    index = {name: i for i, name in enumerate(names)}
+    out["hostile_isolated"] = sum(1 for h in hostile if not honest_names & set(engines[index[h]].active_peers()))
+    # Route vectors whose primary next hop is hostile, over honest live relays and honest routes.
+    routes = [reg.route_id for _, reg, _ in work.regs if reg is not None]
+    primary = hostile_primary = 0
+    for i in roles.honest:
+        if not alive[i]:
+            continue
+        eng = engines[i]
+        for rid in routes:
+            hops = eng.next_hops(rid)
+            if hops:
+                primary += 1
+                hostile_primary += hops[0][0] in hostile
+    out["primary_via_hostile"] = hostile_primary / primary if primary else None
+    spam_routes: set[bytes] = set()
+    for eng in engines:
+        if isinstance(eng, RegSpammer):
+            spam_routes |= eng.spam_routes
+    if any(a.kind in ("reg_spammer", "forger") for a in tables):
+        out["spam_frames_sent"] = sum(getattr(eng, "spam_sent", 0) for eng in engines)
+    if spam_routes:
+        cached = [sum(1 for r in spam_routes if engines[i].route_epoch(r) is not None)
+                  for i in roles.honest if alive[i]]
+        out["spam_registrations"] = len(spam_routes)
+        out["spam_routes_cached_max"] = max(cached) if cached else 0
+        out["spam_routes_cached_mean"] = round(sum(cached) / len(cached), 1) if cached else 0
+    return out
+
+
+def delivered_at(collector: Collector, plan: PushPlan) -> float | None:
+    """When the push of a plan was first stored at its home, or None."""
+    got = collector.delivered.get(plan.push_id) if plan.push_id else None
+    return None if got is None else got[0]

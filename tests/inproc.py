@@ -1,0 +1,53 @@
+"""A relay's HTTP/WebSocket API served in this process (hypercorn on 127.0.0.1, port 0 read back)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import trio
+from hypercorn.config import Config as HyperConfig
+from hypercorn.trio import serve
+
+from inri.node.api import create_app
+from inri.node.config import RelayConfig
+from inri.node.service import RelayService
+from inri.node.store import Store
+from inri.node.tracefile import TraceFile
+
+
+class NullNetwork:
+    """A relay with no neighbours."""
+
+    def send(self, peer: str, frame: bytes, delay: float) -> None:
+        pass
+
+    def connect(self, peer: str, addr: str) -> None:
+        pass
+
+    def disconnect(self, peer: str, reason: str) -> None:
+        pass
+
+
+@asynccontextmanager
+async def relay_api(tmp: Path, cfg: RelayConfig | None = None) -> AsyncIterator[str]:
+    """A relay service with no mesh and its API; yields the API's URL."""
+    cfg = cfg or RelayConfig()
+    store = Store(tmp / "relay.sqlite3")
+    service = RelayService("a" * 32, cfg.engine.test_profile(), store, NullNetwork(),
+                           TraceFile(tmp / "traces", "a" * 32))
+    hc = HyperConfig()
+    hc.bind = ["127.0.0.1:0"]
+    hc.accesslog = None
+    stop = trio.Event()
+    async with trio.open_nursery() as n:
+        await n.start(service.run)
+        binds = await n.start(lambda task_status: serve(create_app(service, config=cfg), hc,  # type: ignore[arg-type]
+                                                        shutdown_trigger=stop.wait, task_status=task_status))
+        try:
+            yield binds[0]
+        finally:
+            stop.set()
+            n.cancel_scope.cancel()
+            store.close()

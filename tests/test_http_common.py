@@ -1,0 +1,171 @@
+"""The shared ASGI helpers (inri/common/http.py) as both services use them, the relay's start-up failure
+through the real process, and the HTTP benchmark's wrk parser."""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import trio
+from hypercorn.config import Config as HyperConfig
+from hypercorn.trio import serve
+from prometheus_client.parser import text_string_to_metric_families
+
+from bootstrap_nodes.config import BootstrapConfig
+from bootstrap_nodes.service import Bootstrap, BootstrapApp
+from inri.common.http import Problem, Route, Router
+from tests.procs import ROOT
+
+
+async def _nothing(*args: object) -> tuple[int, object]:
+    return 200, None
+
+
+def test_router_answers_405_with_allow_and_404_for_unknown_paths() -> None:
+    router = Router([Route("GET", "/v1/push/{push_id}", _nothing), Route("DELETE", "/v1/devices/{device_id}", _nothing),
+                     Route("POST", "/v1/devices/{device_id}/ack", _nothing, 100)])
+    route, params = router.match("POST", "/v1/devices/ab/ack")
+    assert (route.max_body, params) == (100, {"device_id": "ab"})
+    with pytest.raises(Problem) as e:
+        router.match("PUT", "/v1/devices/ab")
+    assert (e.value.status, e.value.code, e.value.headers) == (405, "method_not_allowed", [(b"allow", b"DELETE")])
+    with pytest.raises(Problem) as e:
+        router.match("GET", "/v1/devices/ab/cd")
+    assert e.value.status == 404
+    with pytest.raises(Problem):
+        router.match("GET", "/v1/push/a/b")  # a parameter is one path segment
+
+
+async def test_bootstrap_answers_problems_with_allow_and_a_scrape_prometheus_parses(tmp_path: Path) -> None:
+    async def prober(addr: str, node_id: str) -> bool:
+        return False
+
+    boot = Bootstrap(BootstrapConfig(data_dir=str(tmp_path / "b"), max_body_bytes=1024), prober)
+    hc = HyperConfig()
+    hc.bind = ["127.0.0.1:0"]
+    hc.accesslog = None
+    stop = trio.Event()
+    try:
+        with trio.fail_after(30):
+            async with trio.open_nursery() as n:
+                binds = await n.start(lambda task_status: serve(BootstrapApp(boot), hc, shutdown_trigger=stop.wait,
+                                                                task_status=task_status))
+                url = binds[0]
+                async with httpx.AsyncClient() as c:
+                    r = await c.get(url + "/v1/announce")
+                    assert r.status_code == 405 and r.headers["allow"] == "POST"
+                    assert r.headers["content-type"] == "application/problem+json"
+                    r = await c.post(url + "/v1/announce", content=b"\xc1")
+                    assert (r.status_code, r.json()["code"]) == (400, "malformed")
+                    r = await c.post(url + "/v1/announce", content=b"x" * 2000)
+                    assert (r.status_code, r.json()["code"]) == (413, "too_large")
+                    assert (await c.get(url + "/v1/peers?count=3")).json() == {"peers": []}
+                    scrape = await c.get(url + "/metrics")
+                stop.set()
+    finally:
+        boot.close()
+    assert scrape.headers["content-type"].startswith("text/plain; version=0.0.4")
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for fam in text_string_to_metric_families(scrape.text) for s in fam.samples}
+    assert samples[("inri_bootstrap_records", ())] == 0
+    assert samples[("inri_bootstrap_events_total", (("event", "refused_malformed"),))] == 1
+    assert samples[("inri_bootstrap_events_total", (("event", "peer_lists"),))] == 1
+    assert samples[("inri_bootstrap_http_responses_total", (("code", "405"),))] == 1
+    assert samples[("inri_bootstrap_http_responses_total", (("code", "413"),))] == 1
+    assert ("inri_bootstrap_rate_limited_total", ()) in samples
+
+
+@pytest.mark.integration
+def test_relay_whose_api_port_is_taken_exits_at_once_naming_the_address(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        addr = f"127.0.0.1:{taken.getsockname()[1]}"
+        t0 = time.monotonic()
+        proc = subprocess.run([sys.executable, "-m", "inri.cli", "relay", "--api", addr, "--quic", "127.0.0.1:0",
+                               "--data-dir", str(tmp_path / "r"), "--bootstrap", "http://127.0.0.1:9"],
+                              cwd=ROOT, capture_output=True, text=True, timeout=30)
+        elapsed = time.monotonic() - t0
+    assert proc.returncode != 0
+    assert elapsed < 5, elapsed
+    lines = proc.stderr.strip().splitlines()
+    assert addr in lines[-1] and "HTTP API" in lines[-1], proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+# `wrk -t1 -c32 -d5s --latency` (wrk 4.1) output; the +/- Stdev column holds "68.50%" and "70.99%",
+# which a bare `50%` / `99%` search matches before the Latency Distribution lines.
+WRK_OUTPUT = """Running 5s test @ http://127.0.0.1:8481/v1/push
+  1 threads and 32 connections
+  Thread Stats   Avg      Stdev     Max   +/- Stdev
+    Latency    11.62ms    3.05ms  41.09ms   68.50%
+    Req/Sec     2.77k   210.44     3.05k    70.99%
+  Latency Distribution
+     50%   11.11ms
+     75%   13.02ms
+     90%   15.37ms
+     99%  102.40us
+  13806 requests in 5.00s, 2.28MB read
+  Non-2xx or 3xx responses: 17
+Requests/sec:   2760.41
+Transfer/sec:    466.06KB
+"""
+
+
+def test_wrk_parser_reads_the_latency_distribution_not_the_stdev_column() -> None:
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.bench_http_push import parse_wrk
+
+    rps, p50, p99, bad = parse_wrk(WRK_OUTPUT)
+    assert rps == 2760.41 and bad == 17
+    assert math.isclose(p50, 0.01111) and math.isclose(p99, 102.40e-6)
+    assert all(math.isnan(x) for x in parse_wrk("wrk: connection refused")[1:3])
+
+
+async def test_api_server_failures_after_start_back_off_and_hypercorn_errors_are_logged(
+        monkeypatch: pytest.MonkeyPatch, autojump_clock: trio.testing.MockClock) -> None:
+    """The HTTP server is served again after a failure, with doubling delays (not every 50 ms forever),
+    on the same listening socket; hypercorn's error log reaches the relay's log."""
+    import structlog
+
+    from inri.node import relay as relay_mod
+    from inri.node.config import RelayConfig
+
+    starts: list[float] = []
+
+    async def failing_serve(app: object, config: HyperConfig, *, shutdown_trigger: object,
+                            task_status: trio.TaskStatus[list[str]]) -> None:
+        starts.append(trio.current_time())
+        assert config.bind[0].startswith("fd://")
+        os.close(int(config.bind[0][5:]))  # what hypercorn would close
+        if len(starts) == 1:
+            task_status.started(["http://127.0.0.1:1"])
+            config.log.error_logger.error("connection from %s failed", "127.0.0.1")  # type: ignore[union-attr]
+        raise RuntimeError("server crashed")
+
+    monkeypatch.setattr(relay_mod, "hyper_serve", failing_serve)
+    listener = relay_mod.bind_api("127.0.0.1:0")
+    shutdown = trio.Event()
+    try:
+        with structlog.testing.capture_logs() as logs:
+            async with trio.open_nursery() as n:
+                binds = await n.start(relay_mod._serve_api, None, RelayConfig(), listener, shutdown)
+                await trio.sleep(30)  # virtual time
+                shutdown.set()
+                n.cancel_scope.cancel()
+    finally:
+        listener.close()
+    assert binds == ["http://127.0.0.1:1"]
+    gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
+    assert 10 <= len(starts) <= 30, gaps  # not 600 restarts in 30 s (every 50 ms)
+    assert gaps[:4] == pytest.approx([0.05, 0.1, 0.2, 0.4])
+    assert max(gaps) == pytest.approx(relay_mod.API_RESTART_MAX_S)
+    assert any(e.get("source") == "hypercorn" and "127.0.0.1 failed" in e["event"] for e in logs), logs
+    assert sum(e["event"] == "HTTP server failed; serving again" for e in logs) == len(starts)
