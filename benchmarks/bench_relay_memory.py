@@ -21,6 +21,7 @@ import os
 import random
 import tempfile
 import time
+from collections.abc import Sized
 from pathlib import Path
 
 import trio
@@ -34,6 +35,11 @@ from inri.protocol.codec import decode_registration, encode_registration, make_r
 from inri.protocol.keys import new_signing_key
 
 TOTAL = int(os.environ.get("BENCH_MEMORY_PUSHES", "200000"))
+
+
+def _entries(service: RelayService) -> int:
+    """Entries in a service's verifier cache (a CachingVerifier is sized; the Verifier protocol is not)."""
+    return len(service.verifier) if isinstance(service.verifier, Sized) else 0
 
 
 def rss_mb() -> float:
@@ -112,7 +118,7 @@ async def run(tmp: Path) -> dict[str, float]:
                 s = entry.engine.stats()
                 print(f"{done:>7,} pushes  RSS {rss_mb():6.1f} MB  {done / (time.perf_counter() - t0):6.0f}/s  "
                       f"E: seen {s['seen']:,} reverse {s['reverse']:,} custody {s['custody']}  "
-                      f"verifier entries {len(entry.verifier)}/{len(home.verifier)}", flush=True)
+                      f"verifier entries {_entries(entry)}/{_entries(home)}", flush=True)
             if done == 100_000:
                 out["rss_100k_mb"] = rss_mb()
         while entry.engine.stats()["custody"]:
@@ -120,8 +126,8 @@ async def run(tmp: Path) -> dict[str, float]:
         out["rss_end_mb"] = rss_mb()
         out["pushes_per_s"] = TOTAL / (time.perf_counter() - t0)
         n.cancel_scope.cancel()
-    for s in stores.values():
-        s.close()
+    for store in stores.values():
+        store.close()
     return out
 
 
