@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 DEFAULT = "black-holes-1k,rushing-1k,forger-1k,reg-spammer-1k,push-spammer-1k"
 KEYS = ("delivery_ratio", "route_coverage", "convergence_p50_s", "stretch_median", "stretch_p95",
@@ -22,14 +23,15 @@ KEYS = ("delivery_ratio", "route_coverage", "convergence_p50_s", "stretch_median
         "victim_latency_p99_s", "spam_offered", "spam_accepted", "wall_s")
 
 
-def run(scenario: str, *extra: str) -> dict:
+def run(scenario: str, *extra: str) -> dict[str, Any]:
     args = [sys.executable, "-m", "simulations.cli", "run", scenario, "--trace-level", "off", "--progress", "off",
             *extra]
     out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    summary: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    return summary
 
 
-def show(label: str, s: dict) -> None:
+def show(label: str, s: dict[str, Any]) -> None:
     print(f"{label:34s} " + " ".join(f"{k}={s[k]}" for k in KEYS if k in s), flush=True)
 
 

@@ -59,7 +59,7 @@ def bench_push() -> float:
 
 
 def bench_baseline() -> float:
-    d: dict[int, tuple] = {}
+    d: dict[int, tuple[int, float, int, str, int]] = {}
     t0 = time.perf_counter()
     for i in range(N):
         d[i] = (i, 1.0, 3, "a", 4)

@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import trio
@@ -76,7 +77,7 @@ async def quic_frames(batch: int = 64) -> float:
     rate: list[float] = []
 
     async def on_link(link) -> None:  # type: ignore[no-untyped-def]
-        t0 = None
+        t0 = 0.0
         for i in range(FRAMES):
             await link.receive()
             if i == 0:
@@ -110,7 +111,7 @@ async def tcp_frames() -> float:
     async def handler(stream: trio.SocketStream) -> None:
         buf = bytearray()
         n = 0
-        t0 = None
+        t0 = 0.0
         while n < FRAMES:
             data = await stream.receive_some(65536)
             if t0 is None:
@@ -137,7 +138,7 @@ async def tcp_frames() -> float:
     return rate[0]
 
 
-async def load(url: str, bodies: list[dict]) -> tuple[float, list[float], int]:
+async def load(url: str, bodies: list[dict[str, Any]]) -> tuple[float, list[float], int]:
     """POST every body at url with CONC workers; returns (requests/s, latencies, 202 count)."""
     lat: list[float] = []
     ok = 0
@@ -164,7 +165,7 @@ async def load(url: str, bodies: list[dict]) -> tuple[float, list[float], int]:
 WRK_SECONDS = float(os.environ.get("BENCH_WRK_SECONDS", "5"))
 
 
-def wrk_load(url: str, bodies: list[dict], workdir: Path) -> tuple[float, float, float, int]:
+def wrk_load(url: str, bodies: list[dict[str, Any]], workdir: Path) -> tuple[float, float, float, int]:
     """wrk (one thread, CONC connections) POSTing the bodies in turn; (req/s, p50 s, p99 s, non-2xx)."""
     script = workdir / f"push_{abs(hash(url))}.lua"
     lines = ["bodies = {"] + ["  " + json.dumps(json.dumps(b)) + "," for b in bodies] + ["}", "i = 0",
@@ -203,7 +204,7 @@ def parse_wrk(out: str) -> tuple[float, float, float, int]:
     return rps, pctl(50), pctl(99), bad
 
 
-async def relay_bench(info: dict) -> dict:
+async def relay_bench(info: dict[str, Any]) -> dict[str, Any]:
     a, b = info["relays"][0], info["relays"][1]
     # Several devices at B: one device's mailbox holds at most 1,000 unacknowledged messages.
     devices = [DeviceClient(b["api"]) for _ in range(PUSHES // 800 + 1)]

@@ -20,6 +20,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import trio
@@ -75,13 +76,14 @@ def wrk(url: str, body: list[str], seconds: int, workdir: Path) -> dict[str, flo
     out = proc.stdout
     import re
 
-    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)) if "Requests/sec" in out else 0.0
+    got = re.search(r"Requests/sec:\s+([\d.]+)", out)
+    rps = float(got.group(1)) if got else 0.0
     m = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
     total = re.search(r"STATUS requests=(\d+)", out)
     return {"rps": rps, "non2xx": float(m.group(1)) if m else 0.0, "requests": float(total.group(1)) if total else 0.0}
 
 
-async def bench(info: dict, workdir: Path) -> dict:
+async def bench(info: dict[str, Any], workdir: Path) -> dict[str, Any]:
     a, b = info["relays"][0], info["relays"][1]
     honest = DeviceClient(b["api"])
     await honest.register(tokens=2 * HONEST_N + 10)

@@ -12,18 +12,20 @@ import os
 import subprocess
 import sys
 import tempfile
+from typing import Any
 
 KEYS = ("delivery_ratio", "delivery_ratio_all", "route_coverage", "stretch_median", "stretch_p95", "overhead_ratio",
         "fallback_pushes", "messages_per_delivered_push", "events", "events_per_s", "wall_s")
 
 
-def run(scenario: str, level: str) -> dict:
+def run(scenario: str, level: str) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         args = [sys.executable, "-m", "simulations.cli", "run", scenario, "--trace-level", level, "--progress", "off"]
         if level != "off":
             args += ["--trace-dir", tmp]
         out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    summary: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    return summary
 
 
 def main() -> None:

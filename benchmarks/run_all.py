@@ -17,16 +17,18 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 
 
-def _last_json(text: str) -> dict | None:
+def _last_json(text: str) -> dict[str, Any] | None:
     for line in reversed(text.strip().splitlines()):
         line = line.strip()
         if line.startswith("{") and line.endswith("}"):
             try:
-                return json.loads(line)
+                got: dict[str, Any] = json.loads(line)
+                return got
             except json.JSONDecodeError:
                 return None
     return None

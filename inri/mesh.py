@@ -4,6 +4,14 @@
 waits until every relay answers and has neighbours, writes DIR/mesh.json and prints it. The processes
 outlive the command (their own sessions); `down` stops them (SIGTERM, then SIGKILL after a grace).
 
+Ports: every process binds port 0 and reports the ports it got, so no port is picked, released and
+bound again by someone else in between. A relay writes them to `relay.json` in its data dir once it
+listens (`inri.node.relay.READY_FILE`: node_id, api, quic, pid); a bootstrap prints one line
+`{"bootstrap": URL}` on stdout (its log here). Once a relay is up, its relay.toml is rewritten with
+the ports it got, so a restart (tests kill -9 and restart relays) comes back on the same addresses.
+Bootstrap sync pulls from the peers a node is started with, so with several bootstraps B(i) pulls
+from B1..B(i-1) (their ports are known by then); relays announce to B1 first, so records reach all.
+
 Lab settings: short timers (relay profile "test"), loopback/private addresses allowed at the
 bootstraps, full traces with one shared salt so `inri demo` can follow a push across relays.
 """
@@ -31,9 +39,49 @@ class MeshError(RuntimeError):
 
 
 def _free_port(kind: int) -> int:
+    """A port free right now (racy: only for third-party servers that cannot report their port)."""
     with socket.socket(socket.AF_INET, kind) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _died(proc: subprocess.Popen[bytes], log: Path) -> MeshError:
+    return MeshError(f"process {proc.args!r} exited ({proc.returncode}); log {log}:\n"
+                     + "\n".join(log.read_text(errors="replace").splitlines()[-15:]))
+
+
+def bootstrap_url(proc: subprocess.Popen[bytes], log: Path, deadline: float) -> str:
+    """The URL a bootstrap started with port 0 listens on: its `{"bootstrap": URL}` line in log."""
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise _died(proc, log)
+        for line in log.read_text(errors="replace").splitlines():
+            if line.startswith('{"bootstrap": '):
+                try:
+                    return str(json.loads(line)["bootstrap"])
+                except (ValueError, KeyError):
+                    pass
+        time.sleep(0.05)
+    raise MeshError(f"bootstrap did not report its URL in time; log {log}")
+
+
+def relay_ready(data_dir: Path, proc: subprocess.Popen[bytes], log: Path, deadline: float) -> dict[str, Any]:
+    """What a relay process reports once it listens (node_id, api URL, quic address, pid): its
+    data_dir/relay.json, written by this very process (a stale file of an earlier run is ignored)."""
+    from inri.node.relay import READY_FILE
+
+    path = data_dir / READY_FILE
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise _died(proc, log)
+        try:
+            info: dict[str, Any] = json.loads(path.read_text())
+            if info.get("pid") == proc.pid:
+                return info
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.05)
+    raise MeshError(f"relay in {data_dir} did not report ready in time; log {log}")
 
 
 def _spawn(args: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
@@ -45,8 +93,7 @@ def _spawn(args: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[
 def _wait(url: str, proc: subprocess.Popen[bytes], log: Path, deadline: float) -> None:
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise MeshError(f"process {proc.args!r} exited ({proc.returncode}); log {log}:\n"
-                            + "\n".join(log.read_text(errors="replace").splitlines()[-15:]))
+            raise _died(proc, log)
         try:
             if httpx.get(url, timeout=1.0).status_code == 200:
                 return
@@ -61,6 +108,7 @@ def relay_config(data_dir: Path, api_port: int, quic_port: int, bootstraps: list
                  engine: dict[str, Any] | None = None, lab_limits: bool = True) -> str:
     """The TOML of one lab relay (engine: extra [engine] settings, e.g. {"active_max": 8}).
 
+    Ports 0: the relay binds ephemeral ports and reports them in relay.json (see relay_ready).
     lab_limits: raise the API rate limits for load tests; False keeps the documented defaults.
     """
     boots = ", ".join(json.dumps(b) for b in bootstraps)
@@ -96,40 +144,42 @@ def up(directory: str | Path, relays: int = 6, bootstraps: int = 1, *, timeout_s
     info: dict[str, Any] = {"dir": str(d), "trace_salt": salt, "bootstraps": [], "relays": []}
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        ports = [_free_port(socket.SOCK_STREAM) for _ in range(bootstraps)]
-        urls = [f"http://127.0.0.1:{p}" for p in ports]
+        urls: list[str] = []
         benv = {"INRI_BOOTSTRAP_PER_PREFIX_MAX": "10000", "INRI_BOOTSTRAP_RATE_PER_S": "1000",
                 "INRI_BOOTSTRAP_RATE_BURST": "2000", "INRI_BOOTSTRAP_SYNC_INTERVAL_S": "1",
                 "INRI_BOOTSTRAP_LOG_FORMAT": "json"}
-        for i, port in enumerate(ports):
-            peers = [u for u in urls if u != urls[i]]
-            args = [py, "-m", "bootstrap_nodes.cli", "serve", "--listen", f"127.0.0.1:{port}",
+        for i in range(bootstraps):
+            args = [py, "-m", "bootstrap_nodes.cli", "serve", "--listen", "127.0.0.1:0",
                     "--data-dir", str(d / f"bootstrap-{i + 1}"), "--allow-private"]
-            for p in peers:
+            for p in urls:  # the ones started before: their ports are known (see module docstring)
                 args += ["--peer", p]
             log = d / f"bootstrap-{i + 1}.log"
             proc = _spawn(args, log, benv)
             procs.append(proc)
-            info["bootstraps"].append({"name": f"B{i + 1}", "url": urls[i], "pid": proc.pid, "log": str(log)})
-        for i, b in enumerate(info["bootstraps"]):
-            _wait(b["url"] + "/healthz", procs[i], Path(b["log"]), deadline)
+            url = bootstrap_url(proc, log, deadline)
+            _wait(url + "/healthz", proc, log, deadline)
+            urls.append(url)
+            info["bootstraps"].append({"name": f"B{i + 1}", "url": url, "pid": proc.pid, "log": str(log)})
         for i in range(relays):
             name = f"R{i + 1}"
             rdir = d / name.lower()
             rdir.mkdir(exist_ok=True)
-            api_port, quic_port = _free_port(socket.SOCK_STREAM), _free_port(socket.SOCK_DGRAM)
             cfg = rdir / "relay.toml"
-            cfg.write_text(relay_config(rdir, api_port, quic_port, urls, salt, trace_level, profile,
+            cfg.write_text(relay_config(rdir, 0, 0, urls, salt, trace_level, profile,
                                         (engine or {}).get(name), lab_limits))
             log = d / f"{name.lower()}.log"
             proc = _spawn([py, "-m", "inri.cli", "relay", "--config", str(cfg)], log, {})
             procs.append(proc)
-            info["relays"].append({"name": name, "api": f"http://127.0.0.1:{api_port}",
-                                   "quic": f"127.0.0.1:{quic_port}", "pid": proc.pid, "data_dir": str(rdir),
-                                   "log": str(log)})
+            info["relays"].append({"name": name, "pid": proc.pid, "data_dir": str(rdir), "log": str(log)})
         for j, r in enumerate(info["relays"]):
-            _wait(r["api"] + "/healthz", procs[bootstraps + j], Path(r["log"]), deadline)
-            r["node_id"] = httpx.get(r["api"] + "/healthz", timeout=2).json()["node_id"]
+            rdir, log = Path(r["data_dir"]), Path(r["log"])
+            ready = relay_ready(rdir, procs[bootstraps + j], log, deadline)
+            r.update(api=ready["api"], quic=ready["quic"], node_id=ready["node_id"])
+            _wait(r["api"] + "/healthz", procs[bootstraps + j], log, deadline)
+            # A restart keeps the addresses peers and clients know (see module docstring).
+            api_port, quic_port = int(r["api"].rpartition(":")[2]), int(r["quic"].rpartition(":")[2])
+            (rdir / "relay.toml").write_text(relay_config(rdir, api_port, quic_port, urls, salt, trace_level,
+                                                          profile, (engine or {}).get(r["name"]), lab_limits))
         _write(d, info)
         want = min(min_neighbours, relays - 1)
         while want > 0:

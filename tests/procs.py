@@ -1,4 +1,9 @@
-"""Helpers for tests that start real INRI processes on loopback (bounded waits, always cleaned up)."""
+"""Helpers for tests that start real INRI processes on loopback (bounded waits, always cleaned up).
+
+Ports: processes bind port 0 and report what they got (a relay in DATA_DIR/relay.json, a bootstrap
+in a `{"bootstrap": URL}` stdout line): `relay_ready` and `bootstrap_url` read them back, so no port
+is picked, released and then bound by someone else in between (inri.mesh does the same).
+"""
 
 from __future__ import annotations
 
@@ -9,14 +14,20 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
+
+from inri import mesh
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def free_port(host: str = "127.0.0.1", kind: int = socket.SOCK_STREAM) -> int:
-    """A port free right now on host (TCP by default, UDP with kind=SOCK_DGRAM)."""
+    """A port free right now on host (TCP by default, UDP with kind=SOCK_DGRAM).
+
+    Racy (pick, release, bind): for new tests use port 0 and `relay_ready` / `bootstrap_url`.
+    """
     with socket.socket(socket.AF_INET, kind) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
@@ -80,3 +91,25 @@ def bootstrap_cmd(listen: str, data_dir: Path, peers: list[str]) -> list[str]:
     for p in peers:
         cmd += ["--peer", p]
     return cmd
+
+
+def relay_ready(proc: Proc, data_dir: Path, timeout: float = 30.0) -> dict[str, Any]:
+    """node_id, api URL, quic address and pid of a relay started with port 0 (its relay.json)."""
+    try:
+        return mesh.relay_ready(data_dir, proc.p, proc.log, time.monotonic() + timeout)
+    except mesh.MeshError as exc:
+        raise AssertionError(str(exc)) from None
+
+
+def bootstrap_url(proc: Proc, timeout: float = 30.0) -> str:
+    """The URL a bootstrap started with `--listen 127.0.0.1:0` listens on."""
+    try:
+        return mesh.bootstrap_url(proc.p, proc.log, time.monotonic() + timeout)
+    except mesh.MeshError as exc:
+        raise AssertionError(str(exc)) from None
+
+
+def relay_cmd(data_dir: Path, *args: str) -> list[str]:
+    """`inri relay` on loopback ports 0 with a dead bootstrap and the test profile, plus args."""
+    return [sys.executable, "-m", "inri.cli", "relay", "--data-dir", str(data_dir), "--api", "127.0.0.1:0",
+            "--quic", "127.0.0.1:0", "--bootstrap", "http://127.0.0.1:9", "--profile", "test", *args]

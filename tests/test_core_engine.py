@@ -317,7 +317,7 @@ def test_custody_parks_after_the_escalation_and_delivers_when_the_home_returns()
     net.kill(0)  # the home relay crashes
     pid = push(net, 5, reg, TOKENS[0])
     net.run_until(net.now + 90.0)  # route, backups, rings 1/3/5/7, full TTL: all fail; parked retries continue
-    assert pid not in net.custody and pid in net.engines[5]._custody  # noqa: SLF001 - custody kept
+    assert pid not in net.custody and pid in net.engines[5]._custody
     net.restart(0)
     net.run_until(net.now + 5.0)  # links come back
     net.apply("0", net.engines[0].register(reg, net.now))  # the restarted home re-gossips its registration

@@ -114,8 +114,8 @@ async def test_hostile_clients_lose_only_their_own_connection() -> None:
             with pytest.raises(ConnectError, match="refused"):
                 await forger.connect(ea.listen_addr, expect_node_id=a.node_id)
             other = await eb.connect(ea.listen_addr, expect_node_id=a.node_id)
-            other._conn.quic.send_stream_data(0, struct.pack(">I", limits.MAX_FRAME_BYTES + 1))  # noqa: SLF001
-            other._conn.poke()  # noqa: SLF001
+            other._conn.quic.send_stream_data(0, struct.pack(">I", limits.MAX_FRAME_BYTES + 1))
+            other._conn.poke()
             with pytest.raises(LinkClosed):
                 while True:
                     await other.receive()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -21,7 +20,7 @@ from inri.node.tracefile import TraceFile, read_trace
 from inri.protocol.codec import make_registration
 from inri.protocol.keys import new_signing_key
 from inri.protocol.messages import Push
-from tests.procs import free_port
+from tests.procs import Proc, relay_cmd, relay_ready, wait_http
 
 REGS = [make_registration(new_signing_key(bytes([i]) * 32), 1, 1000, 10**6) for i in range(1, 4)]
 TOKENS = [bytes([i]) * 16 for i in range(6)]
@@ -65,6 +64,7 @@ def test_sqlite_home_store_behaves_exactly_like_the_memory_one(tmp_path_factory,
         db.close()
 
 
+@pytest.mark.integration  # starts a process
 def test_store_survives_an_unclean_close_and_unregister_deletes_everything(tmp_path: Path) -> None:
     path = tmp_path / "r.sqlite3"
     # Write in a child process that is killed with SIGKILL right after its last commit.
@@ -134,6 +134,7 @@ def test_config_precedence_and_clear_errors(tmp_path: Path) -> None:
     assert test.engine.keepalive_interval_s == 0.5 and test.quic.idle_timeout_s == 5.0
 
 
+@pytest.mark.integration  # starts a process
 def test_check_config_command_and_identity_file(tmp_path: Path) -> None:
     f = tmp_path / "relay.toml"
     f.write_text('[relay]\nquic = "127.0.0.1:4433"\n')
@@ -152,23 +153,40 @@ def test_check_config_command_and_identity_file(tmp_path: Path) -> None:
         NodeIdentity.load_or_create(key)
 
 
+@pytest.mark.integration  # starts a process
 def test_relay_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
-    api = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "inri.cli", "relay", "--data-dir", str(tmp_path), "--api",
-                             f"127.0.0.1:{api}", "--quic", "127.0.0.1:0", "--bootstrap", "http://127.0.0.1:9",
-                             "--profile", "test"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            env={**os.environ, "INRI_RELAY_LOG_FORMAT": "json"})
+    proc = Proc(relay_cmd(tmp_path), tmp_path / "relay.log", {"INRI_RELAY_LOG_FORMAT": "json"})
     try:
-        from tests.procs import wait_http
-
-        wait_http(f"http://127.0.0.1:{api}/healthz", timeout=30)
-        assert (tmp_path / "relay.json").exists()
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(15) == 0
-        out = proc.stdout.read().decode() if proc.stdout else ""
-        assert '"relay stopped"' in out
+        ready = relay_ready(proc, tmp_path)  # ports 0: the relay reports what it bound
+        wait_http(ready["api"] + "/healthz", timeout=30, proc=proc)
+        assert ready["pid"] == proc.p.pid and ready["quic"].startswith("127.0.0.1:")
+        proc.p.send_signal(signal.SIGTERM)
+        assert proc.p.wait(15) == 0
+        assert '"relay stopped"' in proc.log.read_text()
         assert not (tmp_path / "relay.json").exists()
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        proc.stop()
+
+
+@pytest.mark.integration  # starts a process
+def test_store_synchronous_setting_reaches_sqlite_and_bad_values_are_refused(tmp_path: Path) -> None:
+    """Issue 13 item 12: `[store] synchronous = "normal" | "full"` applied as PRAGMA synchronous."""
+    assert load_config(None, env={}).store.synchronous == "normal"
+    f = tmp_path / "relay.toml"
+    f.write_text('[store]\nsynchronous = "full"\n')
+    cfg = load_config(f, env={})
+    full = Store(tmp_path / "full.sqlite3", synchronous=cfg.store.synchronous)
+    normal = Store(tmp_path / "normal.sqlite3")
+    try:
+        assert (full.sync_mode(), normal.sync_mode()) == (2, 1)  # SQLite: 1 NORMAL, 2 FULL
+    finally:
+        full.close()
+        normal.close()
+    assert load_config(None, env={"INRI_STORE_SYNCHRONOUS": "full"}).store.synchronous == "full"
+    f.write_text('[store]\nsynchronous = "off"\n')
+    bad = subprocess.run([sys.executable, "-m", "inri.cli", "relay", "--config", str(f), "--check-config"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "store.synchronous" in bad.stderr and "'off'" in bad.stderr, bad.stderr
+    f.write_text('[store]\nsync_full = true\n')
+    with pytest.raises(ConfigError, match="sync_full"):
+        load_config(f, env={})

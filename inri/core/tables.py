@@ -30,7 +30,7 @@ class BoundedMap(dict[K, V]):
     def put(self, key: K, value: V) -> bool:
         """Insert or overwrite key (an overwritten key keeps its place). True: the oldest entry was
         evicted to make room."""
-        if key not in self and len(self) >= self.max_size:
+        if len(self) >= self.max_size and key not in self:  # cheap test first: rarely full
             del self[next(iter(self))]
             self[key] = value
             return True

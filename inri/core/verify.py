@@ -6,8 +6,13 @@ distinct registration is verified once instead of once per relay; a relay daemon
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 from inri.protocol.keys import registration_signed_bytes, verify
 from inri.protocol.messages import Registration
+
+DEFAULT_MAX_ENTRIES = 16_384  # distinct registrations remembered (about 6 MB at most in a daemon)
+ID_FAST_PATH_MAX = 1024  # objects remembered by identity (the simulator's shared objects)
 
 
 class SignatureVerifier:
@@ -21,33 +26,47 @@ class SignatureVerifier:
 
 
 class CachingVerifier(SignatureVerifier):
-    """A bounded cache of verification results keyed by the whole registration (every signed field).
+    """A bounded LRU of verification results keyed by the registration's content (every signed field).
 
-    Keying on the full registration, not the signature alone, means a valid signature cannot be
-    replayed with another epoch or lifetime. When full, the cache is cleared wholesale: cheaper than
-    LRU bookkeeping on the hot path, and a miss only costs one signature check.
+    Keying on content, not object identity, is what bounds the daemon's memory: it decodes a new
+    Registration object from every push and gossip frame, and an identity-keyed table kept one entry
+    per object (about 500 B per push until a wholesale clear at 100,000). Keying on the full
+    registration, not the signature alone, means a valid signature cannot be replayed with another
+    epoch or lifetime. A miss only costs one signature check.
     """
 
-    def __init__(self, max_entries: int = 100_000) -> None:
-        self._cache: dict[Registration, bool] = {}
-        # Identity fast path: the simulator hands the same registration object to thousands of
-        # engines; an id() lookup skips hashing its five fields. The entry holds the object itself,
-        # so its id cannot be reused while cached.
+    def __init__(self, max_entries: int = DEFAULT_MAX_ENTRIES) -> None:
+        if max_entries < 1:
+            raise ValueError("max_entries must be >= 1")
+        self._cache: OrderedDict[Registration, bool] = OrderedDict()
+        # Identity fast path, itself bounded: the simulator hands the same registration object to
+        # thousands of engines, and an id() lookup skips hashing its five fields (and the LRU
+        # bookkeeping: recency is refreshed only by content lookups). The entry holds
+        # the object, so its id cannot be reused while cached; cleared wholesale when full.
         self._by_id: dict[int, tuple[Registration, bool]] = {}
         self._max = max_entries
+        self._id_max = min(max_entries, ID_FAST_PATH_MAX)
         self.checks = 0  # signature verifications actually performed (the rest were cache hits)
+
+    def __len__(self) -> int:
+        """Registrations remembered (at most max_entries)."""
+        return len(self._cache)
 
     def verify_registration(self, registration: Registration) -> bool:
         same = self._by_id.get(id(registration))
         if same is not None and same[0] is registration:
             return same[1]
-        hit = self._cache.get(registration)
+        cache = self._cache
+        hit = cache.get(registration)
         if hit is None:
             self.checks += 1
             hit = super().verify_registration(registration)
-            if len(self._cache) >= self._max:
-                self._cache.clear()
-                self._by_id.clear()
-            self._cache[registration] = hit
+            cache[registration] = hit
+            if len(cache) > self._max:
+                cache.popitem(last=False)  # least recently used
+        else:
+            cache.move_to_end(registration)
+        if len(self._by_id) >= self._id_max:
+            self._by_id.clear()
         self._by_id[id(registration)] = (registration, hit)
         return hit

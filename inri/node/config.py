@@ -18,6 +18,7 @@ from msgspec import Meta
 from inri.common.addr import parse_addr
 from inri.common.config import ConfigError, Setting, apply, engine_config, read_toml
 from inri.core.config import EngineConfig
+from inri.protocol.limits import MAX_FRAME_BYTES
 from inri.protocol.peer_record import parse_geo
 
 __all__ = ["ApiSection", "ConfigError", "QuicSection", "RelayConfig", "RelaySection", "TraceSection",
@@ -51,6 +52,10 @@ class RelaySection:
 @dataclass(frozen=True)
 class QuicSection:
     idle_timeout_s: Annotated[float, Positive] = 30.0  # aioquic default is 60 s; links also carry engine keepalives
+    # Bytes queued for one neighbour and not yet acknowledged by it. A neighbour that withholds QUIC
+    # flow-control credit cannot make the relay buffer more: further frames to it are dropped,
+    # counted (inri_frames_dropped_congested_total) and lower its score. At least one whole frame.
+    send_queue_max_bytes: Annotated[int, Meta(ge=MAX_FRAME_BYTES + 4)] = 4 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -84,6 +89,13 @@ class TraceSection:
 
 
 @dataclass(frozen=True)
+class StoreSection:
+    # PRAGMA synchronous of the SQLite store (inri.node.store.StoreSync; docs/operations.md, [store]):
+    # normal survives a crash or kill -9, full also a power loss (an fsync per commit).
+    synchronous: Literal["normal", "full"] = "normal"
+
+
+@dataclass(frozen=True)
 class WebPushSection:
     """Web Push endpoints (docs/api.md "Web Push")."""
 
@@ -104,6 +116,7 @@ class RelayConfig:
     quic: QuicSection = field(default_factory=QuicSection)
     api: ApiSection = field(default_factory=ApiSection)
     trace: TraceSection = field(default_factory=TraceSection)
+    store: StoreSection = field(default_factory=StoreSection)
     engine: EngineConfig = field(default_factory=EngineConfig)
     webpush: WebPushSection = field(default_factory=WebPushSection)
 
@@ -113,7 +126,7 @@ class RelayConfig:
 
 
 _SECTIONS = {"relay": RelaySection, "quic": QuicSection, "api": ApiSection, "trace": TraceSection,
-             "engine": EngineConfig, "webpush": WebPushSection}
+             "store": StoreSection, "engine": EngineConfig, "webpush": WebPushSection}
 TEST_PROFILE_QUIC_IDLE_S = 5.0
 
 

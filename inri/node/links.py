@@ -5,6 +5,11 @@ back into it: `peer_up` when a link is authenticated, `receive_frame` for every 
 when a link dies, `connect_failed` when a dial does not produce a link. Membership decisions (whom to
 dial, whom to drop) stay in the engine; this module only owns sockets.
 
+Each link's send queue is bounded in bytes (`[quic] send_queue_max_bytes`): a neighbour that
+withholds QUIC flow-control credit (it never reads, yet keeps its link alive with keepalives) would
+otherwise make us buffer every frame of every gossip flood for it. Frames past the bound are dropped,
+counted, and reported to the relay service (`link_congested`), which scores the neighbour.
+
 At most one link per neighbour: when two relays dial each other at once, the link dialled by the
 smaller node id wins on both sides, so neither ends up with two half-used connections.
 """
@@ -33,20 +38,30 @@ class LinkEvents(Protocol):
 
     def receive_frame(self, peer: str, data: bytes) -> None: ...
 
+    def link_congested(self, peer: str) -> None: ...
+
+    def active_peers(self) -> list[str]: ...
+
+
+DEFAULT_SEND_QUEUE_MAX_BYTES = 4 * 1024 * 1024  # RelayConfig.quic.send_queue_max_bytes
+
 
 class LinkManager:
     """Owns the QUIC endpoint's links; one per neighbour node id."""
 
-    def __init__(self, endpoint: QuicEndpoint, *, connect_timeout_s: float = 5.0) -> None:
+    def __init__(self, endpoint: QuicEndpoint, *, connect_timeout_s: float = 5.0,
+                 send_queue_max_bytes: int = DEFAULT_SEND_QUEUE_MAX_BYTES) -> None:
         self.endpoint = endpoint
         self.connect_timeout_s = connect_timeout_s
+        self.send_queue_max_bytes = send_queue_max_bytes
         self.events: LinkEvents | None = None
         self._links: dict[str, Link] = {}
         self._dropped_by_us: set[Link] = set()
         self._dialling: set[str] = set()
         self._nursery: trio.Nursery | None = None
         self.stats = {"frames_out": 0, "frames_in": 0, "frames_unroutable": 0, "links_opened": 0,
-                      "links_closed": 0, "dial_failures": 0, "duplicate_links": 0}
+                      "links_closed": 0, "dial_failures": 0, "duplicate_links": 0,
+                      "frames_dropped_congested": 0}
 
     # -- NetworkSink ------------------------------------------------------------------------------
 
@@ -62,6 +77,11 @@ class LinkManager:
         self._send_now(link, frame)
 
     def _send_now(self, link: Link, frame: bytes) -> None:
+        if link.send_backlog + len(frame) + 4 > self.send_queue_max_bytes:  # 4: the length prefix
+            self.stats["frames_dropped_congested"] += 1
+            if self.events is not None and not link.closed:
+                self.events.link_congested(link.peer_node_id)
+            return
         try:
             link.send_nowait(frame)
             self.stats["frames_out"] += 1
@@ -106,11 +126,19 @@ class LinkManager:
             await trio.sleep_forever()
 
     def neighbours(self) -> list[dict[str, object]]:
-        """Current links (for /v1/status)."""
-        return [
-            {"node_id": p, "addr": link.listen_addr or link.remote_addr, "outbound": link.outbound}
-            for p, link in sorted(self._links.items())
-        ]
+        """Links to active neighbours (for /v1/status; what inri_neighbours counts)."""
+        active = set(self.events.active_peers()) if self.events is not None else set()
+        return [self._describe(p, link) for p, link in sorted(self._links.items()) if p in active]
+
+    def pending(self) -> list[dict[str, object]]:
+        """Links that are open but not (yet) an active neighbour: e.g. held while this relay is full."""
+        active = set(self.events.active_peers()) if self.events is not None else set()
+        return [self._describe(p, link) for p, link in sorted(self._links.items()) if p not in active]
+
+    @staticmethod
+    def _describe(peer: str, link: Link) -> dict[str, object]:
+        return {"node_id": peer, "addr": link.listen_addr or link.remote_addr, "outbound": link.outbound,
+                "send_backlog_bytes": link.send_backlog}
 
     async def _dial(self, peer: str, addr: str) -> None:
         try:

@@ -51,6 +51,8 @@ _PLAIN = {
     "inri_frames_invalid": ("malformed frames from peers", "engine", "frames_invalid"),
     "inri_peers_cut": ("links cut because the neighbour's score fell too low", "engine", "peer_cut_score"),
     "inri_internal_errors": ("frames whose handling raised (bugs)", "service", "internal_errors"),
+    "inri_frames_dropped_congested": ("frames to a neighbour dropped: its send queue was full", "service",
+                                      "frames_dropped_congested"),
     "inri_messages_acked": ("messages acknowledged and deleted", "service", "messages_acked"),
     "inri_devices_registered": ("devices registered", "service", "devices_registered"),
 }

@@ -31,7 +31,7 @@ from typing import Any
 import msgpack
 import structlog
 import trio
-from aioquic.buffer import Buffer
+from aioquic._buffer import Buffer  # aioquic.buffer re-exports it without __all__
 from aioquic.quic import events
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.connection import QuicConnection, QuicConnectionState
@@ -87,7 +87,7 @@ def _peer_key(quic: QuicConnection) -> bytes | None:
     if cert is None:
         return None
     try:
-        return cert.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+        return bytes(cert.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw))
     except (ValueError, TypeError, AttributeError):
         return None  # not an Ed25519 certificate: not an INRI relay
 
@@ -146,6 +146,11 @@ class Link:
         """Queue one frame without yielding (raises LinkClosed when the link is gone)."""
         self._conn.send_frame(frame)
 
+    @property
+    def send_backlog(self) -> int:
+        """Bytes queued to the peer and not yet acknowledged by it (what a send queue bound limits)."""
+        return self._conn.send_backlog()
+
     async def receive(self) -> bytes:
         """The next frame from the peer."""
         try:
@@ -168,7 +173,7 @@ class Link:
 class _Connection:
     """One aioquic connection and the state our link protocol keeps on it."""
 
-    def __init__(self, endpoint: QuicEndpoint, quic: QuicConnection, addr: tuple, outbound: bool) -> None:
+    def __init__(self, endpoint: QuicEndpoint, quic: QuicConnection, addr: tuple[Any, ...], outbound: bool) -> None:
         self.endpoint = endpoint
         self.quic = quic
         self.addr = addr
@@ -197,6 +202,15 @@ class _Connection:
             raise ValueError(f"frame of {len(frame)} bytes exceeds {limits.MAX_FRAME_BYTES}")
         self.quic.send_stream_data(_STREAM, _LEN.pack(len(frame)) + frame)
         self.poke()
+
+    def send_backlog(self) -> int:
+        # aioquic keeps every byte written to a stream until the peer acknowledges it and has no
+        # public accessor for that amount; its stream sender tracks it as [_buffer_start, _buffer_stop).
+        stream = self.quic._streams.get(_STREAM)  # noqa: SLF001 - see above
+        if stream is None:
+            return 0
+        sender = stream.sender
+        return int(sender._buffer_stop - sender._buffer_start)  # noqa: SLF001 - see above
 
     def close(self, reason: str, error_code: int = 0) -> None:
         if not self.closed:
@@ -408,7 +422,7 @@ class QuicEndpoint:
                 conn.quic.close(error_code=0x1, reason_phrase="internal error")
             conn.poke()
 
-    def _add(self, quic: QuicConnection, addr: tuple, outbound: bool) -> _Connection:
+    def _add(self, quic: QuicConnection, addr: tuple[Any, ...], outbound: bool) -> _Connection:
         conn = _Connection(self, quic, addr, outbound)
         self._conns.add(conn)
         self.cids[quic.host_cid] = conn

@@ -197,7 +197,7 @@ async def run_relay(cfg: RelayConfig, *, shutdown: trio.Event | None = None) -> 
     data.mkdir(parents=True, exist_ok=True)
     identity = NodeIdentity.load_or_create(data / "node.key")
     listener = bind_api(cfg.relay.api)  # first: a taken port is a clear error before anything starts
-    store = Store(data / "relay.sqlite3")
+    store = Store(data / "relay.sqlite3", synchronous=cfg.store.synchronous)
     shutdown = shutdown or trio.Event()
     ready = False
     try:
@@ -211,7 +211,8 @@ async def run_relay(cfg: RelayConfig, *, shutdown: trio.Event | None = None) -> 
         if parse_addr(endpoint.listen_addr)[0] in ("0.0.0.0", "::"):
             log.warning("announcing an unspecified address: bootstraps will refuse it; set relay.public_addr "
                         "(--public-addr) to the address peers can reach", quic=endpoint.listen_addr)
-        links = LinkManager(endpoint, connect_timeout_s=cfg.engine.connect_timeout_s)
+        links = LinkManager(endpoint, connect_timeout_s=cfg.engine.connect_timeout_s,
+                            send_queue_max_bytes=cfg.quic.send_queue_max_bytes)
         tracer = TraceFile(data / "traces", identity.node_id, level=cfg.trace.level, salt=cfg.trace.salt or None,
                            max_bytes=cfg.trace.max_bytes, keep=cfg.trace.keep)
         service = RelayService(identity.node_id, cfg.engine, store, links, tracer, listen_addr=endpoint.listen_addr,

@@ -64,6 +64,12 @@ _OUT_NAMES = {cls: "frames_out_" + t.name.lower() for cls, t in (
     (PeerExchange, MessageType.PEER_EXCHANGE), (ErrorFrame, MessageType.ERROR))}
 _IN_NAMES = {int(t): "frames_in_" + t.name.lower() for t in MessageType}
 PRUNE_INTERVAL_S = 3600.0
+# Frames from a linked peer the engine does not (yet) hold as a neighbour, e.g. an inbound link held
+# while this relay is full (rule M4), are kept until it is admitted and then handed to the engine:
+# gossip that arrives while a link is being set up is not lost. Bounded per peer and in all.
+PENDING_FRAMES_PEER_MAX_BYTES = 256 * 1024
+PENDING_FRAMES_MAX_BYTES = 4 * 1024 * 1024
+_KEEPALIVE_TYPE = int(MessageType.KEEPALIVE)
 PUSH_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 
 
@@ -75,6 +81,11 @@ class NetworkSink(Protocol):
     def connect(self, peer: str, addr: str) -> None: ...
 
     def disconnect(self, peer: str, reason: str) -> None: ...
+
+
+def _frame_type(data: bytes) -> int:
+    """The message type of a frame (msgpack array [type, ...]) without decoding it; 0 if not one."""
+    return data[1] if len(data) > 1 and 0x90 <= data[0] <= 0x9F else 0
 
 
 class RegistrationError(ValueError):
@@ -126,6 +137,10 @@ class RelayService:
         self.counters: dict[str, int] = {}
         self.push_latency = [0] * (len(PUSH_LATENCY_BUCKETS) + 1)
         self.push_latency_sum = 0.0
+        self._linked: dict[str, str] = {}  # peers with an open link (LinkManager's peer_up) -> addr
+        self._active: set[str] = set()  # the engine's active view as last read (refreshed on a miss)
+        self._pending_frames: dict[str, list[bytes]] = {}  # see PENDING_FRAMES_PEER_MAX_BYTES
+        self._pending_bytes: dict[str, int] = {}
 
     def _count(self, name: str, n: int = 1) -> None:
         self.counters[name] = self.counters.get(name, 0) + n
@@ -167,6 +182,7 @@ class RelayService:
                     self.network.connect(e.peer, e.addr)
                 case Disconnect():
                     self.network.disconnect(e.peer, e.reason)
+                    self._link_gone(e.peer)
                 case _:
                     assert_never(e)
         if attempts:
@@ -178,24 +194,76 @@ class RelayService:
     # -- link events (LinkManager) ----------------------------------------------------------------
 
     def peer_up(self, peer: str, *, outbound: bool, addr: str) -> None:
+        self._linked[peer] = addr
         self._apply(self.engine.peer_up(peer, self._now(), outbound=outbound, addr=addr))
+        self._admit_pending()
 
     def peer_down(self, peer: str, reason: DisconnectReason) -> None:
+        self._link_gone(peer)
         self._apply(self.engine.peer_down(peer, self._now(), reason))
+
+    def _link_gone(self, peer: str) -> None:
+        self._linked.pop(peer, None)
+        self._active.discard(peer)
+        self._pending_frames.pop(peer, None)
+        self._pending_bytes.pop(peer, None)
+
+    def link_congested(self, peer: str) -> None:
+        """The link manager dropped a frame for peer: its send queue is full. Counted, and scored by
+        the engine (rule S1; it scores at most once per keepalive interval however often we report)."""
+        self._count("frames_dropped_congested")
+        self._apply(self.engine.link_congested(peer, self._now()))
 
     def connect_failed(self, peer: str) -> None:
         self._apply(self.engine.connect_failed(peer, self._now()))
 
     def receive_frame(self, peer: str, data: bytes) -> None:
         # Frames are msgpack arrays [type, ...]: peek the type for the per-type counters.
-        self._count(_IN_NAMES.get(data[1] if len(data) > 1 and 0x90 <= data[0] <= 0x9F else 0, "frames_in_other"))
+        self._count(_IN_NAMES.get(_frame_type(data), "frames_in_other"))
+        if peer not in self._active:
+            self._active = set(self.engine.active_peers())
+            if peer not in self._active:
+                self._receive_pending(peer, data)
+                return
+        self._handle_frame(peer, data)
+
+    def _handle_frame(self, peer: str, data: bytes) -> None:
         try:
             effects = self.engine.receive_frame(peer, data, self._now())
-        except Exception:
+        except Exception:  # a bug on one frame must not take the relay down
             self._count("internal_errors")
             log.exception("frame handling failed", peer=peer, size=len(data))
             return
         self._apply(effects)
+
+    def _receive_pending(self, peer: str, data: bytes) -> None:
+        """A frame from a linked peer that is not an active neighbour (yet): the engine sees it first
+        (a Hello may admit the peer); if the engine ignored it, it is kept until the peer is admitted."""
+        strangers = self.engine.counters.get("frames_from_stranger", 0)
+        self._handle_frame(peer, data)
+        ignored = self.engine.counters.get("frames_from_stranger", 0) > strangers
+        if ignored and peer in self._linked and _frame_type(data) != _KEEPALIVE_TYPE:
+            held = self._pending_bytes.get(peer, 0)
+            if (held + len(data) > PENDING_FRAMES_PEER_MAX_BYTES
+                    or sum(self._pending_bytes.values()) + len(data) > PENDING_FRAMES_MAX_BYTES):
+                self._count("frames_pending_dropped")
+            else:
+                self._pending_frames.setdefault(peer, []).append(data)
+                self._pending_bytes[peer] = held + len(data)
+                self._count("frames_pending_held")
+        self._admit_pending()
+
+    def _admit_pending(self) -> None:
+        """Hand held frames to the engine for every peer it now holds as a neighbour."""
+        if not self._pending_frames:
+            return
+        self._active = set(self.engine.active_peers())
+        for peer in [p for p in self._pending_frames if p in self._active]:
+            frames = self._pending_frames.pop(peer)
+            self._pending_bytes.pop(peer, None)
+            for data in frames:
+                self._count("frames_pending_replayed")
+                self._handle_frame(peer, data)
 
     def add_candidates(self, peers: list[PeerInfo]) -> None:
         self._apply(self.engine.add_candidates(peers, self._now()))
@@ -335,6 +403,9 @@ class RelayService:
             "node_id": self.node_id,
             "quic_addr": eng.listen_addr,
             "passive": len(eng.passive_peers()),
+            # Open links the engine does not hold as neighbours yet (e.g. held while this relay is
+            # full): not in "neighbours", which lists active neighbours only (inri_neighbours).
+            "pending_neighbours": sorted(set(self._linked) - set(eng.active_peers())),
             "routes": eng.route_count(),
             "peer_scores": eng.peer_scores(),  # docs/protocol.md, Peer scoring
             "banned_peers": eng.stats()["banned"],

@@ -4,14 +4,16 @@ It holds the home relay's devices (registration, hashed device secret), their on
 mailboxes, the pushes this relay holds in custody, and the final status of pushes it accepted.
 It implements the engine's `HomeStore` contract with exactly MemoryHomeStore's semantics.
 
-Durability: WAL with synchronous=NORMAL survives a crash or kill -9 of the process (a committed
-transaction is in the WAL file); a power loss may lose the last transactions, which
-synchronous=FULL (config `store_sync_full`) prevents at the cost of an fsync per push.
+Durability (config `[store] synchronous`, `StoreSync`): WAL with synchronous=NORMAL (the default)
+survives a crash or kill -9 of the process (a committed transaction is in the WAL file); a power loss
+may lose the last transactions, which synchronous=FULL prevents at the cost of an fsync per commit
+(benchmarks/bench_store_sync.py measures the pushes/s it costs).
 """
 
 from __future__ import annotations
 
 import contextlib
+import enum
 import hashlib
 import hmac
 import os
@@ -57,6 +59,13 @@ CREATE TABLE IF NOT EXISTS wp_messages (
 """
 
 
+class StoreSync(enum.StrEnum):
+    """`[store] synchronous`: SQLite's PRAGMA synchronous for the relay's WAL database."""
+
+    NORMAL = "normal"  # survives a crash or kill -9 of the process; a power loss may lose the last commits
+    FULL = "full"  # survives a power loss too, at the cost of an fsync per committed push
+
+
 def secret_hash(secret: bytes) -> bytes:
     """What the store keeps of a device secret (a leaked database does not let anyone act as the device)."""
     return hashlib.blake2b(secret, digest_size=32, person=b"inri-dev-secret").digest()
@@ -65,12 +74,14 @@ def secret_hash(secret: bytes) -> bytes:
 class Store:
     """SQLite-backed home store, custody table and push status (see module docstring)."""
 
-    def __init__(self, path: str | Path, *, mailbox_max: int = 1000, sync_full: bool = False) -> None:
+    def __init__(self, path: str | Path, *, mailbox_max: int = 1000,
+                 synchronous: StoreSync | str = StoreSync.NORMAL) -> None:
         self.path = str(path)
         self.mailbox_max = mailbox_max
+        self.synchronous = StoreSync(synchronous)  # ValueError for anything but "normal" / "full"
         self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute(f"PRAGMA synchronous={'FULL' if sync_full else 'NORMAL'}")
+        self._db.execute(f"PRAGMA synchronous={self.synchronous.value.upper()}")
         self._db.execute("PRAGMA foreign_keys=ON")
         self._db.executescript(_SCHEMA)
         row = self._db.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
@@ -383,6 +394,10 @@ class Store:
             cur = self._db.execute("DELETE FROM push_status WHERE settled_at IS NOT NULL AND settled_at < ?",
                                    (now - STATUS_RETENTION_S,))
         return cur.rowcount
+
+    def sync_mode(self) -> int:
+        """SQLite's PRAGMA synchronous as the connection runs it (1 = NORMAL, 2 = FULL)."""
+        return int(self._db.execute("PRAGMA synchronous").fetchone()[0])
 
     def device_count(self) -> int:
         return len(self._home)

@@ -267,7 +267,7 @@ def encode(msg: Message) -> bytes:
     """Encode a message as one frame. Raises EncodeError if any field is out of range."""
     mtype, fields = _to_fields(msg)
     try:
-        frame = msgpack.packb([int(mtype), L.PROTOCOL_VERSION, *fields], use_bin_type=True)
+        frame: bytes = msgpack.packb([int(mtype), L.PROTOCOL_VERSION, *fields], use_bin_type=True)
     except (OverflowError, TypeError, ValueError) as exc:  # msgpack overflows past 64 bits
         raise EncodeError(f"{type(msg).__name__}: {exc}") from None
     try:
@@ -281,7 +281,8 @@ def encode(msg: Message) -> bytes:
 def encode_unchecked(msg: Message) -> bytes:
     """Encode without re-validating (hot paths that only re-send decoded or engine-built frames)."""
     mtype, fields = _to_fields(msg)
-    return msgpack.packb([int(mtype), L.PROTOCOL_VERSION, *fields], use_bin_type=True)
+    frame: bytes = msgpack.packb([int(mtype), L.PROTOCOL_VERSION, *fields], use_bin_type=True)
+    return frame
 
 
 def decode(data: bytes) -> Message:
@@ -305,7 +306,7 @@ def _decode_checked(data: bytes) -> Message:
             max_map_len=0,
             max_ext_len=0,
         )
-    except Exception as exc:  # msgpack raises many types (ValueError, ExtraData, FormatError, ...)
+    except Exception as exc:  # noqa: BLE001 - msgpack raises many types (ValueError, ExtraData, FormatError, ...)
         raise DecodeError("malformed", f"not msgpack: {type(exc).__name__}") from None
     if type(raw) is not list or len(raw) < 2:
         raise DecodeError("malformed", "frame must be an array [type, version, ...]")
@@ -318,13 +319,14 @@ def _decode_checked(data: bytes) -> Message:
         return _DECODERS[mtype](raw[2:])
     except DecodeError:
         raise
-    except Exception as exc:  # defence in depth: never leak another exception type to a caller
+    except Exception as exc:  # noqa: BLE001 - defence in depth: never leak another exception type to a caller
         raise DecodeError("malformed", f"{type(exc).__name__}") from None
 
 
 def encode_registration(reg: Registration) -> bytes:
     """A registration alone (push credentials carry it over HTTP, base64-encoded)."""
-    return msgpack.packb([L.PROTOCOL_VERSION, *_reg_to_list(reg)], use_bin_type=True)
+    data: bytes = msgpack.packb([L.PROTOCOL_VERSION, *_reg_to_list(reg)], use_bin_type=True)
+    return data
 
 
 def decode_registration(data: bytes) -> Registration:
@@ -333,7 +335,7 @@ def decode_registration(data: bytes) -> Registration:
         raise DecodeError("malformed", "registration must be at most 1024 bytes")
     try:
         raw = msgpack.unpackb(data, raw=False, max_map_len=0, max_ext_len=0, max_array_len=16)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - msgpack raises many types
         raise DecodeError("malformed", f"not msgpack: {type(exc).__name__}") from None
     if type(raw) is not list or len(raw) != 6:
         raise DecodeError("malformed", "registration must be [version, key, epoch, issued_at, lifetime, sig]")

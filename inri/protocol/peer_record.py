@@ -76,7 +76,7 @@ class PeerRecord:
 
 def signed_bytes(node_key: bytes, addrs: tuple[str, ...], geo: str, capacity: int, timestamp: int, seq: int) -> bytes:
     """The exact bytes a record signature covers."""
-    body = msgpack.packb([list(addrs), geo], use_bin_type=True)
+    body: bytes = msgpack.packb([list(addrs), geo], use_bin_type=True)
     return RECORD_CONTEXT + node_key + struct.pack(">HQQ", capacity, timestamp, seq) + body
 
 
@@ -94,8 +94,9 @@ def make_peer_record(
 
 def encode_record(r: PeerRecord) -> bytes:
     """Record -> wire bytes."""
-    return msgpack.packb([RECORD_VERSION, r.node_key, list(r.addrs), r.geo, r.capacity, r.timestamp, r.seq,
-                          r.signature], use_bin_type=True)
+    data: bytes = msgpack.packb([RECORD_VERSION, r.node_key, list(r.addrs), r.geo, r.capacity, r.timestamp,
+                                 r.seq, r.signature], use_bin_type=True)
+    return data
 
 
 def decode_record(data: bytes) -> PeerRecord:

@@ -1,0 +1,135 @@
+"""The link manager and the relay service over real QUIC links on loopback (in-process, no subprocess)."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from inri.core.config import EngineConfig
+from inri.core.trace import NullTracer
+from inri.node.identity import NodeIdentity
+from inri.node.links import LinkManager
+from inri.node.quic import Link, QuicEndpoint
+from inri.node.service import RelayService
+from inri.node.store import Store
+from inri.protocol import limits
+from inri.protocol.codec import encode, make_registration
+from inri.protocol.keys import new_signing_key
+from inri.protocol.messages import Keepalive, PeerInfo, RegGossip
+
+SEND_QUEUE = limits.MAX_FRAME_BYTES + 4  # the smallest bound the config accepts
+
+
+@asynccontextmanager
+async def relay(
+    tmp: Path, engine: EngineConfig | None = None, **links_kw: Any
+) -> AsyncIterator[tuple[RelayService, LinkManager]]:
+    ident = NodeIdentity.generate()
+    ep = QuicEndpoint(ident, idle_timeout_s=5.0)
+    await ep.bind("127.0.0.1", 0)
+    links = LinkManager(ep, **links_kw)
+    store = Store(tmp / "relay.sqlite3")
+    service = RelayService(ident.node_id, engine or EngineConfig().test_profile(), store, links, NullTracer(),
+                           listen_addr=ep.listen_addr, rng=random.Random(1))
+    links.events = service
+    try:
+        async with trio.open_nursery() as n:
+            await n.start(links.run)
+            await n.start(service.run)
+            yield service, links
+            n.cancel_scope.cancel()
+    finally:
+        store.close()
+
+
+async def _keepalives(link: Link) -> None:
+    """Answer nothing, read nothing: only show signs of life (the engine's keepalive frames)."""
+    nonce = 0
+    while True:
+        nonce += 1
+        await link.send(encode(Keepalive(nonce, False)))
+        await trio.sleep(0.2)
+
+
+async def test_a_neighbour_that_never_reads_cannot_grow_our_send_queue(tmp_path: Path) -> None:
+    """Issue 13 item 7: a peer withholding QUIC flow-control credit while keeping its link alive."""
+    hostile = NodeIdentity.generate()
+    with trio.fail_after(30):
+        async with relay(tmp_path, send_queue_max_bytes=SEND_QUEUE) as (service, links), trio.open_nursery() as n:
+            ep = QuicEndpoint(hostile, idle_timeout_s=5.0)
+            ep._client_config.max_stream_data = 8192  # a small window...
+            ep._client_config.max_data = 16384
+            await ep.bind("127.0.0.1", 0)
+            await n.start(ep.serve, None)
+            link = await ep.connect(links.endpoint.listen_addr, expect_node_id=service.node_id)
+            quic = link._conn.quic
+            # ...that is never raised again: this peer withholds credit whatever it receives.
+            quic._write_connection_limits = lambda *a, **k: None  # type: ignore[method-assign]
+            quic._write_stream_limits = lambda *a, **k: None  # type: ignore[method-assign]
+            n.start_soon(_keepalives, link)
+            while hostile.node_id not in service.active_peers():
+                await trio.sleep(0.01)
+            # A gossip flood: 1,500 devices homed at the relay, each registration gossiped to the peer.
+            peak = 0
+            for i in range(1500):
+                reg = make_registration(new_signing_key(i.to_bytes(4, "big") * 8), 1, int(time.time()), 3600)
+                service.register_device(reg, 1)
+                peak = max(peak, *(int(nb["send_backlog_bytes"]) for nb in links.neighbours()))
+                if i % 100 == 0:
+                    await trio.sleep(0)  # let the link's task send what the window allows
+            await trio.sleep(1.2)  # keepalives keep flowing; the link stays up
+            status = service.status()
+            dropped = links.stats["frames_dropped_congested"]
+            n.cancel_scope.cancel()
+    assert peak <= SEND_QUEUE, f"send queue reached {peak} bytes, bound {SEND_QUEUE}"
+    assert dropped > 500 and service.counters["frames_dropped_congested"] == dropped
+    # Scored by the engine at most once per keepalive interval (0.5 s here), so one slow moment does
+    # not cost the link at once.
+    assert 1 <= service.engine.counters["score_congested"] <= 5
+    assert status["peer_scores"][hostile.node_id] < 0
+
+
+async def _wait(cond: Any) -> None:
+    while not cond():
+        await trio.sleep(0.01)
+
+
+async def test_gossip_from_a_link_still_pending_is_kept_until_it_is_admitted(tmp_path: Path) -> None:
+    """Issue 13 item 17: a full relay holds a new inbound link pending (rule M4); what the peer gossips
+    meanwhile reaches the engine once the link is admitted, and /v1/status lists only active neighbours."""
+    cfg = replace(EngineConfig().test_profile(), active_min=1, active_max=1)
+    p1, p2 = NodeIdentity.generate(), NodeIdentity.generate()
+    reg = make_registration(new_signing_key(b"\x11" * 32), 1, int(time.time()), 3_600)
+    with trio.fail_after(20):
+        async with relay(tmp_path, cfg) as (service, links), trio.open_nursery() as n:
+            eps = []
+            for ident in (p1, p2):
+                ep = QuicEndpoint(ident, idle_timeout_s=5.0)
+                await ep.bind("127.0.0.1", 0)
+                await n.start(ep.serve, None)
+                eps.append(ep)
+            first = await eps[0].connect(links.endpoint.listen_addr, expect_node_id=service.node_id)
+            await _wait(lambda: service.active_peers() == [p1.node_id])
+            second = await eps[1].connect(links.endpoint.listen_addr, expect_node_id=service.node_id)
+            await _wait(lambda: service.status()["pending_neighbours"] == [p2.node_id])
+            assert [nb["node_id"] for nb in links.neighbours()] == [p1.node_id]  # active ones only
+            assert [nb["node_id"] for nb in links.pending()] == [p2.node_id]
+            # The peer dialled us and counts us as its neighbour: it gossips a registration.
+            await second.send(encode(RegGossip(reg, 16, 0)))
+            await _wait(lambda: service.counters.get("frames_in_reg_gossip", 0) == 1)
+            assert service.engine.route_count() == 0  # not a neighbour yet: held, not handled
+            # A bootstrap lists the peer; the first neighbour leaves; the relay wants the pending one.
+            service.add_candidates([PeerInfo(p2.node_id, eps[1].listen_addr)])
+            await first.aclose("bye")
+            await _wait(lambda: service.active_peers() == [p2.node_id])
+            await _wait(lambda: service.engine.route_count() == 1)
+            assert service.engine.next_hops(reg.route_id)[0][0] == p2.node_id
+            assert service.status()["pending_neighbours"] == []
+            n.cancel_scope.cancel()
