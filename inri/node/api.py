@@ -16,9 +16,12 @@ answer 401 `bad_credentials` after the same work (one indexed lookup, one keyed-
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import json
 import math
+import os
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -43,7 +46,7 @@ from inri.common.http import (
     respond_problem,
     serve_lifespan,
 )
-from inri.core.api import InjectOutcome
+from inri.core.api import CustodyStatus, InjectOutcome
 from inri.core.budget import KeyedBuckets
 from inri.node.config import ApiSection, RelayConfig
 from inri.node.metrics import relay_registry
@@ -51,12 +54,30 @@ from inri.node.openapi import openapi_document
 from inri.node.ratelimit import RateLimiter, client_key
 from inri.node.service import RegistrationError, RelayService
 from inri.node.store import secret_hash
+from inri.node.webpush import WebPushError, frame_body, normalise_origin, parse_headers, vapid_credentials, verify_vapid
 from inri.protocol import limits
 from inri.protocol.codec import DecodeError, decode_registration, encode_registration
-from inri.protocol.messages import ContentEncoding, Urgency
-from inri.protocol.webpush import ENCODING_NAME, URGENCY_NAME, EndpointToken
+from inri.protocol.messages import ContentEncoding, Urgency, WebPushMeta
+from inri.protocol.webpush import (
+    ENCODING_NAME,
+    URGENCY_NAME,
+    VAPID_PREFIX_BYTES,
+    EndpointToken,
+    push_tag,
+    vapid_key_hash,
+)
 
 WebPushInfo = tuple[bytes, str | None, Urgency, ContentEncoding]
+WEBPUSH_RECEIPT_WAIT_S = 1.5  # how long a Web Push sender waits for the home's receipt (then 201 anyway)
+NEGATIVE_CACHE_S = 600.0  # a 404/410 from home is answered here again for this long
+NEGATIVE_CACHE_MAX = 100_000
+# The home relay's answer (custody status) -> (HTTP status, problem code); absent: 201.
+WEBPUSH_ANSWERS: dict[str, tuple[int, str]] = {
+    CustodyStatus.UNKNOWN_ENDPOINT: (404, "not_found"),
+    CustodyStatus.GONE: (410, "gone"),
+    CustodyStatus.RATE_LIMITED: (429, "rate_limited"),
+    CustodyStatus.MAILBOX_FULL: (429, "mailbox_full"),
+}
 
 log = structlog.get_logger("inri.api")
 
@@ -88,6 +109,14 @@ TITLES = {
     "method_not_allowed": "Method not allowed",
     "internal": "Internal error",
     "too_many_endpoints": "Too many Web Push endpoints",
+    "gone": "Web Push endpoint revoked or gone",
+    "forbidden_key": "Endpoint restricted to another VAPID key",
+    "bad_vapid": "VAPID authorization missing or invalid",
+    "bad_ttl": "TTL header missing or invalid",
+    "bad_urgency": "Urgency header invalid",
+    "bad_topic": "Topic header invalid",
+    "bad_encoding": "Content-Encoding or body framing invalid",
+    "mailbox_full": "Device mailbox full",
 }
 UNLIMITED_PATHS = frozenset({"/healthz", "/metrics"})
 
@@ -168,6 +197,7 @@ class RelayApi:
             Route("GET", dev + "/endpoints", self.list_endpoints),
             Route("DELETE", dev + "/endpoints/{endpoint_id}", self.revoke_endpoint),
             Route("POST", "/v1/push", self.push, body),
+            Route("POST", "/wp/v1/{reg}/{endpoint}", self.webpush, limits.MAX_CIPHERTEXT_BYTES),
             Route("GET", "/v1/push/{push_id}", self.push_status),
             Route("GET", "/healthz", self.health),
             Route("GET", "/v1/status", self.status),
@@ -177,6 +207,13 @@ class RelayApi:
         wp = self.config.webpush
         self.wp_origins = tuple(o.rstrip("/") for o in wp.public_origins) or (f"http://{self.config.relay.api}",)
         self.service.store.endpoint_limits = KeyedBuckets(wp.endpoint_rate_per_s, wp.endpoint_burst)
+        self.wp_aud = frozenset(normalise_origin(o) for o in self.wp_origins)
+        self.vapid_rate = RateLimiter(wp.vapid_rate_per_s, wp.vapid_burst)
+        self.wp_endpoint_rate = RateLimiter(wp.endpoint_rate_per_s, wp.endpoint_burst)
+        # Negative cache: hash(route id, endpoint id, cap) -> (404 or 410, until). Keyed with the
+        # capability so a forged push (whose id travels in frames) cannot make a genuine endpoint 404.
+        self.wp_gone: dict[bytes, tuple[int, float]] = {}
+        self.wp_counts: dict[str, int] = {}  # inri_webpush_* counters
         self.streams: dict[bytes, int] = {}  # route id -> open streams (a TTL 0 Web Push is stored only then)
         self.service.store.stream_open = lambda rid: self.streams.get(rid, 0) > 0
         self.ws_route = next(r for r in self.router.routes if r.handler == self.stream_over_http)
@@ -195,7 +232,7 @@ class RelayApi:
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            status, payload = await self._dispatch(scope, receive)
+            status, payload, *extra = await self._dispatch(scope, receive)
         except Problem as p:
             if p.status == 429 and self.limits.tarpit_s > 0 and self.tarpitted < self.limits.tarpit_max:
                 self.tarpitted += 1
@@ -210,12 +247,14 @@ class RelayApi:
             await respond_problem(send, self.http_codes, Problem(500, "internal", "internal error"), scope["path"],
                                   TITLES)
             return
-        await respond(send, self.http_codes, status, payload)
+        await respond(send, self.http_codes, status, payload, headers=extra[0] if extra else None)
 
-    async def _dispatch(self, scope: Scope, receive: Receive) -> tuple[int, Any]:
+    async def _dispatch(self, scope: Scope, receive: Receive) -> tuple[Any, ...]:
         path = scope["path"]
         route, params = self.router.match(scope["method"], path)
-        if path not in UNLIMITED_PATHS:
+        # Web Push is limited per VAPID key (or per address when unsigned) in its handler: big app
+        # servers push from few addresses.
+        if path not in UNLIMITED_PATHS and route.handler != self.webpush:
             wait = self.rate.take(client_key(scope))
             if wait:
                 raise Problem(429, "rate_limited", "rate limit exceeded for this client",
@@ -383,6 +422,88 @@ class RelayApi:
             raise Problem(422, "invalid_field", "token or ciphertext malformed")
         raise Problem(400, "bad_registration", "the push credential's registration does not verify or has expired")
 
+    # -- Web Push (RFC 8030/8291/8292) at any relay --------------------------------------------------
+
+    def _wp_count(self, name: str) -> None:
+        self.wp_counts[name] = self.wp_counts.get(name, 0) + 1
+
+    async def webpush(self, req: Request, reg: str, endpoint: str) -> tuple[Any, ...]:
+        """Verify a Web Push push here, then route it with custody like /v1/push (docs/api.md "Web Push")."""
+        try:
+            return await self._webpush(req, reg, endpoint)
+        except WebPushError as exc:
+            self._wp_count(f"refused_{exc.status}")
+            headers = [(b"www-authenticate", b"vapid")] if exc.status == 401 else []
+            raise Problem(exc.status, exc.code, exc.detail, headers=headers) from None
+        except Problem as p:
+            self._wp_count(f"refused_{p.status}")
+            raise
+
+    async def _webpush(self, req: Request, reg_b64: str, endpoint_b64: str) -> tuple[Any, ...]:
+        wp = self.config.webpush
+        try:  # a broken registration or endpoint token: unknown endpoint, decided here (no mesh search)
+            reg = decode_registration(b64url.b64d(reg_b64, "registration", max_size=1024))
+            tok = EndpointToken.decode(b64url.b64d(endpoint_b64, "endpoint", max_size=64))
+        except (ValueError, DecodeError):
+            raise Problem(404, "not_found", "no such Web Push endpoint") from None
+        length = req.header(b"content-length")
+        if length is not None and length.strip().isdigit() and int(length) > limits.MAX_CIPHERTEXT_BYTES:
+            raise Problem(413, "too_large", f"Web Push bodies are at most {limits.MAX_CIPHERTEXT_BYTES} bytes")
+        heads = parse_headers(req.header(b"ttl"), req.header(b"urgency"), req.header(b"topic"), wp.ttl_max_s)
+        crypto_key = req.header(b"crypto-key")
+        creds = vapid_credentials(req.header(b"authorization"), crypto_key)
+        if tok.restricted and creds is None:
+            raise WebPushError(401, "bad_vapid", "this endpoint is restricted to one VAPID key: sign the push")
+        vapid_key = None
+        if creds is not None:
+            verify_vapid(creds[0], creds[1], self.wp_aud)
+            vapid_key = creds[1]
+            if tok.restricted and vapid_key_hash(vapid_key)[:VAPID_PREFIX_BYTES] != tok.vapid_prefix:
+                raise Problem(403, "forbidden_key", "this endpoint is restricted to another VAPID key")
+        limiter, key = ((self.vapid_rate, vapid_key.hex()) if vapid_key is not None
+                        else (self.rate, client_key(req.scope)))
+        for lim, k, what in ((limiter, key, "this sender"),
+                             (self.wp_endpoint_rate, (reg.route_id + tok.endpoint_id).hex(), "this endpoint")):
+            wait = lim.take(k)
+            if wait:
+                raise Problem(429, "rate_limited", f"too many pushes from {what} at this relay",
+                              retry_after=max(1, math.ceil(wait)))
+        neg_key = hashlib.sha256(reg.route_id + tok.endpoint_id + tok.cap).digest()
+        cached = self.wp_gone.get(neg_key)
+        if cached is not None and cached[1] > time.monotonic():
+            raise Problem(cached[0], "not_found" if cached[0] == 404 else "gone", "endpoint unknown or revoked")
+        body, encoding = frame_body(await req.body(), req.header(b"content-encoding"), req.header(b"encryption"),
+                                    crypto_key)
+        pid = os.urandom(limits.PUSH_ID_BYTES)
+        vhash = vapid_key_hash(vapid_key if tok.restricted else None)
+        tag = push_tag(tok.cap, pid, body, heads.ttl_s, heads.urgency, encoding, heads.topic, vhash)
+        meta = WebPushMeta(tok.endpoint_id, tag, heads.ttl_s, heads.urgency, encoding, heads.topic)
+        settled = trio.Event()
+        self.service.settle_waiters[pid] = settled
+        result = self.service.inject_push(reg, bytes(limits.TOKEN_BYTES), body, push_id=pid, webpush=meta)
+        if result.outcome == InjectOutcome.OVERLOADED:
+            self.service.settle_waiters.pop(pid, None)
+            raise Problem(429, "overloaded", "custody table full; retry later", retry_after=5)
+        if result.outcome != InjectOutcome.ACCEPTED:
+            self.service.settle_waiters.pop(pid, None)
+            raise Problem(404, "not_found", "the endpoint's registration does not verify or has expired")
+        with trio.move_on_after(WEBPUSH_RECEIPT_WAIT_S):
+            await settled.wait()
+        self.service.settle_waiters.pop(pid, None)
+        status = self.service.push_status(pid) or {}
+        answer = WEBPUSH_ANSWERS.get(str(status.get("status")))
+        if answer is not None:
+            code, problem_code = answer
+            if code in (404, 410):
+                self.wp_gone[neg_key] = (code, time.monotonic() + NEGATIVE_CACHE_S)
+                while len(self.wp_gone) > NEGATIVE_CACHE_MAX:
+                    self.wp_gone.pop(next(iter(self.wp_gone)))
+            raise Problem(code, problem_code, f"the home relay answered {status.get('status')}",
+                          retry_after=5 if code == 429 else None)
+        self._wp_count("accepted")
+        location = f"{self.wp_origins[0]}/v1/push/{pid.hex()}"
+        return 201, None, [(b"location", location.encode()), (b"ttl", str(heads.ttl_s).encode())]
+
     async def push_status(self, req: Request, push_id: str) -> tuple[int, Any]:
         pid = _parse_id(push_id, limits.PUSH_ID_BYTES)
         status = None if pid is None else self.service.push_status(pid)
@@ -422,6 +543,16 @@ class RelayApi:
             return
         route_id = _parse_id(match["device_id"], limits.ROUTE_ID_BYTES)
         secret = _bearer(Request(scope, receive, 0))
+        if secret is not None and route_id is not None and self._authenticated(route_id, secret):
+            # Counted open before the client sees the handshake complete: a TTL 0 Web Push sent right
+            # after the client's connect returns must find the stream open (it is stored only then).
+            self.streams[route_id] = self.streams.get(route_id, 0) + 1
+            try:
+                await send({"type": "websocket.accept"})
+                await self._ws_serve(receive, send, route_id)
+            finally:
+                self._stream_closed(route_id)
+            return
         await send({"type": "websocket.accept"})
         if secret is None:
             # Browsers cannot set headers on a WebSocket: the first text frame may carry the secret.
@@ -436,8 +567,20 @@ class RelayApi:
         if route_id is None or not self._authenticated(route_id, secret):
             await send({"type": "websocket.close", "code": WS_CLOSE_BAD_AUTH})
             return
-        self.ws_open += 1
         self.streams[route_id] = self.streams.get(route_id, 0) + 1
+        try:
+            await self._ws_serve(receive, send, route_id)
+        finally:
+            self._stream_closed(route_id)
+
+    def _stream_closed(self, route_id: bytes) -> None:
+        self.streams[route_id] -= 1
+        if not self.streams[route_id]:
+            del self.streams[route_id]
+
+    async def _ws_serve(self, receive: Receive, send: Send, route_id: bytes) -> None:
+        """An authenticated device stream: messages out, acks in, until either side ends it."""
+        self.ws_open += 1
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._ws_reader, receive, send, route_id, nursery.cancel_scope)
@@ -447,9 +590,6 @@ class RelayApi:
             pass  # the client went away
         finally:
             self.ws_open -= 1
-            self.streams[route_id] -= 1
-            if not self.streams[route_id]:
-                del self.streams[route_id]
 
     async def _ws_writer(self, send: Send, route_id: bytes) -> None:
         sent: set[bytes] = set()

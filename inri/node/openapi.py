@@ -91,6 +91,22 @@ def openapi_document(version: str, body_limits: dict[str, int]) -> dict[str, Any
                     "count": {"type": "integer", "minimum": 1, "maximum": 500}}}, False),
                 "responses": {"200": _json({"type": "object", "properties": {
                     "tokens": {"type": "array", "items": B64}}}), **BODY_ERRORS, **AUTH_ERRORS}}},
+            "/wp/v1/{reg}/{endpoint}": {"post": {
+                "summary": "Web Push (RFC 8030/8291/8292) to a minted endpoint, at any relay",
+                "parameters": [{"name": n, "in": "path", "required": True, "schema": {"type": "string"}}
+                               for n in ("reg", "endpoint")] + [
+                    {"name": h, "in": "header", "required": h == "TTL", "schema": {"type": "string"}}
+                    for h in ("TTL", "Urgency", "Topic", "Content-Encoding", "Authorization", "Encryption",
+                              "Crypto-Key")],
+                "requestBody": {"required": False, "content": {"application/octet-stream": {
+                    "schema": {"type": "string", "format": "binary"}}},
+                    "x-max-body-bytes": body_limits["POST /wp/v1/{reg}/{endpoint}"]},
+                "responses": {
+                    "201": {"description": "accepted; Location and TTL (granted) headers, empty body"},
+                    "400": _problem_ref("bad_ttl", "bad_urgency", "bad_topic", "bad_encoding"),
+                    "401": _problem_ref("bad_vapid"), "403": _problem_ref("forbidden_key"),
+                    "404": _problem_ref("not_found"), "410": _problem_ref("gone"), "413": _problem_ref("too_large"),
+                    "429": _problem_ref("rate_limited", "overloaded", "mailbox_full")}}},
             "/v1/devices/{device_id}/endpoints": {
                 "post": {
                     "summary": "Mint a Web Push endpoint (restricted to one VAPID key when given)",

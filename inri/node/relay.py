@@ -9,6 +9,7 @@ accepted is lost by stopping — or by being killed.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -218,6 +219,10 @@ async def run_relay(cfg: RelayConfig, *, shutdown: trio.Event | None = None) -> 
         service = RelayService(identity.node_id, cfg.engine, store, links, tracer, listen_addr=endpoint.listen_addr,
                                rng=random.Random(), mailbox_max=cfg.api.mailbox_max)
         links.events = service
+        if not cfg.webpush.public_origins:  # Web Push answers on the API's real address (port 0 resolved)
+            bound = listener.getsockname()
+            cfg = dataclasses.replace(cfg, webpush=dataclasses.replace(
+                cfg.webpush, public_origins=(_api_url(bound[0], bound[1]),)))
         app = create_app(service, config=cfg, neighbours=links.neighbours)
         log.info("relay starting", node_id=identity.node_id, quic=endpoint.listen_addr, api=cfg.relay.api,
                  data_dir=str(data))

@@ -126,6 +126,7 @@ class RelayService:
         # times). The engine learns wall time through Engine.wall_offset, set by `_now()`.
         self.clock = clock
         self.wall_clock = wall_clock
+        self.settle_waiters: dict[bytes, trio.Event] = {}  # push id -> set when its custody ends
         self.verifier = verifier or CachingVerifier()
         self.engine = Engine(node_id, engine_config, verifier=self.verifier, home=store, tracer=tracer,
                              rng=rng or random.Random(), listen_addr=listen_addr)
@@ -172,6 +173,9 @@ class RelayService:
                 case CustodyReleased():
                     self.store.release_custody(e.push_id, e.status, e.hops, now)
                     self._custody.discard(e.push_id)
+                    waiter = self.settle_waiters.pop(e.push_id, None)
+                    if waiter is not None:  # a Web Push sender waits briefly for the home's answer
+                        waiter.set()
                     self._count("custody_" + e.status)
                 case Delivered():
                     self._count("delivered_here")

@@ -1,0 +1,163 @@
+"""The checks an entry relay runs on a Web Push request before anything crosses the mesh.
+
+RFC 8030 headers (TTL, Urgency, Topic), RFC 8188/8291 body framing (aes128gcm byte for byte; aesgcm
+re-framed), and RFC 8292 VAPID (ES256 JWT, `aud` one of this relay's public origins, `exp` at most
+24 h ahead). Each failure is a `WebPushError` carrying the HTTP status the sender must see.
+ES256 verification uses `cryptography` (already a dependency through aioquic): no hand-written crypto.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+import time
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
+
+from inri.common import b64url
+from inri.protocol import limits
+from inri.protocol.messages import ContentEncoding, Urgency
+from inri.protocol.webpush import URGENCY_HEADER
+
+VAPID_MAX_AHEAD_S = 24 * 3600  # RFC 8292 section 2: exp no more than 24 hours ahead
+_TOPIC = re.compile(r"[A-Za-z0-9_-]+=*")
+_AES128GCM_HEADER = 21  # salt(16) | rs(4) | idlen(1), then the key id
+
+
+class WebPushError(Exception):
+    """A refusal with the status the sender must see (400, 401, 403, 413)."""
+
+    def __init__(self, status: int, code: str, detail: str) -> None:
+        super().__init__(detail)
+        self.status, self.code, self.detail = status, code, detail
+
+
+@dataclass(frozen=True, slots=True)
+class Headers:
+    """The parsed RFC 8030 headers of one push."""
+
+    ttl_s: int  # granted (clamped) TTL
+    urgency: Urgency
+    topic: str | None
+
+
+def parse_headers(ttl: str | None, urgency: str | None, topic: str | None, ttl_max_s: int) -> Headers:
+    """TTL (required, digits, clamped), Urgency (default normal), Topic (<= 32 base64url characters)."""
+    if ttl is None or not ttl.strip().isdigit():
+        raise WebPushError(400, "bad_ttl", "TTL header missing or not a non-negative integer")
+    granted = min(int(ttl.strip()), ttl_max_s)
+    if urgency is None:
+        level = Urgency.NORMAL
+    elif urgency.strip().lower() in URGENCY_HEADER:
+        level = URGENCY_HEADER[urgency.strip().lower()]
+    else:
+        raise WebPushError(400, "bad_urgency", "Urgency must be very-low, low, normal or high")
+    if topic is not None:
+        topic = topic.strip()
+        if len(topic) > limits.MAX_TOPIC_CHARS or not _TOPIC.fullmatch(topic):
+            raise WebPushError(400, "bad_topic", "Topic must be at most 32 base64url characters")
+    return Headers(granted, level, topic)
+
+
+def _params(value: str | None) -> dict[str, str]:
+    """`a=b; c=d` / `a=b,c=d` header parameters, lowercased names."""
+    out: dict[str, str] = {}
+    for part in re.split(r"[;,]", value or ""):
+        name, sep, val = part.strip().partition("=")
+        if sep:
+            out[name.strip().lower()] = val.strip().strip('"')
+    return out
+
+
+def frame_body(body: bytes, encoding: str | None, encryption: str | None, crypto_key: str | None) -> tuple[
+        bytes, ContentEncoding]:
+    """The body as it travels: aes128gcm as sent (one record only), aesgcm re-framed with its headers.
+
+    The aesgcm frame is the common-proxies one: `"aesgcm\\nEncryption: <v>\\nCrypto-Key: dh=<v>\\n" + body`
+    (the `p256ecdsa=` VAPID key is dropped: it is no business of the device's).
+    """
+    enc = (encoding or "").strip().lower()
+    if enc == "aes128gcm":
+        if encryption is not None or "dh" in _params(crypto_key):
+            raise WebPushError(400, "bad_encoding", "aes128gcm carries its salt and key in the body, not in headers")
+        if len(body) < _AES128GCM_HEADER:
+            raise WebPushError(400, "bad_encoding", "aes128gcm body shorter than its header")
+        rs, idlen = struct.unpack(">IB", body[16:_AES128GCM_HEADER])
+        start = _AES128GCM_HEADER + idlen
+        if rs < 18 or len(body) < start or len(body) - start > rs:
+            raise WebPushError(400, "bad_encoding", "aes128gcm body must be exactly one record (RFC 8291)")
+        return body, ContentEncoding.AES128GCM
+    if enc == "aesgcm":
+        salt, dh = _params(encryption).get("salt"), _params(crypto_key).get("dh")
+        if not salt or not dh:
+            raise WebPushError(400, "bad_encoding", "aesgcm needs Encryption: salt= and Crypto-Key: dh=")
+        framed = f"aesgcm\nEncryption: salt={salt}\nCrypto-Key: dh={dh}\n".encode() + body
+        if len(framed) > limits.MAX_CIPHERTEXT_BYTES:
+            raise WebPushError(413, "too_large", "aesgcm body and its headers exceed 4,096 bytes")
+        return framed, ContentEncoding.AESGCM
+    if not body and not enc:  # a push without data (RFC 8030: allowed)
+        return b"", ContentEncoding.AES128GCM
+    raise WebPushError(400, "bad_encoding", "Content-Encoding must be aes128gcm or aesgcm")
+
+
+def normalise_origin(origin: str) -> str:
+    """scheme://host[:port] with default ports dropped, lowercased (VAPID `aud` comparison)."""
+    u = urlsplit(origin.strip())
+    host = (u.hostname or "").lower()
+    if ":" in host:
+        host = f"[{host}]"
+    default = {"http": 80, "https": 443}.get(u.scheme.lower())
+    port = "" if u.port is None or u.port == default else f":{u.port}"
+    return f"{u.scheme.lower()}://{host}{port}"
+
+
+def vapid_credentials(authorization: str | None, crypto_key: str | None) -> tuple[str, bytes] | None:
+    """(JWT, raw public key) from `vapid t=..,k=..` or the draft `WebPush <jwt>` + `p256ecdsa=`; None if absent."""
+    if not authorization:
+        return None
+    scheme, _, rest = authorization.strip().partition(" ")
+    if scheme.lower() == "vapid":
+        p = _params(rest)
+        jwt, key = p.get("t"), p.get("k")
+    elif scheme.lower() == "webpush":
+        jwt, key = rest.strip(), _params(crypto_key).get("p256ecdsa")
+    else:
+        raise WebPushError(401, "bad_vapid", "Authorization must use the vapid (or WebPush) scheme")
+    if not jwt or not key:
+        raise WebPushError(401, "bad_vapid", "VAPID needs both the JWT and the public key")
+    try:
+        raw = b64url.b64d(key, "k", 65)
+    except ValueError:
+        raise WebPushError(401, "bad_vapid", "VAPID key is not a base64url 65-byte P-256 point") from None
+    return jwt, raw
+
+
+def verify_vapid(jwt: str, key: bytes, origins: frozenset[str], now: float | None = None) -> None:
+    """RFC 8292: ES256 signature by key, `aud` one of origins, `exp` in (now, now + 24 h]."""
+    now = time.time() if now is None else now
+    try:
+        head_b64, claims_b64, sig_b64 = jwt.split(".")
+        header = json.loads(b64url.b64d(head_b64, "header"))
+        claims = json.loads(b64url.b64d(claims_b64, "claims"))
+        sig = b64url.b64d(sig_b64, "signature", 64)
+        pub = ec.EllipticCurvePublicKey.from_encoded_point(ec.SECP256R1(), key)
+    except (ValueError, TypeError, RecursionError):
+        raise WebPushError(401, "bad_vapid", "VAPID JWT or key malformed") from None
+    if not isinstance(header, dict) or header.get("alg") != "ES256" or not isinstance(claims, dict):
+        raise WebPushError(401, "bad_vapid", "VAPID JWT must be ES256")
+    der = encode_dss_signature(int.from_bytes(sig[:32], "big"), int.from_bytes(sig[32:], "big"))
+    try:
+        pub.verify(der, f"{head_b64}.{claims_b64}".encode(), ec.ECDSA(hashes.SHA256()))
+    except InvalidSignature:
+        raise WebPushError(401, "bad_vapid", "VAPID signature does not verify") from None
+    aud, exp = claims.get("aud"), claims.get("exp")
+    if not isinstance(aud, str) or normalise_origin(aud) not in origins:
+        raise WebPushError(401, "bad_vapid", "VAPID aud is not this relay's origin")
+    if not isinstance(exp, int) or isinstance(exp, bool) or exp <= now or exp > now + VAPID_MAX_AHEAD_S:
+        raise WebPushError(401, "bad_vapid", "VAPID exp must be in the future and at most 24 h ahead")

@@ -1,0 +1,270 @@
+"""Web Push through real relay processes (a bootstrap and 5 relays, `inri mesh up`): unmodified pywebpush
+senders at the relay farthest from the device's home, RFC 8030 semantics, and the negative cases the entry
+relay decides alone (checked on its frames counter: no mesh traffic)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import http_ece
+import httpx
+import pytest
+import trio
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from py_vapid import Vapid02
+from pywebpush import WebPusher, webpush, webpush_async
+
+from inri import mesh
+from inri.client import DeviceClient, Message, WebPushEndpoint
+from inri.node.metrics import parse_metrics
+from tests.test_relay_mesh import distances, graph, relay, wait_route
+
+pytestmark = pytest.mark.integration
+N = 5
+
+
+def b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+class Subscriber:
+    """What a browser or UnifiedPush connector keeps: its RFC 8291 key pair and auth secret."""
+
+    def __init__(self) -> None:
+        self.key = ec.generate_private_key(ec.SECP256R1())
+        self.auth = os.urandom(16)
+        self.p256dh = self.key.public_key().public_bytes(serialization.Encoding.X962,
+                                                         serialization.PublicFormat.UncompressedPoint)
+
+    def info(self, url: str) -> dict[str, Any]:
+        return {"endpoint": url, "keys": {"p256dh": b64(self.p256dh), "auth": b64(self.auth)}}
+
+    def decrypt(self, m: Message) -> bytes:
+        if m.encoding == "aesgcm":  # re-framed by the entry relay: headers, then the body
+            head, body = m.body.split(b"\n", 3)[:3], m.body.split(b"\n", 3)[3]
+            salt = head[1].decode().partition("salt=")[2]
+            dh = head[2].decode().partition("dh=")[2]
+            return bytes(http_ece.decrypt(body, salt=unb64(salt), dh=unb64(dh), private_key=self.key,
+                                          auth_secret=self.auth, version="aesgcm"))
+        return bytes(http_ece.decrypt(m.body, private_key=self.key, auth_secret=self.auth, version="aes128gcm"))
+
+
+class Sender:
+    """An application server's VAPID key (py-vapid), and raw requests for the negative cases."""
+
+    def __init__(self) -> None:
+        self.vapid = Vapid02()
+        self.vapid.generate_keys()
+        self.public = b64(self.vapid.public_key.public_bytes(serialization.Encoding.X962,
+                                                             serialization.PublicFormat.UncompressedPoint))
+        self.pem = self.vapid.private_pem().decode()
+
+    def auth(self, aud: str, exp: int | None = None) -> str:
+        claims = {"aud": aud, "sub": "mailto:ops@example.org", "exp": exp or int(time.time()) + 12 * 3600}
+        return str(self.vapid.sign(claims)["Authorization"])
+
+
+def origin(url: str) -> str:
+    return "/".join(url.split("/")[:3])
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    d = tmp_path_factory.mktemp("wpmesh")
+    info = mesh.up(d, relays=N, bootstraps=1, timeout_s=90, min_neighbours=2)
+    try:
+        g = graph(info)
+        dist = distances(g, "R1")
+        assert len(dist) == N, f"mesh not connected: {g}"
+        far = max(sorted(dist), key=lambda n: dist[n])
+        second = next(n for n in sorted(dist) if n not in ("R1", far))
+        info.update(far=relay(info, far)["api"], second=relay(info, second)["api"], home=relay(info, "R1")["api"])
+        yield info
+    finally:
+        mesh.down(d)
+
+
+@pytest.fixture(scope="module")
+def device(lab: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> DeviceClient:
+    async def go() -> DeviceClient:
+        dev = DeviceClient(lab["home"], state_path=tmp_path_factory.mktemp("dev") / "dev.json")
+        await dev.register(tokens=1)
+        await wait_route(lab["far"])
+        await wait_route(lab["second"])
+        return dev
+    return trio.run(go)
+
+
+def at(endpoint: WebPushEndpoint, api: str) -> str:
+    """The same endpoint entered at another relay: only the origin changes (R and E are the capability)."""
+    return api + endpoint.url[len(origin(endpoint.url)):]
+
+
+async def receive_one(dev: DeviceClient, send: Any) -> Message:
+    """Open the device's stream, run send() in a thread (the standard senders block), return the message."""
+    with trio.fail_after(20):
+        async with dev.stream(ack=False) as messages:
+            await trio.to_thread.run_sync(send)
+            msg = await messages.receive()
+        await dev.ack([msg.id])
+        return msg
+
+
+def frames_out(api: str) -> float:
+    """Push frames this relay sent (keepalives and gossip go on regardless)."""
+    m = parse_metrics(httpx.get(api + "/metrics", timeout=5).text)
+    pushes = [v for k, v in m.items() if k.startswith("inri_frames_out") and 'type="push"' in k]
+    assert pushes, sorted(m)[:20]
+    return sum(pushes)
+
+
+async def test_pywebpush_sync_async_and_aesgcm_from_the_farthest_relay(lab: dict[str, Any],
+                                                                       device: DeviceClient) -> None:
+    sub, sender = Subscriber(), Sender()
+    ep = await device.mint_endpoint()
+    url = at(ep, lab["far"])
+    info = sub.info(url)
+    claims = {"sub": "mailto:ops@example.org"}
+    answers: list[Any] = []
+
+    def sync() -> None:
+        answers.append(webpush(info, "hello from pywebpush", vapid_private_key=sender.vapid,
+                               vapid_claims=dict(claims), ttl=300))
+
+    got = await receive_one(device, sync)
+    r = answers[-1]
+    assert r.status_code == 201 and r.headers["ttl"] == "300" and "/v1/push/" in r.headers["location"]
+    assert got.kind == "webpush" and got.endpoint_id == ep.endpoint_id and got.encoding == "aes128gcm"
+    assert sub.decrypt(got) == b"hello from pywebpush"
+
+    def asynchronous() -> None:
+        async def go() -> None:
+            answers.append(await webpush_async(info, "hello async", vapid_private_key=sender.vapid,
+                                               vapid_claims=dict(claims), ttl=60))
+        asyncio.run(go())
+
+    got = await receive_one(device, asynchronous)
+    assert answers[-1].status == 201 and sub.decrypt(got) == b"hello async"
+
+    def aesgcm() -> None:
+        answers.append(webpush(info, "mastodon style", vapid_private_key=sender.vapid, vapid_claims=dict(claims),
+                               ttl=60, content_encoding="aesgcm"))
+
+    got = await receive_one(device, aesgcm)
+    assert answers[-1].status_code == 201 and got.encoding == "aesgcm" and sub.decrypt(got) == b"mastodon style"
+
+    def second() -> None:
+        answers.append(webpush(sub.info(at(ep, lab["second"])), "via a second relay", ttl=60))
+
+    got = await receive_one(device, second)
+    assert answers[-1].status_code == 201 and sub.decrypt(got) == b"via a second relay"
+
+
+async def test_topic_and_ttl_zero(lab: dict[str, Any], device: DeviceClient) -> None:
+    sub = Subscriber()
+    ep = await device.mint_endpoint()
+    info = sub.info(at(ep, lab["far"]))
+
+    def offline() -> None:
+        for text in ("first", "second"):
+            assert webpush(info, text, ttl=600, headers={"Topic": "inbox"}).status_code == 201
+        assert webpush(info, "gone with ttl 0", ttl=0).status_code == 201
+
+    await trio.to_thread.run_sync(offline)
+    with trio.fail_after(10):
+        while not (mine := [m for m in await device.pull() if m.endpoint_id == ep.endpoint_id]):
+            await trio.sleep(0.1)
+    await trio.sleep(1.0)  # a late copy would be a bug: give one a chance to arrive
+    mine = [m for m in await device.pull() if m.endpoint_id == ep.endpoint_id]
+    assert [sub.decrypt(m) for m in mine] == [b"second"] and mine[0].topic == "inbox"
+    await device.ack([m.id for m in mine])
+    got = await receive_one(device, lambda: webpush(info, "ttl 0 while connected", ttl=0))
+    assert sub.decrypt(got) == b"ttl 0 while connected"
+
+
+async def test_negative_cases_answer_their_codes(lab: dict[str, Any], device: DeviceClient) -> None:
+    far = lab["far"]
+    sub, sender, other = Subscriber(), Sender(), Sender()
+    plain = await device.mint_endpoint()
+    bound = await device.mint_endpoint(sender.public)
+    url, burl = at(plain, far), at(bound, far)
+    aud = origin(url)
+    body = WebPusher(sub.info(url)).encode(b"x" * 20, "aes128gcm")["body"]
+    good = {"TTL": "60", "Content-Encoding": "aes128gcm"}
+
+    async def post(u: str, headers: dict[str, str], data: bytes = body) -> httpx.Response:
+        async with httpx.AsyncClient(timeout=10) as c:
+            return await c.post(u, headers=headers, content=data)
+
+    jwt = sender.auth(aud)
+    t, _, k = jwt.partition(" ")[2].partition(",k=")
+    bad_sig = f"vapid {t[:-4]}AAAA,k={k}"
+    before = frames_out(far)
+    local = [
+        (401, burl, {**good, "Authorization": bad_sig}),
+        (401, burl, {**good, "Authorization": sender.auth("http://other.example:8480")}),
+        (401, burl, {**good, "Authorization": sender.auth(aud, int(time.time()) - 10)}),
+        (401, burl, {**good, "Authorization": sender.auth(aud, int(time.time()) + 48 * 3600)}),
+        (403, burl, {**good, "Authorization": other.auth(aud)}),
+        (401, burl, good),
+        (400, url, {"Content-Encoding": "aes128gcm"}),  # no TTL
+        (400, url, {**good, "Topic": "t" * 33}),
+        (400, url, {**good, "Urgency": "urgent"}),
+        (404, url.rsplit("/", 2)[0] + "/AAAA/" + url.rsplit("/", 1)[1], good),  # broken registration
+    ]
+    for status, u, h in local:
+        r = await post(u, h)
+        assert r.status_code == status, (status, h, r.text)
+        if status == 401:
+            assert r.headers["www-authenticate"] == "vapid"
+    r = await post(url, good, os.urandom(4097))
+    assert r.status_code == 413
+    two = http_ece.encrypt(b"y" * 200, private_key=ec.generate_private_key(ec.SECP256R1()), dh=sub.p256dh,
+                           auth_secret=sub.auth, version="aes128gcm", rs=100)  # three records in 300 bytes
+    assert (await post(url, good, two)).status_code == 400
+    assert frames_out(far) == before, "the entry relay decided all of these alone: no frame may leave it"
+    # A forged capability: the home relay says unknown endpoint; the genuine endpoint still works after.
+    raw_e = bytearray(unb64(url.rsplit("/", 1)[1]))
+    raw_e[-1] ^= 1
+    forged = url.rsplit("/", 1)[0] + "/" + b64(bytes(raw_e))
+    r = await post(forged, good)
+    assert r.status_code == 404
+    assert (await post(url, good)).status_code == 201
+    # Revoked: 410; an unregistered device: 410.
+    gone = await device.mint_endpoint()
+    await device.revoke_endpoint(gone.endpoint_id)
+    assert (await post(at(gone, far), good)).status_code == 410
+    dev2 = DeviceClient(lab["home"])
+    await dev2.register(tokens=1)
+    ep2 = await dev2.mint_endpoint()
+    await dev2.unregister()
+    assert (await post(at(ep2, far), good)).status_code == 410
+    # A burst over one endpoint's limit: 429 with Retry-After, while another endpoint still gets 201.
+    burst = await device.mint_endpoint()
+    codes = [await post(at(burst, far), good) for _ in range(30)]
+    limited = [r for r in codes if r.status_code == 429]
+    assert limited and int(limited[0].headers["retry-after"]) >= 1
+    assert {r.status_code for r in codes} <= {201, 429}
+    assert (await post(url, good)).status_code == 201
+    leftover = [m.id for m in await device.pull(1000)]
+    if leftover:
+        await device.ack(leftover)
+
+
+def test_prints_nothing_secret_in_problem_bodies(lab: dict[str, Any]) -> None:
+    """A 404 for a random endpoint path at any relay: problem+json, no search started."""
+    r = httpx.post(lab["far"] + "/wp/v1/AAAA/BBBB", headers={"TTL": "1"}, content=b"", timeout=5)
+    assert r.status_code == 404 and json.loads(r.text)["code"] == "not_found"
+    assert Path(lab["dir"]).exists()
