@@ -392,7 +392,8 @@ def test_documented_push_statuses_are_the_ones_the_relay_produces() -> None:
     from inri.node.openapi import openapi_document
     from tests.procs import ROOT
 
-    produced = {"pending", "delivered", "spent", "unknown_token", "mailbox_full", "expired", "unreachable"}
+    produced = {"pending", "delivered", "spent", "unknown_token", "mailbox_full", "expired", "unreachable",
+                "unknown_endpoint", "gone", "rate_limited"}  # the last three: Web Push pushes
     enum = openapi_document("0", {k: 1 for k in ("POST /v1/devices", "POST /v1/devices/{device_id}/registration",
                                                  "POST /v1/devices/{device_id}/tokens", "POST /v1/push",
                                                  "POST /v1/devices/{device_id}/ack",

@@ -8,6 +8,8 @@ import asyncio
 import base64
 import json
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -258,13 +260,34 @@ async def test_negative_cases_answer_their_codes(lab: dict[str, Any], device: De
     assert limited and int(limited[0].headers["retry-after"]) >= 1
     assert {r.status_code for r in codes} <= {201, 429}
     assert (await post(url, good)).status_code == 201
+    m = parse_metrics(httpx.get(far + "/metrics", timeout=5).text)
+    assert m["inri_webpush_accepted_total"] >= 3 and m['inri_webpush_refused_total{status="401"}'] >= 5
+    assert m['inri_webpush_refused_total{status="429"}'] >= 1 and m["inri_webpush_negative_cache"] >= 2
     leftover = [m.id for m in await device.pull(1000)]
     if leftover:
         await device.ack(leftover)
 
 
-def test_prints_nothing_secret_in_problem_bodies(lab: dict[str, Any]) -> None:
-    """A 404 for a random endpoint path at any relay: problem+json, no search started."""
-    r = httpx.post(lab["far"] + "/wp/v1/AAAA/BBBB", headers={"TTL": "1"}, content=b"", timeout=5)
-    assert r.status_code == 404 and json.loads(r.text)["code"] == "not_found"
-    assert Path(lab["dir"]).exists()
+def test_cli_mints_lists_revokes_and_pulls_web_push(lab: dict[str, Any], tmp_path: Path) -> None:
+    """`inri device endpoint mint|list|revoke`, then `inri device pull` shows the Web Push message."""
+    def inri(*args: str) -> list[dict[str, Any]]:
+        proc = subprocess.run([sys.executable, "-m", "inri.cli", *args], capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+
+    state = str(tmp_path / "dev.json")
+    inri("device", "register", "--relay", lab["home"], "--state", state, "--tokens", "1")
+    sender = Sender()
+    minted = inri("device", "endpoint", "mint", "--state", state, "--vapid-key", sender.public)[0]
+    assert minted["restricted"] and minted["vapid_key"] == sender.public and "/wp/v1/" in minted["url"]
+    assert [e["endpoint_id"] for e in inri("device", "endpoint", "list", "--state", state)] == [minted["endpoint_id"]]
+    sub = Subscriber()
+    r = webpush(sub.info(minted["url"]), "to the cli", vapid_private_key=sender.vapid,
+                vapid_claims={"sub": "mailto:ops@example.org"}, ttl=60)
+    assert r.status_code == 201
+    pulled = inri("device", "pull", "--state", state, "--ack")
+    assert [(m["kind"], m["endpoint_id"]) for m in pulled] == [("webpush", minted["endpoint_id"])]
+    assert inri("device", "endpoint", "revoke", "--state", state, minted["endpoint_id"])
+    assert inri("device", "endpoint", "list", "--state", state) == []
+    r2 = httpx.post(lab["far"] + "/wp/v1/AAAA/BBBB", headers={"TTL": "1"}, content=b"", timeout=5)
+    assert r2.status_code == 404 and r2.json()["code"] == "not_found"  # random paths: no search started

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -12,9 +13,17 @@ import httpx
 import trio
 
 from inri.client.app import HomeAppClient
-from inri.client.credential import PushCredential
-from inri.client.device import DeviceClient
+from inri.client.credential import PushCredential, b64e
+from inri.client.device import DeviceClient, Message
 from inri.client.errors import ApiError, NoTokensLeft
+
+
+def _message(m: Message) -> dict[str, Any]:
+    """A message as one JSON line: native ones decrypted; Web Push ones as their raw body (base64url)."""
+    if m.kind == "webpush":
+        return {"id": m.id, "kind": m.kind, "body": b64e(m.body), "encoding": m.encoding, "urgency": m.urgency,
+                "topic": m.topic, "endpoint_id": m.endpoint_id, "received_at": m.received_at}
+    return {"id": m.id, "message": m.plaintext.decode("utf-8", "replace"), "received_at": m.received_at}
 
 
 def _print(obj: Any) -> None:
@@ -48,7 +57,7 @@ async def _device_cmd(args: argparse.Namespace, dev: DeviceClient) -> int:
     elif cmd == "pull":
         msgs = await dev.pull()
         for m in msgs:
-            _print({"id": m.id, "message": m.plaintext.decode("utf-8", "replace"), "received_at": m.received_at})
+            _print(_message(m))
         if args.ack and msgs:
             await dev.ack([m.id for m in msgs])
     elif cmd == "listen":
@@ -56,8 +65,7 @@ async def _device_cmd(args: argparse.Namespace, dev: DeviceClient) -> int:
         with trio.move_on_after(args.timeout if args.timeout else float("inf")):
             async with dev.stream(ack=False) as messages:
                 async for m in messages:
-                    _print({"id": m.id, "message": m.plaintext.decode("utf-8", "replace"),
-                            "received_at": m.received_at})
+                    _print(_message(m))
                     await dev.ack([m.id])  # printed, so acknowledged: never shown again
                     n += 1
                     if args.count and n >= args.count:
@@ -68,6 +76,15 @@ async def _device_cmd(args: argparse.Namespace, dev: DeviceClient) -> int:
     elif cmd == "unregister":
         await dev.unregister()
         _print({"unregistered": True})
+    elif cmd == "endpoint":
+        if args.endpoint_cmd == "mint":
+            _print(dataclasses.asdict(await dev.mint_endpoint(args.vapid_key)))
+        elif args.endpoint_cmd == "list":
+            for ep in await dev.list_endpoints():
+                _print(dataclasses.asdict(ep))
+        else:
+            await dev.revoke_endpoint(args.endpoint_id)
+            _print({"revoked": args.endpoint_id})
     return 0
 
 
@@ -124,6 +141,16 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--timeout", type=float, default=0.0, help="stop after this many seconds")
     p = dsub.add_parser("unregister", help="delete the device at its relay")
     p.add_argument("--state", required=True, type=Path)
+    p = dsub.add_parser("endpoint", help="Web Push endpoints of this device: mint, list, revoke")
+    esub = p.add_subparsers(dest="endpoint_cmd", required=True)
+    e = esub.add_parser("mint", help="mint an endpoint URL to hand to a Web Push app server (JSON)")
+    e.add_argument("--state", required=True, type=Path)
+    e.add_argument("--vapid-key", help="restrict it to this application server key (base64url P-256 point)")
+    e = esub.add_parser("list", help="the device's live endpoints (JSON lines)")
+    e.add_argument("--state", required=True, type=Path)
+    e = esub.add_parser("revoke", help="revoke an endpoint: its senders then get 410")
+    e.add_argument("--state", required=True, type=Path)
+    e.add_argument("endpoint_id", help="the endpoint's id (hex)")
     dev.set_defaults(func=_run)
 
     app = sub.add_parser("app", help="act as a home app: push with a device's credential")

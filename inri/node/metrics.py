@@ -104,10 +104,23 @@ class RelayCollector(Collector):
         yield other
         limited = CounterMetricFamily("inri_rate_limited", "requests refused by a rate limit (per client, device, "
                                       "token)", labels=["key"])
-        for key, limiter in (("client", api.rate), ("device", api.device_rate), ("token", api.token_rate)):
+        for key, limiter in (("client", api.rate), ("device", api.device_rate), ("token", api.token_rate),
+                             ("vapid_key", api.vapid_rate), ("webpush_endpoint", api.wp_endpoint_rate)):
             limited.add_metric([key], limiter.hits)
         yield limited
         yield api.http_codes.metric("inri_http_responses")
+        yield CounterMetricFamily("inri_webpush_accepted", "Web Push pushes answered 201 at this relay",
+                                  value=api.wp_counts.get("accepted", 0))
+        refused = CounterMetricFamily("inri_webpush_refused", "Web Push pushes refused at this relay, by HTTP "
+                                      "status (404/410 include the home relay's answers)", labels=["status"])
+        for key in sorted(api.wp_counts):
+            if key.startswith("refused_"):
+                refused.add_metric([key[len("refused_"):]], api.wp_counts[key])
+        yield refused
+        yield GaugeMetricFamily("inri_webpush_endpoints", "live Web Push endpoints of devices homed here",
+                                value=service.store.endpoint_count())
+        yield GaugeMetricFamily("inri_webpush_negative_cache", "endpoints answered 404/410 from the cache",
+                                value=len(api.wp_gone))
         buckets: list[tuple[str, float]] = []
         cum = 0
         for bound, n in zip(PUSH_LATENCY_BUCKETS, service.push_latency, strict=False):

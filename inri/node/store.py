@@ -231,6 +231,10 @@ class Store:
             out.append((EndpointToken.mint(self.home_key, route_id, bytes(eid), vk), vk))
         return out
 
+    def endpoint_count(self) -> int:
+        """Live Web Push endpoints of every device homed here."""
+        return int(self._db.execute("SELECT COUNT(*) FROM wp_endpoints WHERE revoked=0").fetchone()[0])
+
     def revoke_endpoint(self, route_id: bytes, endpoint_id: bytes) -> bool:
         """Revoke an endpoint (pushes to it then get 410); False when the device has no such live one."""
         with self._tx():
