@@ -120,6 +120,11 @@ async def receive_one(dev: DeviceClient, send: Any) -> Message:
     """Open the device's stream, run send() in a thread (the standard senders block), return the message."""
     with trio.fail_after(20):
         async with dev.stream(ack=False) as messages:
+            # The SDK's stream connects in the background: a TTL 0 push is stored only once the home
+            # relay has the stream open, so wait for it (the device is the only one streaming there).
+            async with httpx.AsyncClient(timeout=5) as c:
+                while (await c.get(dev.relay_url + "/v1/status")).json()["websockets"] < 1:
+                    await trio.sleep(0.02)
             await trio.to_thread.run_sync(send)
             msg = await messages.receive()
         await dev.ack([msg.id])
@@ -141,7 +146,7 @@ async def test_pywebpush_sync_async_and_aesgcm_from_the_farthest_relay(lab: dict
     info = sub.info(url)
     claims = {"sub": "mailto:ops@example.org"}
     e_part = url.rsplit("/", 1)[1]
-    SECRETS.extend([e_part.encode(), unb64(e_part)[-16:], unb64(sender.public), sender.public.encode(),
+    SECRETS.extend([e_part.encode(), unb64(e_part)[25:41], unb64(sender.public), sender.public.encode(),
                     sender.public.encode()[:40], b"hello from pywebpush", b"hello async", b"mastodon style"])
     answers: list[Any] = []
 
@@ -244,7 +249,7 @@ async def test_negative_cases_answer_their_codes(lab: dict[str, Any], device: De
     assert frames_out(far) == before, "the entry relay decided all of these alone: no frame may leave it"
     # A forged capability: the home relay says unknown endpoint; the genuine endpoint still works after.
     raw_e = bytearray(unb64(url.rsplit("/", 1)[1]))
-    raw_e[-1] ^= 1
+    raw_e[30] ^= 1  # inside the capability: endpoint id(16) | flags(1) | VAPID prefix(8) | cap(16) | seal key
     forged = url.rsplit("/", 1)[0] + "/" + b64(bytes(raw_e))
     r = await post(forged, good)
     assert r.status_code == 404
@@ -296,6 +301,29 @@ def test_cli_mints_lists_revokes_and_pulls_web_push(lab: dict[str, Any], tmp_pat
     assert inri("device", "endpoint", "list", "--state", state) == []
     r2 = httpx.post(lab["far"] + "/wp/v1/AAAA/BBBB", headers={"TTL": "1"}, content=b"", timeout=5)
     assert r2.status_code == 404 and r2.json()["code"] == "not_found"  # random paths: no search started
+
+
+async def test_matrix_gateway_delivers_one_pushkey_and_rejects_the_foreign_one(lab: dict[str, Any],
+                                                                               device: DeviceClient) -> None:
+    far = lab["far"]
+    ep = await device.mint_endpoint()
+    async with httpx.AsyncClient(timeout=10) as c:
+        assert (await c.get(far + "/_matrix/push/v1/notify")).json() == {"unifiedpush": {"gateway": "matrix"}}
+    secret_text = "matrix room secret " + os.urandom(8).hex()
+    note = {"notification": {"event_id": "$e1", "room_id": "!r:example.org", "content": {"body": secret_text},
+                             "counts": {"unread": 2},
+                             "devices": [{"pushkey": at(ep, far), "app_id": "im.app"},
+                                         {"pushkey": "https://push.example.net/up/abc", "app_id": "im.app"}]}}
+    SECRETS.append(secret_text.encode())
+
+    def notify() -> None:
+        r = httpx.post(far + "/_matrix/push/v1/notify", json=note, timeout=10)
+        assert r.status_code == 200 and r.json() == {"rejected": ["https://push.example.net/up/abc"]}
+
+    got = await receive_one(device, notify)
+    assert got.kind == "webpush" and got.endpoint_id == ep.endpoint_id and not got.undecryptable
+    sent = json.loads(got.body)
+    assert "devices" not in sent and sent["content"]["body"] == secret_text and sent["event_id"] == "$e1"
 
 
 def test_privacy_scan_of_every_relay_but_the_home(lab: dict[str, Any]) -> None:

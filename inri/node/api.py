@@ -21,6 +21,7 @@ import hmac
 import json
 import math
 import os
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -28,6 +29,7 @@ from typing import Any
 import structlog
 import trio
 from cryptography.hazmat.primitives.asymmetric import ec
+from nacl.public import PublicKey, SealedBox
 
 from inri import __version__
 from inri.common import b64url
@@ -54,10 +56,18 @@ from inri.node.openapi import openapi_document
 from inri.node.ratelimit import RateLimiter, client_key
 from inri.node.service import RegistrationError, RelayService
 from inri.node.store import secret_hash
-from inri.node.webpush import WebPushError, frame_body, normalise_origin, parse_headers, vapid_credentials, verify_vapid
+from inri.node.webpush import (
+    Headers,
+    WebPushError,
+    frame_body,
+    normalise_origin,
+    parse_headers,
+    vapid_credentials,
+    verify_vapid,
+)
 from inri.protocol import limits
 from inri.protocol.codec import DecodeError, decode_registration, encode_registration
-from inri.protocol.messages import ContentEncoding, Urgency, WebPushMeta
+from inri.protocol.messages import ContentEncoding, Registration, Urgency, WebPushMeta
 from inri.protocol.webpush import (
     ENCODING_NAME,
     URGENCY_NAME,
@@ -161,6 +171,8 @@ def _message_json(pid: bytes, ct: bytes, t: float, wp: WebPushInfo | None) -> di
         eid, topic, urgency, encoding = wp
         out.update(kind="webpush", body=out["ciphertext"], encoding=ENCODING_NAME[encoding],
                    urgency=URGENCY_NAME[urgency], topic=topic, endpoint_id=eid.hex())
+        if encoding == ContentEncoding.SEALED:
+            out["sealed"] = True  # the SDK opens it with the device's seal key
     return out
 
 
@@ -198,6 +210,8 @@ class RelayApi:
             Route("DELETE", dev + "/endpoints/{endpoint_id}", self.revoke_endpoint),
             Route("POST", "/v1/push", self.push, body),
             Route("POST", "/wp/v1/{reg}/{endpoint}", self.webpush, limits.MAX_CIPHERTEXT_BYTES),
+            Route("GET", "/_matrix/push/v1/notify", self.matrix_discovery),
+            Route("POST", "/_matrix/push/v1/notify", self.matrix_notify, body),
             Route("GET", "/v1/push/{push_id}", self.push_status),
             Route("GET", "/healthz", self.health),
             Route("GET", "/v1/status", self.status),
@@ -380,11 +394,13 @@ class RelayApi:
                 ec.EllipticCurvePublicKey.from_encoded_point(ec.SECP256R1(), vapid_key)
             except ValueError:
                 raise Problem(422, "invalid_field", "vapid_key: not a point on P-256") from None
+        seal_key = None if body.get("seal_key") is None else b64d(body.get("seal_key"), "seal_key",
+                                                                   size=limits.KEY_BYTES)
         store = self.service.store
         if len(store.endpoints(route_id)) >= self.config.webpush.endpoints_max:
             raise Problem(409, "too_many_endpoints",
                           f"this device has {self.config.webpush.endpoints_max} endpoints; revoke one first")
-        tok = store.mint_endpoint(route_id, vapid_key, self.service.wall_clock())
+        tok = store.mint_endpoint(route_id, vapid_key, self.service.wall_clock(), seal_key)
         return 201, self._endpoint_json(route_id, tok, vapid_key)
 
     async def list_endpoints(self, req: Request, device_id: str) -> tuple[int, Any]:
@@ -439,11 +455,56 @@ class RelayApi:
             self._wp_count(f"refused_{p.status}")
             raise
 
+    # -- Matrix push gateway (/_matrix/push/v1/notify) ------------------------------------------------
+
+    async def matrix_discovery(self, req: Request) -> tuple[int, Any]:
+        return 200, {"unifiedpush": {"gateway": "matrix"}}
+
+    async def matrix_notify(self, req: Request) -> tuple[int, Any]:
+        """Deliver the notification (without `devices`) to each INRI pushkey, sealed to its device here."""
+        body = await req.json()
+        note = body.get("notification")
+        devices = note.get("devices") if isinstance(note, dict) else None
+        if not isinstance(note, dict) or not isinstance(devices, list) or not all(isinstance(d, dict) for d in devices):
+            raise Problem(422, "invalid_field", "notification.devices: expected a list of objects")
+        payload = json.dumps({k: v for k, v in note.items() if k != "devices"}, separators=(",", ":")).encode()
+        rejected: list[Any] = []
+        for d in devices:
+            pushkey = d.get("pushkey")
+            if not isinstance(pushkey, str) or not await self._matrix_push(pushkey, payload):
+                rejected.append(pushkey)
+        return 200, {"rejected": rejected}
+
+    async def _matrix_push(self, pushkey: str, payload: bytes) -> bool:
+        """True when pushkey is an INRI endpoint with a seal key and its home did not refuse the push."""
+        m = re.fullmatch(r"https?://[^/]+/wp/v1/([A-Za-z0-9_-]+)/([A-Za-z0-9_-]+)", pushkey)
+        if m is None:
+            return False
+        try:
+            reg = decode_registration(b64url.b64d(m[1], "registration", max_size=1024))
+            tok = EndpointToken.decode(b64url.b64d(m[2], "endpoint", max_size=128))
+        except (ValueError, DecodeError):
+            return False
+        if tok.seal_key is None or tok.restricted:  # restricted endpoints take only their VAPID key's pushes
+            return False
+        try:
+            sealed = SealedBox(PublicKey(tok.seal_key)).encrypt(payload)
+        except (ValueError, TypeError):
+            return False
+        if len(sealed) > limits.MAX_CIPHERTEXT_BYTES:
+            return False
+        try:
+            await self._route_webpush(reg, tok, sealed, Headers(self.config.webpush.ttl_max_s, Urgency.NORMAL, None),
+                                      ContentEncoding.SEALED, None)
+        except Problem as p:
+            return p.status == 429  # transient: not a reason for the homeserver to drop the pushkey
+        return True
+
     async def _webpush(self, req: Request, reg_b64: str, endpoint_b64: str) -> tuple[Any, ...]:
         wp = self.config.webpush
         try:  # a broken registration or endpoint token: unknown endpoint, decided here (no mesh search)
             reg = decode_registration(b64url.b64d(reg_b64, "registration", max_size=1024))
-            tok = EndpointToken.decode(b64url.b64d(endpoint_b64, "endpoint", max_size=64))
+            tok = EndpointToken.decode(b64url.b64d(endpoint_b64, "endpoint", max_size=128))
         except (ValueError, DecodeError):
             raise Problem(404, "not_found", "no such Web Push endpoint") from None
         length = req.header(b"content-length")
@@ -474,8 +535,24 @@ class RelayApi:
             raise Problem(cached[0], "not_found" if cached[0] == 404 else "gone", "endpoint unknown or revoked")
         body, encoding = frame_body(await req.body(), req.header(b"content-encoding"), req.header(b"encryption"),
                                     crypto_key)
+        pid = await self._route_webpush(reg, tok, body, heads, encoding, vapid_key if tok.restricted else None,
+                                        neg_key)
+        self._wp_count("accepted")
+        location = f"{self.wp_origins[0]}/v1/push/{pid.hex()}"
+        return 201, None, [(b"location", location.encode()), (b"ttl", str(heads.ttl_s).encode())]
+
+    async def _route_webpush(
+        self, reg: Registration, tok: EndpointToken, body: bytes, heads: Headers, encoding: ContentEncoding,
+        vapid_key: bytes | None, neg_key: bytes | None = None,
+    ) -> bytes:
+        """Tag, take custody, wait briefly for the home's answer: the push id, or the Problem to answer."""
+        if neg_key is None:
+            neg_key = hashlib.sha256(reg.route_id + tok.endpoint_id + tok.cap).digest()
+            cached = self.wp_gone.get(neg_key)
+            if cached is not None and cached[1] > time.monotonic():
+                raise Problem(cached[0], "not_found" if cached[0] == 404 else "gone", "endpoint unknown or revoked")
         pid = os.urandom(limits.PUSH_ID_BYTES)
-        vhash = vapid_key_hash(vapid_key if tok.restricted else None)
+        vhash = vapid_key_hash(vapid_key)
         tag = push_tag(tok.cap, pid, body, heads.ttl_s, heads.urgency, encoding, heads.topic, vhash)
         meta = WebPushMeta(tok.endpoint_id, tag, heads.ttl_s, heads.urgency, encoding, heads.topic)
         settled = trio.Event()
@@ -500,9 +577,7 @@ class RelayApi:
                     self.wp_gone.pop(next(iter(self.wp_gone)))
             raise Problem(code, problem_code, f"the home relay answered {status.get('status')}",
                           retry_after=5 if code == 429 else None)
-        self._wp_count("accepted")
-        location = f"{self.wp_origins[0]}/v1/push/{pid.hex()}"
-        return 201, None, [(b"location", location.encode()), (b"ttl", str(heads.ttl_s).encode())]
+        return pid
 
     async def push_status(self, req: Request, push_id: str) -> tuple[int, Any]:
         pid = _parse_id(push_id, limits.PUSH_ID_BYTES)

@@ -107,6 +107,17 @@ def openapi_document(version: str, body_limits: dict[str, int]) -> dict[str, Any
                     "401": _problem_ref("bad_vapid"), "403": _problem_ref("forbidden_key"),
                     "404": _problem_ref("not_found"), "410": _problem_ref("gone"), "413": _problem_ref("too_large"),
                     "429": _problem_ref("rate_limited", "overloaded", "mailbox_full")}}},
+            "/_matrix/push/v1/notify": {
+                "get": {"summary": "Matrix push gateway discovery (UnifiedPush)",
+                        "responses": {"200": _json({"type": "object", "properties": {"unifiedpush": {
+                            "type": "object", "properties": {"gateway": {"const": "matrix"}}}}})}},
+                "post": {
+                    "summary": "Matrix push gateway: each INRI pushkey gets the notification (without devices), "
+                    "sealed to its device at this relay",
+                    "requestBody": _body("POST /_matrix/push/v1/notify", {"type": "object", "required": [
+                        "notification"], "properties": {"notification": {"type": "object"}}}),
+                    "responses": {"200": _json({"type": "object", "properties": {"rejected": {
+                        "type": "array", "items": {"type": "string"}}}}), **BODY_ERRORS}}},
             "/v1/devices/{device_id}/endpoints": {
                 "post": {
                     "summary": "Mint a Web Push endpoint (restricted to one VAPID key when given)",

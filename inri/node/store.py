@@ -50,7 +50,7 @@ CREATE TABLE IF NOT EXISTS push_status (
     push_id BLOB PRIMARY KEY, status TEXT NOT NULL, hops INTEGER, accepted_at REAL NOT NULL, settled_at REAL);
 CREATE TABLE IF NOT EXISTS wp_endpoints (
     route_id BLOB NOT NULL, endpoint_id BLOB NOT NULL, vapid_key BLOB, revoked INTEGER NOT NULL DEFAULT 0,
-    created REAL NOT NULL, PRIMARY KEY (route_id, endpoint_id)) WITHOUT ROWID;
+    created REAL NOT NULL, seal_key BLOB, PRIMARY KEY (route_id, endpoint_id)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS wp_gone (route_id BLOB PRIMARY KEY) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS wp_messages (
     push_id BLOB NOT NULL, route_id BLOB NOT NULL, endpoint_id BLOB NOT NULL, topic TEXT,
@@ -214,21 +214,25 @@ class Store:
 
     # -- Web Push endpoints -----------------------------------------------------------------------
 
-    def mint_endpoint(self, route_id: bytes, vapid_key: bytes | None, now: float) -> EndpointToken:
-        """A new Web Push endpoint of a device homed here (restricted to vapid_key when given)."""
+    def mint_endpoint(self, route_id: bytes, vapid_key: bytes | None, now: float,
+                      seal_key: bytes | None = None) -> EndpointToken:
+        """A new Web Push endpoint of a device homed here (restricted to vapid_key when given; seal_key,
+        the device's public X25519 key, goes into the URL for Matrix gateways)."""
         eid = os.urandom(16)
         with self._tx():
-            self._db.execute("INSERT INTO wp_endpoints VALUES (?, ?, ?, 0, ?)", (route_id, eid, vapid_key, now))
-        return EndpointToken.mint(self.home_key, route_id, eid, vapid_key)
+            self._db.execute("INSERT INTO wp_endpoints (route_id, endpoint_id, vapid_key, revoked, created, seal_key) "
+                             "VALUES (?, ?, ?, 0, ?, ?)", (route_id, eid, vapid_key, now, seal_key))
+        return EndpointToken.mint(self.home_key, route_id, eid, vapid_key, seal_key)
 
     def endpoints(self, route_id: bytes) -> list[tuple[EndpointToken, bytes | None]]:
         """The device's live endpoints, oldest first: (token for its URL, restricting VAPID key)."""
-        rows = self._db.execute("SELECT endpoint_id, vapid_key FROM wp_endpoints WHERE route_id=? AND revoked=0 "
-                                "ORDER BY created", (route_id,))
+        rows = self._db.execute("SELECT endpoint_id, vapid_key, seal_key FROM wp_endpoints WHERE route_id=? "
+                                "AND revoked=0 ORDER BY created", (route_id,))
         out = []
-        for eid, key in rows:
+        for eid, key, seal in rows:
             vk = None if key is None else bytes(key)
-            out.append((EndpointToken.mint(self.home_key, route_id, bytes(eid), vk), vk))
+            sk = None if seal is None else bytes(seal)
+            out.append((EndpointToken.mint(self.home_key, route_id, bytes(eid), vk, sk), vk))
         return out
 
     def endpoint_count(self) -> int:

@@ -123,6 +123,7 @@ class ContentEncoding(IntEnum):
 
     AES128GCM = 1
     AESGCM = 2
+    SEALED = 3  # a Matrix gateway notification, sealed to the device's seal key at the entry relay
 
 
 @dataclass(frozen=True, slots=True)

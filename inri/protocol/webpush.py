@@ -21,6 +21,7 @@ from inri.protocol.messages import ContentEncoding, Urgency
 CAP_BYTES = 16
 VAPID_PREFIX_BYTES = 8
 FLAG_RESTRICTED = 0x01
+FLAG_SEAL_KEY = 0x02  # the device's X25519 seal key follows: a Matrix gateway seals notifications to it
 ENDPOINT_TOKEN_BYTES = L.ENDPOINT_ID_BYTES + 1 + VAPID_PREFIX_BYTES + CAP_BYTES
 
 URGENCY_HEADER = {
@@ -30,7 +31,10 @@ URGENCY_HEADER = {
     "high": Urgency.HIGH,
 }
 URGENCY_NAME = {v: k for k, v in URGENCY_HEADER.items()}
-ENCODING_NAME = {ContentEncoding.AES128GCM: "aes128gcm", ContentEncoding.AESGCM: "aesgcm"}
+# A sealed body (Matrix gateway) reaches the device's app as what a standard gateway sends: the
+# notification JSON labelled aes128gcm (UnifiedPush connectors hand over what they cannot decrypt).
+ENCODING_NAME = {ContentEncoding.AES128GCM: "aes128gcm", ContentEncoding.AESGCM: "aesgcm",
+                 ContentEncoding.SEALED: "aes128gcm"}
 
 
 def vapid_key_hash(vapid_key: bytes | None) -> bytes:
@@ -70,25 +74,30 @@ class EndpointToken:
     restricted: bool
     vapid_prefix: bytes  # first bytes of sha256(vapid key); zeros when unrestricted
     cap: bytes
+    seal_key: bytes | None = None  # the device's X25519 public seal key, when it gave one at minting
 
     def encode(self) -> bytes:
         """The raw bytes (base64url in the URL)."""
-        flags = FLAG_RESTRICTED if self.restricted else 0
-        return self.endpoint_id + bytes([flags]) + self.vapid_prefix + self.cap
+        flags = (FLAG_RESTRICTED if self.restricted else 0) | (FLAG_SEAL_KEY if self.seal_key else 0)
+        return self.endpoint_id + bytes([flags]) + self.vapid_prefix + self.cap + (self.seal_key or b"")
 
     @classmethod
     def decode(cls, raw: bytes) -> EndpointToken:
         """Parse E; ValueError when it is not a well-formed endpoint token."""
-        if len(raw) != ENDPOINT_TOKEN_BYTES:
-            raise ValueError(f"endpoint token: expected {ENDPOINT_TOKEN_BYTES} bytes, got {len(raw)}")
-        eid, flags = raw[:L.ENDPOINT_ID_BYTES], raw[L.ENDPOINT_ID_BYTES]
-        if flags & ~FLAG_RESTRICTED:
+        flags = raw[L.ENDPOINT_ID_BYTES] if len(raw) > L.ENDPOINT_ID_BYTES else 0
+        want = ENDPOINT_TOKEN_BYTES + (L.KEY_BYTES if flags & FLAG_SEAL_KEY else 0)
+        if len(raw) != want:
+            raise ValueError(f"endpoint token: expected {want} bytes, got {len(raw)}")
+        if flags & ~(FLAG_RESTRICTED | FLAG_SEAL_KEY):
             raise ValueError("endpoint token: unknown flags")
         rest = raw[L.ENDPOINT_ID_BYTES + 1:]
-        return cls(eid, bool(flags & FLAG_RESTRICTED), rest[:VAPID_PREFIX_BYTES], rest[VAPID_PREFIX_BYTES:])
+        return cls(raw[:L.ENDPOINT_ID_BYTES], bool(flags & FLAG_RESTRICTED), rest[:VAPID_PREFIX_BYTES],
+                   rest[VAPID_PREFIX_BYTES:VAPID_PREFIX_BYTES + CAP_BYTES],
+                   rest[VAPID_PREFIX_BYTES + CAP_BYTES:] or None)
 
     @classmethod
-    def mint(cls, home_key: bytes, route_id: bytes, endpoint_id: bytes, vapid_key: bytes | None) -> EndpointToken:
+    def mint(cls, home_key: bytes, route_id: bytes, endpoint_id: bytes, vapid_key: bytes | None,
+             seal_key: bytes | None = None) -> EndpointToken:
         """The token the home relay puts in a newly minted endpoint URL."""
         prefix = vapid_key_hash(vapid_key)[:VAPID_PREFIX_BYTES] if vapid_key else bytes(VAPID_PREFIX_BYTES)
-        return cls(endpoint_id, vapid_key is not None, prefix, capability(home_key, route_id, endpoint_id))
+        return cls(endpoint_id, vapid_key is not None, prefix, capability(home_key, route_id, endpoint_id), seal_key)
