@@ -81,6 +81,7 @@ WebPushInfo = tuple[bytes, str | None, Urgency, ContentEncoding]
 WEBPUSH_RECEIPT_WAIT_S = 1.5  # how long a Web Push sender waits for the home's receipt (then 201 anyway)
 NEGATIVE_CACHE_S = 600.0  # a 404/410 from home is answered here again for this long
 NEGATIVE_CACHE_MAX = 100_000
+MATRIX_MAX_DEVICES = 20  # pushkeys per Matrix notify (a homeserver sends one per pusher)
 # The home relay's answer (custody status) -> (HTTP status, problem code); absent: 201.
 WEBPUSH_ANSWERS: dict[str, tuple[int, str]] = {
     CustodyStatus.UNKNOWN_ENDPOINT: (404, "not_found"),
@@ -468,12 +469,17 @@ class RelayApi:
         if not isinstance(note, dict) or not isinstance(devices, list) or not all(isinstance(d, dict) for d in devices):
             raise Problem(422, "invalid_field", "notification.devices: expected a list of objects")
         payload = json.dumps({k: v for k, v in note.items() if k != "devices"}, separators=(",", ":")).encode()
-        rejected: list[Any] = []
-        for d in devices:
-            pushkey = d.get("pushkey")
-            if not isinstance(pushkey, str) or not await self._matrix_push(pushkey, payload):
-                rejected.append(pushkey)
-        return 200, {"rejected": rejected}
+        if len(devices) > MATRIX_MAX_DEVICES:
+            raise Problem(422, "invalid_field", f"notification.devices: at most {MATRIX_MAX_DEVICES}")
+        ok = [False] * len(devices)
+
+        async def one(i: int, pushkey: object) -> None:
+            ok[i] = isinstance(pushkey, str) and await self._matrix_push(pushkey, payload)
+
+        async with trio.open_nursery() as nursery:  # each waits up to 1.5 s for its home: wait together
+            for i, d in enumerate(devices):
+                nursery.start_soon(one, i, d.get("pushkey"))
+        return 200, {"rejected": [d.get("pushkey") for d, good in zip(devices, ok, strict=True) if not good]}
 
     async def _matrix_push(self, pushkey: str, payload: bytes) -> bool:
         """True when pushkey is an INRI endpoint with a seal key and its home did not refuse the push."""
