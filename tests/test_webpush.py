@@ -8,6 +8,7 @@ import asyncio
 import base64
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -27,7 +28,7 @@ from pywebpush import WebPusher, webpush, webpush_async
 from inri import mesh
 from inri.client import DeviceClient, Message, WebPushEndpoint
 from inri.node.metrics import parse_metrics
-from tests.test_relay_mesh import distances, graph, relay, wait_route
+from tests.test_relay_mesh import distances, graph, relay, restart, wait_route
 
 pytestmark = pytest.mark.integration
 N = 5
@@ -324,6 +325,35 @@ async def test_matrix_gateway_delivers_one_pushkey_and_rejects_the_foreign_one(l
     assert got.kind == "webpush" and got.endpoint_id == ep.endpoint_id and not got.undecryptable
     sent = json.loads(got.body)
     assert "devices" not in sent and sent["content"]["body"] == secret_text and sent["event_id"] == "$e1"
+
+
+async def test_kill9_home_then_entry_after_201_delivered_exactly_once(lab: dict[str, Any],
+                                                                      device: DeviceClient) -> None:
+    """The home relay is down: the entry relay answers 201 from custody (no receipt in time). Then the
+    entry relay itself is killed -9; both restart; the push (its Web Push fields on disk with it) is
+    delivered exactly once and decrypts to the bytes sent."""
+    sub = Subscriber()
+    ep = await device.mint_endpoint()
+    await device.ack([m.id for m in await device.pull(1000)])
+    home, entry = relay(lab, "R1"), next(r for r in lab["relays"] if r["api"] == lab["far"])
+    os.killpg(home["pid"], signal.SIGKILL)
+    r = await trio.to_thread.run_sync(lambda: webpush(sub.info(at(ep, lab["far"])), "survives two kills",
+                                                      ttl=3600, headers={"Topic": "k9"}))
+    assert r.status_code == 201
+    pid = r.headers["location"].rsplit("/", 1)[1]
+    os.killpg(entry["pid"], signal.SIGKILL)
+    restart(lab, home)
+    restart(lab, entry)
+    seen: list[Message] = []
+    with trio.fail_after(60):
+        async with device.stream(ack=False) as messages:
+            while pid not in [m.id for m in seen]:
+                seen.append(await messages.receive())
+            with trio.move_on_after(3):  # custody retries run every second in the test profile
+                seen.append(await messages.receive())
+    mine = [m for m in seen if m.id == pid]
+    assert len(mine) == 1 and sub.decrypt(mine[0]) == b"survives two kills" and mine[0].topic == "k9"
+    await device.ack([m.id for m in seen])
 
 
 def test_privacy_scan_of_every_relay_but_the_home(lab: dict[str, Any]) -> None:
