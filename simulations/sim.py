@@ -94,7 +94,7 @@ class Simulator:
         self.trace_dir = trace_dir
         self.writer = TraceWriter(trace_dir, trace_format) if trace_dir is not None else None
         self.tracer = SimTracer(self.collector, self.writer, self.level)
-        self.verifier = CachingVerifier(max_entries=1_000_000)
+        self.verifier = CachingVerifier(max_entries=1_000_000, identity_max=1_000_000)
         self.homes = [MemoryHomeStore() for _ in range(n)]
         # The live network: relays up, links up (latency per direction; starts as the topology), cut links.
         self.alive = [True] * n

@@ -12,7 +12,7 @@ from inri.protocol.keys import registration_signed_bytes, verify
 from inri.protocol.messages import Registration
 
 DEFAULT_MAX_ENTRIES = 16_384  # distinct registrations remembered (about 6 MB at most in a daemon)
-ID_FAST_PATH_MAX = 1024  # objects remembered by identity (the simulator's shared objects)
+ID_FAST_PATH_MAX = 1024  # objects remembered by identity by default (a daemon decodes a new object per frame)
 
 
 class SignatureVerifier:
@@ -35,9 +35,13 @@ class CachingVerifier(SignatureVerifier):
     epoch or lifetime. A miss only costs one signature check.
     """
 
-    def __init__(self, max_entries: int = DEFAULT_MAX_ENTRIES) -> None:
-        if max_entries < 1:
-            raise ValueError("max_entries must be >= 1")
+    def __init__(self, max_entries: int = DEFAULT_MAX_ENTRIES, *, identity_max: int = ID_FAST_PATH_MAX) -> None:
+        """`identity_max` bounds the identity fast path: small in a daemon, whose objects are new per frame
+        (each entry keeps its object alive), and as large as the number of registrations in a simulator,
+        whose engines share one object per registration (a fast path smaller than that is cleared over and
+        over and every lookup pays the content hash: a third of bench_engine's gossip rate)."""
+        if max_entries < 1 or identity_max < 1:
+            raise ValueError("max_entries and identity_max must be >= 1")
         self._cache: OrderedDict[Registration, bool] = OrderedDict()
         # Identity fast path, itself bounded: the simulator hands the same registration object to
         # thousands of engines, and an id() lookup skips hashing its five fields (and the LRU
@@ -45,7 +49,7 @@ class CachingVerifier(SignatureVerifier):
         # the object, so its id cannot be reused while cached; cleared wholesale when full.
         self._by_id: dict[int, tuple[Registration, bool]] = {}
         self._max = max_entries
-        self._id_max = min(max_entries, ID_FAST_PATH_MAX)
+        self._id_max = min(max_entries, identity_max)
         self.checks = 0  # signature verifications actually performed (the rest were cache hits)
 
     def __len__(self) -> int:
