@@ -11,7 +11,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[analysis,sim,test]'
+	$(BIN)/python -m pip install -q -e '.[analysis,sim,test,distributor]'
 	touch $(STAMP)
 
 demo: $(STAMP)

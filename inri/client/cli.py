@@ -102,8 +102,15 @@ async def _app(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _distributor(args: argparse.Namespace) -> int:
+    from inri.client.distributor import run_distributor  # dbus-fast is an extra: imported only here
+
+    await run_distributor(args.relay, args.state_dir, args.name)
+    return 0
+
+
 def _run(args: argparse.Namespace) -> int:
-    fn = _device if args.command == "device" else _app
+    fn = {"device": _device, "app": _app, "distributor": _distributor}[args.command]
     try:
         return trio.run(fn, args)
     except ApiError as exc:
@@ -112,6 +119,8 @@ def _run(args: argparse.Namespace) -> int:
         print(f"inri {args.command}: no_tokens: {exc}", file=sys.stderr)
     except httpx.HTTPError as exc:
         print(f"inri {args.command}: unreachable: {type(exc).__name__}: {exc}", file=sys.stderr)
+    except ImportError as exc:
+        print(f"inri {args.command}: missing: {exc} (pip install 'inri[distributor]')", file=sys.stderr)
     except (OSError, ValueError, KeyError, RuntimeError) as exc:
         print(f"inri {args.command}: error: {exc}", file=sys.stderr)
     return 1
@@ -163,6 +172,12 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--relay", required=True)
     p.add_argument("push_id")
     app.set_defaults(func=_run)
+
+    dist = sub.add_parser("distributor", help="a UnifiedPush distributor on the D-Bus session bus")
+    dist.add_argument("--relay", required=True, help="home relay API URL")
+    dist.add_argument("--state-dir", required=True, type=Path, help="registrations and device states (mode 0600)")
+    dist.add_argument("--name", default="inri", help="bus name suffix: org.unifiedpush.Distributor.<name>")
+    dist.set_defaults(func=_run)
 
 
 def main(argv: list[str] | None = None) -> int:
