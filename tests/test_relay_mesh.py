@@ -287,12 +287,15 @@ async def test_garbage_frames_from_a_peer_get_error_frames_and_the_relay_stays_u
             link = await ep.connect(target["quic"], expect_node_id=target["node_id"])
             for frame in garbage:
                 await link.send(frame)
-            # Each frame gets an error frame; the fifth brings the sender's score to the cut (-20).
+            # Each frame gets an error frame; the fifth brings the sender's score to the cut (-20). The cut
+            # closes the QUIC connection, which discards stream data not yet sent: under load the last
+            # error frames can be lost with it (seen 3 of 5 on a loaded machine), so at least one must
+            # arrive here and the relay's counters below show that all five were judged.
             errors = 0
             with pytest.raises(LinkClosed, match="score"):
                 while True:
                     errors += isinstance(decode(await link.receive()), ErrorFrame)
-            assert errors >= 4
+            assert errors >= 1
             # Banned: the same node key is refused at once when it comes back.
             with pytest.raises((ConnectError, LinkClosed), match="banned"):
                 again = await ep.connect(target["quic"], expect_node_id=target["node_id"])
