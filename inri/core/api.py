@@ -72,10 +72,6 @@ class HomeStore(Protocol):
 
     def is_home(self, route_id: bytes) -> bool: ...
 
-    def registration(self, route_id: bytes) -> Registration | None:
-        """The newest registration of a route id homed here (used to refresh its gossip)."""
-        ...
-
     def accept_push(
         self, route_id: bytes, token: bytes, push_id: bytes, ciphertext: bytes, now: float
     ) -> ReceiptStatus:

@@ -113,9 +113,6 @@ class MemoryHomeStore:
     def is_home(self, route_id: bytes) -> bool:
         return route_id in self._regs
 
-    def registration(self, route_id: bytes) -> Registration | None:
-        return self._regs.get(route_id)
-
     def accept_push(
         self, route_id: bytes, token: bytes, push_id: bytes, ciphertext: bytes, now: float
     ) -> ReceiptStatus:
