@@ -14,12 +14,9 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import tempfile
 import time
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -32,23 +29,6 @@ from inri.node.metrics import parse_metrics
 
 TOTAL = int(os.environ.get("BENCH_CRASH_PUSHES", "1000"))
 CONCURRENCY = 16
-
-
-def restart(info: dict[str, Any], r: dict[str, Any]) -> None:
-    with open(Path(r["log"]), "ab") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "inri.cli", "relay", "--config",
-                                 str(Path(r["data_dir"]) / "relay.toml")], stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-    r["pid"] = proc.pid
-    mesh._write(Path(info["dir"]), info)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(r["api"] + "/healthz", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    raise RuntimeError("restarted relay did not come up")
 
 
 async def run(info: dict[str, Any]) -> dict[str, Any]:
@@ -83,7 +63,7 @@ async def run(info: dict[str, Any]) -> dict[str, Any]:
             await trio.sleep(0.01)
         os.killpg(entry["pid"], signal.SIGKILL)
         killed.set()
-        await trio.to_thread.run_sync(restart, info, entry)
+        await trio.to_thread.run_sync(mesh.restart_relay, info, entry)
         up_again.set()
 
     t0 = time.perf_counter()

@@ -197,6 +197,18 @@ def up(directory: str | Path, relays: int = 6, bootstraps: int = 1, *, timeout_s
         raise
 
 
+def restart_relay(info: dict[str, Any], relay: dict[str, Any], *, timeout_s: float = 30.0) -> None:
+    """Start `relay` (an entry of up()'s relays) again from its data directory: its relay.toml keeps the
+    addresses it bound, mesh.json is kept current so down() stops the new process. Waits until its API
+    answers (MeshError otherwise)."""
+    log = Path(relay["log"])
+    proc = _spawn([sys.executable, "-m", "inri.cli", "relay", "--config", str(Path(relay["data_dir"]) / "relay.toml")],
+                  log, {})
+    relay["pid"] = proc.pid
+    _write(Path(info["dir"]), info)
+    _wait(relay["api"] + "/healthz", proc, log, time.monotonic() + timeout_s)
+
+
 def status(api: str) -> dict[str, Any]:
     result: dict[str, Any] = httpx.get(api + "/v1/status", timeout=5).json()
     return result

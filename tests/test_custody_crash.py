@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,20 +20,8 @@ import trio
 from inri import mesh
 from inri.client import DeviceClient, HomeAppClient
 from inri.node.metrics import parse_metrics
-from tests.procs import wait_http
 
 pytestmark = pytest.mark.integration
-
-
-def restart(info: dict[str, Any], r: dict[str, Any]) -> None:
-    """Start relay r again from its data dir (same addresses: mesh.up pinned them in relay.toml)."""
-    with open(Path(r["log"]), "ab") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "inri.cli", "relay", "--config",
-                                 str(Path(r["data_dir"]) / "relay.toml")], stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-    r["pid"] = proc.pid
-    mesh._write(Path(info["dir"]), info)  # mesh.down stops the new process
-    wait_http(r["api"] + "/healthz", timeout=30)
 
 
 def kill9(r: dict[str, Any]) -> None:
@@ -73,8 +59,8 @@ async def crash_round(info: dict[str, Any], n_pushes: int, kill_home: bool, roun
     accepted = [(await app.push(cred, f"m{k}".encode())).push_id for k in range(n_pushes)]
     # 3. ...and is killed before any receipt, restarted on the same data dir; then the home returns.
     kill9(entry)
-    restart(info, entry)
-    restart(info, home)
+    mesh.restart_relay(info, entry)
+    mesh.restart_relay(info, home)
     got: list[str] = []
     with trio.fail_after(60):
         while len(set(got)) < len(accepted):

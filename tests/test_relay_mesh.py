@@ -31,7 +31,6 @@ from inri.node.quic import ConnectError, LinkClosed, QuicEndpoint, parse_addr
 from inri.node.tracefile import read_trace
 from inri.protocol.codec import decode
 from inri.protocol.messages import ErrorFrame
-from tests.procs import wait_http
 
 pytestmark = pytest.mark.integration
 N = 8
@@ -50,24 +49,13 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         mesh.down(d)  # always: a failed test must not leave relays running (restart() kept mesh.json current)
 
 
-def restart(info: dict[str, Any], r: dict[str, Any]) -> None:
-    """Start relay r again from its data dir (its relay.toml keeps its addresses); mesh.json follows."""
-    with open(Path(r["log"]), "ab") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "inri.cli", "relay", "--config",
-                                 str(Path(r["data_dir"]) / "relay.toml")], stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-    r["pid"] = proc.pid
-    mesh._write(Path(info["dir"]), info)  # mesh.down stops the new process
-    wait_http(r["api"] + "/healthz", timeout=30)
-
-
 def ensure_up(info: dict[str, Any]) -> None:
     """Restart any relay of the lab that is down (a test that failed midway may have left one)."""
     for r in info["relays"]:
         try:
             httpx.get(r["api"] + "/healthz", timeout=2).raise_for_status()
         except httpx.HTTPError:
-            restart(info, r)
+            mesh.restart_relay(info, r)
 
 
 @pytest.fixture(scope="module")
@@ -339,7 +327,7 @@ async def test_kill9_of_a_relay_on_the_path_next_push_still_delivered(
             while (msg := await messages.receive()).id != receipt.push_id:
                 pass
     assert msg.plaintext == b"after the crash"
-    restart(lab, victim)  # the mesh is whole again for the other tests
+    mesh.restart_relay(lab, victim)  # the mesh is whole again for the other tests
 
 
 async def test_kill9_of_the_home_relay_after_accept_device_gets_it_once_after_restart(
@@ -354,7 +342,7 @@ async def test_kill9_of_the_home_relay_after_accept_device_gets_it_once_after_re
     os.killpg(home["pid"], signal.SIGKILL)
     app = HomeAppClient([relay(lab, far)["api"]])
     receipt = await app.push(first["cred"], b"while home was down")  # 202: in custody at `far`
-    restart(lab, home)
+    mesh.restart_relay(lab, home)
     assert (await HomeAppClient([home["api"]]).status(receipt.push_id, relay(lab, far)["api"]))["status"] in (
         "pending", "delivered")
     seen: list[str] = []
