@@ -28,7 +28,7 @@ from pywebpush import WebPusher, webpush, webpush_async
 from inri import mesh
 from inri.client import DeviceClient, Message, WebPushEndpoint
 from inri.node.metrics import parse_metrics
-from tests.test_relay_mesh import distances, graph, relay, restart, wait_route
+from tests.test_relay_mesh import distances, graph, relay, wait_route
 
 pytestmark = pytest.mark.integration
 N = 5
@@ -342,8 +342,8 @@ async def test_kill9_home_then_entry_after_201_delivered_exactly_once(lab: dict[
     assert r.status_code == 201
     pid = r.headers["location"].rsplit("/", 1)[1]
     os.killpg(entry["pid"], signal.SIGKILL)
-    restart(lab, home)
-    restart(lab, entry)
+    mesh.restart_relay(lab, home)
+    mesh.restart_relay(lab, entry)
     seen: list[Message] = []
     with trio.fail_after(60):
         async with device.stream(ack=False) as messages:
