@@ -31,6 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     priv.add_argument("--devices", type=int, default=100)
     priv.add_argument("--colluders", type=float, default=0.05, help="share of colluding relays (default 0.05)")
     priv.add_argument("--seed", type=int, default=1)
+    priv.add_argument("--stem", choices=("on", "off", "both"), default="both",
+                      help="the stem phase ([engine] stem): on, off, or both side by side (default)")
     args = parser.parse_args(argv)
     try:
         # Imported here: the simulator needs the sim extra, and a missing module gets one line, not a traceback.
@@ -42,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "privacy":
         try:
             return privacy_main([f"--relays={args.relays}", f"--devices={args.devices}",
-                                 f"--colluders={args.colluders}", f"--seed={args.seed}"])
+                                 f"--colluders={args.colluders}", f"--seed={args.seed}", f"--stem={args.stem}"])
         except MissingExtra as exc:
             print(f"inri-sim: {exc}", file=sys.stderr)
             return 2

@@ -34,6 +34,14 @@ class EngineConfig:
     reg_budget_burst: int = 3
     reg_budget_per_peer_per_s: float = 200.0  # AODV RREQ_RATELIMIT is 10/s per node; peers relay many
     reg_budget_peer_burst: int = 400
+    # Stem phase (Dandelion++, inri/core/stem.py, docs/protocol.md "What relays learn"): a registration
+    # walks a stem of geometric length (fluff probability q per hop, mean 1/q) before its flood, so
+    # the flood's hop counts point at the stem's last relay, not the home.
+    stem: bool = False
+    stem_fluff_probability: float = 0.5  # q: short stems, since every push to the home walks the stem too
+    stem_epoch_s: float = 3600.0  # successor choices are re-drawn every period (Dandelion++: 10 min)
+    stem_embargo_s: float = 10.0  # fail-safe: a stem relay that does not see the flood by then floods itself
+    stem_hop_noise: int = 2  # the flood starts at hops 2 + U{0..noise}: blurs distance for a lone observer
 
     # Pushes
     push_ttl: int = 24

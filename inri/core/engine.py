@@ -24,6 +24,15 @@ Registration gossip
       epochs never decrease along a path: routes cannot loop.
   G4. Flood budgets: token buckets per neighbour (all registrations it sends)  gossip.py
       and per origin route id (epoch refreshes); refusals are traced.
+  G5. Stem (with [engine] stem = true): the home hands a registration to one   stem.py
+      neighbour in a stem frame; each stem relay passes it to one neighbour or,
+      with probability q, fluffs (starts G2's flood at hops 2 + noise).
+      Successor and coin are keyed pseudo-random per (relay, period, route id):
+      refreshes of a route id retrace its path.
+  G6. A stem relay's route is the reverse path (next hop = predecessor,       stem.py
+      distance 2, no backups); a stem that loops fluffs at the repeat.
+  G7. Fail-safe: a stem relay (the home too) that does not get the flood back  stem.py
+      within its embargo timer floods the registration itself.
 
 Push forwarding
   F1. A push follows the route vector (primary, else a live backup; never      forwarding.py
@@ -96,6 +105,7 @@ from inri.core.gossip import GossipRules
 from inri.core.membership import MembershipRules
 from inri.core.scoring import ScoringRules
 from inri.core.state import SWEEP_INTERVAL_S, Custody, Neighbour, ReverseMark, readdress
+from inri.core.stem import StemRules
 from inri.core.tables import BoundedMap, RouteTable
 from inri.protocol.codec import DecodeError, decode
 from inri.protocol.messages import (
@@ -108,6 +118,7 @@ from inri.protocol.messages import (
     Push,
     Receipt,
     RegGossip,
+    Registration,
     RouteError,
 )
 
@@ -125,7 +136,7 @@ HOOKS = {
 }
 
 
-class Engine(MembershipRules, GossipRules, ForwardingRules, CustodyRules, ScoringRules):
+class Engine(MembershipRules, GossipRules, StemRules, ForwardingRules, CustodyRules, ScoringRules):
     """One relay's protocol state. Every method takes `now` and returns effects to carry out."""
 
     def __init__(
@@ -180,6 +191,10 @@ class Engine(MembershipRules, GossipRules, ForwardingRules, CustodyRules, Scorin
         # routes. Registrations carry wall-clock (unix) times: wall time = now + wall_offset. The
         # simulator leaves it 0 (virtual time is both); the daemon sets it before every call.
         self.wall_offset = 0.0
+        # Stem phase (stem.py): the key is drawn only with the stem on, so a stem-off run's random
+        # stream (and simulator trace) is unchanged.
+        self._stem_key = rng.randbytes(32) if config.stem else b""
+        self._embargo: dict[tuple[bytes, int], tuple[float, Registration, str | None, str | None]] = {}
         self.counters: dict[str, int] = {}
         self.reg_duplicates = 0  # gossip arrivals of a known (route, epoch): a plain int on the hot path
 
@@ -295,6 +310,8 @@ class Engine(MembershipRules, GossipRules, ForwardingRules, CustodyRules, Scorin
                 del self._probation[p]
                 self._count("peer_refused_full")
                 out.append(Disconnect(p, DisconnectReason.FULL))
+        if self._embargo:  # G7
+            out += self._stem_embargo(now)
         if len(self._active) + len(self._connecting) < cfg.active_max:
             out += self._refill(now)
         if now >= self._next_exchange and self._active:

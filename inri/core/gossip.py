@@ -58,6 +58,8 @@ class GossipRules(EngineState):
             self._count("reg_local_stale")
             return []
         self._routes.originate(rid, registration.epoch, self._local_expiry(registration.expires_at))
+        if self.config.stem:  # G5: a stem before the flood (stem.py)
+            return self._stem_originate(registration, now)
         gossip = RegGossip(registration, self.config.gossip_ttl, 0)
         out: list[Effect] = []
         for p, st in self._active.items():
@@ -86,6 +88,8 @@ class GossipRules(EngineState):
 
     # Rules G1 (verify, newest epoch), G2 (first arrival), G3 (duplicates), G4 (budgets).
     def _on_gossip(self, peer: str, state: Neighbour, msg: RegGossip, now: float) -> list[Effect]:
+        if msg.stem:  # G5-G6: a stem frame (stem.py)
+            return self._on_stem(peer, state, msg, now)
         cfg = self.config
         reg = msg.registration
         rid = reg.route_id
@@ -96,6 +100,8 @@ class GossipRules(EngineState):
             known = routes.epoch(entry)
             if epoch == known:  # a duplicate (most gossip arrivals): G3
                 self.reg_duplicates += 1
+                if self._embargo and self._embargo.pop((rid, epoch), None) is not None:
+                    return []  # G7: our stem registration's flood came back (stem.py)
                 if routes.claims(entry, peer):  # it gave us this (route, epoch) before: honest relays forward once
                     return self._drop_reg(now, reg, peer, "replayed", cfg.score_replay)
                 if msg.hops < routes.distance(entry) and routes.has_room(entry, cfg.route_k):  # feasible, room

@@ -17,7 +17,7 @@ from inri.core.api import CustodyStatus, DisconnectReason, Effect, HomeStore, Se
 from inri.core.budget import TokenBucket
 from inri.core.config import EngineConfig
 from inri.core.tables import BoundedMap, RouteTable
-from inri.protocol.messages import Push, ReceiptStatus
+from inri.protocol.messages import Push, ReceiptStatus, RegGossip, Registration
 
 # Clock skew tolerated on a registration's issued_at (relays' clocks are not synchronised).
 MAX_CLOCK_SKEW_S = 300
@@ -122,6 +122,10 @@ class EngineState:
     _next_make_room: float
     _await: BoundedMap[bytes, tuple[str, float]]
     _score_decay: float
+    _stem_key: bytes  # stem.py: this relay's secret for its successor choices (G5)
+    # stem.py (G7): stem registrations awaiting their flood: (route id, epoch) -> (until, registration,
+    # predecessor, successor)
+    _embargo: dict[tuple[bytes, int], tuple[float, Registration, str | None, str | None]]
 
     def _count(self, name: str, n: int = 1) -> None:
         self.counters[name] = self.counters.get(name, 0) + n
@@ -165,6 +169,14 @@ class EngineState:
         def _mark_seen(self, key: tuple[bytes, int], now: float) -> None: ...
         def _deliver_local(self, pid: bytes, msg: Push, status: ReceiptStatus, now: float,
                            hops: int = 0) -> list[Effect]: ...
+        # gossip.py
+        def _drop_reg(self, now: float, reg: Registration, peer: str, reason: str,
+                      penalty: float = 0.0) -> list[Effect]: ...
+        def _evict_route(self, now: float) -> None: ...
+        # stem.py
+        def _stem_originate(self, registration: Registration, now: float) -> list[Effect]: ...
+        def _on_stem(self, peer: str, state: Neighbour, msg: RegGossip, now: float) -> list[Effect]: ...
+        def _stem_embargo(self, now: float) -> list[Effect]: ...
         # custody.py
         def _settle(self, pid: bytes, status: ReceiptStatus, hops: int, now: float) -> list[Effect]: ...
         def _retry(self, c: Custody, now: float) -> list[Effect]: ...

@@ -123,11 +123,17 @@ def _hello_from(f: list[Any]) -> Hello:
 
 
 def _gossip_from(f: list[Any]) -> RegGossip:
-    _fields(f, 3, "reg_gossip")
+    # 3 fields, or 4 with the stem flag; the flag is only ever `true` (a flood frame omits it), so
+    # each message has one encoding.
+    if len(f) == 4 and f[3] is not True:
+        raise DecodeError("malformed", "reg_gossip: field 4 (stem) must be true when present")
+    if len(f) != 4:
+        _fields(f, 3, "reg_gossip")
     return RegGossip(
         registration=_reg_from_list(f[0]),
         ttl=_uint(f[1], L.MAX_TTL, "ttl"),
         hops=_uint(f[2], 255, "hops"),
+        stem=len(f) == 4,
     )
 
 
@@ -241,7 +247,8 @@ def _webpush_to_list(w: WebPushMeta) -> list[Any]:
 
 def _to_fields(msg: Message) -> tuple[MessageType, list[Any]]:
     if isinstance(msg, RegGossip):
-        return MessageType.REG_GOSSIP, [_reg_to_list(msg.registration), msg.ttl, msg.hops]
+        fields = [_reg_to_list(msg.registration), msg.ttl, msg.hops]
+        return MessageType.REG_GOSSIP, fields + [True] if msg.stem else fields
     if isinstance(msg, Push):
         reg = None if msg.registration is None else _reg_to_list(msg.registration)
         return MessageType.PUSH, [

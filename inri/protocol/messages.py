@@ -107,6 +107,9 @@ class RegGossip:
     registration: Registration
     ttl: int  # hops left
     hops: int  # hops travelled so far (0 when sent by the home relay)
+    # A stem frame (docs/protocol.md, rules G5-G7): passed to one neighbour, not flooded; ttl and hops
+    # are then fixed (gossip_ttl, 0) so they tell a stem relay nothing about its position.
+    stem: bool = False
 
 
 class Urgency(IntEnum):

@@ -1,0 +1,183 @@
+"""The stem phase of registration gossip (Dandelion++, Fanti et al. 2018), rules G5-G7.
+
+Without it the home relay starts the flood at hops 0, and a handful of colluding relays triangulate
+it from the hop counts at which each first hears the gossip (docs/protocol.md, "What relays learn").
+With `[engine] stem = true` the home relay instead hands the registration to ONE neighbour in a stem
+frame; each stem relay either passes it on to one neighbour or, with probability
+`stem_fluff_probability` (q), "fluffs": starts the ordinary flood (rules G1-G4) as if it were a
+relay at distance 2 + noise. The stem length L is geometric: P(L = k) = (1 - q)^(k-1) q, k >= 1.
+
+- G5. Successor choice is a keyed pseudo-random function of (this relay's secret stem key, the
+  current stem period, route id): the successor (among the active neighbours, sorted, but the
+  predecessor) and the fluff coin. So every refresh (later epoch) of one route id takes the same path
+  within a period (refreshes give an intersection attack nothing new), while two route ids, even of
+  one device, take independent paths; and what a relay learns about one route id's path tells it
+  nothing about another's (the graph-learning attack of Dandelion's first version needs a fixed
+  per-neighbour mapping to learn). A stem frame carries no position: ttl and hops are fixed
+  (gossip_ttl, 0), so a stem relay cannot tell whether its predecessor is the home.
+- G6. Each stem relay keeps the reverse path as its route: next hop = its predecessor, distance 2,
+  and takes no backup from the flood (a flood copy, hops >= 2, is never feasible against distance 2,
+  rule G3), so pushes reach the home only through the stem and routes stay loop-free: every flood
+  route ends at the fluff relay, every stem route at the home. A stem that comes back to a relay
+  already on it (a loop) is bounced back to its sender, which fluffs.
+- G7. Fail-safe (Dandelion++ embargo): every stem relay, the home included, arms a timer of
+  stem_embargo_s x (1 + U[0, 1)); the flood of its (route id, epoch) coming back cancels it; if it
+  expires first (a stem relay dropped the frame, or crashed) the relay fluffs itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from inri.core.api import Effect, Send, TraceLevel
+from inri.core.budget import TokenBucket
+from inri.core.state import MAX_CLOCK_SKEW_S, EngineState, Neighbour
+from inri.core.tables import RouteTable
+from inri.protocol.messages import RegGossip, Registration
+
+# A stem relay's feasibility distance (rule G6). The flood starts at hops >= STEM_DISTANCE, so no flood
+# copy ever becomes a backup at a stem relay. Not 1: distance 1 means "the home is my neighbour" to
+# rule F3 (home unreachable), which a stem relay must neither claim nor reveal.
+STEM_DISTANCE = 2
+_SCALE = float(1 << 64)
+
+
+class StemRules(EngineState):
+    """G5-G7: the stem (anonymity) phase before the flood."""
+
+    # Rule G5.
+    def _stem_draw(self, rid: bytes, now: float) -> tuple[float, int]:
+        """(fluff coin in [0, 1), successor index draw) for rid in the current stem period: keyed and
+        deterministic, so refreshes of rid take the same path while the period lasts."""
+        period = int(now // self.config.stem_epoch_s)
+        h = hashlib.blake2b(period.to_bytes(8, "big") + rid, key=self._stem_key, digest_size=16).digest()
+        return int.from_bytes(h[:8], "big") / _SCALE, int.from_bytes(h[8:], "big")
+
+    def _stem_successor(self, rid: bytes, exclude: str | None, draw: int) -> str | None:
+        options = sorted(p for p in self._active if p != exclude)
+        return options[draw % len(options)] if options else None
+
+    # Rules G5, G7 (at the home: rule G2 with a stem in front).
+    def _stem_originate(self, registration: Registration, now: float) -> list[Effect]:
+        """The home relay's first step: the registration goes to one neighbour as a stem frame."""
+        _, draw = self._stem_draw(registration.route_id, now)
+        succ = self._stem_successor(registration.route_id, None, draw)
+        self._arm_embargo(registration, None, succ, now)
+        if self._level:
+            self._trace(now, "reg_originated", msg=f"{registration.route_id.hex()}:{registration.epoch}",
+                        route=registration.route_id.hex(), epoch=registration.epoch, ttl=self.config.gossip_ttl,
+                        hops=0, count=int(succ is not None), peer=succ, reason="stem")
+        if succ is None:  # no neighbour yet: the embargo floods it once the relay has some
+            return []
+        return [self._stem_send(succ, registration, now)]
+
+    def _stem_send(self, peer: str, registration: Registration, now: float) -> Send:
+        self._active[peer].last_sent = now
+        return Send(peer, RegGossip(registration, self.config.gossip_ttl, 0, True))
+
+    def _arm_embargo(self, registration: Registration, pred: str | None, succ: str | None, now: float) -> None:
+        until = now + self.config.stem_embargo_s * (1.0 + self._rng.random())
+        self._embargo[(registration.route_id, registration.epoch)] = (until, registration, pred, succ)
+
+    # Rules G1 and G4 (the same checks as the flood's), G5, G6.
+    def _on_stem(self, peer: str, state: Neighbour, msg: RegGossip, now: float) -> list[Effect]:
+        """A stem frame from peer: become a stem relay of (route id, epoch), then pass it on or fluff."""
+        cfg = self.config
+        reg = msg.registration
+        rid = reg.route_id
+        key = (rid, reg.epoch)
+        routes = self._routes
+        entry = routes.get(rid)
+        if entry is not None:
+            known = routes.epoch(entry)
+            if reg.epoch == known:
+                waiting = self._embargo.get(key)
+                if waiting is None:
+                    return []  # the flood of this epoch is already out (a fail-safe fired): nothing to add
+                # The stem came back to a relay on it (G6). Every relay bounces it to the sender, and
+                # the sender, seeing its own successor bounce it, fluffs: so a bounce tells nothing
+                # about who bounced (the home bounces like any other), and the home never fluffs.
+                if peer != waiting[3]:
+                    self._count("stem_bounced")
+                    return [self._stem_send(peer, reg, now)]
+                self._count("stem_loop")
+                del self._embargo[key]
+                return self._stem_fluff(reg, waiting[2], now)
+            if reg.epoch < known:
+                return self._drop_reg(now, reg, peer, "stale_epoch", cfg.score_replay)
+        if not state.reg_budget.take(now, cfg.reg_budget_per_peer_per_s, cfg.reg_budget_peer_burst):
+            return self._drop_reg(now, reg, peer, "budget_peer", cfg.score_budget_drop)
+        wall = now + self.wall_offset
+        if reg.expires_at <= wall:
+            return self._drop_reg(now, reg, peer, "expired")
+        if reg.issued_at > wall + MAX_CLOCK_SKEW_S:
+            return self._drop_reg(now, reg, peer, "future")
+        if not self._verifier.verify_registration(reg):
+            return self._drop_reg(now, reg, peer, "bad_signature", cfg.score_bad_signature)
+        if entry is not None:
+            bucket = self._origin_bucket.get(rid)
+            if bucket is None:
+                bucket = self._origin_bucket[rid] = TokenBucket(float(cfg.reg_budget_burst), now)
+            if not bucket.take(now, cfg.reg_budget_per_origin_per_s, float(cfg.reg_budget_burst)):
+                return self._drop_reg(now, reg, peer, "budget_origin")
+        elif len(routes) >= cfg.route_max:
+            self._evict_route(now)
+        routes.set_first(rid, reg.epoch, self._local_expiry(reg.expires_at), peer, STEM_DISTANCE)
+        coin, draw = self._stem_draw(rid, now)
+        succ = None if coin < cfg.stem_fluff_probability else self._stem_successor(rid, peer, draw)
+        if succ is None:  # fluff (or a dead end: no other neighbour)
+            if self._level:
+                self._trace_stem(now, reg, peer, 0)
+            return self._stem_fluff(reg, peer, now)
+        self._arm_embargo(reg, peer, succ, now)
+        if self._level:
+            self._trace_stem(now, reg, peer, 1)
+        return [self._stem_send(succ, reg, now)]
+
+    def _trace_stem(self, now: float, reg: Registration, peer: str, count: int) -> None:
+        # A stem relay caches a route like a flooding relay does (route_set, so coverage counts it);
+        # reason "stem" tells the rows apart (count 1: passed on, 0: fluffed here).
+        self._trace(now, "route_set", msg=f"{reg.route_id.hex()}:{reg.epoch}", route=reg.route_id.hex(), peer=peer,
+                    hops=STEM_DISTANCE, ttl=self.config.gossip_ttl, epoch=reg.epoch, count=count, reason="stem")
+
+    # Rules G5 (fluff), G7 (the fail-safe fluffs the same way).
+    def _stem_fluff(self, reg: Registration, pred: str | None, now: float) -> list[Effect]:
+        """Start the flood here, at hops STEM_DISTANCE + U{0..stem_hop_noise}: the flood's hop counts
+        measure distance from this relay, not from the home, and the noise hides even that from a
+        lone observer."""
+        cfg = self.config
+        hops = STEM_DISTANCE + (self._rng.randint(0, cfg.stem_hop_noise) if cfg.stem_hop_noise else 0)
+        gossip = RegGossip(reg, cfg.gossip_ttl, hops)
+        out: list[Effect] = []
+        for p, st in self._active.items():
+            if p != pred:
+                st.last_sent = now
+                out.append(Send(p, gossip))
+        self._count("stem_fluffed")
+        if self._level >= TraceLevel.FULL:
+            self._trace(now, "reg_fluffed", msg=f"{reg.route_id.hex()}:{reg.epoch}", route=reg.route_id.hex(),
+                        epoch=reg.epoch, hops=hops, count=len(out))
+        return out
+
+    # Rule G7.
+    def _stem_heard(self, key: tuple[bytes, int]) -> None:
+        """The flood of key reached this stem relay: its embargo is over."""
+        self._embargo.pop(key, None)
+
+    # Rule G7 (from the engine's periodic timer).
+    def _stem_embargo(self, now: float) -> list[Effect]:
+        """Fluff every stem registration whose flood did not come back in time."""
+        out: list[Effect] = []
+        for key, (until, reg, pred, succ) in list(self._embargo.items()):
+            if until > now:
+                continue
+            del self._embargo[key]
+            entry = self._routes.get(key[0])
+            if entry is None or RouteTable.epoch(entry) != key[1] or reg.expires_at <= now + self.wall_offset:
+                continue  # superseded, unregistered or expired meanwhile
+            if not self._active:  # nobody to tell yet: try again later
+                self._embargo[key] = (now + self.config.stem_embargo_s, reg, pred, succ)
+                continue
+            self._count("stem_embargo_fired")
+            out += self._stem_fluff(reg, None, now)
+        return out

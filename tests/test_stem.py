@@ -1,0 +1,177 @@
+"""The stem phase of registration gossip (inri/core/stem.py, rules G5-G7), through the in-memory
+harness (inri.core.testing.MiniNet), the wire codec, the config files and the privacy command."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import msgpack
+import pytest
+
+from inri.core.api import InjectOutcome
+from inri.core.config import EngineConfig
+from inri.core.testing import MiniNet
+from inri.protocol.codec import DecodeError, decode, encode, make_registration
+from inri.protocol.keys import new_signing_key
+from inri.protocol.messages import RegGossip, Registration
+
+KEYS = [new_signing_key(bytes([i]) * 32) for i in range(1, 9)]
+TOKENS = [bytes([i]) * 16 for i in range(1, 30)]
+STEM = replace(EngineConfig(), stem=True, stem_embargo_s=5.0)
+
+
+def ring_lattice(n: int) -> list[tuple[int, int]]:
+    """Each relay linked to the next two around a ring: 4 neighbours each, diameter ~n/4."""
+    return [(i, (i + d) % n) for i in range(n) for d in (1, 2)]
+
+
+def stem_net(n: int = 24, config: EngineConfig = STEM, **kw: object) -> MiniNet:
+    return MiniNet(n, ring_lattice(n), config=config, wire=True, **kw)  # type: ignore[arg-type]
+
+
+def register(net: MiniNet, home: int, key_index: int, epoch: int = 1) -> Registration:
+    reg = make_registration(KEYS[key_index], epoch, int(net.now), 3600)
+    if epoch == 1:
+        net.homes[home].add_registration(reg, TOKENS)
+    net.apply(str(home), net.engines[home].register(reg, net.now))
+    return reg
+
+
+def stem_path(net: MiniNet, reg: Registration) -> list[tuple[str, str]]:
+    """(sender, receiver) of every stem frame of reg, in the order sent."""
+    return [(a, b) for a, b, m in net.sent
+            if isinstance(m, RegGossip) and m.stem and m.registration == reg]
+
+
+def flood_senders(net: MiniNet, reg: Registration) -> list[tuple[str, int]]:
+    return [(a, m.hops) for a, _, m in net.sent if isinstance(m, RegGossip) and not m.stem and m.registration == reg]
+
+
+def test_a_registration_walks_a_stem_then_floods_from_its_end_and_pushes_come_back_along_it() -> None:
+    net = stem_net()
+    reg = register(net, 0, 0)
+    net.run_until(2.0)
+    rid = reg.route_id
+    path = stem_path(net, reg)
+    assert path[0] == ("0", path[0][1])  # the home sent one stem frame first ...
+    assert all(m.stem for a, _, m in net.sent if a == "0" and isinstance(m, RegGossip))  # ... and never floods
+    for (_, b), (c, _) in zip(path, path[1:], strict=False):  # the stem went on hop by hop
+        assert b == c
+    fluff = path[-1][1]
+    senders = flood_senders(net, reg)
+    # The flood starts at the stem's end, at hops >= 2 (never 0: a 0 would name its sender)
+    assert senders[0][0] == fluff != "0" and 2 <= senders[0][1] <= 2 + STEM.stem_hop_noise
+    assert all(h >= 2 for _, h in senders)
+    # Every stem relay routes back to the relay it first heard the stem from (G6), with no backup
+    first_from: dict[str, str] = {}
+    for a, b in path:
+        first_from.setdefault(b, a)
+    for b, a in first_from.items():
+        if b != "0":
+            assert net.engines[int(b)].next_hops(rid) == [(a, 2)]
+    # Every relay has a route, and the home stayed the home (distance 0, no next hop)
+    assert all(net.engines[i].route_epoch(rid) == 1 for i in range(len(net.engines)))
+    assert net.engines[0].next_hops(rid) == []
+    # A push injected far away reaches the home through the stem; its receipt settles custody
+    far = 12
+    res = net.engines[far].inject_push(reg, TOKENS[0], b"sealed", net.now)
+    assert res.outcome == InjectOutcome.ACCEPTED and res.push_id is not None
+    net.apply(str(far), res.effects)
+    net.run_until(4.0)
+    assert net.delivered == [("0", res.push_id)]
+    assert net.custody[res.push_id] == "delivered"
+    relays = [r[1] for r in net.tracer.of_kind("push_forwarded") if r[3] == res.push_id.hex()]
+    back = [fluff]  # the stem from its end back to the home, along the stem relays' routes
+    while back[-1] != "0":
+        back.append(net.engines[int(back[-1])].next_hops(rid)[0][0])
+    assert relays[-(len(back) - 1):] == back[:-1]  # the push's last hops retrace it
+    assert not net.engines[0].stats().get("stem_embargo_fired")  # the flood came back: no fail-safe
+
+
+def test_refreshes_of_a_route_id_retrace_its_stem_and_other_route_ids_draw_their_own() -> None:
+    net = stem_net()
+    reg1 = register(net, 0, 0)
+    net.run_until(2.0)
+    reg2 = register(net, 0, 0, epoch=2)
+    net.run_until(4.0)
+    assert stem_path(net, reg1) == stem_path(net, reg2)
+    paths = set()
+    for k in range(1, 8):  # seven more route ids of devices at the same home
+        reg = register(net, 0, k)
+        net.run_until(net.now + 2.0)
+        paths.add(tuple(stem_path(net, reg)))
+    assert len(paths) > 2  # independent draws, not one fixed successor per home
+
+
+def test_the_stem_lengths_are_geometric_with_the_configured_fluff_probability() -> None:
+    lengths = []
+    for seed in range(1, 9):
+        net = stem_net(40, replace(STEM, stem_fluff_probability=0.5), seed=seed)
+        for k in range(8):
+            reg = register(net, (7 * k + seed) % 40, k)
+            net.run_until(net.now + 2.0)
+            lengths.append(len(stem_path(net, reg)))
+    mean = sum(lengths) / len(lengths)  # 64 stems, geometric(0.5): mean 2, sd of the mean ~0.18
+    assert min(lengths) >= 1 and 1.5 < mean < 2.6
+
+
+def test_a_stem_relay_that_drops_the_registration_does_not_lose_it() -> None:
+    net = stem_net()
+    probe = stem_net()
+    reg = register(probe, 0, 0)
+    probe.run_until(2.0)
+    hole = int(stem_path(probe, reg)[0][1])  # same seeds: the same first stem hop
+    net.engines[hole]._on_stem = lambda *a: []  # type: ignore[method-assign]  # a black hole for stem frames
+    reg = register(net, 0, 0)
+    net.run_until(2.0)
+    assert net.engines[5].route_epoch(reg.route_id) is None  # nothing flooded yet
+    net.run_until(12.0)  # past 2 x the embargo
+    assert net.engines[0].stats()["stem_embargo_fired"] == 1
+    assert all(net.engines[i].route_epoch(reg.route_id) == 1 for i in range(len(net.engines)) if i != hole)
+    res = net.engines[12].inject_push(reg, TOKENS[0], b"sealed", net.now)
+    assert res.push_id is not None
+    net.apply("12", res.effects)
+    net.run_until(16.0)
+    assert net.delivered == [("0", res.push_id)]
+
+
+def test_stem_off_sends_no_stem_frame_and_floods_from_the_home_at_hops_0() -> None:
+    net = stem_net(config=EngineConfig())
+    reg = register(net, 0, 0)
+    net.run_until(2.0)
+    assert stem_path(net, reg) == []
+    assert ("0", 0) in flood_senders(net, reg)
+
+
+def test_stem_frames_have_one_strict_encoding() -> None:
+    reg = make_registration(KEYS[0], 1, 0, 3600)
+    frame = encode(RegGossip(reg, 16, 0, True))
+    assert decode(frame) == RegGossip(reg, 16, 0, True)
+    plain = decode(encode(RegGossip(reg, 16, 3)))
+    assert isinstance(plain, RegGossip) and not plain.stem
+    raw = msgpack.unpackb(frame, raw=False)
+    assert raw[-1] is True and len(msgpack.unpackb(encode(RegGossip(reg, 16, 0)), raw=False)) == len(raw) - 1
+    for bad in (False, 1, None):
+        with pytest.raises(DecodeError):
+            decode(msgpack.packb([*raw[:-1], bad], use_bin_type=True))
+    with pytest.raises(DecodeError):
+        decode(msgpack.packb([*raw, True], use_bin_type=True))
+
+
+def test_random_meshes_route_every_push_home_with_the_stem_on() -> None:
+    rng = random.Random(5)
+    n = 30
+    edges = {(i, (i + 1) % n) for i in range(n)} | {tuple(sorted(rng.sample(range(n), 2))) for _ in range(30)}
+    net = MiniNet(n, sorted(edges), config=STEM, seed=3)  # type: ignore[arg-type]
+    regs = [(h, register(net, h, k)) for k, h in enumerate(rng.sample(range(n), 6))]
+    net.run_until(3.0)
+    pids = []
+    for h, reg in regs:
+        at = (h + n // 2) % n
+        res = net.engines[at].inject_push(reg, TOKENS[1], b"x", net.now)
+        assert res.push_id is not None
+        net.apply(str(at), res.effects)
+        pids.append((str(h), res.push_id))
+    net.run_until(8.0)
+    assert sorted(net.delivered) == sorted(pids)
