@@ -3,18 +3,29 @@ harness (inri.core.testing.MiniNet), the wire codec, the config files and the pr
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import replace
+from pathlib import Path
+from typing import Any
 
+import httpx
 import msgpack
 import pytest
+import trio
 
+from inri import mesh
+from inri.client import DeviceClient, HomeAppClient
+from inri.common.config import ConfigError
 from inri.core.api import InjectOutcome
 from inri.core.config import EngineConfig
 from inri.core.testing import MiniNet
+from inri.node.config import load_config
+from inri.node.tracefile import read_trace
 from inri.protocol.codec import DecodeError, decode, encode, make_registration
 from inri.protocol.keys import new_signing_key
 from inri.protocol.messages import RegGossip, Registration
+from simulations.scenario import from_dict
 
 KEYS = [new_signing_key(bytes([i]) * 32) for i in range(1, 9)]
 TOKENS = [bytes([i]) * 16 for i in range(1, 30)]
@@ -175,3 +186,70 @@ def test_random_meshes_route_every_push_home_with_the_stem_on() -> None:
         pids.append((str(h), res.push_id))
     net.run_until(8.0)
     assert sorted(net.delivered) == sorted(pids)
+
+
+def test_stem_is_an_engine_key_of_relay_config_files_and_scenarios(tmp_path: Path) -> None:
+    cfg = tmp_path / "relay.toml"
+    cfg.write_text(f'[relay]\ndata_dir = "{tmp_path}"\n[engine]\nstem = true\nstem_fluff_probability = 0.4\n')
+    loaded = load_config(cfg, env={})
+    assert loaded.engine.stem and loaded.engine.stem_fluff_probability == 0.4
+    cfg.write_text(f'[relay]\ndata_dir = "{tmp_path}"\n[engine]\nstem = "yes"\n')
+    with pytest.raises(ConfigError, match="stem"):
+        load_config(cfg, env={})
+    cfg.write_text(f'[relay]\ndata_dir = "{tmp_path}"\n[engine]\nstem_fluff_probability = 0\n')
+    with pytest.raises(ConfigError, match="stem_fluff_probability"):
+        load_config(cfg, env={})
+    sc = from_dict({"name": "s", "topology": {"kind": "random", "relays": 20}, "engine": {"stem": True}})
+    assert sc.engine.stem
+
+
+def test_privacy_command_reports_stem_on_and_off_side_by_side(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("pyarrow")
+    from simulations.cli import main
+
+    assert main(["privacy", "--relays", "60", "--devices", "8", "--colluders", "0.1"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert "stem off" in out[1] and "stem on" in out[1]
+    got = json.loads(out[-1])
+    for mode in ("stem_off", "stem_on"):
+        assert {"colluders_home_exact", "colluders_epoch_link", "single_relay_home_exact", "chance_home",
+                "stretch_median", "stretch_p95", "convergence_p50_s", "delivery_ratio"} <= set(got[mode])
+    assert got["stem_off"]["stem"] is False and got["stem_on"]["stem"] is True
+    assert got["stem_off"]["colluders_home_exact"] > got["stem_on"]["colluders_home_exact"]
+    assert main(["privacy", "--relays", "60", "--devices", "8", "--stem", "on"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["stem"] is True
+
+
+@pytest.mark.integration
+def test_real_relays_with_the_stem_on_deliver_to_a_device_homed_behind_a_stem(tmp_path: Path) -> None:
+    d = tmp_path / "mesh"
+    info = mesh.up(d, relays=6, bootstraps=1, timeout_s=90, min_neighbours=2,
+                   engine={f"R{i}": {"stem": True} for i in range(1, 7)})
+    try:
+        trio.run(_push_through_a_stem, info)
+    finally:
+        mesh.down(d)
+
+
+async def _push_through_a_stem(info: dict[str, Any]) -> None:
+    home, others = info["relays"][0], info["relays"][1:]
+    dev = DeviceClient(home["api"])
+    await dev.register(tokens=5)
+    cred = dev.export_credential(5)
+    async with httpx.AsyncClient(timeout=5) as c:
+        with trio.fail_after(30):  # the flood reached every relay
+            while min([(await c.get(r["api"] + "/v1/status")).json()["routes"] for r in others]) < 1:
+                await trio.sleep(0.05)
+    far = others[-1]
+    app = HomeAppClient([far["api"]])
+    with trio.fail_after(30):
+        async with dev.stream() as messages:
+            receipt = await app.push(cred, b"behind a stem")
+            msg = await messages.receive()
+    assert (msg.id, msg.plaintext) == (receipt.push_id, b"behind a stem")
+    rows = {r["name"]: read_trace(Path(r["data_dir"]) / "traces") for r in info["relays"]}
+    assert [r["reason"] for r in rows["R1"] if r["kind"] == "reg_originated"] == ["stem"]
+    # The first stem relay heard it from the home; no relay heard the flood from the home.
+    from_home = [(name, r["reason"]) for name, rs in rows.items() for r in rs
+                 if r["kind"] == "route_set" and r["peer"] == home["node_id"]]
+    assert from_home and all(reason == "stem" for _, reason in from_home)
