@@ -66,13 +66,17 @@ def test_a_registration_walks_a_stem_then_floods_from_its_end_and_pushes_come_ba
     rid = reg.route_id
     path = stem_path(net, reg)
     assert path[0] == ("0", path[0][1])  # the home sent one stem frame first ...
-    assert all(m.stem for a, _, m in net.sent if a == "0" and isinstance(m, RegGossip))  # ... and never floods
+    # ... and never starts a flood: it only passes the flood on once it came back (G6), at hops >= 3
+    gossip = [(a, b, m) for a, b, m in net.sent if isinstance(m, RegGossip) and not m.stem]
+    first_in = next(i for i, (_, b, _) in enumerate(gossip) if b == "0")
+    assert all(i > first_in and m.hops >= 3 for i, (a, _, m) in enumerate(gossip) if a == "0")
     for (_, b), (c, _) in zip(path, path[1:], strict=False):  # the stem went on hop by hop
         assert b == c
     fluff = path[-1][1]
     senders = flood_senders(net, reg)
     # The flood starts at the stem's end, at hops >= 2 (never 0: a 0 would name its sender)
     assert senders[0][0] == fluff != "0" and 2 <= senders[0][1] <= 2 + STEM.stem_hop_noise
+    assert STEM.stem_hop_noise > 0
     assert all(h >= 2 for _, h in senders)
     # Every stem relay routes back to the relay it first heard the stem from (G6), with no backup
     first_from: dict[str, str] = {}
@@ -92,11 +96,13 @@ def test_a_registration_walks_a_stem_then_floods_from_its_end_and_pushes_come_ba
     net.run_until(4.0)
     assert net.delivered == [("0", res.push_id)]
     assert net.custody[res.push_id] == "delivered"
-    relays = [r[1] for r in net.tracer.of_kind("push_forwarded") if r[3] == res.push_id.hex()]
-    back = [fluff]  # the stem from its end back to the home, along the stem relays' routes
-    while back[-1] != "0":
-        back.append(net.engines[int(back[-1])].next_hops(rid)[0][0])
-    assert relays[-(len(back) - 1):] == back[:-1]  # the push's last hops retrace it
+    relays = [r[1] for r in net.tracer.of_kind("push_forwarded") if r[3] == res.push_id.hex()] + ["0"]
+    # Once on the stem (at the fluff relay, or earlier where the flood passed a stem relay: G6), the
+    # push walks the stem's reverse path to the home
+    enter = next(i for i, r in enumerate(relays) if r in first_from)
+    assert relays[enter] != "0"  # the home is only reached through the stem
+    for a, b in zip(relays[enter:], relays[enter + 1:], strict=False):
+        assert first_from[a] == b
     assert not net.engines[0].stats().get("stem_embargo_fired")  # the flood came back: no fail-safe
 
 

@@ -41,7 +41,7 @@ class EngineConfig:
     stem_fluff_probability: float = 0.5  # q: short stems, since every push to the home walks the stem too
     stem_epoch_s: float = 3600.0  # successor choices are re-drawn every period (Dandelion++: 10 min)
     stem_embargo_s: float = 10.0  # fail-safe: a stem relay that does not see the flood by then floods itself
-    stem_hop_noise: int = 2  # the flood starts at hops 2 + U{0..noise}: blurs distance for a lone observer
+    stem_hop_noise: int = 4  # the flood starts at hops 2 + U{0..noise}: blurs distance for a lone observer
 
     # Pushes
     push_ttl: int = 24

@@ -32,7 +32,8 @@ Registration gossip
   G6. A stem relay's route is the reverse path (next hop = predecessor,       stem.py
       distance 2, no backups); a stem that loops fluffs at the repeat.
   G7. Fail-safe: a stem relay (the home too) that does not get the flood back  stem.py
-      within its embargo timer floods the registration itself.
+      within its embargo timer floods the registration itself. Its first flood
+      copy it forwards like any relay (its route stays the stem).
 
 Push forwarding
   F1. A push follows the route vector (primary, else a live backup; never      forwarding.py

@@ -100,8 +100,8 @@ class GossipRules(EngineState):
             known = routes.epoch(entry)
             if epoch == known:  # a duplicate (most gossip arrivals): G3
                 self.reg_duplicates += 1
-                if self._embargo and self._embargo.pop((rid, epoch), None) is not None:
-                    return []  # G7: our stem registration's flood came back (stem.py)
+                if self._embargo and (rid, epoch) in self._embargo:  # G6-G7: the flood reached a stem relay
+                    return self._stem_flood_back(peer, msg, now)
                 if routes.claims(entry, peer):  # it gave us this (route, epoch) before: honest relays forward once
                     return self._drop_reg(now, reg, peer, "replayed", cfg.score_replay)
                 if msg.hops < routes.distance(entry) and routes.has_room(entry, cfg.route_k):  # feasible, room

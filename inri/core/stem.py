@@ -22,7 +22,9 @@ relay at distance 2 + noise. The stem length L is geometric: P(L = k) = (1 - q)^
   already on it (a loop) is bounced back to its sender, which fluffs.
 - G7. Fail-safe (Dandelion++ embargo): every stem relay, the home included, arms a timer of
   stem_embargo_s x (1 + U[0, 1)); the flood of its (route id, epoch) coming back cancels it; if it
-  expires first (a stem relay dropped the frame, or crashed) the relay fluffs itself.
+  expires first (a stem relay dropped the frame, or crashed) the relay fluffs itself. The first flood
+  copy to reach a stem relay (or the home) is forwarded on like any relay's (G2): relays beyond it then
+  route to it directly, not via the fluff relay and back down the stem.
 """
 
 from __future__ import annotations
@@ -141,7 +143,7 @@ class StemRules(EngineState):
                     hops=STEM_DISTANCE, ttl=self.config.gossip_ttl, epoch=reg.epoch, count=count, reason="stem")
 
     # Rules G5 (fluff), G7 (the fail-safe fluffs the same way).
-    def _stem_fluff(self, reg: Registration, pred: str | None, now: float) -> list[Effect]:
+    def _stem_fluff(self, reg: Registration, skip: str | None, now: float) -> list[Effect]:
         """Start the flood here, at hops STEM_DISTANCE + U{0..stem_hop_noise}: the flood's hop counts
         measure distance from this relay, not from the home, and the noise hides even that from a
         lone observer."""
@@ -150,7 +152,7 @@ class StemRules(EngineState):
         gossip = RegGossip(reg, cfg.gossip_ttl, hops)
         out: list[Effect] = []
         for p, st in self._active.items():
-            if p != pred:
+            if p != skip:
                 st.last_sent = now
                 out.append(Send(p, gossip))
         self._count("stem_fluffed")
@@ -159,10 +161,26 @@ class StemRules(EngineState):
                         epoch=reg.epoch, hops=hops, count=len(out))
         return out
 
-    # Rule G7.
-    def _stem_heard(self, key: tuple[bytes, int]) -> None:
-        """The flood of key reached this stem relay: its embargo is over."""
-        self._embargo.pop(key, None)
+    # Rules G6, G7.
+    def _stem_flood_back(self, peer: str, msg: RegGossip, now: float) -> list[Effect]:
+        """The flood reached a stem relay (or the home) for the first time: its embargo is over, and it
+        forwards the flood once like any relay (G2) while its own route stays the stem. So relays
+        beyond a stem relay route to it directly instead of via the fluff relay and back along the
+        stem (shorter pushes); the hop counts still grow from the fluff relay, so they reveal nothing
+        more. Not to its stem successor, whose route points here: a copy from its own next hop would
+        be a replay to it (G3)."""
+        reg = msg.registration
+        waiting = self._embargo.pop((reg.route_id, reg.epoch))
+        ttl = msg.ttl - 1
+        if ttl <= 0:
+            return []
+        fwd = RegGossip(reg, ttl, msg.hops + 1)
+        out: list[Effect] = []
+        for p, st in self._active.items():
+            if p != peer and p != waiting[3]:
+                st.last_sent = now
+                out.append(Send(p, fwd))
+        return out
 
     # Rule G7 (from the engine's periodic timer).
     def _stem_embargo(self, now: float) -> list[Effect]:
@@ -179,5 +197,5 @@ class StemRules(EngineState):
                 self._embargo[key] = (now + self.config.stem_embargo_s, reg, pred, succ)
                 continue
             self._count("stem_embargo_fired")
-            out += self._stem_fluff(reg, None, now)
+            out += self._stem_fluff(reg, succ, now)  # not to the successor: its route points here
         return out
