@@ -205,6 +205,9 @@ def test_stem_is_an_engine_key_of_relay_config_files_and_scenarios(tmp_path: Pat
     cfg.write_text(f'[relay]\ndata_dir = "{tmp_path}"\n[engine]\nstem_fluff_probability = 0\n')
     with pytest.raises(ConfigError, match="stem_fluff_probability"):
         load_config(cfg, env={})
+    cfg.write_text(f'[relay]\ndata_dir = "{tmp_path}"\n')
+    assert not load_config(cfg, env={}).engine.stem  # off unless asked for
+    assert load_config(cfg, env={"INRI_ENGINE_STEM": "true"}).engine.stem
     sc = from_dict({"name": "s", "topology": {"kind": "random", "relays": 20}, "engine": {"stem": True}})
     assert sc.engine.stem
 
