@@ -40,6 +40,11 @@ Push forwarding
       route error drops the reporting next hop for that route.
   F4. A ring copy (expanding-ring search) is verified, flooded within its      forwarding.py
       radius, and switched back to route mode by any relay holding a route.
+  F5. Receipts are signed by the home relay with the registration's receipt   forwarding.py
+      key (over push id, route id, status). Every relay on the way back checks
+      it against the push's (verified) registration; a receipt that does not
+      verify is ignored (custody and reverse state stay) and its sender is
+      scored down (bad_receipt).
 
 Custody
   C1. A home app injects at any relay with a push credential's signed          custody.py
@@ -108,6 +113,7 @@ from inri.protocol.messages import (
     Push,
     Receipt,
     RegGossip,
+    Registration,
     RouteError,
 )
 
@@ -160,8 +166,9 @@ class Engine(MembershipRules, GossipRules, ForwardingRules, CustodyRules, Scorin
         self._origin_bucket: dict[bytes, TokenBucket] = {}  # route id -> refresh budget (rule G4)
         # (push id, attempt * 2 + ring mode) -> expiry
         self._push_seen: BoundedMap[tuple[bytes, int], float] = BoundedMap(config.push_seen_max)
-        # push id -> (previous hop, expiry)
-        self._reverse: BoundedMap[bytes, tuple[str | ReverseMark, float]] = BoundedMap(config.reverse_max)
+        # push id -> (previous hop, expiry, the push's registration: whose receipt key its receipt needs)
+        self._reverse: BoundedMap[bytes, tuple[str | ReverseMark, float, Registration | None]] = BoundedMap(
+            config.reverse_max)
         self._custody: dict[bytes, Custody] = {}
         self._timers: list[tuple[float, int, bytes]] = []  # (when, seq, push id) custody retries
         self._seq = 0

@@ -16,10 +16,12 @@ from inri.core.state import (
     ReverseMark,
 )
 from inri.core.tables import RouteTable
+from inri.protocol.keys import receipt_signed_bytes
 from inri.protocol.messages import (
     Push,
     Receipt,
     ReceiptStatus,
+    Registration,
     RouteError,
     RouteErrorReason,
 )
@@ -113,6 +115,7 @@ class ForwardingRules(EngineState):
     # Rules F1 (budget, seen, reverse path), F2 (at home), F4 (ring copies), F3 (local repair, no route).
     def _on_push(self, peer: str, msg: Push, now: float) -> list[Effect]:
         pid = msg.push_id
+        rid = msg.route_id
         cfg = self.config
         if not self._active[peer].push_budget.take(now, cfg.push_budget_per_peer_per_s, cfg.push_budget_peer_burst):
             self._count("push_dropped_budget_peer")
@@ -135,17 +138,21 @@ class ForwardingRules(EngineState):
                             reason="duplicate", count=1)
             return [Send(peer, RouteError(pid, msg.route_id, RouteErrorReason.DUPLICATE))]
         self._push_seen.put(key, now + cfg.seen_ttl_s)
-        rid = msg.route_id
         if self._level >= TraceLevel.FULL:
             self._trace(now, "push_received", msg=pid.hex(), route=rid.hex(), peer=peer, hops=msg.hops,
                         ttl=msg.ttl)
         if pid not in self._custody:  # a custodian keeps its own LOCAL reverse marker
-            if self._reverse.put(pid, (peer, now + cfg.reverse_ttl_s)):
+            # The carried registration (when it is the route's) says which receipt key the answer must
+            # be signed with; it is checked only if a receipt comes back (rule F5).
+            reg = msg.registration
+            if self._reverse.put(pid, (peer, now + cfg.reverse_ttl_s, reg if reg is not None and
+                                       reg.route_id == rid else None)):
                 self._count("reverse_evicted")
         status = self._accept_at_home(msg, now)
         if status is not None:
             out = self._deliver_local(pid, msg, status, now, hops=msg.hops + 1)
-            out.append(Send(peer, Receipt(pid, status, msg.hops + 1)))
+            sig = self._home.sign_receipt(rid, receipt_signed_bytes(pid, rid, status))
+            out.append(Send(peer, Receipt(pid, status, msg.hops + 1, sig)))
             return out
         if msg.ttl <= 1:
             return self._push_drop(peer, msg, now, "ttl", RouteErrorReason.TTL_EXHAUSTED)
@@ -224,15 +231,44 @@ class ForwardingRules(EngineState):
             self._trace(now, "push_dropped", msg=pid.hex(), route=msg.route_id.hex(), hops=hops, reason=reason)
         return []
 
-    # Rules F1 (receipts travel back), S1 (an answer).
+    # Rule F5.
+    def _receipt_forged(self, msg: Receipt, prev: str | ReverseMark, reg: Registration | None) -> bool:
+        """True when the receipt does not carry the home relay's signature for this push (rule F5).
+
+        The key is the receipt key of the push's registration: the custodian's own (verified when the
+        push was injected), or the one the push carried here, trusted only once its registration
+        verifies (else a hostile custodian could make honest homes' receipts look forged). A push whose
+        registration has no receipt key, or none known here, cannot be judged: its receipt passes.
+        """
+        if not self.config.receipt_signatures:
+            return False
+        if prev is _LOCAL:
+            c = self._custody.get(msg.push_id)
+            if c is not None:
+                reg = c.push.registration
+        elif reg is not None and not self._verifier.verify_registration(reg):
+            return False
+        if reg is None or reg.receipt_key is None:
+            return False
+        return not self._verifier.verify_receipt(reg.receipt_key, reg.route_id, msg)
+
+    # Rules F1 (receipts travel back), F5 (signed receipts), S1 (an answer).
     def _on_receipt(self, peer: str, msg: Receipt, now: float) -> list[Effect]:
+        back = self._reverse.get(msg.push_id)
+        if back is not None and self._receipt_forged(msg, back[0], back[2]):
+            # Ignored (custody and reverse state stay for the real answer) and its sender scored down.
+            self._count("receipt_refused")
+            if self._level:
+                self._trace(now, "receipt_refused", msg=msg.push_id.hex(), peer=peer, hops=msg.hops,
+                            reason=RECEIPT_STATUS[msg.status])
+            return self._score(peer, self.config.score_bad_signature, now, "bad_receipt")
         waited = self._await.pop(msg.push_id, None)
         if waited is not None and waited[0] == peer:
             self._score(peer, self.config.score_receipt, now, "receipt")  # a rise: never cuts
-        back = self._reverse.pop(msg.push_id, None)
         if back is None:
             self._count("receipt_orphan")
             return []
+        del self._reverse[msg.push_id]
         prev = back[0]
         if prev is _LOCAL:
             return self._settle(msg.push_id, msg.status, msg.hops, now)

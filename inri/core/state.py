@@ -17,7 +17,7 @@ from inri.core.api import CustodyStatus, DisconnectReason, Effect, HomeStore, Se
 from inri.core.budget import TokenBucket
 from inri.core.config import EngineConfig
 from inri.core.tables import BoundedMap, RouteTable
-from inri.protocol.messages import Push, ReceiptStatus
+from inri.protocol.messages import Push, ReceiptStatus, Registration
 
 # Clock skew tolerated on a registration's issued_at (relays' clocks are not synchronised).
 MAX_CLOCK_SKEW_S = 300
@@ -110,7 +110,7 @@ class EngineState:
     _routes: RouteTable
     _origin_bucket: dict[bytes, TokenBucket]
     _push_seen: BoundedMap[tuple[bytes, int], float]
-    _reverse: BoundedMap[bytes, tuple[str | ReverseMark, float]]
+    _reverse: BoundedMap[bytes, tuple[str | ReverseMark, float, Registration | None]]
     _custody: dict[bytes, Custody]
     _timers: list[tuple[float, int, bytes]]
     _seq: int

@@ -22,20 +22,23 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from nacl.signing import SigningKey
+
 from inri.core.budget import KeyedBuckets
 from inri.core.home import ENDPOINT_BURST, ENDPOINT_RATE_PER_S, TTL0_GRACE_S, tag_ok
 from inri.protocol.codec import DecodeError, decode, decode_registration, encode, encode_registration
 from inri.protocol.messages import ContentEncoding, Push, ReceiptStatus, Registration, Urgency
 from inri.protocol.webpush import EndpointToken
 
-SCHEMA_VERSION = 1
+# 2: registrations in protocol v2 wire form (with a receipt key) and the devices' receipt key seeds.
+SCHEMA_VERSION = 2
 STATUS_RETENTION_S = 7 * 24 * 3600  # push status answers kept a week after settling
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS devices (
     route_id BLOB PRIMARY KEY, registration BLOB NOT NULL, epoch INTEGER NOT NULL,
-    secret_hash BLOB NOT NULL, created REAL NOT NULL);
+    secret_hash BLOB NOT NULL, created REAL NOT NULL, receipt_secret BLOB);
 CREATE TABLE IF NOT EXISTS tokens (
     token BLOB NOT NULL, route_id BLOB NOT NULL, spent_by BLOB,
     PRIMARY KEY (route_id, token)) WITHOUT ROWID;
@@ -91,8 +94,13 @@ class Store:
             raise RuntimeError(f"{self.path}: store schema {row[0]}, this relay knows {SCHEMA_VERSION}")
         self._home: dict[bytes, Registration] = {}
         self._box_counts: dict[bytes, int] = {}  # route id -> stored messages (see _box_count)
-        for rid, blob in self._db.execute("SELECT route_id, registration FROM devices"):
+        # route id -> the receipt key the device handed over: it signs this home's receipts and never
+        # leaves this relay (docs/security.md "Receipt signatures").
+        self._receipt_keys: dict[bytes, SigningKey] = {}
+        for rid, blob, rsecret in self._db.execute("SELECT route_id, registration, receipt_secret FROM devices"):
             self._home[bytes(rid)] = decode_registration(bytes(blob))
+            if rsecret is not None:
+                self._receipt_keys[bytes(rid)] = SigningKey(bytes(rsecret))
         # Web Push: the key endpoint capabilities derive from (random, made once, kept with the store).
         row = self._db.execute("SELECT value FROM meta WHERE key='wp_home_key'").fetchone()
         if row is None:
@@ -120,19 +128,28 @@ class Store:
 
     # -- devices ----------------------------------------------------------------------------------
 
-    def add_device(self, registration: Registration, secret: bytes, tokens: list[bytes], now: float) -> bool:
-        """Home a new device; False when its route id is already homed here (nothing changes)."""
+    def add_device(self, registration: Registration, secret: bytes, tokens: list[bytes], now: float,
+                   receipt_secret: bytes | None = None) -> bool:
+        """Home a new device; False when its route id is already homed here (nothing changes).
+
+        receipt_secret: the 32-byte seed of the device's receipt key (its public half is the
+        registration's receipt_key; the caller checked that they match).
+        """
         rid = registration.route_id
         with self._tx():
             try:
                 self._db.execute(
-                    "INSERT INTO devices VALUES (?, ?, ?, ?, ?)",
-                    (rid, encode_registration(registration), registration.epoch, secret_hash(secret), now),
+                    "INSERT INTO devices (route_id, registration, epoch, secret_hash, created, receipt_secret)"
+                    " VALUES (?, ?, ?, ?, ?, ?)",
+                    (rid, encode_registration(registration), registration.epoch, secret_hash(secret), now,
+                     receipt_secret),
                 )
             except sqlite3.IntegrityError:
                 return False
             self._db.executemany("INSERT OR IGNORE INTO tokens VALUES (?, ?, NULL)", [(t, rid) for t in tokens])
         self._home[rid] = registration
+        if receipt_secret is not None:
+            self._receipt_keys[rid] = SigningKey(receipt_secret)
         return True
 
     def check_secret(self, route_id: bytes, secret: bytes) -> bool:
@@ -140,8 +157,11 @@ class Store:
         row = self._db.execute("SELECT secret_hash FROM devices WHERE route_id=?", (route_id,)).fetchone()
         return row is not None and hmac.compare_digest(bytes(row[0]), secret_hash(secret))
 
-    def refresh_registration(self, registration: Registration) -> bool:
-        """Store a newer epoch of a homed device's registration; False if not newer or not homed here."""
+    def refresh_registration(self, registration: Registration, receipt_secret: bytes | None = None) -> bool:
+        """Store a newer epoch of a homed device's registration; False if not newer or not homed here.
+
+        receipt_secret: the registration's receipt key seed, when the device hands over a new one.
+        """
         rid = registration.route_id
         old = self._home.get(rid)
         if old is None or registration.epoch <= old.epoch:
@@ -149,7 +169,11 @@ class Store:
         with self._tx():
             self._db.execute("UPDATE devices SET registration=?, epoch=? WHERE route_id=?",
                              (encode_registration(registration), registration.epoch, rid))
+            if receipt_secret is not None:
+                self._db.execute("UPDATE devices SET receipt_secret=? WHERE route_id=?", (receipt_secret, rid))
         self._home[rid] = registration
+        if receipt_secret is not None:
+            self._receipt_keys[rid] = SigningKey(receipt_secret)
         return True
 
     def add_tokens(self, route_id: bytes, tokens: list[bytes]) -> None:
@@ -173,6 +197,7 @@ class Store:
                 self._db.execute("INSERT OR IGNORE INTO wp_gone VALUES (?)", (route_id,))
         self._home.pop(route_id, None)
         self._box_counts.pop(route_id, None)
+        self._receipt_keys.pop(route_id, None)
 
     def homed(self) -> list[Registration]:
         """Every registration homed here (re-gossiped after a restart)."""
@@ -185,6 +210,10 @@ class Store:
 
     def registration(self, route_id: bytes) -> Registration | None:
         return self._home.get(route_id)
+
+    def sign_receipt(self, route_id: bytes, message: bytes) -> bytes | None:
+        key = self._receipt_keys.get(route_id)
+        return None if key is None else key.sign(message).signature
 
     def accept_push(
         self, route_id: bytes, token: bytes, push_id: bytes, ciphertext: bytes, now: float
