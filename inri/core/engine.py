@@ -24,6 +24,11 @@ Registration gossip
       epochs never decrease along a path: routes cannot loop.
   G4. Flood budgets: token buckets per neighbour (all registrations it sends)  gossip.py
       and per origin route id (epoch refreshes); refusals are traced.
+  G5. Link-up announcements: a relay announces the registrations homed at it  gossip.py
+      to every new neighbour (hops 0, TTL 1: not forwarded), paced within the
+      neighbour's budget, so a restarted home is found again without a device
+      refresh. A neighbour takes it as a next hop (replacing its worst backup
+      when full); from a neighbour that already claimed it, it is no replay.
 
 Push forwarding
   F1. A push follows the route vector (primary, else a live backup; never      forwarding.py
@@ -97,7 +102,7 @@ from inri.core.budget import TokenBucket
 from inri.core.config import EngineConfig
 from inri.core.custody import CustodyRules
 from inri.core.forwarding import ForwardingRules
-from inri.core.gossip import GossipRules
+from inri.core.gossip import ANNOUNCE_SHARE, GossipRules
 from inri.core.membership import MembershipRules
 from inri.core.scoring import ScoringRules
 from inri.core.state import SWEEP_INTERVAL_S, Custody, Neighbour, ReverseMark, readdress
@@ -187,6 +192,9 @@ class Engine(MembershipRules, GossipRules, ForwardingRules, CustodyRules, Scorin
         # routes. Registrations carry wall-clock (unix) times: wall time = now + wall_offset. The
         # simulator leaves it 0 (virtual time is both); the daemon sets it before every call.
         self.wall_offset = 0.0
+        self._homed: dict[bytes, Registration] = {}  # registrations homed here (announced on link up)
+        self._announce: dict[str, list[bytes]] = {}  # neighbour -> homed route ids still to announce
+        self._down_since: dict[str, float] = {}  # former neighbour -> when its link went down
         self.counters: dict[str, int] = {}
         self.reg_duplicates = 0  # gossip arrivals of a known (route, epoch): a plain int on the hot path
 
@@ -282,6 +290,8 @@ class Engine(MembershipRules, GossipRules, ForwardingRules, CustodyRules, Scorin
             if st is not None and st.last_heard > deadline - cfg.receipt_timeout_s:
                 self._count("push_no_answer")
                 out += self._score(nh, cfg.score_no_receipt, now, "no_receipt")
+        for p in list(self._announce):  # link-up announcements left over from peer_up (rule G5)
+            out += self._announce_homed(p, now, ANNOUNCE_SHARE * cfg.reg_budget_per_peer_per_s * interval)
         decay = self._score_decay
         for p in list(self._active):
             st = self._active[p]

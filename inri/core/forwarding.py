@@ -27,6 +27,11 @@ from inri.protocol.messages import (
 )
 
 LOCAL_REPAIR_RADIUS = 2  # a relay whose route broke searches this far before the custodian must
+# A relay whose neighbour was the home, and whose link to it has been down this long, still answers
+# `home unreachable` but also searches its neighbourhood: a restarted home may be back with other
+# neighbours (its link-up announcements, rule G5, gave them the route). Shorter would flood for every
+# push to a home that is merely restarting; the deadline is minutes.
+HOME_SEARCH_AFTER_S = 5.0
 _LOCAL = ReverseMark.LOCAL
 _LATE = ReverseMark.LATE
 
@@ -69,6 +74,23 @@ class ForwardingRules(EngineState):
                 if fallback is None:
                     fallback = p  # low score (S2): only when no better next hop is alive
         return fallback if low_ok else None
+
+    # Rule F3 (home unreachable, searched for after a while).
+    def _home_search(self, msg: Push, peer: str, now: float) -> list[Effect]:
+        """Ring copies of radius 2 around this relay, once per (push, attempt), when its link to the home
+        of msg's route has been down for HOME_SEARCH_AFTER_S: the home may be back elsewhere nearby."""
+        entry = self._routes.get(msg.route_id)
+        primary = None if entry is None else RouteTable.primary(entry)
+        since = None if primary is None else self._down_since.get(primary)
+        if since is not None and now - since < HOME_SEARCH_AFTER_S:
+            return []
+        ring_key = (msg.push_id, msg.attempt * 2 + 1)
+        if (msg.registration is None or msg.ttl <= LOCAL_REPAIR_RADIUS or len(self._active) < 2
+                or ring_key in self._push_seen):
+            return []
+        self._count("push_home_search")
+        self._mark_seen(ring_key, now)
+        return self._ring_flood(_onward(msg, LOCAL_REPAIR_RADIUS), peer, now)
 
     # Rules F3 (home unreachable).
     def _home_adjacent(self, rid: bytes) -> bool:
@@ -183,7 +205,8 @@ class ForwardingRules(EngineState):
                 # flood the neighbourhood. Re-sent attempts (the custodian saw a failure) avoid it.
                 return [self._forward(_onward(msg, 0), low, now)]
             if low is None and self._home_adjacent(rid):
-                return self._push_drop(peer, msg, now, "home_unreachable", RouteErrorReason.HOME_UNREACHABLE)
+                return (self._push_drop(peer, msg, now, "home_unreachable", RouteErrorReason.HOME_UNREACHABLE)
+                        + self._home_search(msg, peer, now))
             ring_key = (pid, msg.attempt * 2 + 1)
             if (msg.registration is not None and msg.ttl > LOCAL_REPAIR_RADIUS and len(self._active) > 1
                     and ring_key not in self._push_seen):
@@ -207,7 +230,10 @@ class ForwardingRules(EngineState):
                         hops=msg.hops, ttl=msg.ttl, reason=reason)
         if error is None:  # ring copies die quietly: other copies are still searching
             return []
-        self._reverse.pop(msg.push_id, None)
+        if error != RouteErrorReason.HOME_UNREACHABLE:
+            # The reverse path stays after `home unreachable`: a search (or the home, back) may still
+            # answer, and its receipt must find the way back (it expires with reverse_ttl_s).
+            self._reverse.pop(msg.push_id, None)
         if self._level:
             self._trace(now, "route_error", msg=msg.push_id.hex(), route=msg.route_id.hex(), peer=peer,
                         reason=reason, count=1)
@@ -309,16 +335,22 @@ class ForwardingRules(EngineState):
             # neighbour blamed while the home behind it was down (not yet detected) recovers.
             del self._await[msg.push_id]
             self._score(peer, self.config.score_receipt, now, "receipt")
-        back = self._reverse.pop(msg.push_id, None)
+        home_down = msg.reason == RouteErrorReason.HOME_UNREACHABLE
+        # After `home unreachable` the reverse path stays (see _push_drop): a late receipt still gets back.
+        back = self._reverse.get(msg.push_id) if home_down else self._reverse.pop(msg.push_id, None)
         if back is None:
             return []
         prev = back[0]
         # The neighbour that sent the error cannot reach the home: stop using it as a next hop for this
         # route (a backup takes over). Relays further back keep their routes: their next hop is fine.
-        # A home that is down is no fault of the path, and the route is right again when it returns.
+        # A home that is down is no fault of the path, and the route is right again when it returns: that
+        # next hop is only tried last (a backup, e.g. a link to the home that came back, goes first).
         entry = self._routes.get(msg.route_id)
-        if entry is not None and msg.reason != RouteErrorReason.HOME_UNREACHABLE and RouteTable.claims(entry, peer):
-            self._routes.drop_next_hop(msg.route_id, entry, peer)
+        if entry is not None and RouteTable.claims(entry, peer):
+            if not home_down:
+                self._routes.drop_next_hop(msg.route_id, entry, peer)
+            elif len(RouteTable.next_hops(entry)) > 1:
+                self._routes[msg.route_id] = RouteTable.demote(entry, peer)
         if prev is _LOCAL:
             c = self._custody.get(msg.push_id)
             if c is None:

@@ -124,6 +124,10 @@ class MemoryHomeStore:
     def is_home(self, route_id: bytes) -> bool:
         return route_id in self._regs
 
+    def homed(self) -> list[Registration]:
+        """Every registration homed here (a restarted relay originates them again, as the daemon does)."""
+        return list(self._regs.values())
+
     def sign_receipt(self, route_id: bytes, message: bytes) -> bytes | None:
         """See `inri.core.api.HomeStore.sign_receipt`."""
         key = self._receipt_keys.get(route_id)

@@ -122,6 +122,12 @@ class EngineState:
     _next_make_room: float
     _await: BoundedMap[bytes, tuple[str, float]]
     _score_decay: float
+    # Item 2 of issue 15 (a home relay that restarts): registrations homed here, announced to every
+    # new neighbour (gossip.py); route ids still to announce per neighbour (paced within its budget);
+    # when each former neighbour's link went down (forwarding.py: a dead one-hop route).
+    _homed: dict[bytes, Registration]
+    _announce: dict[str, list[bytes]]
+    _down_since: dict[str, float]
 
     def _count(self, name: str, n: int = 1) -> None:
         self.counters[name] = self.counters.get(name, 0) + n
@@ -154,6 +160,8 @@ class EngineState:
         def peer_down(self, peer: str, now: float, reason: DisconnectReason) -> list[Effect]: ...
         def connect_failed(self, peer: str, now: float) -> list[Effect]: ...
         def _refill(self, now: float) -> list[Effect]: ...
+        # gossip.py
+        def _announce_homed(self, peer: str, now: float, budget: float) -> list[Effect]: ...
         # scoring.py
         def _score(self, peer: str, delta: float, now: float, reason: str) -> list[Effect]: ...
         def _purge_routes(self, peer: str) -> None: ...
