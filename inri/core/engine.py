@@ -41,8 +41,10 @@ Push forwarding
       (DUPLICATE), nothing is stored twice.
   F3. A relay that cannot forward skips its dead next hops (a backup takes     forwarding.py
       over), tries local repair (a radius-2 ring), and with nothing left sends
-      a RouteError back (home unreachable when the home was its neighbour). A
-      route error drops the reporting next hop for that route.
+      a RouteError back (home unreachable when the home was its neighbour;
+      after HOME_SEARCH_AFTER_S it also searches radius 2). A route error
+      drops the reporting next hop for that route; home unreachable only
+      moves it last and keeps the reverse path (a late receipt gets back).
   F4. A ring copy (expanding-ring search) is verified, flooded within its      forwarding.py
       radius, and switched back to route mode by any relay holding a route.
   F5. Receipts are signed by the home relay with the registration's receipt   forwarding.py
