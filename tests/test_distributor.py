@@ -21,9 +21,16 @@ from inri.client.device import Message, WebPushEndpoint
 
 pytestmark = pytest.mark.integration  # starts a dbus-daemon
 jeepney = pytest.importorskip("jeepney", reason="jeepney missing: pip install 'inri[distributor]'")
-from jeepney import DBusAddress, HeaderFields, MatchRule, MessageType, new_error, new_method_call  # noqa: E402
+from jeepney import (  # noqa: E402
+    DBusAddress,
+    HeaderFields,
+    MatchRule,
+    MessageType,
+    new_error,
+    new_method_call,
+    new_method_return,
+)
 from jeepney import Message as DBusMessage  # noqa: E402
-from jeepney import new_method_return  # noqa: E402
 from jeepney.bus_messages import message_bus  # noqa: E402
 from jeepney.io.trio import DBusRouter, Proxy, open_dbus_router  # noqa: E402
 
@@ -306,7 +313,8 @@ async def test_malformed_calls_get_error_replies_and_the_distributor_stays_up(bu
             .header.message_type == MessageType.method_return
         # nothing reached the relay, and a good call still works
         assert relay.calls == []
-        assert answer(await app.call("Register", {"service": APP, "token": "ok"}))["success"] == "REGISTRATION_SUCCEEDED"
+        ok = await app.call("Register", {"service": APP, "token": "ok"})
+        assert answer(ok)["success"] == "REGISTRATION_SUCCEEDED"
         # the relay unreachable: REGISTRATION_FAILED with reason NETWORK, and the distributor stays up
         relay.unreachable = True
         assert answer(await app.call("Register", {"service": APP, "token": "t2"})) == {
@@ -314,7 +322,8 @@ async def test_malformed_calls_get_error_replies_and_the_distributor_stays_up(bu
         kept = json.loads((tmp_path / "s" / "registrations.json").read_text())
         assert [a["token"] for a in kept] == ["ok"]  # nothing half-made is kept
         relay.unreachable = False
-        assert answer(await app.call("Register", {"service": APP, "token": "t2"}))["success"] == "REGISTRATION_SUCCEEDED"
+        ok = await app.call("Register", {"service": APP, "token": "t2"})
+        assert answer(ok)["success"] == "REGISTRATION_SUCCEEDED"
 
 
 async def test_a_refused_message_is_offered_again_and_acked_only_when_the_app_acks(bus_address: str,

@@ -30,11 +30,19 @@ from pywebpush import WebPushException, webpush
 from inri import mesh
 from inri.client import DeviceClient
 from inri.client.distributor import DISTRIBUTOR_PREFIX
-from tests.test_distributor import ACK, APP, HOLD, Connector, answer, bus_address, name_owned, open_connector
+from tests.test_distributor import (
+    ACK,
+    APP,
+    HOLD,
+    Connector,
+    answer,
+    bus_address,  # noqa: F401  (a fixture)
+    name_owned,
+    open_connector,
+)
 from tests.test_relay_mesh import distances, graph, relay, wait_route
 
 pytestmark = pytest.mark.integration
-assert bus_address  # a fixture, used by name below
 NAME = "inrie2e"
 
 
@@ -222,8 +230,8 @@ async def test_killed_distributor_redelivers_unacked_and_the_endpoint_still_work
         assert len(list(state.glob("device-*.json"))) == 1  # one INRI device for the one registration
 
 
-async def test_endpoint_reissued_before_its_registration_expires(lab: dict[str, Any], bus_address: str,
-                                                                 tmp_path: Path) -> None:  # noqa: F811
+async def test_endpoint_reissued_before_its_registration_expires(lab: dict[str, Any], bus_address: str,  # noqa: F811
+                                                                 tmp_path: Path) -> None:
     lifetime = 10
     state, sub, sender = tmp_path / "dist", Subscriber(), Sender()
     async with running(bus_address, lab, state, "--lifetime", str(lifetime)) as (conn, _):
