@@ -363,3 +363,23 @@ async def _wait_async(pred: Any, want: bool, timeout: float = 10.0) -> None:
     with trio.fail_after(timeout):
         while await pred() != want:
             await trio.sleep(0.02)
+
+
+def test_the_systemd_user_unit_verifies(tmp_path: Path) -> None:
+    """deploy/systemd/inri-distributor.service (docs/unifiedpush.md) is a valid user unit that waits for the
+    bus name, restarts on failure and keeps its state private."""
+    if shutil.which("systemd-analyze") is None:
+        pytest.skip("systemd-analyze is not installed (Debian's systemd package)")
+    unit = Path(__file__).resolve().parent.parent / "deploy" / "systemd" / "inri-distributor.service"
+    text = unit.read_text()
+    for option in ("Type=dbus", "BusName=org.unifiedpush.Distributor.inri", "Restart=on-failure",
+                   "StateDirectory=inri-distributor", "StateDirectoryMode=0700", "--state-dir %S/inri-distributor"):
+        assert option in text
+    home, run = tmp_path / "home", tmp_path / "run"
+    (home / ".local" / "bin").mkdir(parents=True)
+    run.mkdir(mode=0o700)
+    (home / ".local" / "bin" / "inri").write_text("#!/bin/sh\n")  # verify checks that ExecStart exists
+    (home / ".local" / "bin" / "inri").chmod(0o755)
+    proc = subprocess.run(["systemd-analyze", "--user", "verify", str(unit)], capture_output=True, text=True,
+                          env={"HOME": str(home), "XDG_RUNTIME_DIR": str(run), "PATH": "/usr/bin:/bin"}, timeout=60)
+    assert proc.returncode == 0 and not proc.stderr.strip(), proc.stderr  # it only warns on a bad directive
