@@ -242,6 +242,11 @@ async def test_endpoint_reissued_before_its_registration_expires(lab: dict[str, 
         assert kind == "NewEndpoint" and ev["token"] == "app-3"
         second = str(ev["endpoint"])
         assert second != first and time.time() < t0 + lifetime  # before the first one expired
+        # the old endpoint still delivers until its registration expires (an app server not yet told of
+        # the new one loses nothing): it is revoked then, not at the re-issue
+        assert await sender.push(sub, at(first, lab["far"]), b"old, still valid") == 201
+        kind, ev = await conn.next_event(30)
+        assert kind == "Message" and sub.decrypt(bytes(ev["message"])) == b"old, still valid"
         await trio.sleep(max(0.0, t0 + lifetime + 1 - time.time()))  # the first registration has expired now
         assert await sender.push(sub, at(second, lab["far"]), b"after expiry") == 201
         kind, ev = await conn.next_event(30)
