@@ -18,6 +18,7 @@ import pytest
 import trio
 
 from inri.client.device import Message, WebPushEndpoint
+from inri.client.errors import ApiError
 
 pytestmark = pytest.mark.integration  # starts a dbus-daemon
 jeepney = pytest.importorskip("jeepney", reason="jeepney missing: pip install 'inri[distributor]'")
@@ -194,10 +195,12 @@ class FakeDevice:
     @asynccontextmanager
     async def stream(self, *, ack: bool = True) -> AsyncIterator[trio.MemoryReceiveChannel[Message]]:
         assert not ack, "the distributor must ack only after the app's call returned"
+        if self.relay.deleted:  # what DeviceClient.stream raises when the relay refuses the device's secret
+            raise ApiError("bad_credentials", 401, "stream refused the device secret")
         yield self._recv
 
     async def aclose(self) -> None:
-        pass
+        await trio.lowlevel.checkpoint()  # as DeviceClient.aclose, which awaits its HTTP client's close
 
 
 class FakeRelay:
@@ -206,6 +209,7 @@ class FakeRelay:
         self.acked: list[str] = []
         self.devices: list[FakeDevice] = []
         self.unreachable = False
+        self.deleted = False  # the devices were deleted at the relay (their streams are refused)
 
     def make(self, path: Path) -> FakeDevice:
         d = FakeDevice(self, path)
@@ -357,6 +361,28 @@ async def test_state_survives_restart_and_refresh_reissues(bus_address: str, tmp
             assert ("refresh", str(state / relay.devices[-1].path.name)) in relay.calls
             await _wait(lambda: ("revoke", "e0") in relay.calls)
             assert [c[0] for c in relay.calls].count("register") == 1  # the restart registered nothing new
+
+
+async def test_registration_limit_and_a_device_deleted_at_the_relay(bus_address: str, tmp_path: Path) -> None:
+    relay, state = FakeRelay(), tmp_path / "state"
+    async with open_connector(bus_address) as app:
+        async with distributor(bus_address, state, relay, max_apps=1):
+            assert answer(await app.call("Register", {"service": APP, "token": "one"}))["success"] \
+                == "REGISTRATION_SUCCEEDED"
+            assert (await app.next_event())[0] == "NewEndpoint"
+            # the limit reached: ACTION_REQUIRED (the specification's reason for it), nothing made at the relay
+            assert answer(await app.call("Register", {"service": APP, "token": "two"})) == {
+                "success": "REGISTRATION_FAILED", "reason": "ACTION_REQUIRED"}
+            assert [c[0] for c in relay.calls].count("register") == 1
+        # the device was deleted at the relay meanwhile: on restart its stream is refused, the app is told
+        # it is unregistered, the registration is forgotten, and the distributor goes on serving
+        relay.deleted = True
+        async with distributor(bus_address, state, relay, max_apps=1):
+            assert await app.next_event() == ("Unregistered", {"token": "one"})
+            await _wait(lambda: json.loads((state / "registrations.json").read_text()) == [])
+            relay.deleted = False
+            assert answer(await app.call("Register", {"service": APP, "token": "two"}))["success"] \
+                == "REGISTRATION_SUCCEEDED"
 
 
 async def _wait_async(pred: Any, want: bool, timeout: float = 10.0) -> None:

@@ -296,14 +296,15 @@ class Distributor:
             for endpoint_id in [app.endpoint_id] + [r[0] for r in app.retired]:
                 await dev.revoke_endpoint(endpoint_id)  # senders get 410 at once
             await dev.unregister()
-        scope = self._scopes.pop(app.token, None)
-        if scope is not None:
-            scope.cancel()
-        await dev.aclose()
         self.devices.pop(app.token, None)
         self.apps.pop(app.token, None)
         self._save()
         (self.state_dir / app.device_state).unlink(missing_ok=True)
+        with trio.CancelScope(shield=True):  # _forward drops its own app: finish before its scope ends
+            await dev.aclose()
+        scope = self._scopes.pop(app.token, None)
+        if scope is not None:
+            scope.cancel()  # last: this may be the calling task's own scope
 
     # -- messages and refresh ----------------------------------------------------------------------
 
@@ -328,10 +329,10 @@ class Distributor:
                     await self._deliver(app, dev, m)
         except ApiError as exc:  # the relay refuses this device's secret: it was deleted there
             log.warning("device_gone", service=app.service, error=str(exc))
+            self.confirm_unregistered(app)  # the app must register again (it gets a new endpoint then)
             async with self._lock:
                 if self.apps.get(token) is app:
                     await self._drop(app, revoke=False)
-            self.confirm_unregistered(app)
 
     async def _deliver(self, app: AppRegistration, dev: RelayDevice, m: Message) -> None:
         """Offer one message to the app until it acks (Message returns), then ack it at the relay."""
@@ -612,6 +613,7 @@ class BusServer:
 
 async def run_distributor(relay: str, state_dir: Path, name: str = "inri", *, bus_address: str | None = None,
                           make_device: DeviceFactory | None = None, lifetime_s: int = DEFAULT_LIFETIME_S,
+                          max_apps: int = MAX_APPS,
                           task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
     """`inri distributor`: serve until cancelled (or until the bus connection ends, which raises).
 
@@ -619,7 +621,7 @@ async def run_distributor(relay: str, state_dir: Path, name: str = "inri", *, bu
     factory: DeviceFactory = make_device or (lambda p: DeviceClient(relay, state_path=p))
     async with open_dbus_router(bus_address or "SESSION") as router:
         server = BusServer(router, name)
-        dist = Distributor(state_dir, factory, server, lifetime_s=lifetime_s)
+        dist = Distributor(state_dir, factory, server, lifetime_s=lifetime_s, max_apps=max_apps)
         server.dist = dist
         async with trio.open_nursery() as nursery:
             await nursery.start(dist.run)  # resumes the stored registrations (unacked messages come again)
