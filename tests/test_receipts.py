@@ -233,3 +233,33 @@ async def test_registration_api_takes_the_receipt_secret_and_refuses_a_wrong_one
 def test_the_scenario_file_is_packaged() -> None:
     assert (Path(__file__).parent.parent / "simulations" / "scenarios" / "receipt-forgers-1k.toml").is_file()
     assert load("receipt-forgers-1k").adversaries[0].kind == "receipt_forger"
+
+
+def test_an_unregistered_devices_web_push_gone_receipts_are_still_signed(tmp_path: Path) -> None:
+    """After unregister, its Web Push endpoints answer GONE: that receipt must verify too (else every
+    relay on the way back refuses it and the sender never hears 410)."""
+    from nacl.signing import VerifyKey
+
+    from inri.core.home import MemoryHomeStore
+    from inri.node.store import Store
+
+    reg, secret = _device()
+    assert reg.receipt_key is not None
+    msg = receipt_signed_bytes(b"p" * 16, reg.route_id, ReceiptStatus.GONE)
+    mem = MemoryHomeStore()
+    mem.add_registration(reg, [], secret)
+    mem.mint_endpoint(reg.route_id, None)
+    mem.remove(reg.route_id)
+    sig = mem.sign_receipt(reg.route_id, msg)
+    assert sig is not None
+    VerifyKey(reg.receipt_key).verify(msg, sig)
+    store = Store(tmp_path / "s.sqlite3")
+    assert store.add_device(reg, b"d" * 32, [], 0.0, secret)
+    store.mint_endpoint(reg.route_id, None, 0.0)
+    store.remove_device(reg.route_id)
+    store.close()
+    store = Store(tmp_path / "s.sqlite3")  # and after a restart
+    sig = store.sign_receipt(reg.route_id, msg)
+    assert sig is not None
+    VerifyKey(reg.receipt_key).verify(msg, sig)
+    store.close()

@@ -69,10 +69,12 @@ class MemoryHomeStore:
 
     def remove(self, route_id: bytes) -> None:
         """Unregister: forget everything about the route id (its Web Push endpoints answer GONE)."""
-        for table in (self._regs, self._tokens, self._spent, self.mailboxes, self._receipt_keys):
+        for table in (self._regs, self._tokens, self._spent, self.mailboxes):
             table.pop(route_id, None)
         if self.endpoints.pop(route_id, None) is not None:
-            self._gone.add(route_id)
+            self._gone.add(route_id)  # its receipt key stays: GONE receipts are signed too
+        else:
+            self._receipt_keys.pop(route_id, None)
 
     def mint_endpoint(self, route_id: bytes, vapid_key: bytes | None, now: float = 0.0) -> EndpointToken:
         """A new Web Push endpoint of a route id homed here (restricted to vapid_key when given)."""

@@ -54,7 +54,7 @@ CREATE TABLE IF NOT EXISTS push_status (
 CREATE TABLE IF NOT EXISTS wp_endpoints (
     route_id BLOB NOT NULL, endpoint_id BLOB NOT NULL, vapid_key BLOB, revoked INTEGER NOT NULL DEFAULT 0,
     created REAL NOT NULL, seal_key BLOB, PRIMARY KEY (route_id, endpoint_id)) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS wp_gone (route_id BLOB PRIMARY KEY) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS wp_gone (route_id BLOB PRIMARY KEY, receipt_secret BLOB) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS wp_messages (
     push_id BLOB NOT NULL, route_id BLOB NOT NULL, endpoint_id BLOB NOT NULL, topic TEXT,
     urgency INTEGER NOT NULL, encoding INTEGER NOT NULL, expires_at REAL NOT NULL,
@@ -100,6 +100,9 @@ class Store:
         for rid, blob, rsecret in self._db.execute("SELECT route_id, registration, receipt_secret FROM devices"):
             self._home[bytes(rid)] = decode_registration(bytes(blob))
             if rsecret is not None:
+                self._receipt_keys[bytes(rid)] = SigningKey(bytes(rsecret))
+        for rid, rsecret in self._db.execute("SELECT route_id, receipt_secret FROM wp_gone"):
+            if rsecret is not None:  # an unregistered device's Web Push endpoints answer GONE, signed
                 self._receipt_keys[bytes(rid)] = SigningKey(bytes(rsecret))
         # Web Push: the key endpoint capabilities derive from (random, made once, kept with the store).
         row = self._db.execute("SELECT value FROM meta WHERE key='wp_home_key'").fetchone()
@@ -188,16 +191,21 @@ class Store:
         return int(row[0])
 
     def remove_device(self, route_id: bytes) -> None:
-        """Unregister: delete the device, its tokens and its mailbox (nothing about it remains)."""
+        """Unregister: delete the device, its tokens and its mailbox (nothing about it remains but, when it
+        had Web Push endpoints, its route id and receipt key: they answer GONE, signed)."""
+        key = self._receipt_keys.get(route_id)
         with self._tx():
             had = self._db.execute("SELECT 1 FROM wp_endpoints WHERE route_id=? LIMIT 1", (route_id,)).fetchone()
             for table in ("devices", "tokens", "mailbox", "wp_endpoints", "wp_messages"):
                 self._db.execute(f"DELETE FROM {table} WHERE route_id=?", (route_id,))  # noqa: S608 - fixed names
             if had:  # its Web Push endpoints answer 410 from now on (senders then forget them)
-                self._db.execute("INSERT OR IGNORE INTO wp_gone VALUES (?)", (route_id,))
+                # The receipt key stays with it: its GONE receipts must verify (rule F5).
+                self._db.execute("INSERT OR IGNORE INTO wp_gone VALUES (?, ?)",
+                                 (route_id, None if key is None else bytes(key)))
         self._home.pop(route_id, None)
         self._box_counts.pop(route_id, None)
-        self._receipt_keys.pop(route_id, None)
+        if not had:
+            self._receipt_keys.pop(route_id, None)
 
     def homed(self) -> list[Registration]:
         """Every registration homed here (re-gossiped after a restart)."""
