@@ -77,8 +77,12 @@ class ForwardingRules(EngineState):
 
     # Rule F3 (home unreachable, searched for after a while).
     def _home_search(self, msg: Push, peer: str, now: float) -> list[Effect]:
-        """Ring copies of radius 2 around this relay, once per (push, attempt), when its link to the home
-        of msg's route has been down for HOME_SEARCH_AFTER_S: the home may be back elsewhere nearby."""
+        """Ring copies of radius 2 around this relay when its link to the home of msg's route has been
+        down for HOME_SEARCH_AFTER_S: the home may be back elsewhere nearby. Only for custody attempts
+        2, 4, 8, 16, ... (once each): a home back within seconds is found at the next one, and a push to
+        a home that stays down costs a few searches over its custody, not one per parked re-send."""
+        if msg.attempt < 2 or msg.attempt & (msg.attempt - 1):
+            return []
         entry = self._routes.get(msg.route_id)
         primary = None if entry is None else RouteTable.primary(entry)
         since = None if primary is None else self._down_since.get(primary)
