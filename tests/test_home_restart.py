@@ -95,7 +95,7 @@ def test_a_restarted_home_is_not_scored_as_a_replayer_by_its_former_neighbours()
 
 # -- real processes ----------------------------------------------------------------------------------
 
-ROUNDS = 2
+ROUNDS = 3
 BEFORE, DURING = 14, 21  # pushes answered 202 just before the kill, and while the home is down
 
 
