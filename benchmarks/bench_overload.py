@@ -3,8 +3,9 @@
 
 Real processes on loopback: a bootstrap, a home relay H and an entry relay E linked to H, default
 timers and the documented backpressure defaults (`[api] custody_backlog_s` 10, `custody_backlog_min`
-1,000); E's uplink is capped at PATH_RATE pushes/s with `[quic] link_push_rate_per_s`. Lost = answered
-202 but not stored at the home (must be 0); cuts = neighbours cut for their score (must be 0).
+200); E's uplink is capped at PATH_RATE pushes/s with `[quic] link_push_rate_per_s`. Lost = answered
+202 but neither stored at the home nor still in custody at the entry (must be 0); cuts = neighbours
+cut for their score (must be 0).
 
 Usage: python benchmarks/bench_overload.py [--seconds S] [--rate R]
 """
@@ -129,11 +130,13 @@ async def run(relays: dict[str, dict[str, Any]], seconds: float) -> dict[str, An
         await dev.ack([m.id for m in batch])
     await dev.aclose()
     me, mh = metrics(entry), metrics(home)
+    pending = int(me.get("inri_custody_pushes", 0))
     ids = collections.Counter(m.id for m in stored)
     return {
         "load_s": load_s, "settle_s": settle_s, "codes": dict(codes), "accepted": len(accepted),
         "refused_429": codes.get(429, 0), "stored": len(ids), "duplicates": sum(c - 1 for c in ids.values()),
-        "lost": len(set(accepted) - set(ids)), "wrong": sum(1 for m in stored if accepted.get(m.id) != m.plaintext),
+        "pending": pending, "lost": len(set(accepted) - set(ids)) - pending,
+        "wrong": sum(1 for m in stored if accepted.get(m.id) != m.plaintext),
         "cuts": me.get("inri_peers_cut_total", 0) + mh.get("inri_peers_cut_total", 0),
         "settled": {k.split('"')[1]: v for k, v in me.items() if k.startswith("inri_custody_settled_total{")},
         "retry_after_max": max(retry_after, default=0),
@@ -158,7 +161,8 @@ def main() -> None:
           f"{a.rate:.0f}/s (loaded 2-core machine):")
     print(f"  answered 202: {res['accepted']}   429: {res['refused_429']} (Retry-After up to "
           f"{res['retry_after_max']} s)   other: {sum(v for k, v in res['codes'].items() if k not in (202, 429))}")
-    print(f"  stored at home: {res['stored']}   lost (202, not stored): {res['lost']}   duplicates: "
+    print(f"  stored at home: {res['stored']}   still in custody at the end: {res['pending']}   "
+          f"lost (202, neither stored nor in custody): {res['lost']}   duplicates: "
           f"{res['duplicates']}   wrong content: {res['wrong']}")
     print(f"  statuses at the entry: {res['settled']}   settled {res['settle_s']:.1f} s after the load")
     print(f"  neighbours cut: {res['cuts']:.0f}   overload warnings logged: {res['overload_warnings']}")

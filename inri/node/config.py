@@ -87,7 +87,7 @@ class ApiSection:
     # seconds of what the path drains (measured: pushes settled per second), at least
     # custody_backlog_min, or custody_route_max for one device (route id).
     custody_backlog_s: Annotated[float, Positive] = 10.0
-    custody_backlog_min: Annotated[int, AtLeastOne] = 1000
+    custody_backlog_min: Annotated[int, AtLeastOne] = 200
     custody_route_max: Annotated[int, AtLeastOne] = 1000
 
 

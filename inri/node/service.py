@@ -42,7 +42,7 @@ from inri.core.config import EngineConfig
 from inri.core.engine import Engine
 from inri.core.verify import CachingVerifier
 from inri.node.store import Store
-from inri.protocol.codec import encode
+from inri.protocol.codec import encode, encode_unchecked
 from inri.protocol.messages import (
     ErrorFrame,
     Hello,
@@ -65,6 +65,10 @@ _OUT_NAMES = {cls: "frames_out_" + t.name.lower() for cls, t in (
     (Receipt, MessageType.RECEIPT), (RouteError, MessageType.ROUTE_ERROR), (Keepalive, MessageType.KEEPALIVE),
     (PeerExchange, MessageType.PEER_EXCHANGE), (ErrorFrame, MessageType.ERROR))}
 _IN_NAMES = {int(t): "frames_in_" + t.name.lower() for t in MessageType}
+# The per-push frames the engine builds from frames it decoded (and so validated) or from pushes the
+# API verified: encoded without codec.encode's re-decode (issue 16: no re-validation of frames we
+# encoded ourselves). Rarer frames (gossip, hello, peer exchange, errors) keep the checked encoder.
+_UNCHECKED = frozenset((Push, Receipt, RouteError, Keepalive))
 PRUNE_INTERVAL_S = 3600.0
 # Frames from a linked peer the engine does not (yet) hold as a neighbour, e.g. an inbound link held
 # while this relay is full (rule M4), are kept until it is admitted and then handed to the engine:
@@ -95,7 +99,7 @@ class Backpressure:
     """
 
     custody_backlog_s: float = 10.0
-    custody_backlog_min: int = 1000
+    custody_backlog_min: int = 200
     custody_route_max: int = 1000
 
 
@@ -197,7 +201,8 @@ class RelayService:
             match e:  # every effect type is handled: assert_never makes mypy flag a new one
                 case Send():
                     msg = e.msg
-                    self.network.send(e.peer, encode(msg), e.delay)
+                    self.network.send(e.peer, encode_unchecked(msg) if type(msg) in _UNCHECKED else encode(msg),
+                                      e.delay)
                     self._count(_OUT_NAMES[type(msg)])
                     if isinstance(msg, Push) and msg.attempt and msg.hops == 0 and msg.push_id in self._custody:
                         attempts.append((msg.push_id, msg.attempt))
