@@ -228,6 +228,7 @@ async def run_relay(cfg: RelayConfig, *, shutdown: trio.Event | None = None) -> 
                  data_dir=str(data))
         try:
             async with trio.open_nursery() as nursery:
+                await nursery.start(store.run)  # group commit (store.py): before anything writes
                 await nursery.start(links.run)
                 await nursery.start(service.run)
                 binds = await nursery.start(_serve_api, app, cfg, listener, shutdown)

@@ -2,7 +2,7 @@
 
 Every input (a frame, a link event, an API call, the timer) goes into the engine with `now`, and the
 effects come out in order: Send/Connect/Disconnect go to the network sink (QUIC links in the daemon,
-memory channels in tests), CustodyTaken is committed to SQLite before the API answers 202,
+memory channels in tests), CustodyTaken is committed to SQLite before the API answers 202 (grouped per round: Store.run),
 CustodyReleased records the final status, Delivered wakes the device's live streams.
 
 Calls are synchronous and short (one SQLite transaction at most), so they run on the trio thread
@@ -12,6 +12,7 @@ re-originates the gossip of every device homed here, and sleeps until the engine
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import random
@@ -162,7 +163,9 @@ class RelayService:
             match e:  # every effect type is handled: assert_never makes mypy flag a new one
                 case Send():
                     msg = e.msg
-                    self.network.send(e.peer, encode(msg), e.delay)
+                    # Frames leave only once what they vouch for is committed (a receipt for a stored
+                    # message, a forward of a push in custody): with group commit, after this round's.
+                    self.store.after_commit(functools.partial(self.network.send, e.peer, encode(msg), e.delay))
                     self._count(_OUT_NAMES[type(msg)])
                     if isinstance(msg, Push) and msg.attempt and msg.hops == 0 and msg.push_id in self._custody:
                         attempts.append((msg.push_id, msg.attempt))
@@ -174,8 +177,8 @@ class RelayService:
                     self.store.release_custody(e.push_id, e.status, e.hops, now)
                     self._custody.discard(e.push_id)
                     waiter = self.settle_waiters.pop(e.push_id, None)
-                    if waiter is not None:  # a Web Push sender waits briefly for the home's answer
-                        waiter.set()
+                    if waiter is not None:  # a Web Push sender waits briefly for the home's answer (committed)
+                        self.store.after_commit(waiter.set)
                     self._count("custody_" + e.status)
                 case Delivered():
                     self._count("delivered_here")
