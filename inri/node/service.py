@@ -2,8 +2,8 @@
 
 Every input (a frame, a link event, an API call, the timer) goes into the engine with `now`, and the
 effects come out in order: Send/Connect/Disconnect go to the network sink (QUIC links in the daemon,
-memory channels in tests), CustodyTaken is committed to SQLite before the API answers 202 (grouped per round: Store.run),
-CustodyReleased records the final status, Delivered wakes the device's live streams.
+memory channels in tests), CustodyTaken is committed to SQLite before the API answers 202 (grouped
+per round: Store.run), CustodyReleased records the final status, Delivered wakes the device's live streams.
 
 Calls are synchronous and short (one SQLite transaction at most), so they run on the trio thread
 without blocking it for long; `run()` is the only task: it restores custody after a restart,
