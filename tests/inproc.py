@@ -8,10 +8,10 @@ from pathlib import Path
 
 import trio
 from hypercorn.config import Config as HyperConfig
-from hypercorn.trio import serve
 
 from inri.node.api import create_app
 from inri.node.config import RelayConfig
+from inri.node.http1 import serve
 from inri.node.service import RelayService
 from inri.node.store import Store
 from inri.node.tracefile import TraceFile

@@ -23,13 +23,13 @@ from typing import Any
 import structlog
 import trio
 from hypercorn.config import Config as HyperConfig
-from hypercorn.trio import serve as hyper_serve
 
 from inri.common.addr import format_addr, parse_addr
 from inri.common.identity import NodeIdentity
 from inri.node.api import create_app
 from inri.node.bootstrap_client import Backoff, BootstrapClient, BootstrapError, load_seed_list, make_record
 from inri.node.config import RelayConfig
+from inri.node.http1 import serve as hyper_serve  # hypercorn's serve() interface, the lean h11 front (http1.py)
 from inri.node.links import LinkManager
 from inri.node.quic import QuicEndpoint
 from inri.node.service import RelayService
