@@ -43,7 +43,7 @@ async def relay_api(tmp: Path, cfg: RelayConfig | None = None) -> AsyncIterator[
     stop = trio.Event()
     async with trio.open_nursery() as n:
         await n.start(service.run)
-        binds = await n.start(lambda task_status: serve(create_app(service, config=cfg), hc,  # type: ignore[arg-type]
+        binds = await n.start(lambda task_status: serve(create_app(service, config=cfg), hc,
                                                         shutdown_trigger=stop.wait, task_status=task_status))
         try:
             yield binds[0]
