@@ -247,15 +247,14 @@ def one_relay_rounds(d: Path, poc_url: str, poc_pids: list[int]) -> dict[str, di
 
 # -- 3. the 3-hop line ------------------------------------------------------------------------------
 
-def start_line(d: Path) -> dict[str, Any]:
+def start_line(d: Path, procs: list[subprocess.Popen[bytes]]) -> dict[str, Any]:
     """Relays R1 - R2 - R3 - R4 on a line: bootstrap Bk knows only Rk and Rk+1 (each relay asks only
     the bootstraps of its links); the ends keep one neighbour, the middle relays two."""
     d.mkdir()
     py = sys.executable
-    procs: list[subprocess.Popen[bytes]] = []
     boots: list[str] = []
     deadline = time.monotonic() + 120
-    info: dict[str, Any] = {"dir": str(d), "bootstraps": [], "relays": [], "procs": procs}
+    info: dict[str, Any] = {"dir": str(d), "bootstraps": [], "relays": []}
     benv = {"INRI_BOOTSTRAP_PER_PREFIX_MAX": "10000", "INRI_BOOTSTRAP_RATE_PER_S": "1000",
             "INRI_BOOTSTRAP_RATE_BURST": "2000"}
     for i in range(3):
@@ -269,7 +268,9 @@ def start_line(d: Path) -> dict[str, Any]:
         rdir.mkdir()
         mine = [boots[j] for j in (i - 1, i) if 0 <= j < 3]
         ends = i in (0, 3)
-        engine = {"active_min": 1, "active_max": 1 if ends else 2, "outbound_min": 0, "priority_join_below": 1}
+        # active_min = active_max: a middle relay keeps dialling until it has both of its neighbours.
+        engine = {"active_min": 1 if ends else 2, "active_max": 1 if ends else 2, "outbound_min": 0,
+                  "priority_join_below": 1}
         (rdir / "relay.toml").write_text(mesh.relay_config(rdir, 0, 0, mine, "line", "off", "default", engine))
         log = d / f"r{i + 1}.log"
         procs.append(mesh._spawn([py, "-m", "inri.cli", "relay", "--config", str(rdir / "relay.toml")], log, LOAD_ENV))
@@ -285,7 +286,10 @@ def start_line(d: Path) -> dict[str, Any]:
         now = time.time()
         body = encode_record(make_record(ident, [r["quic"]], None, 100, int(now * 1000) + 1, int(now)))
         for b in r["boots"]:
-            httpx.post(b + "/v1/announce", content=body, headers={"content-type": "application/msgpack"}, timeout=10)
+            answer = httpx.post(b + "/v1/announce", content=body, headers={"content-type": "application/msgpack"},
+                                timeout=10)
+            if answer.status_code != 200:
+                raise RuntimeError(f"announcing {r['name']} to {b}: {answer.status_code} {answer.text[:200]}")
     want = [1, 2, 2, 1]
     while True:
         got = [len(mesh.status(r["api"])["neighbours"]) for r in info["relays"]]
@@ -377,11 +381,15 @@ def main() -> None:
             print("2. bare ASGI 202 endpoint: hypercorn vs inri/node/http1.py", flush=True)
             bare = bare_servers(d)
             print("3. a 3-hop line R1 (entry) - R2 - R3 - R4 (home)", flush=True)
-            line_info = start_line(d / "line")
+            line: dict[str, Any] = {}
+            line_procs: list[subprocess.Popen[bytes]] = []
             try:
+                line_info = start_line(d / "line", line_procs)
                 line = trio.run(line_push, line_info, d)
+            except (RuntimeError, trio.TooSlowError, httpx.HTTPError) as exc:
+                print(f"  the 3-hop line failed: {exc!r} (logs were in {d / 'line'})")
             finally:
-                for proc in line_info["procs"]:
+                for proc in line_procs:
                     stop(proc)
         finally:
             for f in cleanup[::-1]:
@@ -398,9 +406,10 @@ def main() -> None:
     for name, m in bare.items():
         print(f"bare 202 under {name:10s} {m['rps']:10,.0f}/s  p99 {m['p99'] * 1000:.1f} ms  CPU/request "
               f"{m['cpu_ms']:.3f} ms")
-    cpu = line["cpu_ms"]
-    print(f"3-hop line: accepted {line['accepted']:,.0f}/s at the entry, stored end to end "
-          f"{line['stored_rate']:,.0f}/s ({line['stored_rate'] / poc_rps:.2f}x the PoC), {line['stored']} pushes")
+    cpu = line.get("cpu_ms") or [float("nan")] * 4
+    line.setdefault("stored_rate", float("nan"))
+    print(f"3-hop line: accepted {line.get('accepted', float('nan')):,.0f}/s at the entry, stored end to end "
+          f"{line['stored_rate']:,.0f}/s ({line['stored_rate'] / poc_rps:.2f}x the PoC), {line.get('stored')} pushes")
     print(f"CPU per push: entry {cpu[0]:.3f} ms, forwarding {cpu[1]:.3f} / {cpu[2]:.3f} ms, home {cpu[3]:.3f} ms")
     relay = med["relay"]
     figures = [
