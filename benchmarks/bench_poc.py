@@ -198,13 +198,15 @@ def poc_bodies(url: str, n: int) -> list[str]:
 
 def start_relay(d: Path, tree: str | None = None) -> dict[str, Any]:
     """One relay (and its bootstrap), load limits, traces off; tree: run another checkout's code."""
-    old = dict(os.environ)
+    old, cwd = dict(os.environ), os.getcwd()
     os.environ.update(LOAD_ENV)
-    if tree:
+    if tree:  # `python -m` puts the working directory first on sys.path: the processes start in the tree
         os.environ["PYTHONPATH"] = tree
+        os.chdir(tree)
     try:
-        return mesh.up(d, relays=1, bootstraps=1, timeout_s=90, trace_level="off", profile="default")
+        return mesh.up(d.resolve(), relays=1, bootstraps=1, timeout_s=90, trace_level="off", profile="default")
     finally:
+        os.chdir(cwd)
         os.environ.clear()
         os.environ.update(old)
 
