@@ -125,6 +125,10 @@ class Store:
         self._committed = trio.Event()  # set (and replaced) when the open batch commits
         self._after_commit: list[Callable[[], None]] = []
         self._commits = 0  # batches committed (checkpoints run when this moved)
+        # Custody taken in the open batch: push id -> (push, deadline, attempt, accepted_at), written
+        # just before the batch commits. A push whose custody also ends in the batch (its home is this
+        # relay) never touches the custody table: one status row instead of insert, select, delete.
+        self._custody_new: dict[bytes, tuple[Push, float, int, float]] = {}
 
     @contextlib.contextmanager
     def _tx(self) -> Iterator[None]:
@@ -152,11 +156,14 @@ class Store:
             with self._tx():
                 yield
             return
+        self._open_batch()
+        with self._savepoint():
+            yield
+
+    def _open_batch(self) -> None:
         if not self._db.in_transaction:
             self._db.execute("BEGIN IMMEDIATE")
             self._dirty.set()
-        with self._savepoint():
-            yield
 
     @contextlib.contextmanager
     def _savepoint(self) -> Iterator[None]:
@@ -174,6 +181,11 @@ class Store:
     def _commit(self) -> None:
         """Commit the open batch, then wake what waited on it and run its after-commit actions, in order."""
         if self._db.in_transaction:
+            if self._custody_new:
+                self._db.executemany("INSERT OR REPLACE INTO custody VALUES (?, ?, ?, ?, ?)",
+                                     [(pid, encode(push), deadline, attempt, now)
+                                      for pid, (push, deadline, attempt, now) in self._custody_new.items()])
+                self._custody_new.clear()
             self._db.execute("COMMIT")
             self._commits += 1
         done, self._committed = self._committed, trio.Event()
@@ -467,19 +479,33 @@ class Store:
 
     def save_custody(self, push: Push, deadline: float, now: float) -> None:
         """Persist a push this relay accepted, before the 202 goes out."""
-        # The hot path of every push (grouped while run() runs). Its status row is written when
-        # custody ends; until then the custody row itself answers "pending".
+        # The hot path of every push. Its status row is written when custody ends; until then the
+        # custody row itself answers "pending". Grouping: written when the batch commits (_custody_new).
+        if self._grouping:
+            self._open_batch()
+            self._custody_new[push.push_id] = (push, deadline, push.attempt, now)
+            return
         with self._write():
             self._db.execute("INSERT OR REPLACE INTO custody VALUES (?, ?, ?, ?, ?)",
                              (push.push_id, encode(push), deadline, push.attempt, now))
 
     def update_attempts(self, attempts: list[tuple[bytes, int]]) -> None:
         """Record custody attempt numbers (a restarted relay continues from them)."""
+        for pid, attempt in attempts:
+            new = self._custody_new.get(pid)
+            if new is not None:
+                self._custody_new[pid] = (new[0], new[1], attempt, new[3])
         with self._write():
             self._db.executemany("UPDATE custody SET attempt=? WHERE push_id=?", [(a, p) for p, a in attempts])
 
     def release_custody(self, push_id: bytes, status: str, hops: int | None, now: float) -> None:
         """Custody ended: drop the push from disk and record its final status."""
+        new = self._custody_new.pop(push_id, None)
+        if new is not None:  # taken in this very batch: its custody row was never written
+            with self._write():
+                self._db.execute("INSERT OR REPLACE INTO push_status VALUES (?, ?, ?, ?, ?)",
+                                 (push_id, status, hops, new[3], now))
+            return
         with self._write():
             row = self._db.execute("SELECT accepted_at FROM custody WHERE push_id=?", (push_id,)).fetchone()
             if row is not None:
@@ -504,14 +530,16 @@ class Store:
         return out
 
     def custody_count(self) -> int:
-        return int(self._db.execute("SELECT COUNT(*) FROM custody").fetchone()[0])
+        return int(self._db.execute("SELECT COUNT(*) FROM custody").fetchone()[0]) + len(self._custody_new)
 
     def push_status(self, push_id: bytes) -> dict[str, object] | None:
         """The status row of a push this relay accepted, or None."""
         row = self._db.execute("SELECT status, hops, accepted_at, settled_at FROM push_status WHERE push_id=?",
                                (push_id,)).fetchone()
         if row is None:
-            held = self._db.execute("SELECT accepted_at FROM custody WHERE push_id=?", (push_id,)).fetchone()
+            new = self._custody_new.get(push_id)
+            held = (new[3],) if new is not None else self._db.execute(
+                "SELECT accepted_at FROM custody WHERE push_id=?", (push_id,)).fetchone()
             if held is None:
                 return None
             row = ("pending", None, held[0], None)
