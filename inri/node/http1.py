@@ -108,6 +108,8 @@ class _Connection:
                 await self._serve()
         except (_Closed, trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             pass
+        except Exception:  # noqa: BLE001 - one connection's failure (h11.LocalProtocolError ...) never ends the server
+            self.server.log_error("connection failed", exc_info=True)
         finally:
             self.server.connections.discard(self)
             with trio.CancelScope(shield=True), trio.move_on_after(1.0):
@@ -422,7 +424,11 @@ class _Server:
             self.errorlog.error(message, **kw)
 
     async def handle(self, stream: trio.SocketStream) -> None:
-        connection = _Connection(self, stream)
+        try:
+            connection = _Connection(self, stream)
+        except OSError:  # gone before we looked at it (getpeername: not connected)
+            await stream.aclose()
+            return
         self.connections.add(connection)
         await connection.run()
 
