@@ -43,7 +43,8 @@ import trio
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.bench_http_push import BARE_APP, parse_wrk  # noqa: E402
+from bench_http_push import BARE_APP, parse_wrk  # noqa: E402  (this directory: the script's own)
+
 from inri import mesh  # noqa: E402
 from inri.client import DeviceClient  # noqa: E402
 from inri.client.credential import seal  # noqa: E402
