@@ -185,10 +185,10 @@ class RelayService:
                     ev = self._mail_events.pop(e.route_id, None)
                     if ev is not None:
                         ev.set()
-                case Connect():
-                    self.network.connect(e.peer, e.addr)
-                case Disconnect():
-                    self.network.disconnect(e.peer, e.reason)
+                case Connect():  # after the frames before it (see Send), in the engine's order
+                    self.store.after_commit(functools.partial(self.network.connect, e.peer, e.addr))
+                case Disconnect():  # never ahead of a frame queued for this peer before it (a receipt)
+                    self.store.after_commit(functools.partial(self.network.disconnect, e.peer, e.reason))
                     self._link_gone(e.peer)
                 case _:
                     assert_never(e)
