@@ -60,10 +60,6 @@ ROUNDS = int(os.environ.get("BENCH_POC_ROUNDS", "3"))
 TOKENS = int(os.environ.get("BENCH_POC_TOKENS", "40000"))  # fresh tokens per round (more than wrk can send)
 LINE_SECONDS = int(os.environ.get("BENCH_LINE_SECONDS", "5"))
 COMPARE_TREE = os.environ.get("BENCH_COMPARE_TREE", "")
-# Until peer scoring tells a slow path from a black hole (issue 16 item 1), the entry of a loaded line
-# cuts and bans its only neighbour for late receipts and the line measures nothing: a lab receipt
-# timeout keeps it measuring CPU and throughput. Set BENCH_LINE_RECEIPT_TIMEOUT_S= (empty) for the default.
-LINE_RECEIPT_TIMEOUT_S = os.environ.get("BENCH_LINE_RECEIPT_TIMEOUT_S", "30")
 TICK = os.sysconf("SC_CLK_TCK")
 # Relays for load: the API's per-address limits far above what one wrk client sends.
 LOAD_ENV = {"INRI_API_RATE_PER_S": "1000000", "INRI_API_RATE_BURST": "1000000",
@@ -276,10 +272,8 @@ def start_line(d: Path, procs: list[subprocess.Popen[bytes]]) -> dict[str, Any]:
         mine = [boots[j] for j in (i - 1, i) if 0 <= j < 3]
         ends = i in (0, 3)
         # active_min = active_max: a middle relay keeps dialling until it has both of its neighbours.
-        engine: dict[str, Any] = {"active_min": 1 if ends else 2, "active_max": 1 if ends else 2,
-                                  "outbound_min": 0, "priority_join_below": 1}
-        if LINE_RECEIPT_TIMEOUT_S:
-            engine["receipt_timeout_s"] = float(LINE_RECEIPT_TIMEOUT_S)
+        engine = {"active_min": 1 if ends else 2, "active_max": 1 if ends else 2, "outbound_min": 0,
+                  "priority_join_below": 1}
         (rdir / "relay.toml").write_text(mesh.relay_config(rdir, 0, 0, mine, "line", "off", "default", engine))
         log = d / f"r{i + 1}.log"
         procs.append(mesh._spawn([py, "-m", "inri.cli", "relay", "--config", str(rdir / "relay.toml")], log, LOAD_ENV))
