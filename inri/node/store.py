@@ -37,7 +37,6 @@ from pathlib import Path
 from typing import Any
 
 import trio
-
 from nacl.signing import SigningKey
 
 from inri.core.budget import KeyedBuckets
