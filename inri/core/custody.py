@@ -112,7 +112,7 @@ class CustodyRules(EngineState):
         if status is not None:
             return self._deliver_local(pid, push, status, now) + self._settle(pid, status, 0, now)
         cfg = self.config
-        self._reverse.put(pid, (_LOCAL, now + cfg.reverse_ttl_s))
+        self._reverse.put(pid, (_LOCAL, now + cfg.reverse_ttl_s, None))
         # Retry periods 1, 1, 2, 2, 3, 3 x custody_retry_s: every escalation step (route, backups,
         # rings, full TTL) gets its turn within 12 retry periods (24 s by default), so black holes
         # on the routes cost latency, not pushes, within a 30 s deadline.
@@ -153,7 +153,8 @@ class CustodyRules(EngineState):
         pid = c.push.push_id
         if now >= c.deadline:
             self._custody.pop(pid, None)
-            self._reverse.put(pid, (_LATE, now + self.config.reverse_ttl_s))
+            # A late receipt still corrects the status, once it verifies against the push's receipt key.
+            self._reverse.put(pid, (_LATE, now + self.config.reverse_ttl_s, c.push.registration))
             # expired: routes existed but no receipt came back in time; unreachable: no relay on our
             # side ever had a route to the device.
             final = CustodyStatus.EXPIRED if c.routed else CustodyStatus.UNREACHABLE
@@ -161,6 +162,14 @@ class CustodyRules(EngineState):
                 self._trace(now, "push_settled", msg=pid.hex(), route=c.push.route_id.hex(), reason=final)
                 self._trace(now, "push_dropped", msg=pid.hex(), route=c.push.route_id.hex(), reason=final)
             return [CustodyReleased(pid, final)]
+        wait = self._answer_expected(pid, now)
+        if wait is not None:
+            # The next hop is slow but answering (rule S1): re-sending now would add load to a path
+            # that is already behind. Wait for its answer (or its grace to end) first.
+            self._count("custody_retry_deferred")
+            c.next_retry = min(wait, c.deadline)
+            self._schedule(pid, c.next_retry)
+            return []
         c.attempt += 1
         if c.attempt >= self.config.custody_max_attempts:
             return self._parked_attempt(c, now)
@@ -182,7 +191,7 @@ class CustodyRules(EngineState):
         if nh is None:
             return []
         c.routed = True
-        self._reverse.put(pid, (_LOCAL, now + cfg.reverse_ttl_s))
+        self._reverse.put(pid, (_LOCAL, now + cfg.reverse_ttl_s, None))
         self._mark_seen((pid, c.attempt * 2), now)
         push = c.push
         if self._level:

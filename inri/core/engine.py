@@ -24,14 +24,19 @@ Registration gossip
       epochs never decrease along a path: routes cannot loop.
   G4. Flood budgets: token buckets per neighbour (all registrations it sends)  gossip.py
       and per origin route id (epoch refreshes); refusals are traced.
-  G5. Stem (with [engine] stem = true): the home hands a registration to one   stem.py
+  G5. Link-up announcements: a relay announces the registrations homed at it  gossip.py
+      to every new neighbour (hops 0, TTL 1: not forwarded), paced within the
+      neighbour's budget, so a restarted home is found again without a device
+      refresh. A neighbour takes it as a next hop (replacing its worst backup
+      when full); from a neighbour that already claimed it, it is no replay.
+  G6. Stem (with [engine] stem = true): the home hands a registration to one   stem.py
       neighbour in a stem frame; each stem relay passes it to one neighbour or,
       with probability q, fluffs (starts G2's flood at hops 2 + noise).
       Successor and coin are keyed pseudo-random per (relay, period, route id):
       refreshes of a route id retrace its path.
-  G6. A stem relay's route is the reverse path (next hop = predecessor,       stem.py
+  G7. A stem relay's route is the reverse path (next hop = predecessor,       stem.py
       distance 2, no backups); a stem that loops fluffs at the repeat.
-  G7. Fail-safe: a stem relay (the home too) that does not get the flood back  stem.py
+  G8. Fail-safe: a stem relay (the home too) that does not get the flood back  stem.py
       within its embargo timer floods the registration itself. Its first flood
       copy it forwards like any relay (its route stays the stem).
 
@@ -46,10 +51,17 @@ Push forwarding
       (DUPLICATE), nothing is stored twice.
   F3. A relay that cannot forward skips its dead next hops (a backup takes     forwarding.py
       over), tries local repair (a radius-2 ring), and with nothing left sends
-      a RouteError back (home unreachable when the home was its neighbour). A
-      route error drops the reporting next hop for that route.
+      a RouteError back (home unreachable when the home was its neighbour;
+      after HOME_SEARCH_AFTER_S it also searches radius 2). A route error
+      drops the reporting next hop for that route; home unreachable only
+      moves it last and keeps the reverse path (a late receipt gets back).
   F4. A ring copy (expanding-ring search) is verified, flooded within its      forwarding.py
       radius, and switched back to route mode by any relay holding a route.
+  F5. Receipts are signed by the home relay with the registration's receipt   forwarding.py
+      key (over push id, route id, status). Every relay on the way back checks
+      it against the push's (verified) registration; a receipt that does not
+      verify is ignored (custody and reverse state stay) and its sender is
+      scored down (bad_receipt).
 
 Custody
   C1. A home app injects at any relay with a push credential's signed          custody.py
@@ -102,7 +114,7 @@ from inri.core.budget import TokenBucket
 from inri.core.config import EngineConfig
 from inri.core.custody import CustodyRules
 from inri.core.forwarding import ForwardingRules
-from inri.core.gossip import GossipRules
+from inri.core.gossip import ANNOUNCE_SHARE, GossipRules
 from inri.core.membership import MembershipRules
 from inri.core.scoring import ScoringRules
 from inri.core.state import SWEEP_INTERVAL_S, Custody, Neighbour, ReverseMark, readdress
@@ -172,8 +184,9 @@ class Engine(MembershipRules, GossipRules, StemRules, ForwardingRules, CustodyRu
         self._origin_bucket: dict[bytes, TokenBucket] = {}  # route id -> refresh budget (rule G4)
         # (push id, attempt * 2 + ring mode) -> expiry
         self._push_seen: BoundedMap[tuple[bytes, int], float] = BoundedMap(config.push_seen_max)
-        # push id -> (previous hop, expiry)
-        self._reverse: BoundedMap[bytes, tuple[str | ReverseMark, float]] = BoundedMap(config.reverse_max)
+        # push id -> (previous hop, expiry, the push's registration: whose receipt key its receipt needs)
+        self._reverse: BoundedMap[bytes, tuple[str | ReverseMark, float, Registration | None]] = BoundedMap(
+            config.reverse_max)
         self._custody: dict[bytes, Custody] = {}
         self._timers: list[tuple[float, int, bytes]] = []  # (when, seq, push id) custody retries
         self._seq = 0
@@ -186,6 +199,13 @@ class Engine(MembershipRules, GossipRules, StemRules, ForwardingRules, CustodyRu
         # Pushes forwarded along a route, awaiting an answer: push id -> (next hop, deadline), in
         # deadline order (constant timeout). No answer by then scores the next hop as a black hole.
         self._await: BoundedMap[bytes, tuple[str, float]] = BoundedMap(config.reverse_max)
+        # Slow, not silent (rule S1, scoring.py): pushes past receipt_timeout_s whose next hop keeps
+        # answering, slowly, get a longer grace: push id -> (next hop, sent, grace end), with a heap
+        # (grace end, push id) for expiry; pushes blamed on a neighbour (push id -> (next hop, sent,
+        # expiry)) are remembered so a late answer gives the penalty back.
+        self._overdue: dict[bytes, tuple[str, float, float]] = {}
+        self._overdue_heap: list[tuple[float, bytes]] = []
+        self._blamed: BoundedMap[bytes, tuple[str, float, float]] = BoundedMap(config.reverse_max)
         self._score_decay = 0.5 ** (config.keepalive_interval_s / config.score_half_life_s)
         # Clocks. `now` (every method's argument) is monotonic: budgets, keepalives, bans, custody and
         # route lifetimes are intervals on it, so a stepped wall clock cannot cut links or expire
@@ -196,6 +216,9 @@ class Engine(MembershipRules, GossipRules, StemRules, ForwardingRules, CustodyRu
         # stream (and simulator trace) is unchanged.
         self._stem_key = rng.randbytes(32) if config.stem else b""
         self._embargo: dict[tuple[bytes, int], tuple[float, Registration, str | None, str | None]] = {}
+        self._homed: dict[bytes, Registration] = {}  # registrations homed here (announced on link up)
+        self._announce: dict[str, list[bytes]] = {}  # neighbour -> homed route ids still to announce
+        self._down_since: dict[str, float] = {}  # former neighbour -> when its link went down
         self.counters: dict[str, int] = {}
         self.reg_duplicates = 0  # gossip arrivals of a known (route, epoch): a plain int on the hot path
 
@@ -285,12 +308,11 @@ class Engine(MembershipRules, GossipRules, StemRules, ForwardingRules, CustodyRu
             if deadline > now:
                 break
             del pending[pid]
-            st = self._active.get(nh)
-            # Only a neighbour heard from since the push went out is suspect: a silent one is more
-            # likely down (keepalives will tell) than a black hole.
-            if st is not None and st.last_heard > deadline - cfg.receipt_timeout_s:
-                self._count("push_no_answer")
-                out += self._score(nh, cfg.score_no_receipt, now, "no_receipt")
+            out += self._receipt_overdue(pid, nh, deadline - cfg.receipt_timeout_s, now)
+        if self._overdue_heap:
+            out += self._grace_expired(now)
+        for p in list(self._announce):  # link-up announcements left over from peer_up (rule G5)
+            out += self._announce_homed(p, now, ANNOUNCE_SHARE * cfg.reg_budget_per_peer_per_s * interval)
         decay = self._score_decay
         for p in list(self._active):
             st = self._active[p]
@@ -311,7 +333,7 @@ class Engine(MembershipRules, GossipRules, StemRules, ForwardingRules, CustodyRu
                 del self._probation[p]
                 self._count("peer_refused_full")
                 out.append(Disconnect(p, DisconnectReason.FULL))
-        if self._embargo:  # G7
+        if self._embargo:  # G8
             out += self._stem_embargo(now)
         if len(self._active) + len(self._connecting) < cfg.active_max:
             out += self._refill(now)
@@ -330,6 +352,7 @@ class Engine(MembershipRules, GossipRules, StemRules, ForwardingRules, CustodyRu
             self._sweep_routes(now)
         self._push_seen.sweep(lambda exp: exp <= now)
         self._reverse.sweep(lambda v: v[1] <= now and v[0] is not _LOCAL)
+        self._blamed.sweep(lambda v: v[2] <= now)
         for pid in [pid for pid, c in self._custody.items() if now >= c.deadline]:
             del self._custody[pid]
             self._count("custody_expired")

@@ -59,7 +59,7 @@ class Neighbour:
     """An active neighbour: its link, liveness, flood budgets (G4) and score (S1)."""
 
     __slots__ = ("addr", "outbound", "last_heard", "last_sent", "reg_budget", "nonce", "score", "push_budget",
-                 "congested_at")
+                 "congested_at", "answered_at", "answer_delay")
 
     def __init__(self, addr: str, outbound: bool, now: float, burst: float, push_burst: float) -> None:
         self.addr = addr
@@ -71,6 +71,10 @@ class Neighbour:
         self.score = 0.0  # peer score: see EngineConfig.score_*
         self.push_budget = TokenBucket(push_burst, now)  # push frame budget
         self.congested_at = -float("inf")  # when link_congested last cost it score
+        # Slowness is not silence (rule S1): when it last answered a push we forwarded (receipt or
+        # route error), and the moving average of how long its answers took (late ones included).
+        self.answered_at = -float("inf")
+        self.answer_delay = 0.0
 
 
 class Custody:
@@ -110,7 +114,7 @@ class EngineState:
     _routes: RouteTable
     _origin_bucket: dict[bytes, TokenBucket]
     _push_seen: BoundedMap[tuple[bytes, int], float]
-    _reverse: BoundedMap[bytes, tuple[str | ReverseMark, float]]
+    _reverse: BoundedMap[bytes, tuple[str | ReverseMark, float, Registration | None]]
     _custody: dict[bytes, Custody]
     _timers: list[tuple[float, int, bytes]]
     _seq: int
@@ -121,9 +125,18 @@ class EngineState:
     _probation: dict[str, tuple[float, str]]
     _next_make_room: float
     _await: BoundedMap[bytes, tuple[str, float]]
+    _overdue: dict[bytes, tuple[str, float, float]]
+    _overdue_heap: list[tuple[float, bytes]]
+    _blamed: BoundedMap[bytes, tuple[str, float, float]]
     _score_decay: float
-    _stem_key: bytes  # stem.py: this relay's secret for its successor choices (G5)
-    # stem.py (G7): stem registrations awaiting their flood: (route id, epoch) -> (until, registration,
+    # Item 2 of issue 15 (a home relay that restarts): registrations homed here, announced to every
+    # new neighbour (gossip.py); route ids still to announce per neighbour (paced within its budget);
+    # when each former neighbour's link went down (forwarding.py: a dead one-hop route).
+    _homed: dict[bytes, Registration]
+    _announce: dict[str, list[bytes]]
+    _down_since: dict[str, float]
+    _stem_key: bytes  # stem.py: this relay's secret for its successor choices (G6)
+    # stem.py (G8): stem registrations awaiting their flood: (route id, epoch) -> (until, registration,
     # predecessor, successor)
     _embargo: dict[tuple[bytes, int], tuple[float, Registration, str | None, str | None]]
 
@@ -158,9 +171,14 @@ class EngineState:
         def peer_down(self, peer: str, now: float, reason: DisconnectReason) -> list[Effect]: ...
         def connect_failed(self, peer: str, now: float) -> list[Effect]: ...
         def _refill(self, now: float) -> list[Effect]: ...
+        # gossip.py
+        def _announce_homed(self, peer: str, now: float, budget: float) -> list[Effect]: ...
         # scoring.py
         def _score(self, peer: str, delta: float, now: float, reason: str) -> list[Effect]: ...
         def _purge_routes(self, peer: str) -> None: ...
+        def _answered(self, peer: str, pid: bytes, now: float, *, reward: bool = True,
+                      any_peer: bool = False) -> bool: ...
+        def _answer_expected(self, pid: bytes, now: float) -> float | None: ...
         # forwarding.py
         def _next_hop(self, rid: bytes, exclude: str | None, alternate: bool = False,
                       low_ok: bool = False) -> str | None: ...

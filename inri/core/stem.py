@@ -1,4 +1,4 @@
-"""The stem phase of registration gossip (Dandelion++, Fanti et al. 2018), rules G5-G7.
+"""The stem phase of registration gossip (Dandelion++, Fanti et al. 2018), rules G6-G8.
 
 Without it the home relay starts the flood at hops 0, and a handful of colluding relays triangulate
 it from the hop counts at which each first hears the gossip (docs/protocol.md, "What relays learn").
@@ -7,7 +7,7 @@ frame; each stem relay either passes it on to one neighbour or, with probability
 `stem_fluff_probability` (q), "fluffs": starts the ordinary flood (rules G1-G4) as if it were a
 relay at distance 2 + noise. The stem length L is geometric: P(L = k) = (1 - q)^(k-1) q, k >= 1.
 
-- G5. Successor choice is a keyed pseudo-random function of (this relay's secret stem key, the
+- G6. Successor choice is a keyed pseudo-random function of (this relay's secret stem key, the
   current stem period, route id): the successor (among the active neighbours, sorted, but the
   predecessor) and the fluff coin. So every refresh (later epoch) of one route id takes the same path
   within a period (refreshes give an intersection attack nothing new), while two route ids, even of
@@ -15,12 +15,12 @@ relay at distance 2 + noise. The stem length L is geometric: P(L = k) = (1 - q)^
   nothing about another's (the graph-learning attack of Dandelion's first version needs a fixed
   per-neighbour mapping to learn). A stem frame carries no position: ttl and hops are fixed
   (gossip_ttl, 0), so a stem relay cannot tell whether its predecessor is the home.
-- G6. Each stem relay keeps the reverse path as its route: next hop = its predecessor, distance 2,
+- G7. Each stem relay keeps the reverse path as its route: next hop = its predecessor, distance 2,
   and takes no backup from the flood (a flood copy, hops >= 2, is never feasible against distance 2,
   rule G3), so pushes reach the home only through the stem and routes stay loop-free: every flood
   route ends at the fluff relay, every stem route at the home. A stem that comes back to a relay
   already on it (a loop) is bounced back to its sender, which fluffs.
-- G7. Fail-safe (Dandelion++ embargo): every stem relay, the home included, arms a timer of
+- G8. Fail-safe (Dandelion++ embargo): every stem relay, the home included, arms a timer of
   stem_embargo_s x (1 + U[0, 1)); the flood of its (route id, epoch) coming back cancels it; if it
   expires first (a stem relay dropped the frame, or crashed) the relay fluffs itself. The first flood
   copy to reach a stem relay (or the home) is forwarded on like any relay's (G2): relays beyond it then
@@ -37,7 +37,7 @@ from inri.core.state import MAX_CLOCK_SKEW_S, EngineState, Neighbour
 from inri.core.tables import RouteTable
 from inri.protocol.messages import RegGossip, Registration
 
-# A stem relay's feasibility distance (rule G6). The flood starts at hops >= STEM_DISTANCE, so no flood
+# A stem relay's feasibility distance (rule G7). The flood starts at hops >= STEM_DISTANCE, so no flood
 # copy ever becomes a backup at a stem relay. Not 1: distance 1 means "the home is my neighbour" to
 # rule F3 (home unreachable), which a stem relay must neither claim nor reveal.
 STEM_DISTANCE = 2
@@ -45,9 +45,9 @@ _SCALE = float(1 << 64)
 
 
 class StemRules(EngineState):
-    """G5-G7: the stem (anonymity) phase before the flood."""
+    """G6-G8: the stem (anonymity) phase before the flood."""
 
-    # Rule G5.
+    # Rule G6.
     def _stem_draw(self, rid: bytes, now: float) -> tuple[float, int]:
         """(fluff coin in [0, 1), successor index draw) for rid in the current stem period: keyed and
         deterministic, so refreshes of rid take the same path while the period lasts."""
@@ -59,7 +59,7 @@ class StemRules(EngineState):
         options = sorted(p for p in self._active if p != exclude)
         return options[draw % len(options)] if options else None
 
-    # Rules G5, G7 (at the home: rule G2 with a stem in front).
+    # Rules G6, G8 (at the home: rule G2 with a stem in front).
     def _stem_originate(self, registration: Registration, now: float) -> list[Effect]:
         """The home relay's first step: the registration goes to one neighbour as a stem frame."""
         _, draw = self._stem_draw(registration.route_id, now)
@@ -81,7 +81,7 @@ class StemRules(EngineState):
         until = now + self.config.stem_embargo_s * (1.0 + self._rng.random())
         self._embargo[(registration.route_id, registration.epoch)] = (until, registration, pred, succ)
 
-    # Rules G1 and G4 (the same checks as the flood's), G5, G6.
+    # Rules G1 and G4 (the same checks as the flood's), G6, G7.
     def _on_stem(self, peer: str, state: Neighbour, msg: RegGossip, now: float) -> list[Effect]:
         """A stem frame from peer: become a stem relay of (route id, epoch), then pass it on or fluff."""
         cfg = self.config
@@ -96,7 +96,7 @@ class StemRules(EngineState):
                 waiting = self._embargo.get(key)
                 if waiting is None:
                     return []  # the flood of this epoch is already out (a fail-safe fired): nothing to add
-                # The stem came back to a relay on it (G6). Every relay bounces it to the sender, and
+                # The stem came back to a relay on it (G7). Every relay bounces it to the sender, and
                 # the sender, seeing its own successor bounce it, fluffs: so a bounce tells nothing
                 # about who bounced (the home bounces like any other), and the home never fluffs.
                 if peer != waiting[3]:
@@ -142,7 +142,7 @@ class StemRules(EngineState):
         self._trace(now, "route_set", msg=f"{reg.route_id.hex()}:{reg.epoch}", route=reg.route_id.hex(), peer=peer,
                     hops=STEM_DISTANCE, ttl=self.config.gossip_ttl, epoch=reg.epoch, count=count, reason="stem")
 
-    # Rules G5 (fluff), G7 (the fail-safe fluffs the same way).
+    # Rules G6 (fluff), G8 (the fail-safe fluffs the same way).
     def _stem_fluff(self, reg: Registration, skip: str | None, now: float) -> list[Effect]:
         """Start the flood here, at hops STEM_DISTANCE + U{0..stem_hop_noise}: the flood's hop counts
         measure distance from this relay, not from the home, and the noise hides even that from a
@@ -161,7 +161,7 @@ class StemRules(EngineState):
                         epoch=reg.epoch, hops=hops, count=len(out))
         return out
 
-    # Rules G6, G7.
+    # Rules G7, G8.
     def _stem_flood_back(self, peer: str, msg: RegGossip, now: float) -> list[Effect]:
         """The flood reached a stem relay (or the home) for the first time: its embargo is over, and it
         forwards the flood once like any relay (G2) while its own route stays the stem. So relays
@@ -182,7 +182,7 @@ class StemRules(EngineState):
                 out.append(Send(p, fwd))
         return out
 
-    # Rule G7 (from the engine's periodic timer).
+    # Rule G8 (from the engine's periodic timer).
     def _stem_embargo(self, now: float) -> list[Effect]:
         """Fluff every stem registration whose flood did not come back in time."""
         out: list[Effect] = []

@@ -304,6 +304,11 @@ class RelayApi:
         except DecodeError as exc:
             raise Problem(400, "bad_registration", f"registration: {exc.detail}") from None
 
+    def _receipt_secret(self, body: dict[str, Any]) -> bytes | None:
+        """The optional `receipt_secret`: the 32-byte seed of the device's receipt key (kept at this home)."""
+        raw = body.get("receipt_secret")
+        return None if raw is None else b64d(raw, "receipt_secret", size=32)
+
     # -- handlers ---------------------------------------------------------------------------------
 
     async def register(self, req: Request) -> tuple[int, Any]:
@@ -311,7 +316,7 @@ class RelayApi:
         reg = self._registration(body)
         n = _int_field(body, "tokens", self.limits.tokens_default, 1, self.limits.tokens_max)
         try:
-            secret, tokens = self.service.register_device(reg, n)
+            secret, tokens = self.service.register_device(reg, n, self._receipt_secret(body))
         except RegistrationError as exc:
             raise Problem(409 if exc.code == "already_registered" else 400, exc.code, exc.detail) from None
         return 201, {"device_id": reg.route_id.hex(), "device_secret": b64e(secret),
@@ -325,7 +330,7 @@ class RelayApi:
         if reg.route_id != route_id:
             raise Problem(400, "bad_registration", "registration is for another route key")
         try:
-            self.service.refresh_registration(reg)
+            self.service.refresh_registration(reg, self._receipt_secret(body))
         except RegistrationError as exc:
             raise Problem(400, exc.code, exc.detail) from None
         return 200, {"device_id": device_id, "epoch": reg.epoch, "expires_at": reg.expires_at}
@@ -432,9 +437,12 @@ class RelayApi:
         result = self.service.inject_push(reg, token, ciphertext)
         if result.outcome == InjectOutcome.ACCEPTED:
             assert result.push_id is not None
+            await self.service.store.durable()  # 202 only once custody is committed (grouped per round)
             return 202, {"push_id": result.push_id.hex(), "status": "pending"}
         if result.outcome == InjectOutcome.OVERLOADED:
-            raise Problem(503, "overloaded", "custody table full; retry later", retry_after=5)
+            # Backpressure (docs/api.md): custody beyond what the path drains; the app slows down.
+            raise Problem(429, "overloaded", "relay overloaded: more pushes in custody than the path drains; "
+                          "retry later", retry_after=self.service.retry_after_s)
         if result.outcome == InjectOutcome.TOKEN_MISMATCH:
             raise Problem(422, "invalid_field", "token or ciphertext malformed")
         raise Problem(400, "bad_registration", "the push credential's registration does not verify or has expired")
@@ -566,7 +574,8 @@ class RelayApi:
         result = self.service.inject_push(reg, bytes(limits.TOKEN_BYTES), body, push_id=pid, webpush=meta)
         if result.outcome == InjectOutcome.OVERLOADED:
             self.service.settle_waiters.pop(pid, None)
-            raise Problem(429, "overloaded", "custody table full; retry later", retry_after=5)
+            raise Problem(429, "overloaded", "relay overloaded: more pushes in custody than the path drains; "
+                          "retry later", retry_after=self.service.retry_after_s)
         if result.outcome != InjectOutcome.ACCEPTED:
             self.service.settle_waiters.pop(pid, None)
             raise Problem(404, "not_found", "the endpoint's registration does not verify or has expired")
@@ -583,6 +592,7 @@ class RelayApi:
                     self.wp_gone.pop(next(iter(self.wp_gone)))
             raise Problem(code, problem_code, f"the home relay answered {status.get('status')}",
                           retry_after=5 if code == 429 else None)
+        await self.service.store.durable()  # custody committed before the 201 (group commit: Store.run)
         return pid
 
     async def push_status(self, req: Request, push_id: str) -> tuple[int, Any]:

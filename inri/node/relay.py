@@ -1,8 +1,8 @@
 """`inri relay`: one relay process — identity, store, QUIC mesh, HTTP/WebSocket API, bootstrap client.
 
 Task tree (trio, structured): the link manager (QUIC endpoint and its links), the relay service (the
-engine's timer loop), the HTTP API (hypercorn's trio worker), the bootstrap loop, and the signal
-watcher. SIGINT/SIGTERM stop the HTTP listener first (in-flight requests finish within the grace
+engine's timer loop), the store's group commit, the HTTP API (inri/node/http1.py), the bootstrap
+loop, and the signal watcher. SIGINT/SIGTERM stop the HTTP listener first (in-flight requests finish within the grace
 period), then everything else; a push is answered 202 only after its SQLite commit, so nothing
 accepted is lost by stopping — or by being killed.
 """
@@ -23,16 +23,16 @@ from typing import Any
 import structlog
 import trio
 from hypercorn.config import Config as HyperConfig
-from hypercorn.trio import serve as hyper_serve
 
 from inri.common.addr import format_addr, parse_addr
 from inri.common.identity import NodeIdentity
 from inri.node.api import create_app
 from inri.node.bootstrap_client import Backoff, BootstrapClient, BootstrapError, load_seed_list, make_record
 from inri.node.config import RelayConfig
+from inri.node.http1 import serve as hyper_serve  # hypercorn's serve() interface, the lean h11 front (http1.py)
 from inri.node.links import LinkManager
 from inri.node.quic import QuicEndpoint
-from inri.node.service import RelayService
+from inri.node.service import Backpressure, RelayService
 from inri.node.store import Store
 from inri.node.tracefile import TraceFile
 
@@ -101,11 +101,11 @@ async def _serve_api(app: Any, cfg: RelayConfig, listener: socket.socket, shutdo
     hc.errorlog = _hypercorn_logger()
     hc.keep_alive_timeout = 30
     hc.include_server_header = False
-    # hypercorn 0.18 can end its whole server on one malformed connection (bytes after a final
-    # request: BusyResourceError, upstream issues #203/#225). The API is served again, the relay
-    # (links, custody, store) never goes down with it. Each run gets a duplicate of the listening
-    # socket (hypercorn closes what it is given), so the address never has to be bound again, and
-    # failures in a row back off up to API_RESTART_MAX_S.
+    # Should the HTTP server fail as a whole (hypercorn 0.18, served before http1.py, ended on one
+    # malformed connection: upstream issues #203/#225), the API is served again, the relay (links,
+    # custody, store) never goes down with it. Each run gets a duplicate of the listening socket (the
+    # server closes what it is given), so the address never has to be bound again, and failures in a
+    # row back off up to API_RESTART_MAX_S.
     status = task_status
     delay = API_RESTART_MIN_S
     while True:
@@ -213,11 +213,14 @@ async def run_relay(cfg: RelayConfig, *, shutdown: trio.Event | None = None) -> 
             log.warning("announcing an unspecified address: bootstraps will refuse it; set relay.public_addr "
                         "(--public-addr) to the address peers can reach", quic=endpoint.listen_addr)
         links = LinkManager(endpoint, connect_timeout_s=cfg.engine.connect_timeout_s,
-                            send_queue_max_bytes=cfg.quic.send_queue_max_bytes)
+                            send_queue_max_bytes=cfg.quic.send_queue_max_bytes,
+                            push_rate_per_s=cfg.quic.link_push_rate_per_s)
         tracer = TraceFile(data / "traces", identity.node_id, level=cfg.trace.level, salt=cfg.trace.salt or None,
                            max_bytes=cfg.trace.max_bytes, keep=cfg.trace.keep)
         service = RelayService(identity.node_id, cfg.engine, store, links, tracer, listen_addr=endpoint.listen_addr,
-                               rng=random.Random(), mailbox_max=cfg.api.mailbox_max)
+                               rng=random.Random(), mailbox_max=cfg.api.mailbox_max,
+                               backpressure=Backpressure(cfg.api.custody_backlog_s, cfg.api.custody_backlog_min,
+                                                         cfg.api.custody_route_max))
         links.events = service
         if not cfg.webpush.public_origins:  # Web Push answers on the API's real address (port 0 resolved)
             bound = listener.getsockname()
@@ -228,6 +231,7 @@ async def run_relay(cfg: RelayConfig, *, shutdown: trio.Event | None = None) -> 
                  data_dir=str(data))
         try:
             async with trio.open_nursery() as nursery:
+                await nursery.start(store.run)  # group commit (store.py): before anything writes
                 await nursery.start(links.run)
                 await nursery.start(service.run)
                 binds = await nursery.start(_serve_api, app, cfg, listener, shutdown)

@@ -1,4 +1,4 @@
-"""The relay's durable store: SQLite in WAL mode, one connection, every write committed before return.
+"""The relay's durable store: SQLite in WAL mode, one connection, every write committed before it counts.
 
 It holds the home relay's devices (registration, hashed device secret), their one-use tokens and
 mailboxes, the pushes this relay holds in custody, and the final status of pushes it accepted.
@@ -8,6 +8,19 @@ Durability (config `[store] synchronous`, `StoreSync`): WAL with synchronous=NOR
 survives a crash or kill -9 of the process (a committed transaction is in the WAL file); a power loss
 may lose the last transactions, which synchronous=FULL prevents at the cost of an fsync per commit
 (benchmarks/bench_store_sync.py measures the pushes/s it costs).
+
+Group commit (issue 16 item 3). Standalone (tests, tools), every method commits before it returns.
+A relay runs `Store.run()`: then the hot-path writes of a push (custody taken and released, a
+message stored at its home, attempt numbers) go into one open transaction shared by every push of
+the scheduling round, and `run()` commits it once per round: three commits per push at the home
+became one per round, whatever the rate. Nothing that says "this push is safe" leaves before that
+commit: the API awaits `durable()` before its 202, and the service queues frames (receipts, forwards)
+with `after_commit()`. Under the configured `synchronous` mode a commit is exactly as durable as
+before. SQLite statements inside the open transaction touch only its page cache (microseconds); the
+calls that wait on the disk are off the event loop: WAL checkpoints (an fsync each) run in a worker
+thread on a second connection (automatic checkpoints on the main connection are off), so a push
+never waits behind one. Any other write (devices, tokens, endpoints) still commits at once, taking
+the open batch with it.
 """
 
 from __future__ import annotations
@@ -21,6 +34,10 @@ import sqlite3
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
+
+import trio
+from nacl.signing import SigningKey
 
 from inri.core.budget import KeyedBuckets
 from inri.core.home import ENDPOINT_BURST, ENDPOINT_RATE_PER_S, TTL0_GRACE_S, tag_ok
@@ -28,14 +45,16 @@ from inri.protocol.codec import DecodeError, decode, decode_registration, encode
 from inri.protocol.messages import ContentEncoding, Push, ReceiptStatus, Registration, Urgency
 from inri.protocol.webpush import EndpointToken
 
-SCHEMA_VERSION = 1
+# 2: registrations in protocol v2 wire form (with a receipt key) and the devices' receipt key seeds.
+SCHEMA_VERSION = 2
 STATUS_RETENTION_S = 7 * 24 * 3600  # push status answers kept a week after settling
+CHECKPOINT_INTERVAL_S = 1.0  # a grouping store checkpoints the WAL this often (in a thread) when it was written
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS devices (
     route_id BLOB PRIMARY KEY, registration BLOB NOT NULL, epoch INTEGER NOT NULL,
-    secret_hash BLOB NOT NULL, created REAL NOT NULL);
+    secret_hash BLOB NOT NULL, created REAL NOT NULL, receipt_secret BLOB);
 CREATE TABLE IF NOT EXISTS tokens (
     token BLOB NOT NULL, route_id BLOB NOT NULL, spent_by BLOB,
     PRIMARY KEY (route_id, token)) WITHOUT ROWID;
@@ -51,7 +70,7 @@ CREATE TABLE IF NOT EXISTS push_status (
 CREATE TABLE IF NOT EXISTS wp_endpoints (
     route_id BLOB NOT NULL, endpoint_id BLOB NOT NULL, vapid_key BLOB, revoked INTEGER NOT NULL DEFAULT 0,
     created REAL NOT NULL, seal_key BLOB, PRIMARY KEY (route_id, endpoint_id)) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS wp_gone (route_id BLOB PRIMARY KEY) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS wp_gone (route_id BLOB PRIMARY KEY, receipt_secret BLOB) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS wp_messages (
     push_id BLOB NOT NULL, route_id BLOB NOT NULL, endpoint_id BLOB NOT NULL, topic TEXT,
     urgency INTEGER NOT NULL, encoding INTEGER NOT NULL, expires_at REAL NOT NULL,
@@ -91,8 +110,16 @@ class Store:
             raise RuntimeError(f"{self.path}: store schema {row[0]}, this relay knows {SCHEMA_VERSION}")
         self._home: dict[bytes, Registration] = {}
         self._box_counts: dict[bytes, int] = {}  # route id -> stored messages (see _box_count)
-        for rid, blob in self._db.execute("SELECT route_id, registration FROM devices"):
+        # route id -> the receipt key the device handed over: it signs this home's receipts and never
+        # leaves this relay (docs/security.md "Receipt signatures").
+        self._receipt_keys: dict[bytes, SigningKey] = {}
+        for rid, blob, rsecret in self._db.execute("SELECT route_id, registration, receipt_secret FROM devices"):
             self._home[bytes(rid)] = decode_registration(bytes(blob))
+            if rsecret is not None:
+                self._receipt_keys[bytes(rid)] = SigningKey(bytes(rsecret))
+        for rid, rsecret in self._db.execute("SELECT route_id, receipt_secret FROM wp_gone"):
+            if rsecret is not None:  # an unregistered device's Web Push endpoints answer GONE, signed
+                self._receipt_keys[bytes(rid)] = SigningKey(bytes(rsecret))
         # Web Push: the key endpoint capabilities derive from (random, made once, kept with the store).
         row = self._db.execute("SELECT value FROM meta WHERE key='wp_home_key'").fetchone()
         if row is None:
@@ -102,37 +129,163 @@ class Store:
         # Whether a device's stream is open (the service sets this): a TTL 0 push is stored only then.
         self.stream_open: Callable[[bytes], bool] = lambda route_id: False
         self.endpoint_limits = KeyedBuckets(ENDPOINT_RATE_PER_S, ENDPOINT_BURST)
+        # Group commit (module docstring): on only while run() commits the batches.
+        self._grouping = False
+        self._dirty = trio.Event()  # set when a batch is opened: run() commits it
+        self._committed = trio.Event()  # set (and replaced) when the open batch commits
+        self._after_commit: list[Callable[[], None]] = []
+        self._commits = 0  # batches committed (checkpoints run when this moved)
+        # Custody taken in the open batch: push id -> (push, deadline, attempt, accepted_at), written
+        # just before the batch commits. A push whose custody also ends in the batch (its home is this
+        # relay) never touches the custody table: one status row instead of insert, select, delete.
+        self._custody_new: dict[bytes, tuple[Push, float, int, float]] = {}
 
     @contextlib.contextmanager
     def _tx(self) -> Iterator[None]:
-        """One transaction: BEGIN IMMEDIATE ... COMMIT, rolled back on any exception."""
-        self._db.execute("BEGIN IMMEDIATE")
+        """One transaction committed before the block's caller goes on, rolled back on any exception.
+
+        With a batch open (grouping), the block joins it and the whole batch commits at its end."""
+        db = self._db
+        if db.in_transaction:
+            with self._savepoint():
+                yield
+            self._commit()
+            return
+        db.execute("BEGIN IMMEDIATE")
         try:
             yield
         except BaseException:
-            self._db.execute("ROLLBACK")
+            db.execute("ROLLBACK")
             raise
-        self._db.execute("COMMIT")
+        db.execute("COMMIT")
+
+    @contextlib.contextmanager
+    def _write(self) -> Iterator[None]:
+        """A hot-path write: into the open batch while grouping (committed by run()), else its own transaction."""
+        if not self._grouping:
+            with self._tx():
+                yield
+            return
+        self._open_batch()
+        with self._savepoint():
+            yield
+
+    def _open_batch(self) -> None:
+        if not self._db.in_transaction:
+            self._db.execute("BEGIN IMMEDIATE")
+            self._dirty.set()
+
+    @contextlib.contextmanager
+    def _savepoint(self) -> Iterator[None]:
+        """Part of the open transaction, all or nothing (an exception undoes only this part)."""
+        db = self._db
+        db.execute("SAVEPOINT part")
+        try:
+            yield
+        except BaseException:
+            db.execute("ROLLBACK TO part")
+            db.execute("RELEASE part")
+            raise
+        db.execute("RELEASE part")
+
+    def _commit(self) -> None:
+        """Commit the open batch, then wake what waited on it and run its after-commit actions, in order."""
+        if self._db.in_transaction:
+            if self._custody_new:
+                self._db.executemany("INSERT OR REPLACE INTO custody VALUES (?, ?, ?, ?, ?)",
+                                     [(pid, encode(push), deadline, attempt, now)
+                                      for pid, (push, deadline, attempt, now) in self._custody_new.items()])
+                self._custody_new.clear()
+            self._db.execute("COMMIT")
+            self._commits += 1
+        done, self._committed = self._committed, trio.Event()
+        done.set()
+        actions, self._after_commit = self._after_commit, []
+        for action in actions:
+            action()
+
+    @property
+    def uncommitted(self) -> bool:
+        """True while a batch holds writes not yet committed."""
+        return self._db.in_transaction
+
+    def after_commit(self, action: Callable[[], None]) -> None:
+        """Run action once what is written now is committed (at once when nothing is pending)."""
+        if self._db.in_transaction:
+            self._after_commit.append(action)
+        else:
+            action()
+
+    async def durable(self) -> None:
+        """Return once every write made so far is committed (at once when nothing is pending)."""
+        if self._db.in_transaction:
+            await self._committed.wait()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Group commit until cancelled: one commit per scheduling round, checkpoints in a worker thread."""
+        self._grouping = True
+        self._db.execute("PRAGMA wal_autocheckpoint=0")  # checkpoints are _checkpoints' (off the event loop)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._checkpoints)
+                task_status.started()
+                while True:
+                    await self._dirty.wait()
+                    self._dirty = trio.Event()
+                    # One turn for every task ready now (requests of this round add their pushes), then commit.
+                    await trio.lowlevel.cancel_shielded_checkpoint()
+                    self._commit()
+        finally:
+            self._grouping = False
+            self._commit()
+            self._db.execute("PRAGMA wal_autocheckpoint=1000")  # SQLite's default again
+
+    async def _checkpoints(self) -> None:
+        seen = self._commits
+        conn: sqlite3.Connection | None = None
+        try:
+            while True:
+                await trio.sleep(CHECKPOINT_INTERVAL_S)
+                if self._commits == seen:
+                    continue
+                seen = self._commits
+                if conn is None:
+                    conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+                # PASSIVE: never waits for (nor blocks) the writer; the fsyncs it does happen in the thread.
+                await trio.to_thread.run_sync(_checkpoint, conn, abandon_on_cancel=False)
+        finally:
+            if conn is not None:
+                conn.close()
 
     def close(self) -> None:
-        """Close the connection (everything is committed already)."""
+        """Commit what is pending, then close the connection."""
+        self._commit()
         self._db.close()
 
     # -- devices ----------------------------------------------------------------------------------
 
-    def add_device(self, registration: Registration, secret: bytes, tokens: list[bytes], now: float) -> bool:
-        """Home a new device; False when its route id is already homed here (nothing changes)."""
+    def add_device(self, registration: Registration, secret: bytes, tokens: list[bytes], now: float,
+                   receipt_secret: bytes | None = None) -> bool:
+        """Home a new device; False when its route id is already homed here (nothing changes).
+
+        receipt_secret: the 32-byte seed of the device's receipt key (its public half is the
+        registration's receipt_key; the caller checked that they match).
+        """
         rid = registration.route_id
         with self._tx():
             try:
                 self._db.execute(
-                    "INSERT INTO devices VALUES (?, ?, ?, ?, ?)",
-                    (rid, encode_registration(registration), registration.epoch, secret_hash(secret), now),
+                    "INSERT INTO devices (route_id, registration, epoch, secret_hash, created, receipt_secret)"
+                    " VALUES (?, ?, ?, ?, ?, ?)",
+                    (rid, encode_registration(registration), registration.epoch, secret_hash(secret), now,
+                     receipt_secret),
                 )
             except sqlite3.IntegrityError:
                 return False
             self._db.executemany("INSERT OR IGNORE INTO tokens VALUES (?, ?, NULL)", [(t, rid) for t in tokens])
         self._home[rid] = registration
+        if receipt_secret is not None:
+            self._receipt_keys[rid] = SigningKey(receipt_secret)
         return True
 
     def check_secret(self, route_id: bytes, secret: bytes) -> bool:
@@ -140,8 +293,11 @@ class Store:
         row = self._db.execute("SELECT secret_hash FROM devices WHERE route_id=?", (route_id,)).fetchone()
         return row is not None and hmac.compare_digest(bytes(row[0]), secret_hash(secret))
 
-    def refresh_registration(self, registration: Registration) -> bool:
-        """Store a newer epoch of a homed device's registration; False if not newer or not homed here."""
+    def refresh_registration(self, registration: Registration, receipt_secret: bytes | None = None) -> bool:
+        """Store a newer epoch of a homed device's registration; False if not newer or not homed here.
+
+        receipt_secret: the registration's receipt key seed, when the device hands over a new one.
+        """
         rid = registration.route_id
         old = self._home.get(rid)
         if old is None or registration.epoch <= old.epoch:
@@ -149,7 +305,11 @@ class Store:
         with self._tx():
             self._db.execute("UPDATE devices SET registration=?, epoch=? WHERE route_id=?",
                              (encode_registration(registration), registration.epoch, rid))
+            if receipt_secret is not None:
+                self._db.execute("UPDATE devices SET receipt_secret=? WHERE route_id=?", (receipt_secret, rid))
         self._home[rid] = registration
+        if receipt_secret is not None:
+            self._receipt_keys[rid] = SigningKey(receipt_secret)
         return True
 
     def add_tokens(self, route_id: bytes, tokens: list[bytes]) -> None:
@@ -164,15 +324,21 @@ class Store:
         return int(row[0])
 
     def remove_device(self, route_id: bytes) -> None:
-        """Unregister: delete the device, its tokens and its mailbox (nothing about it remains)."""
+        """Unregister: delete the device, its tokens and its mailbox (nothing about it remains but, when it
+        had Web Push endpoints, its route id and receipt key: they answer GONE, signed)."""
+        key = self._receipt_keys.get(route_id)
         with self._tx():
             had = self._db.execute("SELECT 1 FROM wp_endpoints WHERE route_id=? LIMIT 1", (route_id,)).fetchone()
             for table in ("devices", "tokens", "mailbox", "wp_endpoints", "wp_messages"):
                 self._db.execute(f"DELETE FROM {table} WHERE route_id=?", (route_id,))  # noqa: S608 - fixed names
             if had:  # its Web Push endpoints answer 410 from now on (senders then forget them)
-                self._db.execute("INSERT OR IGNORE INTO wp_gone VALUES (?)", (route_id,))
+                # The receipt key stays with it: its GONE receipts must verify (rule F5).
+                self._db.execute("INSERT OR IGNORE INTO wp_gone VALUES (?, ?)",
+                                 (route_id, None if key is None else bytes(key)))
         self._home.pop(route_id, None)
         self._box_counts.pop(route_id, None)
+        if not had:
+            self._receipt_keys.pop(route_id, None)
 
     def homed(self) -> list[Registration]:
         """Every registration homed here (re-gossiped after a restart)."""
@@ -186,6 +352,10 @@ class Store:
     def registration(self, route_id: bytes) -> Registration | None:
         return self._home.get(route_id)
 
+    def sign_receipt(self, route_id: bytes, message: bytes) -> bytes | None:
+        key = self._receipt_keys.get(route_id)
+        return None if key is None else key.sign(message).signature
+
     def accept_push(
         self, route_id: bytes, token: bytes, push_id: bytes, ciphertext: bytes, now: float
     ) -> ReceiptStatus:
@@ -193,7 +363,7 @@ class Store:
         if route_id not in self._home:
             return ReceiptStatus.UNKNOWN_TOKEN
         db = self._db
-        with self._tx():
+        with self._write():
             row = db.execute("SELECT spent_by FROM tokens WHERE route_id=? AND token=?", (route_id, token)).fetchone()
             if row is None:
                 return ReceiptStatus.UNKNOWN_TOKEN
@@ -268,7 +438,7 @@ class Store:
             return ReceiptStatus.RATE_LIMITED
         if meta.ttl_s == 0 and not self.stream_open(rid):
             return ReceiptStatus.STORED  # RFC 8030: accepted, and dropped (nobody to hand it to now)
-        with self._tx():
+        with self._write():
             if meta.topic is not None:  # RFC 8030 5.4: replaces the unacknowledged one with this topic
                 old = [(rid, bytes(p)) for (p,) in db.execute(
                     "SELECT push_id FROM wp_messages WHERE route_id=? AND endpoint_id=? AND topic=?",
@@ -345,19 +515,34 @@ class Store:
 
     def save_custody(self, push: Push, deadline: float, now: float) -> None:
         """Persist a push this relay accepted, before the 202 goes out."""
-        # One statement, autocommitted: the hot path of every push. Its status row is written when
-        # custody ends; until then the custody row itself answers "pending".
-        self._db.execute("INSERT OR REPLACE INTO custody VALUES (?, ?, ?, ?, ?)",
-                         (push.push_id, encode(push), deadline, push.attempt, now))
+        # The hot path of every push. Its status row is written when custody ends; until then the
+        # custody row itself answers "pending". Grouping: written when the batch commits (_custody_new).
+        if self._grouping:
+            self._open_batch()
+            self._custody_new[push.push_id] = (push, deadline, push.attempt, now)
+            return
+        with self._write():
+            self._db.execute("INSERT OR REPLACE INTO custody VALUES (?, ?, ?, ?, ?)",
+                             (push.push_id, encode(push), deadline, push.attempt, now))
 
     def update_attempts(self, attempts: list[tuple[bytes, int]]) -> None:
         """Record custody attempt numbers (a restarted relay continues from them)."""
-        with self._tx():
+        for pid, attempt in attempts:
+            new = self._custody_new.get(pid)
+            if new is not None:
+                self._custody_new[pid] = (new[0], new[1], attempt, new[3])
+        with self._write():
             self._db.executemany("UPDATE custody SET attempt=? WHERE push_id=?", [(a, p) for p, a in attempts])
 
     def release_custody(self, push_id: bytes, status: str, hops: int | None, now: float) -> None:
         """Custody ended: drop the push from disk and record its final status."""
-        with self._tx():
+        new = self._custody_new.pop(push_id, None)
+        if new is not None:  # taken in this very batch: its custody row was never written
+            with self._write():
+                self._db.execute("INSERT OR REPLACE INTO push_status VALUES (?, ?, ?, ?, ?)",
+                                 (push_id, status, hops, new[3], now))
+            return
+        with self._write():
             row = self._db.execute("SELECT accepted_at FROM custody WHERE push_id=?", (push_id,)).fetchone()
             if row is not None:
                 self._db.execute("DELETE FROM custody WHERE push_id=?", (push_id,))
@@ -381,14 +566,16 @@ class Store:
         return out
 
     def custody_count(self) -> int:
-        return int(self._db.execute("SELECT COUNT(*) FROM custody").fetchone()[0])
+        return int(self._db.execute("SELECT COUNT(*) FROM custody").fetchone()[0]) + len(self._custody_new)
 
     def push_status(self, push_id: bytes) -> dict[str, object] | None:
         """The status row of a push this relay accepted, or None."""
         row = self._db.execute("SELECT status, hops, accepted_at, settled_at FROM push_status WHERE push_id=?",
                                (push_id,)).fetchone()
         if row is None:
-            held = self._db.execute("SELECT accepted_at FROM custody WHERE push_id=?", (push_id,)).fetchone()
+            new = self._custody_new.get(push_id)
+            held = (new[3],) if new is not None else self._db.execute(
+                "SELECT accepted_at FROM custody WHERE push_id=?", (push_id,)).fetchone()
             if held is None:
                 return None
             row = ("pending", None, held[0], None)
@@ -409,3 +596,8 @@ class Store:
 
     def device_count(self) -> int:
         return len(self._home)
+
+
+def _checkpoint(conn: sqlite3.Connection) -> Any:
+    """One passive WAL checkpoint (run in a worker thread)."""
+    return conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
