@@ -220,7 +220,8 @@ class RelayApi:
             Route("GET", "/openapi.json", self.openapi),
         ])
         wp = self.config.webpush
-        self.wp_origins = tuple(o.rstrip("/") for o in wp.public_origins) or (f"http://{self.config.relay.api}",)
+        self.wp_origins = tuple(o.rstrip("/") for o in wp.public_origins) or (
+            f"{'https' if self.config.api.tls_cert else 'http'}://{self.config.relay.api}",)
         self.service.store.endpoint_limits = KeyedBuckets(wp.endpoint_rate_per_s, wp.endpoint_burst)
         self.wp_aud = frozenset(normalise_origin(o) for o in self.wp_origins)
         self.vapid_rate = RateLimiter(wp.vapid_rate_per_s, wp.vapid_burst)

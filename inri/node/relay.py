@@ -52,8 +52,8 @@ class StartupError(Exception):
     """The relay could not start; the message is one line for the operator (the process exits 1)."""
 
 
-def _api_url(host: str, port: int) -> str:
-    return f"http://{format_addr(host, port)}"
+def _api_url(host: str, port: int, tls: bool = False) -> str:
+    return f"{'https' if tls else 'http'}://{format_addr(host, port)}"
 
 
 class _HypercornLog(logging.Handler):
@@ -101,6 +101,8 @@ async def _serve_api(app: Any, cfg: RelayConfig, listener: socket.socket, shutdo
     hc.errorlog = _hypercorn_logger()
     hc.keep_alive_timeout = 30
     hc.include_server_header = False
+    if cfg.api.tls_cert:  # HTTPS on the same listener (config checks that the key comes with it)
+        hc.certfile, hc.keyfile = cfg.api.tls_cert, cfg.api.tls_key
     # hypercorn 0.18 can end its whole server on one malformed connection (bytes after a final
     # request: BusyResourceError, upstream issues #203/#225). The API is served again, the relay
     # (links, custody, store) never goes down with it. Each run gets a duplicate of the listening
@@ -222,7 +224,7 @@ async def run_relay(cfg: RelayConfig, *, shutdown: trio.Event | None = None) -> 
         if not cfg.webpush.public_origins:  # Web Push answers on the API's real address (port 0 resolved)
             bound = listener.getsockname()
             cfg = dataclasses.replace(cfg, webpush=dataclasses.replace(
-                cfg.webpush, public_origins=(_api_url(bound[0], bound[1]),)))
+                cfg.webpush, public_origins=(_api_url(bound[0], bound[1], bool(cfg.api.tls_cert)),)))
         app = create_app(service, config=cfg, neighbours=links.neighbours)
         log.info("relay starting", node_id=identity.node_id, quic=endpoint.listen_addr, api=cfg.relay.api,
                  data_dir=str(data))
@@ -231,7 +233,7 @@ async def run_relay(cfg: RelayConfig, *, shutdown: trio.Event | None = None) -> 
                 await nursery.start(links.run)
                 await nursery.start(service.run)
                 binds = await nursery.start(_serve_api, app, cfg, listener, shutdown)
-                api_url = binds[0] if binds else _api_url(*parse_addr(cfg.relay.api))
+                api_url = binds[0] if binds else _api_url(*parse_addr(cfg.relay.api), bool(cfg.api.tls_cert))
                 boot = _BootstrapLoop(cfg, identity, service, endpoint.listen_addr)
                 nursery.start_soon(boot.run)
                 _write_ready(data, {"node_id": identity.node_id, "api": api_url, "quic": endpoint.listen_addr,
