@@ -249,6 +249,13 @@ async def test_negative_cases_answer_their_codes(lab: dict[str, Any], device: De
     two = http_ece.encrypt(b"y" * 200, private_key=ec.generate_private_key(ec.SECP256R1()), dh=sub.p256dh,
                            auth_secret=sub.auth, version="aes128gcm", rs=100)  # three records in 300 bytes
     assert (await post(url, good, two)).status_code == 400
+    short = body[:20]  # shorter than the 21-byte header (salt | rs | idlen)
+    bad_rs = body[:16] + (17).to_bytes(4, "big") + body[20:]  # RFC 8188: rs below 18 is invalid
+    no_key = body[:20] + bytes([255]) + body[21:40]  # idlen points past the end of the body
+    for broken in (short, bad_rs, no_key):
+        r = await post(url, good, broken)
+        assert r.status_code == 400 and r.json()["code"] == "bad_encoding", r.text
+    assert (await post(url, {"TTL": "60"})).status_code == 400  # a body without Content-Encoding
     assert frames_out(far) == before, "the entry relay decided all of these alone: no frame may leave it"
     # A forged capability: the home relay says unknown endpoint; the genuine endpoint still works after.
     raw_e = bytearray(unb64(url.rsplit("/", 1)[1]))
@@ -457,6 +464,7 @@ async def test_node_web_push_over_https_from_the_farthest_relay(lab: dict[str, A
         assert answer.get("statusCode") == 201, answer
         assert answer["headers"]["ttl"] == "3600" and answer["headers"]["location"].startswith(https + "/v1/push/")
         assert got.endpoint_id == ep.endpoint_id and got.topic == "nodeTopic" and got.urgency == "normal"
+        assert got.ttl is not None and 3500 <= got.ttl <= 3600  # the TTL left, counted from the entry relay
         assert sub.decrypt(got) == payload
     finally:
         stop(proc.pid)

@@ -44,6 +44,7 @@ class Message:
     urgency: str | None = None
     topic: str | None = None
     endpoint_id: str | None = None
+    ttl: int | None = None  # a Web Push message's seconds left (its TTL counted from the entry relay's acceptance)
 
 
 @dataclass(frozen=True)
@@ -193,7 +194,8 @@ class DeviceClient:
                                    endpoint_id=item.get("endpoint_id"))
             return Message(msg_id, b"", received_at, kind="webpush", body=body,
                            encoding=item.get("encoding"), urgency=item.get("urgency"), topic=item.get("topic"),
-                           endpoint_id=item.get("endpoint_id"))
+                           endpoint_id=item.get("endpoint_id"),
+                           ttl=int(item["ttl"]) if isinstance(item.get("ttl"), int) else None)
         try:
             plaintext = open_sealed(self.keys.seal_key, b64d(item["ciphertext"], "ciphertext"))
         except ValueError:  # not base64url, not sealed to this device, or tampered with

@@ -77,7 +77,7 @@ from inri.protocol.webpush import (
     vapid_key_hash,
 )
 
-WebPushInfo = tuple[bytes, str | None, Urgency, ContentEncoding]
+WebPushInfo = tuple[bytes, str | None, Urgency, ContentEncoding, float]  # ..., expires_at (wall clock)
 WEBPUSH_RECEIPT_WAIT_S = 1.5  # how long a Web Push sender waits for the home's receipt (then 201 anyway)
 NEGATIVE_CACHE_S = 600.0  # a 404/410 from home is answered here again for this long
 NEGATIVE_CACHE_MAX = 100_000
@@ -169,9 +169,11 @@ def _message_json(pid: bytes, ct: bytes, t: float, wp: WebPushInfo | None) -> di
     """A mailbox message as pull and the stream show it; a Web Push one says so and carries its headers."""
     out: dict[str, Any] = {"id": pid.hex(), "ciphertext": b64e(ct), "received_at": t}
     if wp is not None:
-        eid, topic, urgency, encoding = wp
+        eid, topic, urgency, encoding, expires_at = wp
+        # ttl: seconds the message has left (RFC 8030 5.2: counted from the entry relay's acceptance).
         out.update(kind="webpush", body=out["ciphertext"], encoding=ENCODING_NAME[encoding],
-                   urgency=URGENCY_NAME[urgency], topic=topic, endpoint_id=eid.hex())
+                   urgency=URGENCY_NAME[urgency], topic=topic, endpoint_id=eid.hex(),
+                   ttl=max(0, math.floor(expires_at - time.time())))
         if encoding == ContentEncoding.SEALED:
             out["sealed"] = True  # the SDK opens it with the device's seal key
     return out
