@@ -160,6 +160,11 @@ def openapi_document(version: str, body_limits: dict[str, int]) -> dict[str, Any
                 "security": [{"device": []}], "parameters": [DEVICE_PARAM],
                 "responses": {"101": {"description": "switching to WebSocket"},
                               "426": _problem_ref("upgrade_required")}}},
+            "/v1/stream": {"get": {
+                "summary": "WebSocket: one live stream for many devices (subscribe frames carry their secrets; "
+                           "see docs/api.md, Multiplexed stream)",
+                "responses": {"101": {"description": "switching to WebSocket"},
+                              "426": _problem_ref("upgrade_required")}}},
             "/v1/push": {"post": {
                 "summary": "Push a sealed payload with a push credential, at any relay",
                 "requestBody": _body("POST /v1/push", {
