@@ -27,6 +27,8 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests
 
 bench: $(STAMP)
+	sh benchmarks/install_bench_deps.sh
+	$(BIN)/python -m pip install -q -e '.[bench]'
 	HYPOTHESIS_PROFILE=full $(BIN)/python benchmarks/run_all.py
 
 lint: $(STAMP)

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import trio
 from hypercorn.config import Config as HyperConfig
-from hypercorn.trio import serve
 
 from inri.node.api import create_app
 from inri.node.config import RelayConfig
+from inri.node.http1 import serve
 from inri.node.service import RelayService
 from inri.node.store import Store
 from inri.node.tracefile import TraceFile
@@ -43,7 +43,7 @@ async def relay_api(tmp: Path, cfg: RelayConfig | None = None) -> AsyncIterator[
     stop = trio.Event()
     async with trio.open_nursery() as n:
         await n.start(service.run)
-        binds = await n.start(lambda task_status: serve(create_app(service, config=cfg), hc,  # type: ignore[arg-type]
+        binds = await n.start(lambda task_status: serve(create_app(service, config=cfg), hc,
                                                         shutdown_trigger=stop.wait, task_status=task_status))
         try:
             yield binds[0]

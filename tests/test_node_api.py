@@ -12,7 +12,6 @@ import httpx
 import pytest
 import trio
 from hypercorn.config import Config as HyperConfig
-from hypercorn.trio import serve
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from trio_websocket import open_websocket_url
@@ -21,6 +20,7 @@ from inri.client import ApiError, DeviceClient, HomeAppClient
 from inri.client.credential import b64e
 from inri.node.api import create_app
 from inri.node.config import RelayConfig
+from inri.node.http1 import serve
 from inri.node.metrics import parse_metrics
 from inri.node.service import RelayService
 from inri.node.store import Store

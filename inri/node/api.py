@@ -442,6 +442,7 @@ class RelayApi:
         result = self.service.inject_push(reg, token, ciphertext)
         if result.outcome == InjectOutcome.ACCEPTED:
             assert result.push_id is not None
+            await self.service.store.durable()  # 202 only once custody is committed (grouped per round)
             return 202, {"push_id": result.push_id.hex(), "status": "pending"}
         if result.outcome == InjectOutcome.OVERLOADED:
             # Backpressure (docs/api.md): custody beyond what the path drains; the app slows down.
@@ -596,6 +597,7 @@ class RelayApi:
                     self.wp_gone.pop(next(iter(self.wp_gone)))
             raise Problem(code, problem_code, f"the home relay answered {status.get('status')}",
                           retry_after=5 if code == 429 else None)
+        await self.service.store.durable()  # custody committed before the 201 (group commit: Store.run)
         return pid
 
     async def push_status(self, req: Request, push_id: str) -> tuple[int, Any]:

@@ -1,8 +1,8 @@
 """`inri relay`: one relay process — identity, store, QUIC mesh, HTTP/WebSocket API, bootstrap client.
 
 Task tree (trio, structured): the link manager (QUIC endpoint and its links), the relay service (the
-engine's timer loop), the HTTP API (hypercorn's trio worker), the bootstrap loop, and the signal
-watcher. SIGINT/SIGTERM stop the HTTP listener first (in-flight requests finish within the grace
+engine's timer loop), the store's group commit, the HTTP API (inri/node/http1.py), the bootstrap
+loop, and the signal watcher. SIGINT/SIGTERM stop the HTTP listener first (in-flight requests finish within the grace
 period), then everything else; a push is answered 202 only after its SQLite commit, so nothing
 accepted is lost by stopping — or by being killed.
 """
@@ -23,13 +23,14 @@ from typing import Any
 import structlog
 import trio
 from hypercorn.config import Config as HyperConfig
-from hypercorn.trio import serve as hyper_serve
+from hypercorn.trio import serve as hypercorn_serve
 
 from inri.common.addr import format_addr, parse_addr
 from inri.common.identity import NodeIdentity
 from inri.node.api import create_app
 from inri.node.bootstrap_client import Backoff, BootstrapClient, BootstrapError, load_seed_list, make_record
 from inri.node.config import RelayConfig
+from inri.node.http1 import serve as hyper_serve  # hypercorn's serve() interface, the lean h11 front (http1.py)
 from inri.node.links import LinkManager
 from inri.node.quic import QuicEndpoint
 from inri.node.service import Backpressure, RelayService
@@ -103,18 +104,21 @@ async def _serve_api(app: Any, cfg: RelayConfig, listener: socket.socket, shutdo
     hc.include_server_header = False
     if cfg.api.tls_cert:  # HTTPS on the same listener (config checks that the key comes with it)
         hc.certfile, hc.keyfile = cfg.api.tls_cert, cfg.api.tls_key
-    # hypercorn 0.18 can end its whole server on one malformed connection (bytes after a final
-    # request: BusyResourceError, upstream issues #203/#225). The API is served again, the relay
-    # (links, custody, store) never goes down with it. Each run gets a duplicate of the listening
-    # socket (hypercorn closes what it is given), so the address never has to be bound again, and
-    # failures in a row back off up to API_RESTART_MAX_S.
+    # Should the HTTP server fail as a whole (hypercorn 0.18, served before http1.py, ended on one
+    # malformed connection: upstream issues #203/#225), the API is served again, the relay (links,
+    # custody, store) never goes down with it. Each run gets a duplicate of the listening socket (the
+    # server closes what it is given), so the address never has to be bound again, and failures in a
+    # row back off up to API_RESTART_MAX_S.
+    # The lean front (http1.py) has no TLS: with [api] tls_cert, hypercorn itself serves (and terminates
+    # TLS for) the same app; for throughput, terminate TLS in a reverse proxy and keep the lean front.
+    serve = hypercorn_serve if cfg.api.tls_cert else hyper_serve
     status = task_status
     delay = API_RESTART_MIN_S
     while True:
         hc.bind = [f"fd://{os.dup(listener.fileno())}"]
         started = trio.current_time()
         try:
-            await hyper_serve(app, hc, shutdown_trigger=shutdown.wait, task_status=status)
+            await serve(app, hc, shutdown_trigger=shutdown.wait, task_status=status)
             return
         except Exception as exc:  # noqa: BLE001 - any server failure: serve again (see above)
             if shutdown.is_set():
@@ -233,6 +237,7 @@ async def run_relay(cfg: RelayConfig, *, shutdown: trio.Event | None = None) -> 
                  data_dir=str(data))
         try:
             async with trio.open_nursery() as nursery:
+                await nursery.start(store.run)  # group commit (store.py): before anything writes
                 await nursery.start(links.run)
                 await nursery.start(service.run)
                 binds = await nursery.start(_serve_api, app, cfg, listener, shutdown)

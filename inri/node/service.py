@@ -2,8 +2,8 @@
 
 Every input (a frame, a link event, an API call, the timer) goes into the engine with `now`, and the
 effects come out in order: Send/Connect/Disconnect go to the network sink (QUIC links in the daemon,
-memory channels in tests), CustodyTaken is committed to SQLite before the API answers 202,
-CustodyReleased records the final status, Delivered wakes the device's live streams.
+memory channels in tests), CustodyTaken is committed to SQLite before the API answers 202 (grouped
+per round: Store.run), CustodyReleased records the final status, Delivered wakes the device's live streams.
 
 Calls are synchronous and short (one SQLite transaction at most), so they run on the trio thread
 without blocking it for long; `run()` is the only task: it restores custody after a restart,
@@ -12,6 +12,7 @@ re-originates the gossip of every device homed here, and sleeps until the engine
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import random
@@ -201,8 +202,10 @@ class RelayService:
             match e:  # every effect type is handled: assert_never makes mypy flag a new one
                 case Send():
                     msg = e.msg
-                    self.network.send(e.peer, encode_unchecked(msg) if type(msg) in _UNCHECKED else encode(msg),
-                                      e.delay)
+                    # Frames leave only once what they vouch for is committed (a receipt for a stored
+                    # message, a forward of a push in custody): with group commit, after this round's.
+                    frame = encode_unchecked(msg) if type(msg) in _UNCHECKED else encode(msg)
+                    self.store.after_commit(functools.partial(self.network.send, e.peer, frame, e.delay))
                     self._count(_OUT_NAMES[type(msg)])
                     if isinstance(msg, Push) and msg.attempt and msg.hops == 0 and msg.push_id in self._custody:
                         attempts.append((msg.push_id, msg.attempt))
@@ -214,21 +217,21 @@ class RelayService:
                     self.store.release_custody(e.push_id, e.status, e.hops, now)
                     self._unhold(e.push_id, e.status)
                     waiter = self.settle_waiters.pop(e.push_id, None)
-                    if waiter is not None:  # a Web Push sender waits briefly for the home's answer
-                        waiter.set()
+                    if waiter is not None:  # a Web Push sender waits briefly for the home's answer (committed)
+                        self.store.after_commit(waiter.set)
                     self._count("custody_" + e.status)
                 case Delivered():
                     self._count("delivered_here")
                     ev = self._mail_events.pop(e.route_id, None)
                     if ev is not None:
                         ev.set()
-                case Connect():
-                    self.network.connect(e.peer, e.addr)
-                case Disconnect():
+                case Connect():  # after the frames before it (see Send), in the engine's order
+                    self.store.after_commit(functools.partial(self.network.connect, e.peer, e.addr))
+                case Disconnect():  # never ahead of a frame queued for this peer before it (a receipt)
                     if e.reason == DisconnectReason.SCORE:  # rule S2: rare, and an operator must see it
                         log.warning("neighbour cut and banned for its score", peer=e.peer,
                                     ban_s=self.engine.config.score_ban_s, neighbours_left=len(self._linked) - 1)
-                    self.network.disconnect(e.peer, e.reason)
+                    self.store.after_commit(functools.partial(self.network.disconnect, e.peer, e.reason))
                     self._link_gone(e.peer)
                 case _:
                     assert_never(e)

@@ -1,4 +1,4 @@
-"""The relay's durable store: SQLite in WAL mode, one connection, every write committed before return.
+"""The relay's durable store: SQLite in WAL mode, one connection, every write committed before it counts.
 
 It holds the home relay's devices (registration, hashed device secret), their one-use tokens and
 mailboxes, the pushes this relay holds in custody, and the final status of pushes it accepted.
@@ -8,6 +8,19 @@ Durability (config `[store] synchronous`, `StoreSync`): WAL with synchronous=NOR
 survives a crash or kill -9 of the process (a committed transaction is in the WAL file); a power loss
 may lose the last transactions, which synchronous=FULL prevents at the cost of an fsync per commit
 (benchmarks/bench_store_sync.py measures the pushes/s it costs).
+
+Group commit (issue 16 item 3). Standalone (tests, tools), every method commits before it returns.
+A relay runs `Store.run()`: then the hot-path writes of a push (custody taken and released, a
+message stored at its home, attempt numbers) go into one open transaction shared by every push of
+the scheduling round, and `run()` commits it once per round: three commits per push at the home
+became one per round, whatever the rate. Nothing that says "this push is safe" leaves before that
+commit: the API awaits `durable()` before its 202, and the service queues frames (receipts, forwards)
+with `after_commit()`. Under the configured `synchronous` mode a commit is exactly as durable as
+before. SQLite statements inside the open transaction touch only its page cache (microseconds); the
+calls that wait on the disk are off the event loop: WAL checkpoints (an fsync each) run in a worker
+thread on a second connection (automatic checkpoints on the main connection are off), so a push
+never waits behind one. Any other write (devices, tokens, endpoints) still commits at once, taking
+the open batch with it.
 """
 
 from __future__ import annotations
@@ -21,6 +34,9 @@ import sqlite3
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
+
+import trio
 
 from inri.core.budget import KeyedBuckets
 from inri.core.home import ENDPOINT_BURST, ENDPOINT_RATE_PER_S, TTL0_GRACE_S, tag_ok
@@ -30,6 +46,7 @@ from inri.protocol.webpush import EndpointToken
 
 SCHEMA_VERSION = 1
 STATUS_RETENTION_S = 7 * 24 * 3600  # push status answers kept a week after settling
+CHECKPOINT_INTERVAL_S = 1.0  # a grouping store checkpoints the WAL this often (in a thread) when it was written
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -102,20 +119,137 @@ class Store:
         # Whether a device's stream is open (the service sets this): a TTL 0 push is stored only then.
         self.stream_open: Callable[[bytes], bool] = lambda route_id: False
         self.endpoint_limits = KeyedBuckets(ENDPOINT_RATE_PER_S, ENDPOINT_BURST)
+        # Group commit (module docstring): on only while run() commits the batches.
+        self._grouping = False
+        self._dirty = trio.Event()  # set when a batch is opened: run() commits it
+        self._committed = trio.Event()  # set (and replaced) when the open batch commits
+        self._after_commit: list[Callable[[], None]] = []
+        self._commits = 0  # batches committed (checkpoints run when this moved)
+        # Custody taken in the open batch: push id -> (push, deadline, attempt, accepted_at), written
+        # just before the batch commits. A push whose custody also ends in the batch (its home is this
+        # relay) never touches the custody table: one status row instead of insert, select, delete.
+        self._custody_new: dict[bytes, tuple[Push, float, int, float]] = {}
 
     @contextlib.contextmanager
     def _tx(self) -> Iterator[None]:
-        """One transaction: BEGIN IMMEDIATE ... COMMIT, rolled back on any exception."""
-        self._db.execute("BEGIN IMMEDIATE")
+        """One transaction committed before the block's caller goes on, rolled back on any exception.
+
+        With a batch open (grouping), the block joins it and the whole batch commits at its end."""
+        db = self._db
+        if db.in_transaction:
+            with self._savepoint():
+                yield
+            self._commit()
+            return
+        db.execute("BEGIN IMMEDIATE")
         try:
             yield
         except BaseException:
-            self._db.execute("ROLLBACK")
+            db.execute("ROLLBACK")
             raise
-        self._db.execute("COMMIT")
+        db.execute("COMMIT")
+
+    @contextlib.contextmanager
+    def _write(self) -> Iterator[None]:
+        """A hot-path write: into the open batch while grouping (committed by run()), else its own transaction."""
+        if not self._grouping:
+            with self._tx():
+                yield
+            return
+        self._open_batch()
+        with self._savepoint():
+            yield
+
+    def _open_batch(self) -> None:
+        if not self._db.in_transaction:
+            self._db.execute("BEGIN IMMEDIATE")
+            self._dirty.set()
+
+    @contextlib.contextmanager
+    def _savepoint(self) -> Iterator[None]:
+        """Part of the open transaction, all or nothing (an exception undoes only this part)."""
+        db = self._db
+        db.execute("SAVEPOINT part")
+        try:
+            yield
+        except BaseException:
+            db.execute("ROLLBACK TO part")
+            db.execute("RELEASE part")
+            raise
+        db.execute("RELEASE part")
+
+    def _commit(self) -> None:
+        """Commit the open batch, then wake what waited on it and run its after-commit actions, in order."""
+        if self._db.in_transaction:
+            if self._custody_new:
+                self._db.executemany("INSERT OR REPLACE INTO custody VALUES (?, ?, ?, ?, ?)",
+                                     [(pid, encode(push), deadline, attempt, now)
+                                      for pid, (push, deadline, attempt, now) in self._custody_new.items()])
+                self._custody_new.clear()
+            self._db.execute("COMMIT")
+            self._commits += 1
+        done, self._committed = self._committed, trio.Event()
+        done.set()
+        actions, self._after_commit = self._after_commit, []
+        for action in actions:
+            action()
+
+    @property
+    def uncommitted(self) -> bool:
+        """True while a batch holds writes not yet committed."""
+        return self._db.in_transaction
+
+    def after_commit(self, action: Callable[[], None]) -> None:
+        """Run action once what is written now is committed (at once when nothing is pending)."""
+        if self._db.in_transaction:
+            self._after_commit.append(action)
+        else:
+            action()
+
+    async def durable(self) -> None:
+        """Return once every write made so far is committed (at once when nothing is pending)."""
+        if self._db.in_transaction:
+            await self._committed.wait()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Group commit until cancelled: one commit per scheduling round, checkpoints in a worker thread."""
+        self._grouping = True
+        self._db.execute("PRAGMA wal_autocheckpoint=0")  # checkpoints are _checkpoints' (off the event loop)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._checkpoints)
+                task_status.started()
+                while True:
+                    await self._dirty.wait()
+                    self._dirty = trio.Event()
+                    # One turn for every task ready now (requests of this round add their pushes), then commit.
+                    await trio.lowlevel.cancel_shielded_checkpoint()
+                    self._commit()
+        finally:
+            self._grouping = False
+            self._commit()
+            self._db.execute("PRAGMA wal_autocheckpoint=1000")  # SQLite's default again
+
+    async def _checkpoints(self) -> None:
+        seen = self._commits
+        conn: sqlite3.Connection | None = None
+        try:
+            while True:
+                await trio.sleep(CHECKPOINT_INTERVAL_S)
+                if self._commits == seen:
+                    continue
+                seen = self._commits
+                if conn is None:
+                    conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+                # PASSIVE: never waits for (nor blocks) the writer; the fsyncs it does happen in the thread.
+                await trio.to_thread.run_sync(_checkpoint, conn, abandon_on_cancel=False)
+        finally:
+            if conn is not None:
+                conn.close()
 
     def close(self) -> None:
-        """Close the connection (everything is committed already)."""
+        """Commit what is pending, then close the connection."""
+        self._commit()
         self._db.close()
 
     # -- devices ----------------------------------------------------------------------------------
@@ -193,7 +327,7 @@ class Store:
         if route_id not in self._home:
             return ReceiptStatus.UNKNOWN_TOKEN
         db = self._db
-        with self._tx():
+        with self._write():
             row = db.execute("SELECT spent_by FROM tokens WHERE route_id=? AND token=?", (route_id, token)).fetchone()
             if row is None:
                 return ReceiptStatus.UNKNOWN_TOKEN
@@ -269,7 +403,7 @@ class Store:
         remaining = max(0, meta.ttl_s - meta.age_s)  # TTL runs from the entry relay's acceptance
         if remaining == 0 and not self.stream_open(rid):
             return ReceiptStatus.STORED  # RFC 8030: accepted, and dropped (nobody to hand it to now)
-        with self._tx():
+        with self._write():
             if meta.topic is not None:  # RFC 8030 5.4: replaces the unacknowledged one with this topic
                 old = [(rid, bytes(p)) for (p,) in db.execute(
                     "SELECT push_id FROM wp_messages WHERE route_id=? AND endpoint_id=? AND topic=?",
@@ -346,19 +480,34 @@ class Store:
 
     def save_custody(self, push: Push, deadline: float, now: float) -> None:
         """Persist a push this relay accepted, before the 202 goes out."""
-        # One statement, autocommitted: the hot path of every push. Its status row is written when
-        # custody ends; until then the custody row itself answers "pending".
-        self._db.execute("INSERT OR REPLACE INTO custody VALUES (?, ?, ?, ?, ?)",
-                         (push.push_id, encode(push), deadline, push.attempt, now))
+        # The hot path of every push. Its status row is written when custody ends; until then the
+        # custody row itself answers "pending". Grouping: written when the batch commits (_custody_new).
+        if self._grouping:
+            self._open_batch()
+            self._custody_new[push.push_id] = (push, deadline, push.attempt, now)
+            return
+        with self._write():
+            self._db.execute("INSERT OR REPLACE INTO custody VALUES (?, ?, ?, ?, ?)",
+                             (push.push_id, encode(push), deadline, push.attempt, now))
 
     def update_attempts(self, attempts: list[tuple[bytes, int]]) -> None:
         """Record custody attempt numbers (a restarted relay continues from them)."""
-        with self._tx():
+        for pid, attempt in attempts:
+            new = self._custody_new.get(pid)
+            if new is not None:
+                self._custody_new[pid] = (new[0], new[1], attempt, new[3])
+        with self._write():
             self._db.executemany("UPDATE custody SET attempt=? WHERE push_id=?", [(a, p) for p, a in attempts])
 
     def release_custody(self, push_id: bytes, status: str, hops: int | None, now: float) -> None:
         """Custody ended: drop the push from disk and record its final status."""
-        with self._tx():
+        new = self._custody_new.pop(push_id, None)
+        if new is not None:  # taken in this very batch: its custody row was never written
+            with self._write():
+                self._db.execute("INSERT OR REPLACE INTO push_status VALUES (?, ?, ?, ?, ?)",
+                                 (push_id, status, hops, new[3], now))
+            return
+        with self._write():
             row = self._db.execute("SELECT accepted_at FROM custody WHERE push_id=?", (push_id,)).fetchone()
             if row is not None:
                 self._db.execute("DELETE FROM custody WHERE push_id=?", (push_id,))
@@ -382,14 +531,16 @@ class Store:
         return out
 
     def custody_count(self) -> int:
-        return int(self._db.execute("SELECT COUNT(*) FROM custody").fetchone()[0])
+        return int(self._db.execute("SELECT COUNT(*) FROM custody").fetchone()[0]) + len(self._custody_new)
 
     def push_status(self, push_id: bytes) -> dict[str, object] | None:
         """The status row of a push this relay accepted, or None."""
         row = self._db.execute("SELECT status, hops, accepted_at, settled_at FROM push_status WHERE push_id=?",
                                (push_id,)).fetchone()
         if row is None:
-            held = self._db.execute("SELECT accepted_at FROM custody WHERE push_id=?", (push_id,)).fetchone()
+            new = self._custody_new.get(push_id)
+            held = (new[3],) if new is not None else self._db.execute(
+                "SELECT accepted_at FROM custody WHERE push_id=?", (push_id,)).fetchone()
             if held is None:
                 return None
             row = ("pending", None, held[0], None)
@@ -410,3 +561,8 @@ class Store:
 
     def device_count(self) -> int:
         return len(self._home)
+
+
+def _checkpoint(conn: sqlite3.Connection) -> Any:
+    """One passive WAL checkpoint (run in a worker thread)."""
+    return conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()

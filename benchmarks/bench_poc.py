@@ -1,0 +1,437 @@
+"""INRI against the seed's proof of concept (issue 16 item 5), measured side by side in one run.
+
+1. The PoC (benchmarks/seed_poc/app.py: FastAPI under uvicorn, RabbitMQ from Debian's rabbitmq-server
+   package, started and stopped here) and one INRI relay with the devices homed there, under the same
+   wrk load (one thread, BENCH_CONCURRENCY connections, BENCH_POC_SECONDS per round, every request a
+   fresh single-use token), in interleaved rounds: pushes/s answered 2xx, p50/p99 accept latency,
+   medians over BENCH_POC_ROUNDS rounds and their ratios, and the relay's CPU per push (utime+stime
+   from /proc/<pid>/stat over the round, divided by the pushes it accepted).
+   BENCH_COMPARE_TREE=/path/to/another/checkout adds a relay run from that tree's code (e.g. main)
+   to the rounds, so old and new are compared in the same run.
+2. The same HTTP load on a bare ASGI 202 endpoint served by hypercorn and by the relay's front
+   (inri/node/http1.py): the HTTP server's own ceiling, the measurement behind choosing the front.
+3. A 3-hop line (entry - forwarder - forwarder - home, four relays, one bootstrap per link): wrk at
+   the entry, pushes stored/s at the home end to end beside the PoC's rate, and CPU per push at the
+   entry, a forwarding relay and the home.
+
+System packages (wrk, rabbitmq-server) are installed by `make bench` (benchmarks/install_bench_deps.sh);
+the PoC's Python packages are the `bench` extra. Missing any: this benchmark says so and skips.
+The machine may be shared: the figures to quote are the ratios of interleaved rounds.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import trio
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench_http_push import BARE_APP, parse_wrk  # noqa: E402  (this directory: the script's own)
+
+from inri import mesh  # noqa: E402
+from inri.client import DeviceClient  # noqa: E402
+from inri.client.credential import seal  # noqa: E402
+from inri.common.b64url import b64e  # noqa: E402
+from inri.common.identity import NodeIdentity  # noqa: E402
+from inri.node.bootstrap_client import make_record  # noqa: E402
+from inri.protocol.codec import encode_registration  # noqa: E402
+from inri.protocol.peer_record import encode_record  # noqa: E402
+
+CONC = int(os.environ.get("BENCH_CONCURRENCY", "32"))
+SECONDS = int(os.environ.get("BENCH_POC_SECONDS", "5"))
+ROUNDS = int(os.environ.get("BENCH_POC_ROUNDS", "3"))
+TOKENS = int(os.environ.get("BENCH_POC_TOKENS", "40000"))  # fresh tokens per round (more than wrk can send)
+LINE_SECONDS = int(os.environ.get("BENCH_LINE_SECONDS", "5"))
+COMPARE_TREE = os.environ.get("BENCH_COMPARE_TREE", "")
+TICK = os.sysconf("SC_CLK_TCK")
+# Relays for load: the API's per-address limits far above what one wrk client sends.
+LOAD_ENV = {"INRI_API_RATE_PER_S": "1000000", "INRI_API_RATE_BURST": "1000000",
+            "INRI_API_DEVICE_RATE_PER_S": "1000000", "INRI_API_DEVICE_RATE_BURST": "1000000"}
+RABBITMQ = "/usr/lib/rabbitmq/bin/rabbitmq-server"
+
+
+def missing() -> list[str]:
+    """What this benchmark needs and the machine lacks."""
+    out = []
+    if not shutil.which("wrk"):
+        out.append("wrk (Debian package wrk)")
+    if not (Path(RABBITMQ).exists() or shutil.which("rabbitmq-server")):
+        out.append("rabbitmq-server (Debian package rabbitmq-server)")
+    for mod in ("fastapi", "uvicorn", "aio_pika"):
+        if importlib.util.find_spec(mod) is None:
+            out.append(f"Python package {mod} (pip install -e '.[bench]')")
+    return out
+
+
+def free_port() -> int:
+    return mesh._free_port(socket.SOCK_STREAM)
+
+
+def cpu_s(pid: int) -> float:
+    """utime + stime of a process (all its threads) and of its living children (hypercorn's worker), in s."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    total = (int(fields[11]) + int(fields[12])) / TICK
+    for task in Path(f"/proc/{pid}/task").glob("*/children"):
+        total += sum(cpu_s(int(c)) for c in task.read_text().split())
+    return total
+
+
+def wait_port(port: int, proc: subprocess.Popen[bytes], what: str, timeout: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode}")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.2)
+    raise RuntimeError(f"{what} did not listen on {port} in {timeout} s")
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
+
+
+def start_rabbitmq(d: Path) -> tuple[subprocess.Popen[bytes], int]:
+    """A private RabbitMQ node (own ports, data and Erlang cookie under d), as root or not."""
+    port, dist, epmd = free_port(), free_port(), free_port()
+    d.mkdir()
+    env = {**os.environ, "HOME": str(d), "RABBITMQ_NODENAME": f"inribench{port}@localhost",
+           "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1", "RABBITMQ_NODE_PORT": str(port),
+           "RABBITMQ_DIST_PORT": str(dist), "ERL_EPMD_PORT": str(epmd), "RABBITMQ_MNESIA_BASE": str(d / "mnesia"),
+           "RABBITMQ_LOG_BASE": str(d / "log"), "RABBITMQ_ENABLED_PLUGINS_FILE": str(d / "plugins"),
+           "RABBITMQ_CONFIG_FILE": str(d / "none")}
+    exe = RABBITMQ if Path(RABBITMQ).exists() else str(shutil.which("rabbitmq-server"))
+    with open(d / "out.log", "ab") as log:
+        proc = subprocess.Popen([exe], env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+    wait_port(port, proc, "rabbitmq-server", timeout=120)
+    return proc, port
+
+
+def start_poc(d: Path, amqp_port: int) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    env = {**os.environ, "POC_AMQP_URL": f"amqp://guest:guest@127.0.0.1:{amqp_port}/"}
+    with open(d / "poc.log", "ab") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "app:app", "--host", "127.0.0.1", "--port",
+                                 str(port), "--log-level", "warning", "--no-access-log"],
+                                cwd=ROOT / "benchmarks" / "seed_poc", env=env, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    wait_port(port, proc, "the PoC (uvicorn)")
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(100):  # its startup connects to RabbitMQ
+        try:
+            if httpx.post(url + "/register", json={"client_id": "warm", "count": 1}, timeout=5).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    return proc, url
+
+
+def wrk(url: str, bodies: list[str], workdir: Path, seconds: int, *, reuse: bool = False) -> dict[str, float]:
+    """wrk POSTing each body once, in turn: 2xx/s, p50 and p99 (s), requests sent, non-2xx."""
+    script = workdir / f"load_{time.monotonic_ns()}.lua"
+    script.write_text("\n".join(
+        ["bodies = {"] + ["  " + json.dumps(b) + "," for b in bodies] + ["}", "i = 0", "request = function()",
+         "  i = i + 1", "  return wrk.format('POST', nil, {['Content-Type'] = 'application/json'}, "
+         "bodies[((i - 1) % #bodies) + 1])", "end"]))
+    proc = subprocess.run(["wrk", "-t1", f"-c{CONC}", f"-d{seconds}s", "--latency", "-s", str(script), url],
+                          capture_output=True, text=True, timeout=seconds + 120)
+    script.unlink()
+    out = proc.stdout
+    _, p50, p99, bad = parse_wrk(out)
+    m = re.search(r"(\d+) requests in ([\d.]+)(us|ms|s|m)", out)
+    total = int(m.group(1)) if m else 0
+    wall = float(m.group(2)) * {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0}[m.group(3)] if m else float(seconds)
+    if total > len(bodies) and not reuse:
+        print(f"  (warning: wrk sent {total} requests for {len(bodies)} tokens: raise BENCH_POC_TOKENS)")
+    return {"rps": (total - bad) / wall, "p50": p50, "p99": p99, "sent": total, "bad": bad}
+
+
+async def inri_bodies(api: str, n: int) -> list[str]:
+    """n push bodies, each with a fresh token, for devices homed at api (1,000 per device: its mailbox)."""
+    per = 1000
+    out: list[str] = []
+    devices = [DeviceClient(api) for _ in range((n + per - 1) // per)]
+    for d in devices:
+        await d.register(tokens=500)
+        while len(d.tokens) < per:
+            await d.more_tokens(500)
+        cred = d.export_credential(per)
+        reg = b64e(encode_registration(cred.registration))
+        ct = b64e(seal(cred.seal_key, b"y" * 64))
+        out += [json.dumps({"registration": reg, "token": b64e(t), "ciphertext": ct}) for t in cred.tokens]
+    return out[:n]
+
+
+def poc_bodies(url: str, n: int) -> list[str]:
+    tokens = httpx.post(url + "/register", json={"client_id": f"c{time.monotonic_ns()}", "count": n},
+                        timeout=120).json()["tokens"]
+    return [json.dumps({"token": t, "payload": {"msg": "y" * 64}}) for t in tokens]
+
+
+def start_relay(d: Path, tree: str | None = None) -> dict[str, Any]:
+    """One relay (and its bootstrap), load limits, traces off; tree: run another checkout's code."""
+    old, cwd = dict(os.environ), os.getcwd()
+    os.environ.update(LOAD_ENV)
+    if tree:  # `python -m` puts the working directory first on sys.path: the processes start in the tree
+        os.environ["PYTHONPATH"] = tree
+        os.chdir(tree)
+    try:
+        return mesh.up(d.resolve(), relays=1, bootstraps=1, timeout_s=90, trace_level="off", profile="default")
+    finally:
+        os.chdir(cwd)
+        os.environ.clear()
+        os.environ.update(old)
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def one_relay_rounds(d: Path, poc_url: str, poc_pids: list[int]) -> dict[str, dict[str, list[float]]]:
+    relays = {"relay": start_relay(d / "relay")}
+    if COMPARE_TREE:
+        relays["compare"] = start_relay(d / "compare", COMPARE_TREE)
+    results: dict[str, dict[str, list[float]]] = {k: {} for k in ["poc", *relays]}
+    try:
+        for rnd in range(ROUNDS):
+            order = ["poc", *relays]
+            order = order[rnd % len(order):] + order[:rnd % len(order)]  # interleaved, rotating who goes first
+            for name in order:
+                if name == "poc":
+                    bodies = poc_bodies(poc_url, min(TOKENS, 30000))
+                    url, pids = poc_url + "/push", poc_pids
+                else:
+                    api = relays[name]["relays"][0]["api"]
+                    bodies = trio.run(inri_bodies, api, TOKENS)
+                    url, pids = api + "/v1/push", [relays[name]["relays"][0]["pid"]]
+                c0 = sum(cpu_s(p) for p in pids)
+                r = wrk(url, bodies, d, SECONDS)
+                cpu = sum(cpu_s(p) for p in pids) - c0
+                r["cpu_ms"] = cpu * 1000 / max(1.0, r["rps"] * SECONDS)
+                print(f"  round {rnd + 1} {name:8s} {r['rps']:8,.0f} 2xx/s  p50 {r['p50'] * 1000:6.1f} ms  "
+                      f"p99 {r['p99'] * 1000:6.1f} ms  non-2xx {r['bad']:.0f}  CPU/push {r['cpu_ms']:.3f} ms",
+                      flush=True)
+                for k, v in r.items():
+                    results[name].setdefault(k, []).append(v)
+    finally:
+        for name in relays:
+            mesh.down(d / name)
+    return results
+
+
+# -- 3. the 3-hop line ------------------------------------------------------------------------------
+
+def start_line(d: Path, procs: list[subprocess.Popen[bytes]]) -> dict[str, Any]:
+    """Relays R1 - R2 - R3 - R4 on a line: bootstrap Bk knows only Rk and Rk+1 (each relay asks only
+    the bootstraps of its links); the ends keep one neighbour, the middle relays two."""
+    d.mkdir()
+    py = sys.executable
+    boots: list[str] = []
+    deadline = time.monotonic() + 120
+    info: dict[str, Any] = {"dir": str(d), "bootstraps": [], "relays": []}
+    benv = {"INRI_BOOTSTRAP_PER_PREFIX_MAX": "10000", "INRI_BOOTSTRAP_RATE_PER_S": "1000",
+            "INRI_BOOTSTRAP_RATE_BURST": "2000"}
+    for i in range(3):
+        log = d / f"b{i + 1}.log"
+        proc = mesh._spawn([py, "-m", "bootstrap_nodes.cli", "serve", "--listen", "127.0.0.1:0", "--data-dir",
+                            str(d / f"b{i + 1}"), "--allow-private"], log, benv)
+        procs.append(proc)
+        boots.append(mesh.bootstrap_url(proc, log, deadline))
+    for i in range(4):
+        rdir = d / f"r{i + 1}"
+        rdir.mkdir()
+        mine = [boots[j] for j in (i - 1, i) if 0 <= j < 3]
+        ends = i in (0, 3)
+        # active_min = active_max: a middle relay keeps dialling until it has both of its neighbours.
+        engine = {"active_min": 1 if ends else 2, "active_max": 1 if ends else 2, "outbound_min": 0,
+                  "priority_join_below": 1}
+        (rdir / "relay.toml").write_text(mesh.relay_config(rdir, 0, 0, mine, "line", "off", "default", engine))
+        log = d / f"r{i + 1}.log"
+        procs.append(mesh._spawn([py, "-m", "inri.cli", "relay", "--config", str(rdir / "relay.toml")], log, LOAD_ENV))
+        info["relays"].append({"name": f"R{i + 1}", "pid": procs[-1].pid, "data_dir": str(rdir), "log": str(log),
+                               "boots": mine})
+    for r, proc in zip(info["relays"], procs[3:], strict=True):
+        ready = mesh.relay_ready(Path(r["data_dir"]), proc, Path(r["log"]), deadline)
+        r.update(api=ready["api"], quic=ready["quic"], node_id=ready["node_id"])
+    # A relay announces to ONE of its bootstraps: announce each middle relay to both of its own, so
+    # the bootstrap of every link knows both ends of it.
+    for r in info["relays"]:
+        ident = NodeIdentity.load_or_create(Path(r["data_dir"]) / "node.key")
+        now = time.time()
+        body = encode_record(make_record(ident, [r["quic"]], None, 100, int(now * 1000) + 1, int(now)))
+        for b in r["boots"]:
+            answer = httpx.post(b + "/v1/announce", content=body, headers={"content-type": "application/msgpack"},
+                                timeout=10)
+            if answer.status_code != 200:
+                raise RuntimeError(f"announcing {r['name']} to {b}: {answer.status_code} {answer.text[:200]}")
+    want = [1, 2, 2, 1]
+    while True:
+        got = [len(mesh.status(r["api"])["neighbours"]) for r in info["relays"]]
+        if got == want:
+            break
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the line did not form: neighbour counts {got}")
+        time.sleep(0.3)
+    return info
+
+
+async def line_push(info: dict[str, Any], workdir: Path) -> dict[str, Any]:
+    entry, home = info["relays"][0], info["relays"][-1]
+    bodies = await inri_bodies(home["api"], TOKENS)
+    async with httpx.AsyncClient(timeout=10) as c:
+        with trio.fail_after(120):
+            while (await c.get(entry["api"] + "/v1/status")).json()["routes"] < len(bodies) // 1000:
+                await trio.sleep(0.2)
+        pids = [r["pid"] for r in info["relays"]]
+        c0 = [cpu_s(p) for p in pids]
+        t0 = time.perf_counter()
+        r = await trio.to_thread.run_sync(wrk, entry["api"] + "/v1/push", bodies, workdir, LINE_SECONDS)
+        with trio.fail_after(300):
+            while (await c.get(entry["api"] + "/v1/status")).json()["custody"] > 0:
+                await trio.sleep(0.05)
+        wall = time.perf_counter() - t0
+        cpu = [cpu_s(p) - c for p, c in zip(pids, c0, strict=True)]
+        metrics = (await c.get(entry["api"] + "/metrics")).text
+    stored = int(float(next((ln.split()[-1] for ln in metrics.splitlines()
+                             if ln.startswith('inri_custody_settled_total{status="delivered"}')), "0")))
+    return {"accepted": r["rps"], "stored": stored, "stored_rate": stored / wall, "p99": r["p99"],
+            "cpu_ms": [c * 1000 / max(1, stored) for c in cpu]}
+
+
+def bare_servers(d: Path) -> dict[str, dict[str, float]]:
+    """A bare ASGI app answering 202, under hypercorn and under inri/node/http1.py, the same wrk load."""
+    (d / "bare_app.py").write_text(BARE_APP)
+    (d / "bare_lean.py").write_text(
+        "import sys, trio\nfrom hypercorn.config import Config\nfrom inri.node.http1 import serve\n"
+        "from bare_app import app\nc = Config()\nc.bind = [sys.argv[1]]\n"
+        "trio.run(lambda: serve(app, c, shutdown_trigger=trio.sleep_forever))\n")
+    out: dict[str, dict[str, list[float]]] = {"hypercorn": {}, "http1": {}}
+    procs = {}
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}:{d}"}
+    for name in out:
+        port = free_port()
+        args = ([sys.executable, "-m", "hypercorn", "--worker-class", "trio", "-b", f"127.0.0.1:{port}", "bare_app:app"]
+                if name == "hypercorn" else [sys.executable, "bare_lean.py", f"127.0.0.1:{port}"])
+        procs[name] = (subprocess.Popen(args, cwd=d, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                        start_new_session=True), port)
+    try:
+        for name, (proc, port) in procs.items():
+            wait_port(port, proc, name)
+        body = [json.dumps({"registration": "x" * 200, "token": "y" * 22, "ciphertext": "z" * 150})]
+        for _ in range(ROUNDS):
+            for name, (proc, port) in procs.items():
+                c0 = cpu_s(proc.pid)
+                r = wrk(f"http://127.0.0.1:{port}/v1/push", body * 10, d, 3, reuse=True)
+                r["cpu_ms"] = (cpu_s(proc.pid) - c0) * 1000 / max(1.0, r["sent"])
+                for k, v in r.items():
+                    out[name].setdefault(k, []).append(v)
+    finally:
+        for proc, _ in procs.values():
+            stop(proc)
+    return {name: {k: median(v) for k, v in figs.items()} for name, figs in out.items()}
+
+
+def main() -> None:
+    lacking = missing()
+    if lacking:
+        print("bench_poc skipped: missing " + "; ".join(lacking) + ". `make bench` installs the system packages "
+              "(as root, via apt-get); the Python ones are the `bench` extra.")
+        return
+    with tempfile.TemporaryDirectory(prefix="inri-poc-") as tmp:
+        d = Path(tmp)
+        cleanup: list[Callable[[], None]] = []
+        try:
+            rmq, amqp_port = start_rabbitmq(d / "rabbitmq")
+            cleanup.append(lambda: stop(rmq))
+            poc, poc_url = start_poc(d, amqp_port)
+            cleanup.append(lambda: stop(poc))
+            print(f"1. PoC (uvicorn + RabbitMQ) vs one INRI relay, wrk -t1 -c{CONC}, {SECONDS} s per round, "
+                  f"{ROUNDS} interleaved rounds" + (f", compare tree {COMPARE_TREE}" if COMPARE_TREE else ""),
+                  flush=True)
+            res = one_relay_rounds(d, poc_url, [poc.pid, rmq.pid])
+            for f in cleanup[::-1]:
+                f()
+            cleanup.clear()
+            print("2. bare ASGI 202 endpoint: hypercorn vs inri/node/http1.py", flush=True)
+            bare = bare_servers(d)
+            print("3. a 3-hop line R1 (entry) - R2 - R3 - R4 (home)", flush=True)
+            line: dict[str, Any] = {}
+            line_procs: list[subprocess.Popen[bytes]] = []
+            try:
+                line_info = start_line(d / "line", line_procs)
+                line = trio.run(line_push, line_info, d)
+            except (RuntimeError, trio.TooSlowError, httpx.HTTPError) as exc:
+                print(f"  the 3-hop line failed: {exc!r} (logs were in {d / 'line'})")
+            finally:
+                for proc in line_procs:
+                    stop(proc)
+        finally:
+            for f in cleanup[::-1]:
+                f()
+    med = {name: {k: median(v) for k, v in figs.items()} for name, figs in res.items()}
+    poc_rps = med["poc"]["rps"]
+    print()
+    print(f"{'':24s}{'2xx/s':>10s}{'ratio':>8s}{'p50 ms':>9s}{'p99 ms':>9s}{'CPU/push ms':>13s}")
+    for name, m in med.items():
+        label = {"poc": "seed PoC", "relay": "INRI relay (this tree)", "compare": f"INRI relay ({COMPARE_TREE})"}[name]
+        print(f"{label[:24]:24s}{m['rps']:10,.0f}{m['rps'] / poc_rps:8.2f}{m['p50'] * 1000:9.1f}{m['p99'] * 1000:9.1f}"
+              f"{m['cpu_ms'] if name != 'poc' else float('nan'):13.3f}")
+    print(f"(PoC CPU/push, uvicorn + RabbitMQ: {med['poc']['cpu_ms']:.3f} ms)")
+    for name, m in bare.items():
+        print(f"bare 202 under {name:10s} {m['rps']:10,.0f}/s  p99 {m['p99'] * 1000:.1f} ms  CPU/request "
+              f"{m['cpu_ms']:.3f} ms")
+    cpu = line.get("cpu_ms") or [float("nan")] * 4
+    line.setdefault("stored_rate", float("nan"))
+    print(f"3-hop line: accepted {line.get('accepted', float('nan')):,.0f}/s at the entry, stored end to end "
+          f"{line['stored_rate']:,.0f}/s ({line['stored_rate'] / poc_rps:.2f}x the PoC), {line.get('stored')} pushes")
+    print(f"CPU per push: entry {cpu[0]:.3f} ms, forwarding {cpu[1]:.3f} / {cpu[2]:.3f} ms, home {cpu[3]:.3f} ms")
+    relay = med["relay"]
+    figures = [
+        {"metric": "one relay pushes/s vs seed PoC", "value": round(relay["rps"] / poc_rps, 2), "unit": "x",
+         "ceiling": "aim >= 3x", "note": f"{relay['rps']:,.0f}/s vs {poc_rps:,.0f}/s; p99 {relay['p99'] * 1000:.1f} ms "
+                                         f"vs PoC {med['poc']['p99'] * 1000:.1f} ms"},
+        {"metric": "CPU per push, one relay", "value": round(relay["cpu_ms"], 3), "unit": "ms"},
+        {"metric": "3-hop stored/s vs seed PoC", "value": round(line["stored_rate"] / poc_rps, 2), "unit": "x",
+         "ceiling": "aim >= 1.5x", "note": f"{line['stored_rate']:,.0f}/s"},
+        {"metric": "CPU per push entry/fwd/home", "value": round(cpu[0], 3), "unit": "ms",
+         "ceiling": "aim 0.35/0.2/0.3", "note": f"fwd {cpu[1]:.3f}/{cpu[2]:.3f}, home {cpu[3]:.3f}"},
+        {"metric": "bare 202: http1 vs hypercorn", "value": round(bare["http1"]["rps"] / bare["hypercorn"]["rps"], 2),
+         "unit": "x", "note": f"{bare['http1']['rps']:,.0f}/s vs {bare['hypercorn']['rps']:,.0f}/s"},
+    ]
+    if "compare" in med:
+        figures.append({"metric": "one relay vs compare tree", "value": round(relay["rps"] / med["compare"]["rps"], 2),
+                        "unit": "x", "note": f"{COMPARE_TREE}: {med['compare']['rps']:,.0f}/s"})
+    print(json.dumps({"bench": "poc", "figures": figures}))
+
+
+if __name__ == "__main__":
+    main()

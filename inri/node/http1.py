@@ -1,0 +1,480 @@
+"""The relay's HTTP/1.1 + WebSocket front: h11 and wsproto over trio streams, serving an ASGI app.
+
+Why hand-written (issue 16 item 2, measured): under wrk, a relay spent 57% of its CPU in the HTTP
+stack, most of it in hypercorn's per-request machinery (a task, an event-driven ASGI queue and cancel
+scopes per request, timers per connection), not in parsing. This front keeps the sans-IO libraries
+hypercorn is built from (h11 parses and frames HTTP/1.1, wsproto does the WebSocket handshake and
+frames) and drops the rest: one task per connection, the ASGI app called inline, a request's
+response written with one send, one cancel scope per connection whose deadline is moved (no scope
+per read). `benchmarks/bench_poc.py` measures both servers on the same relay (figures in docs/
+operations.md). Every route is the same ASGI app as before, so the documented API, problem+json
+bodies, limits and metrics do not change; `serve()` takes hypercorn's Config and has hypercorn's
+serve() signature, so the relay (and the tests) switch servers without other changes.
+
+What it does: HTTP/1.1 keep-alive and pipelining (h11 parses the next request only after the answer
+to the one before), request heads bounded by `h11_max_incomplete_size`, bodies bounded by each
+route (the app's `Request`), idle connections closed after `keep_alive_timeout`, a request whose head
+or body stalls for READ_TIMEOUT_S closed, input h11 cannot parse answered 400 (501 for an unsupported
+transfer coding) with an empty body as hypercorn did, `Expect: 100-continue` honoured, an app failure
+answered 500. WebSocket upgrades (the device stream) go through wsproto with the ASGI websocket
+protocol; a close before accept is answered 403, as hypercorn did. Graceful stop: on the shutdown
+trigger the listeners close, idle connections close, requests in flight get `graceful_timeout`.
+No lifespan events (the relay's app has nothing to start), no HTTP/2, no TLS (a reverse proxy's job:
+docs/operations.md).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from email.utils import formatdate
+from typing import Any
+from urllib.parse import unquote
+
+import h11
+import trio
+from hypercorn.config import Config
+from wsproto import ConnectionType, WSConnection
+from wsproto.events import (
+    AcceptConnection,
+    BytesMessage,
+    CloseConnection,
+    Message,
+    Ping,
+    RejectConnection,
+    TextMessage,
+)
+from wsproto.events import Request as WsRequest
+from wsproto.utilities import RemoteProtocolError as WsProtocolError
+
+from inri.common.addr import format_addr
+
+Scope = dict[str, Any]
+ASGIApp = Callable[[Scope, Callable[[], Awaitable[dict[str, Any]]], Callable[[dict[str, Any]], Awaitable[None]]],
+                   Awaitable[None]]
+
+READ_TIMEOUT_S = 30.0  # a request's head or body that stalls this long closes its connection
+RECEIVE_BYTES = 65536
+LISTEN_BACKLOG = 1024
+DRAIN_MAX_BYTES = 256 * 1024  # unread body the server reads and drops to keep a connection (413, 404 ...)
+WS_MAX_MESSAGE_BYTES = 1024 * 1024  # the device stream's messages are acks (~17.5 KB at most)
+_REASONS = {400: b"Bad Request", 408: b"Request Timeout", 413: b"Payload Too Large",
+            431: b"Request Header Fields Too Large", 500: b"Internal Server Error", 501: b"Not Implemented"}
+
+
+class _Date:
+    """The Date header, formatted once per second (as hypercorn sends it)."""
+
+    def __init__(self) -> None:
+        self.second = -1
+        self.value = b""
+
+    def header(self) -> bytes:
+        now = int(time.time())
+        if now != self.second:
+            self.second = now
+            self.value = formatdate(now, usegmt=True).encode()
+        return self.value
+
+
+_DATE = _Date()
+
+
+class _Closed(Exception):
+    """The peer closed the connection or let it stall: stop serving it."""
+
+
+class _Connection:
+    """One client connection: requests in turn until it closes (or the server stops)."""
+
+    def __init__(self, server: _Server, stream: trio.SocketStream) -> None:
+        self.server = server
+        self.stream = stream
+        self.conn = h11.Connection(h11.SERVER, max_incomplete_event_size=server.config.h11_max_incomplete_size)
+        sock = stream.socket
+        self.client = _addr(sock.getpeername())
+        self.local = _addr(sock.getsockname())
+        self.deadline = trio.CancelScope()  # its deadline is moved while we wait for the peer (not a scope per read)
+        self.idle = False  # waiting for the next request (the server's stop closes such connections)
+        self.send_lock = trio.Lock()  # a WebSocket app sends from two tasks
+
+    async def run(self) -> None:
+        try:
+            with self.deadline:
+                await self._serve()
+        except (_Closed, trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            pass
+        except Exception:  # noqa: BLE001 - one connection's failure (h11.LocalProtocolError ...) never ends the server
+            self.server.log_error("connection failed", exc_info=True)
+        finally:
+            self.server.connections.discard(self)
+            with trio.CancelScope(shield=True), trio.move_on_after(1.0):
+                await self.stream.aclose()
+
+    async def _serve(self) -> None:
+        conn = self.conn
+        while True:
+            self.idle = True
+            try:
+                if self.server.closing:
+                    return
+                event = await self.next_event_within(self.server.config.keep_alive_timeout)
+            except h11.RemoteProtocolError as exc:
+                await self.refuse(exc.error_status_hint)
+                return
+            finally:
+                self.idle = False
+            if not isinstance(event, h11.Request):
+                return  # ConnectionClosed
+            if _is_websocket(event):
+                await _WebSocket(self, event).run()
+                return
+            try:
+                await self._request(event)
+            except h11.RemoteProtocolError as exc:
+                if conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
+                    await self.refuse(exc.error_status_hint)
+                return
+            if conn.our_state is h11.MUST_CLOSE or not await self._drain():
+                return
+            conn.start_next_cycle()
+
+    async def next_event_within(self, timeout: float) -> Any:
+        """The next h11 event, reading the socket as needed; _Closed after `timeout` s without one."""
+        conn = self.conn
+        while True:
+            event = conn.next_event()
+            if event is not h11.NEED_DATA:
+                return event
+            self.deadline.deadline = trio.current_time() + timeout
+            data = await self.stream.receive_some(RECEIVE_BYTES)
+            self.deadline.deadline = math.inf
+            conn.receive_data(data)
+            if self.deadline.cancel_called:
+                raise _Closed
+
+    async def refuse(self, status: int) -> None:
+        """What h11 cannot parse: a bodiless answer, then the connection closes (hypercorn's answer)."""
+        reason = _REASONS.get(status, b"")
+        head = b"HTTP/1.1 %d %s\r\ncontent-length: 0\r\nconnection: close\r\ndate: %s\r\n\r\n" % (
+            status, reason, _DATE.header())
+        await self.stream.send_all(head)
+
+    async def _drain(self) -> bool:
+        """After the answer: read and drop what is left of the request body; False to close instead."""
+        conn = self.conn
+        dropped = 0
+        while conn.their_state is h11.SEND_BODY:
+            event = await self.next_event_within(READ_TIMEOUT_S)
+            if isinstance(event, h11.Data):
+                dropped += len(event.data)
+                if dropped > DRAIN_MAX_BYTES:
+                    return False
+            elif not isinstance(event, h11.EndOfMessage):
+                return False
+        return conn.their_state is h11.DONE and conn.our_state is h11.DONE
+
+    async def _request(self, req: h11.Request) -> None:
+        target = bytes(req.target)
+        raw_path, _, query = target.partition(b"?")
+        scope: Scope = {
+            "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
+            "method": req.method.decode("ascii"), "scheme": "http", "path": unquote(raw_path.decode("ascii")),
+            "raw_path": raw_path, "query_string": query, "root_path": "", "headers": list(req.headers),
+            "client": self.client, "server": self.local, "extensions": {},
+        }
+        exchange = _Exchange(self)
+        try:
+            await self.server.app(scope, exchange.receive, exchange.send)
+        except (_Closed, trio.BrokenResourceError, trio.ClosedResourceError):
+            raise
+        except Exception:  # noqa: BLE001 - an app failure is a 500, never a dropped server
+            self.server.log_error("Error in ASGI application", exc_info=True)
+            if exchange.status is None:
+                await exchange.answer(500, [(b"content-length", b"0")], b"")
+            raise _Closed from None
+        if self.conn.our_state is h11.SEND_RESPONSE:  # the app returned without answering
+            await exchange.answer(500, [(b"content-length", b"0")], b"")
+
+
+class _Exchange:
+    """ASGI receive/send for one HTTP request on a connection."""
+
+    def __init__(self, connection: _Connection) -> None:
+        self.c = connection
+        self.status: int | None = None
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.body_done = False
+
+    async def receive(self) -> dict[str, Any]:
+        if self.body_done:
+            # ASGI: after the body, receive() waits for the disconnect; the app does not ask for it.
+            await trio.sleep_forever()
+        conn = self.c.conn
+        if conn.client_is_waiting_for_100_continue and conn.our_state is h11.SEND_RESPONSE:
+            await self.c.stream.send_all(conn.send(h11.InformationalResponse(status_code=100, headers=[])) or b"")
+        chunks: list[bytes] = []
+        try:
+            while True:
+                if chunks:
+                    # What is buffered already goes out in one message; read the socket only when empty.
+                    event = conn.next_event()
+                    if event is h11.NEED_DATA:
+                        return {"type": "http.request", "body": b"".join(chunks), "more_body": True}
+                else:
+                    event = await self.c.next_event_within(READ_TIMEOUT_S)
+                if isinstance(event, h11.Data):
+                    chunks.append(bytes(event.data))
+                elif isinstance(event, h11.EndOfMessage):
+                    self.body_done = True
+                    return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+                else:
+                    return {"type": "http.disconnect"}
+        except h11.RemoteProtocolError:
+            return {"type": "http.disconnect"}
+
+    async def send(self, message: dict[str, Any]) -> None:
+        kind = message["type"]
+        if kind == "http.response.start":
+            self.status = int(message["status"])
+            self.headers = list(message.get("headers", []))
+        elif kind == "http.response.body":
+            if self.status is None:
+                raise RuntimeError("ASGI: response body before its start")
+            body = bytes(message.get("body", b""))
+            if message.get("more_body", False):
+                await self._write(body, end=False)
+            else:
+                await self._write(body, end=True)
+
+    async def answer(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        self.status, self.headers = status, headers
+        await self._write(body, end=True)
+
+    async def _write(self, body: bytes, *, end: bool) -> None:
+        conn = self.c.conn
+        out = b""
+        if conn.our_state is h11.SEND_RESPONSE:
+            assert self.status is not None
+            headers = [*self.headers, (b"date", _DATE.header())]
+            if self.c.server.closing:
+                headers.append((b"connection", b"close"))
+            out = conn.send(h11.Response(status_code=self.status, headers=headers)) or b""
+        if body:
+            out += conn.send(h11.Data(data=body)) or b""
+        if end:
+            out += conn.send(h11.EndOfMessage()) or b""
+        await self.c.stream.send_all(out)
+
+
+def _is_websocket(req: h11.Request) -> bool:
+    upgrade = connection = b""
+    for name, value in req.headers:
+        if name == b"upgrade":
+            upgrade = value.lower()
+        elif name == b"connection":
+            connection = value.lower()
+    return b"websocket" in upgrade and b"upgrade" in connection
+
+
+class _WebSocket:
+    """One WebSocket connection (RFC 6455 via wsproto) as the ASGI websocket protocol."""
+
+    def __init__(self, connection: _Connection, req: h11.Request) -> None:
+        self.c = connection
+        self.req = req
+        self.ws = WSConnection(ConnectionType.SERVER)
+        self.accepted = False
+        self.closed = False
+        self.text: list[str] = []
+        self.data: list[bytes] = []
+        self.size = 0
+
+    async def run(self) -> None:
+        req, c = self.req, self.c
+        # wsproto does the handshake from the request's bytes: hand it the head h11 parsed, then
+        # whatever the client sent after it.
+        head = b"%s %s HTTP/1.1\r\n" % (req.method, req.target) + b"".join(
+            b"%s: %s\r\n" % (k, v) for k, v in req.headers.raw_items()) + b"\r\n"
+        trailing, _ = c.conn.trailing_data
+        self.ws.receive_data(head + bytes(trailing))
+        first = next(self.ws.events(), None)
+        if not isinstance(first, WsRequest):
+            await c.refuse(400)
+            return
+        raw_path, _, query = bytes(req.target).partition(b"?")
+        scope: Scope = {
+            "type": "websocket", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
+            "scheme": "ws", "path": unquote(raw_path.decode("ascii")), "raw_path": raw_path, "query_string": query,
+            "root_path": "", "headers": list(req.headers), "client": c.client, "server": c.local,
+            "subprotocols": list(first.subprotocols), "extensions": {},
+        }
+        connected = False
+
+        async def receive() -> dict[str, Any]:
+            nonlocal connected
+            if not connected:
+                connected = True
+                return {"type": "websocket.connect"}
+            return await self._receive()
+
+        try:
+            await c.server.app(scope, receive, self._send)
+        except (_Closed, trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            return
+        except Exception:  # noqa: BLE001 - as for HTTP: logged, the connection ends
+            c.server.log_error("Error in ASGI websocket application", exc_info=True)
+        if not self.accepted:
+            await self._reject()
+        elif not self.closed:
+            await self._out(CloseConnection(code=1000))
+
+    async def _receive(self) -> dict[str, Any]:
+        while True:
+            for event in self.ws.events():
+                if isinstance(event, Message):
+                    self.size += len(event.data)
+                    if self.size > WS_MAX_MESSAGE_BYTES:
+                        await self._out(CloseConnection(code=1009))
+                        return {"type": "websocket.disconnect", "code": 1009}
+                    if isinstance(event, TextMessage):
+                        self.text.append(event.data)
+                    elif isinstance(event, BytesMessage):
+                        self.data.append(bytes(event.data))
+                    if event.message_finished:
+                        self.size = 0
+                        if isinstance(event, TextMessage):
+                            text, self.text = "".join(self.text), []
+                            return {"type": "websocket.receive", "text": text}
+                        data, self.data = b"".join(self.data), []
+                        return {"type": "websocket.receive", "bytes": data}
+                elif isinstance(event, Ping):
+                    await self._out(event.response())
+                elif isinstance(event, CloseConnection):
+                    if not self.closed:
+                        await self._out(event.response())
+                    return {"type": "websocket.disconnect", "code": event.code}
+            if self.closed:
+                return {"type": "websocket.disconnect", "code": 1006}
+            try:
+                data = await self.c.stream.receive_some(RECEIVE_BYTES)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                data = b""
+            if not data:
+                self.closed = True
+                return {"type": "websocket.disconnect", "code": 1006}
+            try:
+                self.ws.receive_data(data)
+            except WsProtocolError:
+                self.closed = True
+                return {"type": "websocket.disconnect", "code": 1002}
+
+    async def _send(self, message: dict[str, Any]) -> None:
+        kind = message["type"]
+        if kind == "websocket.accept":
+            if not self.accepted:
+                self.accepted = True
+                hdrs = list(message.get("headers", []))
+                await self._out(AcceptConnection(subprotocol=message.get("subprotocol"), extra_headers=hdrs))
+        elif kind == "websocket.send":
+            if self.closed:
+                raise trio.ClosedResourceError("websocket closed")
+            if message.get("text") is not None:
+                await self._out(TextMessage(data=message["text"]))
+            else:
+                await self._out(BytesMessage(data=message.get("bytes") or b""))
+        elif kind == "websocket.close":
+            if not self.accepted:
+                await self._reject()
+            elif not self.closed:
+                await self._out(CloseConnection(code=int(message.get("code", 1000)), reason=message.get("reason")))
+
+    async def _reject(self) -> None:
+        """A close before accept is an HTTP 403 (ASGI; hypercorn's answer)."""
+        if not self.closed:
+            self.closed = True
+            await self._write(self.ws.send(RejectConnection(status_code=403, headers=[(b"content-length", b"0")])))
+
+    async def _out(self, event: Any) -> None:
+        if isinstance(event, CloseConnection):
+            if self.closed:
+                return
+            self.closed = True
+        await self._write(self.ws.send(event))
+
+    async def _write(self, data: bytes) -> None:
+        async with self.c.send_lock:
+            await self.c.stream.send_all(data)
+
+
+class _Server:
+    def __init__(self, app: ASGIApp, config: Config) -> None:
+        self.app = app
+        self.config = config
+        self.closing = False
+        self.connections: set[_Connection] = set()
+        self.errorlog: logging.Logger | None = getattr(config.log, "error_logger", None)
+
+    def log_error(self, message: str, **kw: Any) -> None:
+        if self.errorlog is not None:
+            self.errorlog.error(message, **kw)
+
+    async def handle(self, stream: trio.SocketStream) -> None:
+        try:
+            connection = _Connection(self, stream)
+        except OSError:  # gone before we looked at it (getpeername: not connected)
+            await stream.aclose()
+            return
+        self.connections.add(connection)
+        await connection.run()
+
+
+def _addr(sockaddr: Any) -> tuple[str, int] | None:
+    return (str(sockaddr[0]), int(sockaddr[1])) if isinstance(sockaddr, tuple) else None
+
+
+def _listening_socket(bind: str) -> socket.socket:
+    if bind.startswith("fd://"):
+        return socket.socket(fileno=int(bind[5:]))
+    host, _, port = bind.rpartition(":")
+    host = host.strip("[]") or "127.0.0.1"
+    info = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    sock = socket.socket(info[0], info[1], info[2])
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(info[4])
+    sock.listen(LISTEN_BACKLOG)
+    return sock
+
+
+async def serve(app: ASGIApp, config: Config, *, shutdown_trigger: Callable[[], Awaitable[Any]],
+                task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
+    """Serve app on config.bind (host:port or fd://N, as hypercorn) until shutdown_trigger returns.
+
+    task_status gets the bound URLs (http://host:port). Requests in flight then get
+    config.graceful_timeout seconds; idle connections close at once."""
+    server = _Server(app, config)
+    socks = [_listening_socket(b) for b in config.bind]
+    listeners = []
+    for sock in socks:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        listeners.append(trio.SocketListener(trio.socket.from_stdlib_socket(sock)))
+    urls = [f"http://{format_addr(*sock.getsockname()[:2])}" for sock in socks]
+    async with trio.open_nursery() as conns:
+        async with trio.open_nursery() as accept:
+            for listener in listeners:
+                accept.start_soon(functools.partial(trio.serve_listeners, server.handle, [listener],
+                                                    handler_nursery=conns))
+            task_status.started(urls)
+            await shutdown_trigger()
+            accept.cancel_scope.cancel()
+        for listener in listeners:
+            await listener.aclose()
+        server.closing = True
+        for connection in list(server.connections):
+            if connection.idle:
+                connection.deadline.cancel()
+        conns.cancel_scope.deadline = trio.current_time() + config.graceful_timeout
