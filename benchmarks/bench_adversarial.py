@@ -3,7 +3,8 @@
 Every scenario runs twice through the real CLI: as shipped, and with `--no-adversaries` (same seed,
 topology, workload and homes; hostile relays behave honestly, spammers stay silent), so each figure
 has its own unloaded/honest baseline from the same run of this script. rushing-1k also runs with a
-5 ms forwarding jitter. Set BENCH_ADV_SCENARIOS to choose (comma-separated).
+5 ms forwarding jitter; receipt-forgers-1k also with `--unsigned-receipts` (the protocol before signed
+receipts, issue 15). Set BENCH_ADV_SCENARIOS to choose (comma-separated).
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-DEFAULT = "black-holes-1k,rushing-1k,forger-1k,reg-spammer-1k,push-spammer-1k"
+DEFAULT = "black-holes-1k,rushing-1k,forger-1k,reg-spammer-1k,receipt-forgers-1k,push-spammer-1k"
 KEYS = ("delivery_ratio", "route_coverage", "convergence_p50_s", "stretch_median", "stretch_p95",
         "messages_per_delivered_push", "cuts_of_hostile", "cuts_of_honest", "hostile_isolated",
         "primary_via_hostile", "spam_registrations", "spam_routes_cached_max", "victim_honest_lost",
-        "victim_latency_p99_s", "spam_offered", "spam_accepted", "wall_s")
+        "victim_latency_p99_s", "spam_offered", "spam_accepted", "receipts_forged", "receipts_refused",
+        "settled_not_delivered", "wall_s")
 
 
 def run(scenario: str, *extra: str) -> dict[str, Any]:
@@ -47,6 +49,15 @@ def main() -> None:
         ceiling = ">= 0.99" if sc.startswith("black-holes") else "no honest push lost"
         figures.append({"metric": f"{sc} delivery_ratio", "value": hostile["delivery_ratio"], "unit": "",
                         "ceiling": ceiling, "note": note})
+        if sc.startswith("receipt-forgers"):
+            unsigned = run(sc, "--unsigned-receipts")
+            show(sc + " --unsigned-receipts", unsigned)
+            figures.append({"metric": f"{sc} delivery signed / unsigned receipts", "value": hostile["delivery_ratio"],
+                            "unit": "", "ceiling": ">= 0.99, every forged receipt refused, 0 honest cuts",
+                            "note": f"unsigned {unsigned['delivery_ratio']}; forged {hostile['receipts_forged']}, "
+                                    f"refused {hostile['receipts_refused']}, believed (settled, never stored) "
+                                    f"{hostile['settled_not_delivered']} signed vs "
+                                    f"{unsigned['settled_not_delivered']} unsigned"})
         if sc.startswith("rushing"):
             figures.append({"metric": f"{sc} primary next hop hostile", "value": hostile["primary_via_hostile"],
                             "unit": "share", "ceiling": f"honest run {honest['primary_via_hostile']:.4f}"})

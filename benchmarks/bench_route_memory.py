@@ -15,7 +15,7 @@ from inri.core.config import EngineConfig
 from inri.core.engine import Engine
 from inri.core.home import MemoryHomeStore
 from inri.core.trace import NullTracer
-from inri.protocol.messages import RegGossip, Registration
+from inri.protocol.messages import Receipt, RegGossip, Registration
 
 ROUTES = 1_000_000
 
@@ -24,6 +24,9 @@ class TrustAll:
     """Signatures are beside the point here: memory is."""
 
     def verify_registration(self, registration: Registration) -> bool:
+        return True
+
+    def verify_receipt(self, receipt_key: bytes, route_id: bytes, receipt: Receipt) -> bool:
         return True
 
 

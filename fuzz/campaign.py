@@ -516,8 +516,10 @@ async def fuzz_quic(api: str, quic_addr: str, node_id: str, cases: int, seed: in
                         reply = decode(await link.receive())
                         # The relay's own keepalives, hellos and peer exchanges may come first, and
                         # answers to an earlier decodable push (a receipt, or a route error such as
-                        # `duplicate` for a push id it saw before).
-                        while isinstance(reply, (Keepalive, PeerExchange, Hello, Receipt, RouteError)):
+                        # `duplicate` for a push id it saw before), and the registrations it homes,
+                        # which it announces to every link that comes up (rule G5).
+                        while isinstance(reply, (Keepalive, PeerExchange, Hello, Receipt, RouteError,
+                                                 RegGossip)):
                             reply = decode(await link.receive())
                     if not isinstance(reply, ErrorFrame):
                         report.fail("quic", f"answered {type(reply).__name__}, not an error frame", frame)

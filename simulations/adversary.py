@@ -11,6 +11,9 @@ run exactly the code a real relay runs, scoring included:
   gossip it has seen, rate_per_s of each to every neighbour; drops pushes.
 - reg_spammer: originates rate_per_s fresh, validly signed registrations per second (new keys:
   per-origin budgets cannot stop it, only the per-neighbour flood budget and scores can).
+- receipt_forger: a black hole that answers every push with a forged `stored` receipt (it has no
+  receipt key: its signature is made up), so that a custodian believing receipts stops retrying and
+  the push is gone. Signed receipts (docs/protocol.md, rule F5) get it refused and scored down.
 - push_spammer (a client, not a relay): a home app pushing at rate_x times the capacity of one
   relay's API, through that relay. See `simulations.ingress.Ingress`.
 
@@ -25,11 +28,13 @@ picks its relays; what is measured is whether hostile relays in the mesh cost ho
 
 from __future__ import annotations
 
+import hashlib
 import random
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from nacl.signing import SigningKey
 from typing_extensions import override
 
 from inri.core.api import Effect, Send
@@ -37,9 +42,9 @@ from inri.core.engine import Engine
 from inri.core.state import Neighbour
 from inri.protocol.codec import make_registration
 from inri.protocol.keys import new_signing_key
-from inri.protocol.messages import Push, RegGossip, Registration
+from inri.protocol.messages import Push, Receipt, ReceiptStatus, RegGossip, Registration
 
-RELAY_KINDS = ("black_hole", "rushing", "forger", "reg_spammer")
+RELAY_KINDS = ("black_hole", "rushing", "forger", "reg_spammer", "receipt_forger")
 KINDS = (*RELAY_KINDS, "push_spammer")
 
 
@@ -69,6 +74,23 @@ class BlackHole(Engine):
     def _on_push(self, peer: str, msg: Push, now: float) -> list[Effect]:
         self._count("adversary_pushes_dropped")
         return []
+
+
+class ReceiptForger(BlackHole):
+    """Swallows every push and answers it with a forged `stored` receipt."""
+
+    @override
+    def _on_push(self, peer: str, msg: Push, now: float) -> list[Effect]:
+        self._count("adversary_receipts_forged")
+        # A made-up signature (derived from the push id: no draw from the engine's random stream).
+        forged = hashlib.blake2b(msg.push_id, digest_size=64, person=b"forged-receipt").digest()
+        return [Send(peer, Receipt(msg.push_id, ReceiptStatus.STORED, msg.hops + 1, forged))]
+
+
+def receipt_seed(route_key: SigningKey) -> bytes:
+    """A simulated device's receipt key seed, derived from its route key (one-way: the home that holds
+    it learns nothing of the route key) so that making it draws nothing from the run's random streams."""
+    return hashlib.blake2b(bytes(route_key), digest_size=32, person=b"inri-sim-receipt").digest()
 
 
 class Rushing(BlackHole):
@@ -140,7 +162,8 @@ class Forger(_Spammer, Rushing):
 
 def make_engine(kind: str, adversary: Adversary, seed: int, **kwargs: Any) -> Engine:
     """The engine of a relay with the given hostile behaviour."""
-    cls = {"black_hole": BlackHole, "rushing": Rushing, "forger": Forger, "reg_spammer": RegSpammer}[kind]
+    cls = {"black_hole": BlackHole, "rushing": Rushing, "forger": Forger, "reg_spammer": RegSpammer,
+           "receipt_forger": ReceiptForger}[kind]
     eng = cls(**kwargs)
     if isinstance(eng, _Spammer):
         eng.adversary = adversary

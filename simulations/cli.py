@@ -1,4 +1,4 @@
-"""`inri-sim run SCENARIO.toml [--trace-dir DIR] [--seed N] [--trace-level L]`.
+"""`inri-sim run SCENARIO.toml [--trace-dir DIR] [--seed N] [--trace-level L] [--unsigned-receipts]`.
 
 The LAST line of standard output is the run's summary as one JSON object (docs/metrics.md).
 """
@@ -6,6 +6,7 @@ The LAST line of standard output is the run's summary as one JSON object (docs/m
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -24,6 +25,8 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--trace-format", default="parquet", choices=("parquet", "jsonl"))
     run.add_argument("--no-adversaries", action="store_true",
                      help="hostile relays behave honestly and spammers stay silent: the comparison run")
+    run.add_argument("--unsigned-receipts", action="store_true",
+                     help="relays believe any receipt ([engine] receipt_signatures = false): the comparison run")
     run.add_argument("--progress", choices=("auto", "on", "off"), default="auto",
                      help="progress bar on stderr (auto: when stderr is a terminal)")
     priv = sub.add_parser("privacy", help="measure linkability (home relay, key rotations) against chance")
@@ -52,6 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     except ScenarioError as exc:
         print(f"inri-sim: {exc}", file=sys.stderr)
         return 2
+    if args.unsigned_receipts:
+        scenario = dataclasses.replace(scenario, engine=dataclasses.replace(scenario.engine, receipt_signatures=False))
     progress = args.progress == "on" or (args.progress == "auto" and sys.stderr.isatty())
     try:
         sim = Simulator(scenario, seed=args.seed, trace_dir=args.trace_dir, trace_level=level,

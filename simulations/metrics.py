@@ -46,6 +46,7 @@ class Collector:
         self.excluded: set[str] = set()
         self.dropped: dict[str, str] = {}  # push -> latest drop reason
         self.fallback: set[str] = set()
+        self.settled_delivered: set[str] = set()  # pushes a custodian settled as delivered (a receipt said so)
         self.transitions: dict[str, list[tuple[float, bool]]] = {}  # relay -> [(t, up)]
         self.rows = 0
 
@@ -74,6 +75,9 @@ class Collector:
                 self.delivered[msg] = (t, relay, row[6] or 0)
         elif kind == "push_dropped":
             self.dropped[msg] = row[11] or "unknown"
+        elif kind == "push_settled":
+            if row[11] == "delivered":
+                self.settled_delivered.add(msg)
         elif kind == "push_excluded":
             self.excluded.add(msg)
         elif kind == "relay_down":

@@ -40,9 +40,9 @@ from inri.core.engine import Engine
 from inri.core.home import MemoryHomeStore
 from inri.core.verify import CachingVerifier
 from inri.protocol.codec import make_registration
-from inri.protocol.keys import new_signing_key
+from inri.protocol.keys import new_signing_key, receipt_public_key
 from inri.protocol.messages import PeerInfo
-from simulations.adversary import make_engine
+from simulations.adversary import make_engine, receipt_seed
 from simulations.components import ComponentTracker, ExclusionWindow
 from simulations.events import EventKind, EventQueue
 from simulations.ingress import Ingress, Source
@@ -292,9 +292,13 @@ class Simulator:
             assert isinstance(payload, tuple)
             epoch, tokens = payload
             home, _, key = self.work.regs[b]
-            reg = make_registration(key, epoch, int(t), int(self.sc.duration_s * 4) + 3600)
+            # The device's receipt key pair: derived from its route key (no draw from the random streams,
+            # so runs keep their events); the private half goes to its home only.
+            receipt_secret = receipt_seed(key)
+            reg = make_registration(key, epoch, int(t), int(self.sc.duration_s * 4) + 3600,
+                                    receipt_public_key(receipt_secret))
             self.work.regs[b] = (home, reg, key)
-            self.homes[home].add_registration(reg, tokens)
+            self.homes[home].add_registration(reg, tokens, receipt_secret)
             if self.alive[home]:
                 self._apply(home, eng.register(reg, t))
                 self._rearm(home)
@@ -463,7 +467,8 @@ class Simulator:
         summary = delivery_summary(self.collector, self.net, self.names, self.work)
         if self.sc.adversaries:
             summary.update(adversary_summary(self.sc.adversaries, self.roles, self.hostile_on, self.engines,
-                                             self.alive, self.names, self.work, self.tracer.scored))
+                                             self.alive, self.names, self.work, self.tracer.scored,
+                                             self.collector.settled_delivered, self.collector.delivered))
         if self.ingress is not None:
             pushes = self.work.pushes
             summary.update(self.ingress.summary(lambda b: pushes[b].t,

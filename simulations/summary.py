@@ -4,7 +4,8 @@ counts, and the CLI's last line."""
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,10 +41,14 @@ def delivery_summary(collector: Collector, net: Network, names: Sequence[str], w
 
 def adversary_summary(tables: Sequence[Adversary], roles: Roles, hostile_on: bool, engines: Sequence[Engine],
                       alive: Sequence[bool], names: Sequence[str], work: Workload,
-                      scored: Sequence[tuple[str, str | None, str | None]]) -> dict[str, object]:
+                      scored: Sequence[tuple[str, str | None, str | None]],
+                      settled_delivered: AbstractSet[str] = frozenset(),
+                      delivered: Mapping[str, object] | None = None) -> dict[str, object]:
     """Figures of hostile relays (docs/metrics.md, "Adversarial scenarios"), read from the engines at the
     end of the run and from the honest relays' scoring cuts (`scored`: peer_scored rows). `tables`: the
-    scenario's `[[adversaries]]`."""
+    scenario's `[[adversaries]]`. `settled_delivered`: pushes a custodian settled as delivered;
+    `delivered`: pushes a home stored (the collector's)."""
+    delivered = delivered or {}
     out: dict[str, object] = {"adversaries_on": hostile_on}
     kinds: dict[str, int] = {}
     for a in roles.role:
@@ -75,6 +80,13 @@ def adversary_summary(tables: Sequence[Adversary], roles: Roles, hostile_on: boo
     for eng in engines:
         if isinstance(eng, RegSpammer):
             spam_routes |= eng.spam_routes
+    if any(a.kind == "receipt_forger" for a in tables):
+        # Forged receipts sent, and what became of them: refused by an honest relay (rule F5), or
+        # believed: pushes a custodian settled as delivered that no home ever stored.
+        out["receipts_forged"] = sum(engines[i].counters.get("adversary_receipts_forged", 0)
+                                     for i in range(n) if roles.role[i] is not None)
+        out["receipts_refused"] = sum(engines[i].counters.get("receipt_refused", 0) for i in roles.honest)
+        out["settled_not_delivered"] = len(settled_delivered - set(delivered))
     if any(a.kind in ("reg_spammer", "forger") for a in tables):
         out["spam_frames_sent"] = sum(getattr(eng, "spam_sent", 0) for eng in engines)
     if spam_routes:

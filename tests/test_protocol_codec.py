@@ -59,6 +59,7 @@ registrations = st.builds(
     issued_at=st.integers(0, L.MAX_TIMESTAMP),
     lifetime=st.integers(0, L.MAX_LIFETIME_S),
     signature=blob(L.SIGNATURE_BYTES),
+    receipt_key=st.none() | blob(L.KEY_BYTES),
 )
 short_text = st.text(max_size=40)
 messages = st.one_of(
@@ -69,7 +70,8 @@ messages = st.one_of(
               ciphertext=st.binary(max_size=L.MAX_CIPHERTEXT_BYTES), ttl=st.integers(0, L.MAX_TTL),
               hops=st.integers(0, 255), attempt=st.integers(0, 255), ring=st.integers(0, L.MAX_TTL),
               registration=st.none() | registrations),
-    st.builds(Receipt, push_id=blob(16), status=st.sampled_from(ReceiptStatus), hops=st.integers(0, 255)),
+    st.builds(Receipt, push_id=blob(16), status=st.sampled_from(ReceiptStatus), hops=st.integers(0, 255),
+              signature=st.none() | blob(L.SIGNATURE_BYTES)),
     st.builds(RouteError, push_id=blob(16), route_id=blob(16), reason=st.sampled_from(RouteErrorReason)),
     st.builds(Keepalive, nonce=st.integers(0, L.MAX_NONCE), reply=st.booleans()),
     st.builds(PeerExchange, peers=st.lists(st.builds(PeerInfo, short_text, short_text),
@@ -104,8 +106,12 @@ def fields(spec: list[Check]) -> Check:
     return lambda v: type(v) is list and len(v) == len(spec) and all(c(x) for c, x in zip(spec, v, strict=True))
 
 
+def optional(check: Check) -> Check:
+    return lambda v: v is None or check(v)
+
+
 REGISTRATION = [exact_bytes(L.KEY_BYTES), uint(L.MAX_EPOCH), uint(L.MAX_TIMESTAMP), uint(L.MAX_LIFETIME_S),
-                exact_bytes(L.SIGNATURE_BYTES)]
+                exact_bytes(L.SIGNATURE_BYTES), optional(exact_bytes(L.KEY_BYTES))]
 REG_INTS = {1: L.MAX_EPOCH, 2: L.MAX_TIMESTAMP, 3: L.MAX_LIFETIME_S}  # registration position -> maximum
 SPEC: dict[int, list[Check]] = {
     MessageType.HELLO: [uint(2**16), text(L.MAX_NODE_ID_CHARS), text(L.MAX_ADDR_CHARS),
@@ -114,7 +120,8 @@ SPEC: dict[int, list[Check]] = {
     MessageType.PUSH: [exact_bytes(L.PUSH_ID_BYTES), exact_bytes(L.ROUTE_ID_BYTES), exact_bytes(L.TOKEN_BYTES),
                        lambda v: type(v) is bytes and len(v) <= L.MAX_CIPHERTEXT_BYTES, uint(L.MAX_TTL), uint(255),
                        uint(255), uint(L.MAX_TTL), lambda v: v is None or fields(REGISTRATION)(v)],
-    MessageType.RECEIPT: [exact_bytes(L.PUSH_ID_BYTES), enum(ReceiptStatus), uint(255)],
+    MessageType.RECEIPT: [exact_bytes(L.PUSH_ID_BYTES), enum(ReceiptStatus), uint(255),
+                          optional(exact_bytes(L.SIGNATURE_BYTES))],
     MessageType.ROUTE_ERROR: [exact_bytes(L.PUSH_ID_BYTES), exact_bytes(L.ROUTE_ID_BYTES), enum(RouteErrorReason)],
     MessageType.KEEPALIVE: [uint(L.MAX_NONCE), lambda v: type(v) is bool],
     MessageType.PEER_EXCHANGE: [lambda v: type(v) is list and len(v) <= L.MAX_PEERS_IN_EXCHANGE and all(
@@ -192,7 +199,7 @@ def test_an_embedded_registration_with_a_field_too_many_or_too_few_is_refused(
 
 
 def _reg_list(reg: Registration) -> list[object]:
-    return [reg.route_key, reg.epoch, reg.issued_at, reg.lifetime, reg.signature]
+    return [reg.route_key, reg.epoch, reg.issued_at, reg.lifetime, reg.signature, reg.receipt_key]
 
 
 @given(messages, st.data())
@@ -260,7 +267,7 @@ def test_out_of_range_values_are_refused_both_ways() -> None:
         encode(RegGossip(reg, L.MAX_TTL + 1, 0))
     with pytest.raises(EncodeError):
         encode(Keepalive(2**64, False))  # beyond msgpack's 64 bits: a clear error, not OverflowError
-    frame = msgpack.packb([2, 1, [reg.route_key, 2**40 + 5, 0, 0, reg.signature], 3, 0])
+    frame = msgpack.packb([2, L.PROTOCOL_VERSION, [reg.route_key, 2**40 + 5, 0, 0, reg.signature, None], 3, 0])
     with pytest.raises(DecodeError) as err:
         decode(frame)
     assert err.value.code == "malformed"

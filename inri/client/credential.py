@@ -59,19 +59,31 @@ class DeviceKeys:
     route_key: SigningKey = field(default_factory=SigningKey.generate)
     seal_key: PrivateKey = field(default_factory=PrivateKey.generate)
     epoch: int = 1
+    # The receipt key pair: its public half goes in the signed registration, its private half to the
+    # home relay only (it signs the home's receipts: docs/security.md "Receipt signatures").
+    receipt_key: SigningKey = field(default_factory=SigningKey.generate)
 
     def registration(self, lifetime_s: int = 7 * 24 * 3600, now: float | None = None) -> Registration:
         """Sign a registration for the current epoch (issued a minute early: relays' clocks differ)."""
         issued = int(time.time() if now is None else now) - 60
-        return make_registration(self.route_key, self.epoch, issued, lifetime_s + 60)
+        return make_registration(self.route_key, self.epoch, issued, lifetime_s + 60,
+                                 bytes(self.receipt_key.verify_key))
+
+    def receipt_secret(self) -> bytes:
+        """The receipt key's 32-byte seed: what the device hands its home relay when it registers."""
+        return bytes(self.receipt_key)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"route_key": b64e(bytes(self.route_key)), "seal_key": b64e(bytes(self.seal_key)), "epoch": self.epoch}
+        return {"route_key": b64e(bytes(self.route_key)), "seal_key": b64e(bytes(self.seal_key)), "epoch": self.epoch,
+                "receipt_key": b64e(bytes(self.receipt_key))}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> DeviceKeys:
+        # A state file from before receipt keys gets a new one (handed to the home at the next refresh).
+        receipt = d.get("receipt_key")
         return cls(SigningKey(b64d(d["route_key"], "route_key", 32)), PrivateKey(b64d(d["seal_key"], "seal_key", 32)),
-                   int(d["epoch"]))
+                   int(d["epoch"]),
+                   SigningKey(b64d(receipt, "receipt_key", 32)) if receipt is not None else SigningKey.generate())
 
 
 @dataclass

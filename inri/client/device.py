@@ -129,7 +129,8 @@ class DeviceClient:
         """Register at the relay; returns the device id."""
         reg = self.keys.registration(lifetime_s)
         body = await self._call("POST", "/v1/devices",
-                                json={"registration": b64e(encode_registration(reg)), "tokens": tokens})
+                                json={"registration": b64e(encode_registration(reg)), "tokens": tokens,
+                                      "receipt_secret": b64e(self.keys.receipt_secret())})
         self.device_id, self.secret = body["device_id"], body["device_secret"]
         self.tokens = [b64d(t, "token", 16) for t in body["tokens"]]
         self._save()
@@ -140,7 +141,8 @@ class DeviceClient:
         self.keys.epoch += 1
         reg = self.keys.registration(lifetime_s)
         await self._call("POST", f"/v1/devices/{self.device_id}/registration", headers=self._auth(),
-                         json={"registration": b64e(encode_registration(reg))})
+                         json={"registration": b64e(encode_registration(reg)),
+                               "receipt_secret": b64e(self.keys.receipt_secret())})
         self._save()
         return self.keys.epoch
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
 from typing import Protocol
 
-from inri.protocol.messages import Message, Push, ReceiptStatus, Registration
+from inri.protocol.messages import Message, Push, Receipt, ReceiptStatus, Registration
 
 
 class TraceLevel(IntEnum):
@@ -63,6 +63,10 @@ class Verifier(Protocol):
 
     def verify_registration(self, registration: Registration) -> bool: ...
 
+    def verify_receipt(self, receipt_key: bytes, route_id: bytes, receipt: Receipt) -> bool:
+        """True when receipt's signature is the home relay's, under receipt_key, for this route id."""
+        ...
+
 
 class HomeStore(Protocol):
     """The home relay's view of its own registrations: tokens, spends, mailboxes.
@@ -71,6 +75,11 @@ class HomeStore(Protocol):
     """
 
     def is_home(self, route_id: bytes) -> bool: ...
+
+    def sign_receipt(self, route_id: bytes, message: bytes) -> bytes | None:
+        """Sign message (keys.receipt_signed_bytes) with the receipt key the device handed over when it
+        registered here; None when it handed none over (the receipt then goes unsigned)."""
+        ...
 
     def accept_push(
         self, route_id: bytes, token: bytes, push_id: bytes, ciphertext: bytes, now: float

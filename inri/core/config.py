@@ -67,6 +67,9 @@ class EngineConfig:
     score_disconnect_below: float = -20.0
     score_half_life_s: float = 300.0
     score_ban_s: float = 600.0
+    # Receipts must carry the home relay's signature under the registration's receipt key (rule F5);
+    # false: any receipt is believed (the protocol before signed receipts; simulator comparisons only).
+    receipt_signatures: bool = True
     receipt_timeout_s: float = 2.0  # a forwarded push with no answer by then counts as a black-holed one
 
     def test_profile(self) -> EngineConfig:

@@ -24,6 +24,11 @@ Registration gossip
       epochs never decrease along a path: routes cannot loop.
   G4. Flood budgets: token buckets per neighbour (all registrations it sends)  gossip.py
       and per origin route id (epoch refreshes); refusals are traced.
+  G5. Link-up announcements: a relay announces the registrations homed at it  gossip.py
+      to every new neighbour (hops 0, TTL 1: not forwarded), paced within the
+      neighbour's budget, so a restarted home is found again without a device
+      refresh. A neighbour takes it as a next hop (replacing its worst backup
+      when full); from a neighbour that already claimed it, it is no replay.
 
 Push forwarding
   F1. A push follows the route vector (primary, else a live backup; never      forwarding.py
@@ -36,10 +41,17 @@ Push forwarding
       (DUPLICATE), nothing is stored twice.
   F3. A relay that cannot forward skips its dead next hops (a backup takes     forwarding.py
       over), tries local repair (a radius-2 ring), and with nothing left sends
-      a RouteError back (home unreachable when the home was its neighbour). A
-      route error drops the reporting next hop for that route.
+      a RouteError back (home unreachable when the home was its neighbour;
+      after HOME_SEARCH_AFTER_S it also searches radius 2). A route error
+      drops the reporting next hop for that route; home unreachable only
+      moves it last and keeps the reverse path (a late receipt gets back).
   F4. A ring copy (expanding-ring search) is verified, flooded within its      forwarding.py
       radius, and switched back to route mode by any relay holding a route.
+  F5. Receipts are signed by the home relay with the registration's receipt   forwarding.py
+      key (over push id, route id, status). Every relay on the way back checks
+      it against the push's (verified) registration; a receipt that does not
+      verify is ignored (custody and reverse state stay) and its sender is
+      scored down (bad_receipt).
 
 Custody
   C1. A home app injects at any relay with a push credential's signed          custody.py
@@ -92,7 +104,7 @@ from inri.core.budget import TokenBucket
 from inri.core.config import EngineConfig
 from inri.core.custody import CustodyRules
 from inri.core.forwarding import ForwardingRules
-from inri.core.gossip import GossipRules
+from inri.core.gossip import ANNOUNCE_SHARE, GossipRules
 from inri.core.membership import MembershipRules
 from inri.core.scoring import ScoringRules
 from inri.core.state import SWEEP_INTERVAL_S, Custody, Neighbour, ReverseMark, readdress
@@ -108,6 +120,7 @@ from inri.protocol.messages import (
     Push,
     Receipt,
     RegGossip,
+    Registration,
     RouteError,
 )
 
@@ -160,8 +173,9 @@ class Engine(MembershipRules, GossipRules, ForwardingRules, CustodyRules, Scorin
         self._origin_bucket: dict[bytes, TokenBucket] = {}  # route id -> refresh budget (rule G4)
         # (push id, attempt * 2 + ring mode) -> expiry
         self._push_seen: BoundedMap[tuple[bytes, int], float] = BoundedMap(config.push_seen_max)
-        # push id -> (previous hop, expiry)
-        self._reverse: BoundedMap[bytes, tuple[str | ReverseMark, float]] = BoundedMap(config.reverse_max)
+        # push id -> (previous hop, expiry, the push's registration: whose receipt key its receipt needs)
+        self._reverse: BoundedMap[bytes, tuple[str | ReverseMark, float, Registration | None]] = BoundedMap(
+            config.reverse_max)
         self._custody: dict[bytes, Custody] = {}
         self._timers: list[tuple[float, int, bytes]] = []  # (when, seq, push id) custody retries
         self._seq = 0
@@ -187,6 +201,9 @@ class Engine(MembershipRules, GossipRules, ForwardingRules, CustodyRules, Scorin
         # routes. Registrations carry wall-clock (unix) times: wall time = now + wall_offset. The
         # simulator leaves it 0 (virtual time is both); the daemon sets it before every call.
         self.wall_offset = 0.0
+        self._homed: dict[bytes, Registration] = {}  # registrations homed here (announced on link up)
+        self._announce: dict[str, list[bytes]] = {}  # neighbour -> homed route ids still to announce
+        self._down_since: dict[str, float] = {}  # former neighbour -> when its link went down
         self.counters: dict[str, int] = {}
         self.reg_duplicates = 0  # gossip arrivals of a known (route, epoch): a plain int on the hot path
 
@@ -279,6 +296,8 @@ class Engine(MembershipRules, GossipRules, ForwardingRules, CustodyRules, Scorin
             out += self._receipt_overdue(pid, nh, deadline - cfg.receipt_timeout_s, now)
         if self._overdue_heap:
             out += self._grace_expired(now)
+        for p in list(self._announce):  # link-up announcements left over from peer_up (rule G5)
+            out += self._announce_homed(p, now, ANNOUNCE_SHARE * cfg.reg_budget_per_peer_per_s * interval)
         decay = self._score_decay
         for p in list(self._active):
             st = self._active[p]

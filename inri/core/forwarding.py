@@ -16,15 +16,22 @@ from inri.core.state import (
     ReverseMark,
 )
 from inri.core.tables import RouteTable
+from inri.protocol.keys import receipt_signed_bytes
 from inri.protocol.messages import (
     Push,
     Receipt,
     ReceiptStatus,
+    Registration,
     RouteError,
     RouteErrorReason,
 )
 
 LOCAL_REPAIR_RADIUS = 2  # a relay whose route broke searches this far before the custodian must
+# A relay whose neighbour was the home, and whose link to it has been down this long, still answers
+# `home unreachable` but also searches its neighbourhood: a restarted home may be back with other
+# neighbours (its link-up announcements, rule G5, gave them the route). Shorter would flood for every
+# push to a home that is merely restarting; the deadline is minutes.
+HOME_SEARCH_AFTER_S = 5.0
 _LOCAL = ReverseMark.LOCAL
 _LATE = ReverseMark.LATE
 
@@ -67,6 +74,27 @@ class ForwardingRules(EngineState):
                 if fallback is None:
                     fallback = p  # low score (S2): only when no better next hop is alive
         return fallback if low_ok else None
+
+    # Rule F3 (home unreachable, searched for after a while).
+    def _home_search(self, msg: Push, peer: str, now: float) -> list[Effect]:
+        """Ring copies of radius 2 around this relay when its link to the home of msg's route has been
+        down for HOME_SEARCH_AFTER_S: the home may be back elsewhere nearby. Only for custody attempts
+        2, 4, 8, 16, ... (once each): a home back within seconds is found at the next one, and a push to
+        a home that stays down costs a few searches over its custody, not one per parked re-send."""
+        if msg.attempt < 2 or msg.attempt & (msg.attempt - 1):
+            return []
+        entry = self._routes.get(msg.route_id)
+        primary = None if entry is None else RouteTable.primary(entry)
+        since = None if primary is None else self._down_since.get(primary)
+        if since is not None and now - since < HOME_SEARCH_AFTER_S:
+            return []
+        ring_key = (msg.push_id, msg.attempt * 2 + 1)
+        if (msg.registration is None or msg.ttl <= LOCAL_REPAIR_RADIUS or len(self._active) < 2
+                or ring_key in self._push_seen):
+            return []
+        self._count("push_home_search")
+        self._mark_seen(ring_key, now)
+        return self._ring_flood(_onward(msg, LOCAL_REPAIR_RADIUS), peer, now)
 
     # Rules F3 (home unreachable).
     def _home_adjacent(self, rid: bytes) -> bool:
@@ -113,6 +141,7 @@ class ForwardingRules(EngineState):
     # Rules F1 (budget, seen, reverse path), F2 (at home), F4 (ring copies), F3 (local repair, no route).
     def _on_push(self, peer: str, msg: Push, now: float) -> list[Effect]:
         pid = msg.push_id
+        rid = msg.route_id
         cfg = self.config
         if not self._active[peer].push_budget.take(now, cfg.push_budget_per_peer_per_s, cfg.push_budget_peer_burst):
             self._count("push_dropped_budget_peer")
@@ -135,17 +164,21 @@ class ForwardingRules(EngineState):
                             reason="duplicate", count=1)
             return [Send(peer, RouteError(pid, msg.route_id, RouteErrorReason.DUPLICATE))]
         self._push_seen.put(key, now + cfg.seen_ttl_s)
-        rid = msg.route_id
         if self._level >= TraceLevel.FULL:
             self._trace(now, "push_received", msg=pid.hex(), route=rid.hex(), peer=peer, hops=msg.hops,
                         ttl=msg.ttl)
         if pid not in self._custody:  # a custodian keeps its own LOCAL reverse marker
-            if self._reverse.put(pid, (peer, now + cfg.reverse_ttl_s)):
+            # The carried registration (when it is the route's) says which receipt key the answer must
+            # be signed with; it is checked only if a receipt comes back (rule F5).
+            reg = msg.registration
+            if self._reverse.put(pid, (peer, now + cfg.reverse_ttl_s, reg if reg is not None and
+                                       reg.route_id == rid else None)):
                 self._count("reverse_evicted")
         status = self._accept_at_home(msg, now)
         if status is not None:
             out = self._deliver_local(pid, msg, status, now, hops=msg.hops + 1)
-            out.append(Send(peer, Receipt(pid, status, msg.hops + 1)))
+            sig = self._home.sign_receipt(rid, receipt_signed_bytes(pid, rid, status))
+            out.append(Send(peer, Receipt(pid, status, msg.hops + 1, sig)))
             return out
         if msg.ttl <= 1:
             return self._push_drop(peer, msg, now, "ttl", RouteErrorReason.TTL_EXHAUSTED)
@@ -176,7 +209,8 @@ class ForwardingRules(EngineState):
                 # flood the neighbourhood. Re-sent attempts (the custodian saw a failure) avoid it.
                 return [self._forward(_onward(msg, 0), low, now)]
             if low is None and self._home_adjacent(rid):
-                return self._push_drop(peer, msg, now, "home_unreachable", RouteErrorReason.HOME_UNREACHABLE)
+                return (self._push_drop(peer, msg, now, "home_unreachable", RouteErrorReason.HOME_UNREACHABLE)
+                        + self._home_search(msg, peer, now))
             ring_key = (pid, msg.attempt * 2 + 1)
             if (msg.registration is not None and msg.ttl > LOCAL_REPAIR_RADIUS and len(self._active) > 1
                     and ring_key not in self._push_seen):
@@ -200,7 +234,10 @@ class ForwardingRules(EngineState):
                         hops=msg.hops, ttl=msg.ttl, reason=reason)
         if error is None:  # ring copies die quietly: other copies are still searching
             return []
-        self._reverse.pop(msg.push_id, None)
+        if error != RouteErrorReason.HOME_UNREACHABLE:
+            # The reverse path stays after `home unreachable`: a search (or the home, back) may still
+            # answer, and its receipt must find the way back (it expires with reverse_ttl_s).
+            self._reverse.pop(msg.push_id, None)
         if self._level:
             self._trace(now, "route_error", msg=msg.push_id.hex(), route=msg.route_id.hex(), peer=peer,
                         reason=reason, count=1)
@@ -224,13 +261,42 @@ class ForwardingRules(EngineState):
             self._trace(now, "push_dropped", msg=pid.hex(), route=msg.route_id.hex(), hops=hops, reason=reason)
         return []
 
-    # Rules F1 (receipts travel back), S1 (an answer).
+    # Rule F5.
+    def _receipt_forged(self, msg: Receipt, prev: str | ReverseMark, reg: Registration | None) -> bool:
+        """True when the receipt does not carry the home relay's signature for this push (rule F5).
+
+        The key is the receipt key of the push's registration: the custodian's own (verified when the
+        push was injected), or the one the push carried here, trusted only once its registration
+        verifies (else a hostile custodian could make honest homes' receipts look forged). A push whose
+        registration has no receipt key, or none known here, cannot be judged: its receipt passes.
+        """
+        if not self.config.receipt_signatures:
+            return False
+        if prev is _LOCAL:
+            c = self._custody.get(msg.push_id)
+            if c is not None:
+                reg = c.push.registration
+        elif reg is not None and not self._verifier.verify_registration(reg):
+            return False
+        if reg is None or reg.receipt_key is None:
+            return False
+        return not self._verifier.verify_receipt(reg.receipt_key, reg.route_id, msg)
+
+    # Rules F1 (receipts travel back), F5 (signed receipts), S1 (an answer).
     def _on_receipt(self, peer: str, msg: Receipt, now: float) -> list[Effect]:
+        back = self._reverse.get(msg.push_id)
+        if back is not None and self._receipt_forged(msg, back[0], back[2]):
+            # Ignored (custody and reverse state stay for the real answer) and its sender scored down.
+            self._count("receipt_refused")
+            if self._level:
+                self._trace(now, "receipt_refused", msg=msg.push_id.hex(), peer=peer, hops=msg.hops,
+                            reason=RECEIPT_STATUS[msg.status])
+            return self._score(peer, self.config.score_bad_signature, now, "bad_receipt")
         self._answered(peer, msg.push_id, now, any_peer=True)  # scoring.py: rises, never cuts
-        back = self._reverse.pop(msg.push_id, None)
         if back is None:
             self._count("receipt_orphan")
             return []
+        del self._reverse[msg.push_id]
         prev = back[0]
         if prev is _LOCAL:
             return self._settle(msg.push_id, msg.status, msg.hops, now)
@@ -266,16 +332,22 @@ class ForwardingRules(EngineState):
         # An answer, if not a receipt: no black hole there. It earns what a receipt earns, so a
         # neighbour blamed while the home behind it was down (not yet detected) recovers.
         self._answered(peer, msg.push_id, now)
-        back = self._reverse.pop(msg.push_id, None)
+        home_down = msg.reason == RouteErrorReason.HOME_UNREACHABLE
+        # After `home unreachable` the reverse path stays (see _push_drop): a late receipt still gets back.
+        back = self._reverse.get(msg.push_id) if home_down else self._reverse.pop(msg.push_id, None)
         if back is None:
             return []
         prev = back[0]
         # The neighbour that sent the error cannot reach the home: stop using it as a next hop for this
         # route (a backup takes over). Relays further back keep their routes: their next hop is fine.
-        # A home that is down is no fault of the path, and the route is right again when it returns.
+        # A home that is down is no fault of the path, and the route is right again when it returns: that
+        # next hop is only tried last (a backup, e.g. a link to the home that came back, goes first).
         entry = self._routes.get(msg.route_id)
-        if entry is not None and msg.reason != RouteErrorReason.HOME_UNREACHABLE and RouteTable.claims(entry, peer):
-            self._routes.drop_next_hop(msg.route_id, entry, peer)
+        if entry is not None and RouteTable.claims(entry, peer):
+            if not home_down:
+                self._routes.drop_next_hop(msg.route_id, entry, peer)
+            elif len(RouteTable.next_hops(entry)) > 1:
+                self._routes[msg.route_id] = RouteTable.demote(entry, peer)
         if prev is _LOCAL:
             c = self._custody.get(msg.push_id)
             if c is None:

@@ -1,5 +1,6 @@
-"""Registration gossip, rules G1-G4: verified registrations set routes (first arrival), feasible later
-arrivals become backup next hops, and flood budgets bound what a neighbour or an origin can cost."""
+"""Registration gossip, rules G1-G5: verified registrations set routes (first arrival), feasible later
+arrivals become backup next hops, flood budgets bound what a neighbour or an origin can cost, and a
+home announces its registrations to every new neighbour."""
 
 from __future__ import annotations
 
@@ -22,6 +23,10 @@ from inri.protocol.messages import (
     RegGossip,
     Registration,
 )
+
+# Link-up announcements (G5) use a quarter of a neighbour's gossip budget (burst, then rate): the rest
+# stays for the gossip it forwards meanwhile, so announcing never costs the home its score there.
+ANNOUNCE_SHARE = 0.25
 
 _REG_TRACE: BoundedMap[tuple[bytes, int], tuple[str, str, int]] = BoundedMap(65536)
 
@@ -58,6 +63,9 @@ class GossipRules(EngineState):
             self._count("reg_local_stale")
             return []
         self._routes.originate(rid, registration.epoch, self._local_expiry(registration.expires_at))
+        homed = self._homed.get(rid)
+        if homed is None or registration.epoch >= homed.epoch:
+            self._homed[rid] = registration  # announced to every neighbour whose link comes up later (G5)
         gossip = RegGossip(registration, self.config.gossip_ttl, 0)
         out: list[Effect] = []
         for p, st in self._active.items():
@@ -74,7 +82,35 @@ class GossipRules(EngineState):
         """A device homed here unregistered: forget its route here (elsewhere it expires by TTL)."""
         self._routes.pop(route_id, None)
         self._origin_bucket.pop(route_id, None)
+        self._homed.pop(route_id, None)
         return []
+
+    # Rule G5.
+    def _announce_homed(self, peer: str, now: float, budget: float) -> list[Effect]:
+        """Announce up to `budget` registrations homed here to a neighbour whose link came up (G5).
+
+        hops 0 and TTL 1: the neighbour takes the route (or a better next hop for it) and forwards
+        nothing, so a restarted home costs one frame per registration and link, and no relay further
+        away sees a (route, epoch) again that it already had (which it would count as a replay).
+        """
+        queue = self._announce.get(peer)
+        st = self._active.get(peer)
+        if queue is None or st is None:
+            self._announce.pop(peer, None)
+            return []
+        out: list[Effect] = []
+        n = max(1, int(budget))
+        while queue and n:
+            reg = self._homed.get(queue.pop())
+            if reg is not None and reg.expires_at > now + self.wall_offset:
+                out.append(Send(peer, RegGossip(reg, 1, 0)))
+                n -= 1
+        if not queue:
+            del self._announce[peer]
+        if out:
+            st.last_sent = now
+            self._count("reg_announced", len(out))
+        return out
 
     # Rules G1, G4 (refusals are counted and traced).
     def _drop_reg(self, now: float, reg: Registration, peer: str, reason: str, penalty: float = 0.0) -> list[Effect]:
@@ -96,10 +132,18 @@ class GossipRules(EngineState):
             known = routes.epoch(entry)
             if epoch == known:  # a duplicate (most gossip arrivals): G3
                 self.reg_duplicates += 1
+                announce = msg.hops == 0 and msg.ttl == 1  # a home's link-up announcement (G5)
                 if routes.claims(entry, peer):  # it gave us this (route, epoch) before: honest relays forward once
+                    if announce:  # ...unless it is the home announcing it again on a new link (G5)
+                        return []
                     return self._drop_reg(now, reg, peer, "replayed", cfg.score_replay)
-                if msg.hops < routes.distance(entry) and routes.has_room(entry, cfg.route_k):  # feasible, room
-                    return self._add_backup(peer, msg, entry, rid, now)
+                if msg.hops < routes.distance(entry):  # feasible
+                    if routes.has_room(entry, cfg.route_k):
+                        return self._add_backup(peer, msg, entry, rid, now)
+                    if announce and routes.worst_hops(entry) > 1:
+                        # The home itself, on a link that came up: worth more than our worst backup.
+                        routes.drop_next_hop(rid, entry, routes.next_hops(entry)[-1])
+                        return self._add_backup(peer, msg, routes[rid], rid, now)
                 if self._level >= TraceLevel.FULL:
                     self._trace(now, "reg_duplicate", msg=f"{rid.hex()}:{epoch}", route=rid.hex(), peer=peer,
                                 hops=msg.hops + 1, epoch=epoch)

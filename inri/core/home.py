@@ -8,6 +8,8 @@ from __future__ import annotations
 import hmac
 import os
 
+from nacl.signing import SigningKey
+
 from inri.core.budget import KeyedBuckets
 from inri.protocol.messages import Push, ReceiptStatus, Registration, WebPushMeta
 from inri.protocol.webpush import EndpointToken, capability, push_tag, vapid_key_hash
@@ -32,6 +34,7 @@ class MemoryHomeStore:
 
     def __init__(self, mailbox_max: int = 1000, home_key: bytes | None = None) -> None:
         self._regs: dict[bytes, Registration] = {}
+        self._receipt_keys: dict[bytes, SigningKey] = {}  # route id -> the device's receipt key
         self._tokens: dict[bytes, set[bytes]] = {}  # route id -> unspent tokens
         self._spent: dict[bytes, dict[bytes, bytes]] = {}  # route id -> token -> push id that spent it
         self.mailboxes: dict[bytes, dict[bytes, tuple[bytes, float]]] = {}  # push id -> (ciphertext, t)
@@ -46,9 +49,17 @@ class MemoryHomeStore:
         self.wp_meta: dict[bytes, tuple[WebPushMeta, float]] = {}  # push id -> (meta, expires_at)
         self._endpoint_buckets = KeyedBuckets(ENDPOINT_RATE_PER_S, ENDPOINT_BURST, clock=lambda: 0.0)
 
-    def add_registration(self, registration: Registration, tokens: list[bytes]) -> None:
-        """Home a registration here (or refresh it) and add tokens for it."""
+    def add_registration(
+        self, registration: Registration, tokens: list[bytes], receipt_secret: bytes | None = None
+    ) -> None:
+        """Home a registration here (or refresh it) and add tokens for it.
+
+        receipt_secret: the 32-byte seed of the device's receipt key pair (the registration carries its
+        public half); this home signs its receipts for the route id with it.
+        """
         rid = registration.route_id
+        if receipt_secret is not None:
+            self._receipt_keys[rid] = SigningKey(receipt_secret)
         old = self._regs.get(rid)
         if old is None or registration.epoch >= old.epoch:
             self._regs[rid] = registration
@@ -61,7 +72,9 @@ class MemoryHomeStore:
         for table in (self._regs, self._tokens, self._spent, self.mailboxes):
             table.pop(route_id, None)
         if self.endpoints.pop(route_id, None) is not None:
-            self._gone.add(route_id)
+            self._gone.add(route_id)  # its receipt key stays: GONE receipts are signed too
+        else:
+            self._receipt_keys.pop(route_id, None)
 
     def mint_endpoint(self, route_id: bytes, vapid_key: bytes | None, now: float = 0.0) -> EndpointToken:
         """A new Web Push endpoint of a route id homed here (restricted to vapid_key when given)."""
@@ -113,6 +126,15 @@ class MemoryHomeStore:
 
     def is_home(self, route_id: bytes) -> bool:
         return route_id in self._regs
+
+    def homed(self) -> list[Registration]:
+        """Every registration homed here (a restarted relay originates them again, as the daemon does)."""
+        return list(self._regs.values())
+
+    def sign_receipt(self, route_id: bytes, message: bytes) -> bytes | None:
+        """See `inri.core.api.HomeStore.sign_receipt`."""
+        key = self._receipt_keys.get(route_id)
+        return None if key is None else key.sign(message).signature
 
     def accept_push(
         self, route_id: bytes, token: bytes, push_id: bytes, ciphertext: bytes, now: float

@@ -11,6 +11,7 @@ from inri.core.api import (
     Effect,
     Send,
 )
+from inri.core.gossip import ANNOUNCE_SHARE
 from inri.core.state import (
     SWEEP_INTERVAL_S,
     EngineState,
@@ -121,6 +122,10 @@ class MembershipRules(EngineState):
             out.append(Send(peer, Hello(limits.PROTOCOL_VERSION, self.relay_id, self.listen_addr, (LOW,))))
         self._active[peer] = Neighbour(addr, outbound, now, self.config.reg_budget_peer_burst,
                                    self.config.push_budget_peer_burst)
+        self._down_since.pop(peer, None)
+        if self._homed:  # rule G5: a new neighbour learns the routes homed here (paced: the rest on ticks)
+            self._announce[peer] = list(self._homed)
+            out += self._announce_homed(peer, now, ANNOUNCE_SHARE * self.config.reg_budget_peer_burst)
         self._arm_tick(now)
         if self._level:
             self._trace(now, "peer_up", peer=peer, reason="outbound" if outbound else "inbound")
@@ -134,6 +139,13 @@ class MembershipRules(EngineState):
         self._probation.pop(peer, None)
         if state is None:
             return self._refill(now)
+        self._announce.pop(peer, None)
+        # When it went down: a one-hop route through it (it was the home) is reported `home unreachable`
+        # for a while, then searched for (forwarding.py, rule F3). Old entries go (bounded).
+        if len(self._down_since) >= 4 * self.config.active_max + self.config.passive_max:
+            for p in sorted(self._down_since, key=self._down_since.__getitem__)[: len(self._down_since) // 2]:
+                del self._down_since[p]
+        self._down_since[peer] = now
         # A link the other side closed as full, or for our score, is not re-dialled (the reason is
         # ours, or the remote's: a driver passes it on).
         if state.score <= self.config.score_prefer_below or reason in _PURGE_ON_DOWN:

@@ -17,7 +17,7 @@ from inri.core.api import CustodyStatus, DisconnectReason, Effect, HomeStore, Se
 from inri.core.budget import TokenBucket
 from inri.core.config import EngineConfig
 from inri.core.tables import BoundedMap, RouteTable
-from inri.protocol.messages import Push, ReceiptStatus
+from inri.protocol.messages import Push, ReceiptStatus, Registration
 
 # Clock skew tolerated on a registration's issued_at (relays' clocks are not synchronised).
 MAX_CLOCK_SKEW_S = 300
@@ -114,7 +114,7 @@ class EngineState:
     _routes: RouteTable
     _origin_bucket: dict[bytes, TokenBucket]
     _push_seen: BoundedMap[tuple[bytes, int], float]
-    _reverse: BoundedMap[bytes, tuple[str | ReverseMark, float]]
+    _reverse: BoundedMap[bytes, tuple[str | ReverseMark, float, Registration | None]]
     _custody: dict[bytes, Custody]
     _timers: list[tuple[float, int, bytes]]
     _seq: int
@@ -129,6 +129,12 @@ class EngineState:
     _overdue_heap: list[tuple[float, bytes]]
     _blamed: BoundedMap[bytes, tuple[str, float, float]]
     _score_decay: float
+    # Item 2 of issue 15 (a home relay that restarts): registrations homed here, announced to every
+    # new neighbour (gossip.py); route ids still to announce per neighbour (paced within its budget);
+    # when each former neighbour's link went down (forwarding.py: a dead one-hop route).
+    _homed: dict[bytes, Registration]
+    _announce: dict[str, list[bytes]]
+    _down_since: dict[str, float]
 
     def _count(self, name: str, n: int = 1) -> None:
         self.counters[name] = self.counters.get(name, 0) + n
@@ -161,6 +167,8 @@ class EngineState:
         def peer_down(self, peer: str, now: float, reason: DisconnectReason) -> list[Effect]: ...
         def connect_failed(self, peer: str, now: float) -> list[Effect]: ...
         def _refill(self, now: float) -> list[Effect]: ...
+        # gossip.py
+        def _announce_homed(self, peer: str, now: float, budget: float) -> list[Effect]: ...
         # scoring.py
         def _score(self, peer: str, delta: float, now: float, reason: str) -> list[Effect]: ...
         def _purge_routes(self, peer: str) -> None: ...

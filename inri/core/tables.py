@@ -117,6 +117,17 @@ class RouteTable(dict[bytes, RouteEntry]):
         return entry[_FIRST_HOP] if len(entry) > _FIRST_HOP else None
 
     @staticmethod
+    def worst_hops(entry: RouteEntry) -> int:
+        """The distance of the last next hop (0: no next hop)."""
+        return int(entry[-1]) if len(entry) > _FIRST_HOP else 0
+
+    @staticmethod
+    def demote(entry: RouteEntry, peer: str) -> RouteEntry:
+        """The entry with peer moved to the end of the next hops (tried last)."""
+        i = _FIRST_HOP + 2 * entry[_FIRST_HOP::2].index(peer)
+        return entry[:i] + entry[i + 2:] + entry[i:i + 2]
+
+    @staticmethod
     def has_room(entry: RouteEntry, route_k: int) -> bool:
         """Fewer than route_k next hops."""
         return len(entry) < _FIRST_HOP + 2 * route_k

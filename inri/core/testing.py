@@ -131,7 +131,8 @@ class MiniNet:
                 self.apply(b, self.engines[int(b)].peer_down(a, self.now, DisconnectReason.LINK_LOST))
 
     def restart(self, i: int) -> None:
-        """Relay i comes back after a crash: a fresh engine (memory lost) over the same home store."""
+        """Relay i comes back after a crash: a fresh engine (memory lost) over the same home store, linked
+        to whoever `links` names for it now (change `links` first to bring it back with other neighbours)."""
         self.alive[i] = True
         eng = Engine(str(i), self.config, verifier=self.verifier, home=self.homes[i], tracer=self.tracer,
                      rng=random.Random(self.rng.random()), listen_addr=f"addr-{i}")
@@ -139,6 +140,8 @@ class MiniNet:
         peers = sorted({b for (a, b) in self.links if a == str(i)}, key=int)
         self.apply(str(i), eng.add_candidates([PeerInfo(p, f"addr-{p}") for p in peers], self.now))
         self.apply(str(i), eng.start(self.now))
+        for reg in self.homes[i].homed():  # as the daemon does at startup, before any link is up
+            self.apply(str(i), eng.register(reg, self.now))
 
     def run_until(self, t_end: float) -> None:
         """Advance the clock to t_end, delivering frames and firing timers in time order."""

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from inri.protocol.keys import registration_signed_bytes, verify
-from inri.protocol.messages import Registration
+from inri.protocol.keys import receipt_signed_bytes, registration_signed_bytes, verify
+from inri.protocol.messages import Receipt, Registration
 
 DEFAULT_MAX_ENTRIES = 16_384  # distinct registrations remembered (about 6 MB at most in a daemon)
 ID_FAST_PATH_MAX = 1024  # objects remembered by identity by default (a daemon decodes a new object per frame)
@@ -21,8 +21,17 @@ class SignatureVerifier:
     def verify_registration(self, registration: Registration) -> bool:
         r = registration
         return verify(
-            r.route_key, registration_signed_bytes(r.route_key, r.epoch, r.issued_at, r.lifetime), r.signature
+            r.route_key,
+            registration_signed_bytes(r.route_key, r.epoch, r.issued_at, r.lifetime, r.receipt_key),
+            r.signature,
         )
+
+    def verify_receipt(self, receipt_key: bytes, route_id: bytes, receipt: Receipt) -> bool:
+        """True when receipt carries the home relay's valid signature for this push, route and status."""
+        sig = receipt.signature
+        if sig is None:
+            return False
+        return verify(receipt_key, receipt_signed_bytes(receipt.push_id, route_id, receipt.status), sig)
 
 
 class CachingVerifier(SignatureVerifier):
@@ -51,6 +60,9 @@ class CachingVerifier(SignatureVerifier):
         self._max = max_entries
         self._id_max = min(max_entries, identity_max)
         self.checks = 0  # signature verifications actually performed (the rest were cache hits)
+        # Receipts: every relay on the reverse path checks the same receipt; in the simulator they share
+        # this verifier, so each receipt is checked once. Keyed on everything the check depends on.
+        self._receipts: OrderedDict[tuple[bytes, bytes, Receipt], bool] = OrderedDict()
 
     def __len__(self) -> int:
         """Registrations remembered (at most max_entries)."""
@@ -73,4 +85,16 @@ class CachingVerifier(SignatureVerifier):
         if len(self._by_id) >= self._id_max:
             self._by_id.clear()
         self._by_id[id(registration)] = (registration, hit)
+        return hit
+
+    def verify_receipt(self, receipt_key: bytes, route_id: bytes, receipt: Receipt) -> bool:
+        key = (receipt_key, route_id, receipt)
+        cache = self._receipts
+        hit = cache.get(key)
+        if hit is None:
+            self.checks += 1
+            hit = super().verify_receipt(receipt_key, route_id, receipt)
+            cache[key] = hit
+            if len(cache) > self._max:
+                cache.popitem(last=False)
         return hit

@@ -310,6 +310,11 @@ class RelayApi:
         except DecodeError as exc:
             raise Problem(400, "bad_registration", f"registration: {exc.detail}") from None
 
+    def _receipt_secret(self, body: dict[str, Any]) -> bytes | None:
+        """The optional `receipt_secret`: the 32-byte seed of the device's receipt key (kept at this home)."""
+        raw = body.get("receipt_secret")
+        return None if raw is None else b64d(raw, "receipt_secret", size=32)
+
     # -- handlers ---------------------------------------------------------------------------------
 
     async def register(self, req: Request) -> tuple[int, Any]:
@@ -317,7 +322,7 @@ class RelayApi:
         reg = self._registration(body)
         n = _int_field(body, "tokens", self.limits.tokens_default, 1, self.limits.tokens_max)
         try:
-            secret, tokens = self.service.register_device(reg, n)
+            secret, tokens = self.service.register_device(reg, n, self._receipt_secret(body))
         except RegistrationError as exc:
             raise Problem(409 if exc.code == "already_registered" else 400, exc.code, exc.detail) from None
         return 201, {"device_id": reg.route_id.hex(), "device_secret": b64e(secret),
@@ -331,7 +336,7 @@ class RelayApi:
         if reg.route_id != route_id:
             raise Problem(400, "bad_registration", "registration is for another route key")
         try:
-            self.service.refresh_registration(reg)
+            self.service.refresh_registration(reg, self._receipt_secret(body))
         except RegistrationError as exc:
             raise Problem(400, exc.code, exc.detail) from None
         return 200, {"device_id": device_id, "epoch": reg.epoch, "expires_at": reg.expires_at}

@@ -44,6 +44,7 @@ from inri.core.engine import Engine
 from inri.core.verify import CachingVerifier
 from inri.node.store import Store
 from inri.protocol.codec import encode, encode_unchecked
+from inri.protocol.keys import receipt_public_key
 from inri.protocol.messages import (
     ErrorFrame,
     Hello,
@@ -407,26 +408,47 @@ class RelayService:
 
     # -- device API -------------------------------------------------------------------------------
 
-    def register_device(self, registration: Registration, n_tokens: int) -> tuple[bytes, list[bytes]]:
+    def register_device(
+        self, registration: Registration, n_tokens: int, receipt_secret: bytes | None = None
+    ) -> tuple[bytes, list[bytes]]:
         """Home a device: verify its self-signed registration, store it, gossip its route id.
 
         Returns (device secret, tokens). The secret authenticates the device to this relay only.
+        receipt_secret: the private half of the registration's receipt key (this home signs receipts).
         """
         self._check_registration(registration)
+        self._check_receipt_secret(registration, receipt_secret)
         secret = os.urandom(32)
         tokens = [os.urandom(16) for _ in range(n_tokens)]
-        if not self.store.add_device(registration, secret, tokens, self.wall_clock()):
+        if not self.store.add_device(registration, secret, tokens, self.wall_clock(), receipt_secret):
             raise RegistrationError("already_registered", "this route key is already registered here")
         self._apply(self.engine.register(registration, self._now()))
         self._count("devices_registered")
         return secret, tokens
 
-    def refresh_registration(self, registration: Registration) -> None:
-        """A newer epoch under the same route key: store it and gossip it (routes refresh mesh-wide)."""
+    def refresh_registration(self, registration: Registration, receipt_secret: bytes | None = None) -> None:
+        """A newer epoch under the same route key: store it and gossip it (routes refresh mesh-wide).
+
+        A registration whose receipt key is not the one this home holds must come with its secret.
+        """
         self._check_registration(registration)
-        if not self.store.refresh_registration(registration):
+        old = self.store.registration(registration.route_id)
+        if receipt_secret is not None or (old is not None and old.receipt_key != registration.receipt_key):
+            self._check_receipt_secret(registration, receipt_secret)
+        if not self.store.refresh_registration(registration, receipt_secret):
             raise RegistrationError("not_newer", "the registration's epoch must be newer than the stored one")
         self._apply(self.engine.register(registration, self._now()))
+
+    @staticmethod
+    def _check_receipt_secret(registration: Registration, receipt_secret: bytes | None) -> None:
+        """The receipt secret must be the private half of the registration's receipt key (both or neither):
+        a home that could not sign its receipts would have every one of them refused."""
+        if registration.receipt_key is None and receipt_secret is None:
+            return
+        if (registration.receipt_key is None or receipt_secret is None
+                or receipt_public_key(receipt_secret) != registration.receipt_key):
+            raise RegistrationError("bad_receipt_key",
+                                    "receipt_secret must be the private half of the registration's receipt_key")
 
     def _check_registration(self, registration: Registration) -> None:
         now = self.wall_clock()  # issued_at/expires_at are unix times

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import trio
+from nacl.signing import SigningKey
 
 from inri.core.budget import KeyedBuckets
 from inri.core.home import ENDPOINT_BURST, ENDPOINT_RATE_PER_S, TTL0_GRACE_S, tag_ok
@@ -44,7 +45,8 @@ from inri.protocol.codec import DecodeError, decode, decode_registration, encode
 from inri.protocol.messages import ContentEncoding, Push, ReceiptStatus, Registration, Urgency
 from inri.protocol.webpush import EndpointToken
 
-SCHEMA_VERSION = 1
+# 2: registrations in protocol v2 wire form (with a receipt key) and the devices' receipt key seeds.
+SCHEMA_VERSION = 2
 STATUS_RETENTION_S = 7 * 24 * 3600  # push status answers kept a week after settling
 CHECKPOINT_INTERVAL_S = 1.0  # a grouping store checkpoints the WAL this often (in a thread) when it was written
 
@@ -52,7 +54,7 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS devices (
     route_id BLOB PRIMARY KEY, registration BLOB NOT NULL, epoch INTEGER NOT NULL,
-    secret_hash BLOB NOT NULL, created REAL NOT NULL);
+    secret_hash BLOB NOT NULL, created REAL NOT NULL, receipt_secret BLOB);
 CREATE TABLE IF NOT EXISTS tokens (
     token BLOB NOT NULL, route_id BLOB NOT NULL, spent_by BLOB,
     PRIMARY KEY (route_id, token)) WITHOUT ROWID;
@@ -68,7 +70,7 @@ CREATE TABLE IF NOT EXISTS push_status (
 CREATE TABLE IF NOT EXISTS wp_endpoints (
     route_id BLOB NOT NULL, endpoint_id BLOB NOT NULL, vapid_key BLOB, revoked INTEGER NOT NULL DEFAULT 0,
     created REAL NOT NULL, seal_key BLOB, PRIMARY KEY (route_id, endpoint_id)) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS wp_gone (route_id BLOB PRIMARY KEY) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS wp_gone (route_id BLOB PRIMARY KEY, receipt_secret BLOB) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS wp_messages (
     push_id BLOB NOT NULL, route_id BLOB NOT NULL, endpoint_id BLOB NOT NULL, topic TEXT,
     urgency INTEGER NOT NULL, encoding INTEGER NOT NULL, expires_at REAL NOT NULL,
@@ -108,8 +110,16 @@ class Store:
             raise RuntimeError(f"{self.path}: store schema {row[0]}, this relay knows {SCHEMA_VERSION}")
         self._home: dict[bytes, Registration] = {}
         self._box_counts: dict[bytes, int] = {}  # route id -> stored messages (see _box_count)
-        for rid, blob in self._db.execute("SELECT route_id, registration FROM devices"):
+        # route id -> the receipt key the device handed over: it signs this home's receipts and never
+        # leaves this relay (docs/security.md "Receipt signatures").
+        self._receipt_keys: dict[bytes, SigningKey] = {}
+        for rid, blob, rsecret in self._db.execute("SELECT route_id, registration, receipt_secret FROM devices"):
             self._home[bytes(rid)] = decode_registration(bytes(blob))
+            if rsecret is not None:
+                self._receipt_keys[bytes(rid)] = SigningKey(bytes(rsecret))
+        for rid, rsecret in self._db.execute("SELECT route_id, receipt_secret FROM wp_gone"):
+            if rsecret is not None:  # an unregistered device's Web Push endpoints answer GONE, signed
+                self._receipt_keys[bytes(rid)] = SigningKey(bytes(rsecret))
         # Web Push: the key endpoint capabilities derive from (random, made once, kept with the store).
         row = self._db.execute("SELECT value FROM meta WHERE key='wp_home_key'").fetchone()
         if row is None:
@@ -254,19 +264,28 @@ class Store:
 
     # -- devices ----------------------------------------------------------------------------------
 
-    def add_device(self, registration: Registration, secret: bytes, tokens: list[bytes], now: float) -> bool:
-        """Home a new device; False when its route id is already homed here (nothing changes)."""
+    def add_device(self, registration: Registration, secret: bytes, tokens: list[bytes], now: float,
+                   receipt_secret: bytes | None = None) -> bool:
+        """Home a new device; False when its route id is already homed here (nothing changes).
+
+        receipt_secret: the 32-byte seed of the device's receipt key (its public half is the
+        registration's receipt_key; the caller checked that they match).
+        """
         rid = registration.route_id
         with self._tx():
             try:
                 self._db.execute(
-                    "INSERT INTO devices VALUES (?, ?, ?, ?, ?)",
-                    (rid, encode_registration(registration), registration.epoch, secret_hash(secret), now),
+                    "INSERT INTO devices (route_id, registration, epoch, secret_hash, created, receipt_secret)"
+                    " VALUES (?, ?, ?, ?, ?, ?)",
+                    (rid, encode_registration(registration), registration.epoch, secret_hash(secret), now,
+                     receipt_secret),
                 )
             except sqlite3.IntegrityError:
                 return False
             self._db.executemany("INSERT OR IGNORE INTO tokens VALUES (?, ?, NULL)", [(t, rid) for t in tokens])
         self._home[rid] = registration
+        if receipt_secret is not None:
+            self._receipt_keys[rid] = SigningKey(receipt_secret)
         return True
 
     def check_secret(self, route_id: bytes, secret: bytes) -> bool:
@@ -274,8 +293,11 @@ class Store:
         row = self._db.execute("SELECT secret_hash FROM devices WHERE route_id=?", (route_id,)).fetchone()
         return row is not None and hmac.compare_digest(bytes(row[0]), secret_hash(secret))
 
-    def refresh_registration(self, registration: Registration) -> bool:
-        """Store a newer epoch of a homed device's registration; False if not newer or not homed here."""
+    def refresh_registration(self, registration: Registration, receipt_secret: bytes | None = None) -> bool:
+        """Store a newer epoch of a homed device's registration; False if not newer or not homed here.
+
+        receipt_secret: the registration's receipt key seed, when the device hands over a new one.
+        """
         rid = registration.route_id
         old = self._home.get(rid)
         if old is None or registration.epoch <= old.epoch:
@@ -283,7 +305,11 @@ class Store:
         with self._tx():
             self._db.execute("UPDATE devices SET registration=?, epoch=? WHERE route_id=?",
                              (encode_registration(registration), registration.epoch, rid))
+            if receipt_secret is not None:
+                self._db.execute("UPDATE devices SET receipt_secret=? WHERE route_id=?", (receipt_secret, rid))
         self._home[rid] = registration
+        if receipt_secret is not None:
+            self._receipt_keys[rid] = SigningKey(receipt_secret)
         return True
 
     def add_tokens(self, route_id: bytes, tokens: list[bytes]) -> None:
@@ -298,15 +324,21 @@ class Store:
         return int(row[0])
 
     def remove_device(self, route_id: bytes) -> None:
-        """Unregister: delete the device, its tokens and its mailbox (nothing about it remains)."""
+        """Unregister: delete the device, its tokens and its mailbox (nothing about it remains but, when it
+        had Web Push endpoints, its route id and receipt key: they answer GONE, signed)."""
+        key = self._receipt_keys.get(route_id)
         with self._tx():
             had = self._db.execute("SELECT 1 FROM wp_endpoints WHERE route_id=? LIMIT 1", (route_id,)).fetchone()
             for table in ("devices", "tokens", "mailbox", "wp_endpoints", "wp_messages"):
                 self._db.execute(f"DELETE FROM {table} WHERE route_id=?", (route_id,))  # noqa: S608 - fixed names
             if had:  # its Web Push endpoints answer 410 from now on (senders then forget them)
-                self._db.execute("INSERT OR IGNORE INTO wp_gone VALUES (?)", (route_id,))
+                # The receipt key stays with it: its GONE receipts must verify (rule F5).
+                self._db.execute("INSERT OR IGNORE INTO wp_gone VALUES (?, ?)",
+                                 (route_id, None if key is None else bytes(key)))
         self._home.pop(route_id, None)
         self._box_counts.pop(route_id, None)
+        if not had:
+            self._receipt_keys.pop(route_id, None)
 
     def homed(self) -> list[Registration]:
         """Every registration homed here (re-gossiped after a restart)."""
@@ -319,6 +351,10 @@ class Store:
 
     def registration(self, route_id: bytes) -> Registration | None:
         return self._home.get(route_id)
+
+    def sign_receipt(self, route_id: bytes, message: bytes) -> bytes | None:
+        key = self._receipt_keys.get(route_id)
+        return None if key is None else key.sign(message).signature
 
     def accept_push(
         self, route_id: bytes, token: bytes, push_id: bytes, ciphertext: bytes, now: float

@@ -89,19 +89,24 @@ def _fields(raw: list[Any], count: int, name: str) -> list[Any]:
 
 
 def _reg_to_list(reg: Registration) -> list[Any]:
-    return [reg.route_key, reg.epoch, reg.issued_at, reg.lifetime, reg.signature]
+    return [reg.route_key, reg.epoch, reg.issued_at, reg.lifetime, reg.signature, reg.receipt_key]
+
+
+def _optional_bytes(value: object, size: int, name: str) -> bytes | None:
+    return None if value is None else _bytes(value, size, name)
 
 
 def _reg_from_list(raw: object) -> Registration:
     if type(raw) is not list:
         raise DecodeError("malformed", "registration: expected an array")
-    f = _fields(raw, 5, "registration")
+    f = _fields(raw, 6, "registration")
     return Registration(
         route_key=_bytes(f[0], L.KEY_BYTES, "route_key"),
         epoch=_uint(f[1], L.MAX_EPOCH, "epoch"),
         issued_at=_uint(f[2], L.MAX_TIMESTAMP, "issued_at"),
         lifetime=_uint(f[3], L.MAX_LIFETIME_S, "lifetime"),
         signature=_bytes(f[4], L.SIGNATURE_BYTES, "signature"),
+        receipt_key=_optional_bytes(f[5], L.KEY_BYTES, "receipt_key"),
     )
 
 
@@ -181,11 +186,12 @@ def _enum(kind: type[Any], value: object, name: str) -> Any:
 
 
 def _receipt_from(f: list[Any]) -> Receipt:
-    _fields(f, 3, "receipt")
+    _fields(f, 4, "receipt")
     return Receipt(
         push_id=_bytes(f[0], L.PUSH_ID_BYTES, "push_id"),
         status=_enum(ReceiptStatus, f[1], "status"),
         hops=_uint(f[2], 255, "hops"),
+        signature=_optional_bytes(f[3], L.SIGNATURE_BYTES, "signature"),
     )
 
 
@@ -251,7 +257,7 @@ def _to_fields(msg: Message) -> tuple[MessageType, list[Any]]:
             msg.ttl, msg.hops, msg.attempt, msg.ring, reg,
         ] + ([] if msg.webpush is None else [_webpush_to_list(msg.webpush)])
     if isinstance(msg, Receipt):
-        return MessageType.RECEIPT, [msg.push_id, int(msg.status), msg.hops]
+        return MessageType.RECEIPT, [msg.push_id, int(msg.status), msg.hops, msg.signature]
     if isinstance(msg, RouteError):
         return MessageType.ROUTE_ERROR, [msg.push_id, msg.route_id, int(msg.reason)]
     if isinstance(msg, Keepalive):
@@ -339,15 +345,22 @@ def decode_registration(data: bytes) -> Registration:
         raw = msgpack.unpackb(data, raw=False, max_map_len=0, max_ext_len=0, max_array_len=16)
     except Exception as exc:  # noqa: BLE001 - msgpack raises many types
         raise DecodeError("malformed", f"not msgpack: {type(exc).__name__}") from None
-    if type(raw) is not list or len(raw) != 6:
-        raise DecodeError("malformed", "registration must be [version, key, epoch, issued_at, lifetime, sig]")
+    if type(raw) is not list or len(raw) != 7:
+        raise DecodeError("malformed",
+                          "registration must be [version, key, epoch, issued_at, lifetime, sig, receipt_key]")
     if raw[0] != L.PROTOCOL_VERSION:
         raise DecodeError("unsupported_version", f"version {raw[0]!r}")
     return _reg_from_list(raw[1:])
 
 
-def make_registration(key: Any, epoch: int, issued_at: int, lifetime: int) -> Registration:
-    """Sign a registration with a route key (nacl SigningKey)."""
+def make_registration(
+    key: Any, epoch: int, issued_at: int, lifetime: int, receipt_key: bytes | None = None
+) -> Registration:
+    """Sign a registration with a route key (nacl SigningKey).
+
+    receipt_key: the public half of the device's receipt key pair (keys.receipt_public_key), whose
+    private half the device hands to its home relay: the home's receipts are then verifiable.
+    """
     route_key = bytes(key.verify_key)
-    sig = sign(key, registration_signed_bytes(route_key, epoch, issued_at, lifetime))
-    return Registration(route_key, epoch, issued_at, lifetime, sig)
+    sig = sign(key, registration_signed_bytes(route_key, epoch, issued_at, lifetime, receipt_key))
+    return Registration(route_key, epoch, issued_at, lifetime, sig, receipt_key)

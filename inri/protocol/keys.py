@@ -16,7 +16,9 @@ from nacl.signing import SigningKey, VerifyKey
 
 from inri.protocol.limits import ROUTE_ID_BYTES
 
-REGISTRATION_CONTEXT = b"inri/registration/v1\x00"
+# v2: the signed bytes cover the registration's receipt key (docs/protocol.md "Receipt signatures").
+REGISTRATION_CONTEXT = b"inri/registration/v2\x00"
+RECEIPT_CONTEXT = b"inri/receipt/v1\x00"
 NODE_ID_BYTES = 16
 
 
@@ -30,9 +32,29 @@ def node_id_for(node_key: bytes) -> str:
     return hashlib.blake2b(node_key, digest_size=NODE_ID_BYTES).hexdigest()
 
 
-def registration_signed_bytes(route_key: bytes, epoch: int, issued_at: int, lifetime: int) -> bytes:
-    """The exact bytes a registration signature covers (TTL and hops are not signed: they change)."""
-    return REGISTRATION_CONTEXT + route_key + struct.pack(">IQI", epoch, issued_at, lifetime)
+def registration_signed_bytes(
+    route_key: bytes, epoch: int, issued_at: int, lifetime: int, receipt_key: bytes | None = None
+) -> bytes:
+    """The exact bytes a registration signature covers (TTL and hops are not signed: they change).
+
+    The receipt key is signed too (a flag byte, then the key), so no relay can strip or swap it.
+    """
+    tail = b"\x00" if receipt_key is None else b"\x01" + receipt_key
+    return REGISTRATION_CONTEXT + route_key + struct.pack(">IQI", epoch, issued_at, lifetime) + tail
+
+
+def receipt_signed_bytes(push_id: bytes, route_id: bytes, status: int) -> bytes:
+    """The exact bytes a home relay's receipt signature covers.
+
+    The push id and the route id bind the receipt to one push of one registration (it cannot be
+    replayed for another push), the status to what the home did with it.
+    """
+    return RECEIPT_CONTEXT + push_id + route_id + bytes((status,))
+
+
+def receipt_public_key(secret: bytes) -> bytes:
+    """The 32-byte public receipt key of a 32-byte receipt key seed (what a registration carries)."""
+    return bytes(SigningKey(secret).verify_key)
 
 
 def new_signing_key(seed: bytes | None = None) -> SigningKey:

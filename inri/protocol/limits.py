@@ -1,6 +1,7 @@
 """Wire limits. Every decoder enforces these; each says why it is what it is."""
 
-PROTOCOL_VERSION = 1
+# 2: registrations carry a receipt key and receipts a home relay's signature (docs/protocol.md).
+PROTOCOL_VERSION = 2
 # One relay-to-relay frame: a push (payload + carried registration) plus envelope must fit with room;
 # 64 KiB keeps a single QUIC stream read bounded and one hostile frame cheap to refuse.
 MAX_FRAME_BYTES = 64 * 1024

@@ -80,6 +80,11 @@ class Registration:
     issued_at: int  # unix seconds (virtual seconds in the simulator)
     lifetime: int  # seconds the route lives after issued_at
     signature: bytes  # 64 bytes over keys.registration_signed_bytes(...)
+    # 32-byte Ed25519 public key the home relay's receipts for this route id are signed with (the device
+    # made the pair and gave the private half to its home only): any relay on the path verifies a
+    # receipt without learning which relay is the home. None: a registration without one (its
+    # receipts cannot be verified; docs/security.md "Receipt signatures").
+    receipt_key: bytes | None = None
     # Derived once at construction (not on the wire): relays look these up for every arrival, and one
     # shared object per registration keeps the simulator's 10k engines from each holding a copy.
     route_id: bytes = field(init=False, repr=False, compare=False)
@@ -169,7 +174,10 @@ class Receipt:
 
     push_id: bytes
     status: ReceiptStatus
-    hops: int  # hops the push took to reach home
+    hops: int  # hops the push took to reach home (not signed: it changes on no relay, but proves nothing)
+    # 64 bytes: the home relay's Ed25519 signature over keys.receipt_signed_bytes(push id, route id,
+    # status) with the registration's receipt key; None when the registration has no receipt key.
+    signature: bytes | None = None
 
 
 @dataclass(frozen=True, slots=True)
