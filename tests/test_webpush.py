@@ -8,7 +8,9 @@ import asyncio
 import base64
 import json
 import os
+import shutil
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -247,6 +249,13 @@ async def test_negative_cases_answer_their_codes(lab: dict[str, Any], device: De
     two = http_ece.encrypt(b"y" * 200, private_key=ec.generate_private_key(ec.SECP256R1()), dh=sub.p256dh,
                            auth_secret=sub.auth, version="aes128gcm", rs=100)  # three records in 300 bytes
     assert (await post(url, good, two)).status_code == 400
+    short = body[:20]  # shorter than the 21-byte header (salt | rs | idlen)
+    bad_rs = body[:16] + (17).to_bytes(4, "big") + body[20:]  # RFC 8188: rs below 18 is invalid
+    no_key = body[:20] + bytes([255]) + body[21:40]  # idlen points past the end of the body
+    for broken in (short, bad_rs, no_key):
+        r = await post(url, good, broken)
+        assert r.status_code == 400 and r.json()["code"] == "bad_encoding", r.text
+    assert (await post(url, {"TTL": "60"})).status_code == 400  # a body without Content-Encoding
     assert frames_out(far) == before, "the entry relay decided all of these alone: no frame may leave it"
     # A forged capability: the home relay says unknown endpoint; the genuine endpoint still works after.
     raw_e = bytearray(unb64(url.rsplit("/", 1)[1]))
@@ -354,6 +363,113 @@ async def test_kill9_home_then_entry_after_201_delivered_exactly_once(lab: dict[
     mine = [m for m in seen if m.id == pid]
     assert len(mine) == 1 and sub.decrypt(mine[0]) == b"survives two kills" and mine[0].topic == "k9"
     await device.ack([m.id for m in seen])
+
+
+NODE_DIR = Path(__file__).parent / "node"
+
+
+def make_tls(d: Path) -> tuple[Path, Path, Path]:
+    """A CA and a certificate for 127.0.0.1 signed by it (cert, key, CA): what node web-push will trust."""
+    from datetime import UTC, datetime, timedelta
+    from ipaddress import IPv4Address
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.now(UTC)
+
+    def cert(subject: str, key: ec.EllipticCurvePrivateKey, issuer: str, signer: ec.EllipticCurvePrivateKey,
+             ca: bool) -> x509.Certificate:
+        b = (x509.CertificateBuilder()
+             .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+             .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer)]))
+             .public_key(key.public_key()).serial_number(x509.random_serial_number())
+             .not_valid_before(now - timedelta(minutes=5)).not_valid_after(now + timedelta(days=1))
+             .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+        if not ca:
+            b = b.add_extension(x509.SubjectAlternativeName([x509.IPAddress(IPv4Address("127.0.0.1"))]),
+                                critical=False)
+        return b.sign(signer, hashes.SHA256())
+
+    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca = cert("INRI test CA", ca_key, "INRI test CA", ca_key, True)
+    leaf = cert("127.0.0.1", key, "INRI test CA", ca_key, False)
+    paths = d / "relay.crt", d / "relay.key", d / "ca.crt"
+    paths[0].write_bytes(leaf.public_bytes(serialization.Encoding.PEM))
+    paths[1].write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    paths[2].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    return paths
+
+
+def stop(pid: int) -> None:
+    """SIGTERM a relay we started (its own session) and reap it."""
+    try:
+        os.killpg(pid, signal.SIGTERM)
+        os.waitpid(pid, 0)
+    except (ProcessLookupError, ChildProcessError):
+        pass
+
+
+async def test_node_web_push_over_https_from_the_farthest_relay(lab: dict[str, Any], device: DeviceClient,
+                                                                tmp_path: Path) -> None:
+    """The unmodified npm `web-push` (https only) pushes to the farthest relay, restarted with `[api]
+    tls_cert`/`tls_key` by the documented command; the device decrypts the exact bytes at home."""
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed (Debian's nodejs; .ci/run installs it)")
+    if not (NODE_DIR / "node_modules" / "web-push").is_dir():
+        pytest.skip("npm web-push is not installed: npm ci --prefix tests/node (.ci/run does it)")
+    sub, sender = Subscriber(), Sender()
+    ep = await device.mint_endpoint(sender.public)  # restricted to the sender's VAPID key
+    entry = next(r for r in lab["relays"] if r["api"] == lab["far"])
+    cert, key, ca = make_tls(tmp_path)
+    toml = Path(entry["data_dir"]) / "relay.toml"
+    plain = toml.read_text()
+    stop(entry["pid"])
+    toml.write_text(plain.replace("[api]\n", f'[api]\ntls_cert = "{cert}"\ntls_key = "{key}"\n', 1))
+    with open(entry["log"], "ab") as log:  # the documented command; its log is the one the privacy scan reads
+        proc = subprocess.Popen([sys.executable, "-m", "inri.cli", "relay", "--config", str(toml)], stdout=log,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    https = "https://" + entry["api"].split("://", 1)[1]
+    try:
+        with trio.fail_after(60):
+            async with httpx.AsyncClient(verify=ssl.create_default_context(cafile=str(ca)), timeout=2) as c:
+                while True:
+                    assert proc.poll() is None, "the TLS relay exited: see " + entry["log"]
+                    try:
+                        if (await c.get(https + "/healthz")).status_code == 200:
+                            break
+                    except httpx.HTTPError:
+                        pass
+                    await trio.sleep(0.2)
+        payload = os.urandom(16) + b" node web-push, exact bytes \x00\xff"
+        SECRETS.append(payload)
+        request = {"subscription": sub.info(at(ep, https)), "payload_b64": base64.b64encode(payload).decode(),
+                   "ttl": 3600, "topic": "nodeTopic",
+                   "vapid": {"subject": "mailto:ops@example.org", "publicKey": sender.public,
+                             "privateKey": b64(sender.vapid.private_key.private_numbers().private_value
+                                               .to_bytes(32, "big"))}}
+        out: list[dict[str, Any]] = []
+
+        def send() -> None:
+            r = subprocess.run([node, str(NODE_DIR / "send.js")], input=json.dumps(request), text=True,
+                               capture_output=True, timeout=60, cwd=NODE_DIR,
+                               env={**os.environ, "NODE_EXTRA_CA_CERTS": str(ca)})
+            out.append(json.loads(r.stdout.splitlines()[-1]) if r.stdout else {"error": r.stderr})
+
+        got = await receive_one(device, send)
+        answer = out[0]
+        assert answer.get("statusCode") == 201, answer
+        assert answer["headers"]["ttl"] == "3600" and answer["headers"]["location"].startswith(https + "/v1/push/")
+        assert got.endpoint_id == ep.endpoint_id and got.topic == "nodeTopic" and got.urgency == "normal"
+        assert got.ttl is not None and 3500 <= got.ttl <= 3600  # the TTL left, counted from the entry relay
+        assert sub.decrypt(got) == payload
+    finally:
+        stop(proc.pid)
+        toml.write_text(plain)
+        mesh.restart_relay(lab, entry)  # back to plain HTTP for whatever runs next
 
 
 def test_privacy_scan_of_every_relay_but_the_home(lab: dict[str, Any]) -> None:

@@ -128,3 +128,52 @@ def test_a_web_push_crosses_engines_to_its_home() -> None:
     net.apply("0", res.effects)
     net.run_until(net.now + 5)
     assert net.custody[forged.push_id] == "unknown_endpoint"
+
+
+def test_ttl_runs_from_the_entry_relay_not_from_arrival_at_home() -> None:
+    """RFC 8030 5.2: a push that waited in custody while its home was down keeps only the TTL it has left.
+
+    The home expires it at entry time + TTL (not arrival + TTL); the frame carries the custody age."""
+    net = MiniNet(4, [(0, 1), (1, 2), (2, 3)])
+    home = net.homes[3]
+    home.add_registration(REG, [])
+    net.apply("3", net.engines[3].register(REG, net.now))
+    net.run_until(net.now + 5)
+    tok = home.mint_endpoint(REG.route_id, None)
+    net.kill(3)
+    accepted = net.now
+    p = _push(tok, b"late", ttl=600)
+    res = net.engines[0].inject_push(REG, bytes(16), p.ciphertext, net.now, push_id=p.push_id, webpush=p.webpush)
+    net.apply("0", res.effects)
+    net.run_until(net.now + 60)
+    assert p.push_id not in home.mailboxes.get(REG.route_id, {})
+    net.restart(3)
+    net.run_until(net.now + 120)
+    assert p.push_id in home.mailboxes[REG.route_id], net.custody.get(p.push_id)
+    arrived = home.mailboxes[REG.route_id][p.push_id][1]
+    expires = home.wp_meta[p.push_id][1]
+    assert arrived - accepted > 60
+    assert abs(expires - (accepted + 600)) <= 1.5, (accepted, arrived, expires)
+    ages = [m.webpush.age_s for _, to, m in net.sent if isinstance(m, Push) and m.webpush and m.push_id == p.push_id]
+    assert ages[0] == 0 and max(ages) >= 60
+
+
+def test_sqlite_home_stores_the_ttl_left_and_drops_a_push_that_expired_on_the_way(tmp_path: Path) -> None:
+    st = Store(tmp_path / "s.db")
+    st.add_device(REG, b"s" * 32, [], 0.0)
+    tok = st.mint_endpoint(REG.route_id, None, 0.0)
+    now = time.time()
+    p = _push(tok, b"aged", ttl=600)
+    assert p.webpush is not None
+    aged = Push(p.push_id, p.route_id, p.token, p.ciphertext, 16, 0, 0, 0, REG,
+                WebPushMeta(**{**{f: getattr(p.webpush, f) for f in p.webpush.__slots__}, "age_s": 100}))
+    assert decode(encode(aged)) == aged  # the age travels in the frame
+    assert st.accept_webpush(aged, now) == ReceiptStatus.STORED
+    assert abs(st.webpush_meta(REG.route_id)[p.push_id][4] - (now + 500)) < 1
+    q = _push(tok, b"expired", ttl=60)
+    assert q.webpush is not None
+    late = Push(q.push_id, q.route_id, q.token, q.ciphertext, 16, 0, 0, 0, REG,
+                WebPushMeta(**{**{f: getattr(q.webpush, f) for f in q.webpush.__slots__}, "age_s": 61}))
+    st.stream_open = lambda rid: False
+    assert st.accept_webpush(late, now) == ReceiptStatus.STORED  # accepted, dropped: its TTL ran out on the way
+    assert _box(st) == [b"aged"]

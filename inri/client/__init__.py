@@ -11,8 +11,8 @@
 
 from inri.client.app import HomeAppClient, PushReceipt
 from inri.client.credential import DeviceKeys, PushCredential, open_sealed, seal
-from inri.client.device import DeviceClient, Message, WebPushEndpoint
+from inri.client.device import DeviceClient, Message, WebPushEndpoint, stream_many
 from inri.client.errors import ApiError, NoTokensLeft
 
 __all__ = ["ApiError", "DeviceClient", "DeviceKeys", "HomeAppClient", "Message", "NoTokensLeft", "PushCredential",
-           "PushReceipt", "WebPushEndpoint", "open_sealed", "seal"]
+           "PushReceipt", "WebPushEndpoint", "open_sealed", "seal", "stream_many"]

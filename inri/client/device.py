@@ -44,6 +44,7 @@ class Message:
     urgency: str | None = None
     topic: str | None = None
     endpoint_id: str | None = None
+    ttl: int | None = None  # a Web Push message's seconds left (its TTL counted from the entry relay's acceptance)
 
 
 @dataclass(frozen=True)
@@ -183,7 +184,8 @@ class DeviceClient:
         """Revoke an endpoint: its senders then get 410 Gone."""
         await self._call("DELETE", f"/v1/devices/{self.device_id}/endpoints/{endpoint_id}", headers=self._auth())
 
-    def _decrypt(self, item: dict[str, Any]) -> Message:
+    def message_from_json(self, item: dict[str, Any]) -> Message:
+        """One message as pull and the streams show it (docs/api.md), opened with this device's keys."""
         msg_id, received_at = str(item["id"]), float(item["received_at"])
         if item.get("kind") == "webpush":  # decrypted by the app (RFC 8291 keys are the app's, not ours)
             body = b64d(item["body"], "body")
@@ -195,7 +197,8 @@ class DeviceClient:
                                    endpoint_id=item.get("endpoint_id"))
             return Message(msg_id, b"", received_at, kind="webpush", body=body,
                            encoding=item.get("encoding"), urgency=item.get("urgency"), topic=item.get("topic"),
-                           endpoint_id=item.get("endpoint_id"))
+                           endpoint_id=item.get("endpoint_id"),
+                           ttl=int(item["ttl"]) if isinstance(item.get("ttl"), int) else None)
         try:
             plaintext = open_sealed(self.keys.seal_key, b64d(item["ciphertext"], "ciphertext"))
         except ValueError:  # not base64url, not sealed to this device, or tampered with
@@ -206,7 +209,7 @@ class DeviceClient:
         """Stored, unacknowledged messages (oldest first); undecryptable ones are marked, not raised."""
         body = await self._call("GET", f"/v1/devices/{self.device_id}/messages", headers=self._auth(),
                                 params={"limit": limit})
-        return [self._decrypt(m) for m in body["messages"]]
+        return [self.message_from_json(m) for m in body["messages"]]
 
     async def ack(self, ids: list[str]) -> int:
         body = await self._call("POST", f"/v1/devices/{self.device_id}/ack", headers=self._auth(), json={"ids": ids})
@@ -246,7 +249,7 @@ class DeviceClient:
                         data = json.loads(await ws.get_message())
                         if data.get("type") != "message":
                             continue
-                        msg = self._decrypt(data)
+                        msg = self.message_from_json(data)
                         await out.send(msg)
                         if ack:
                             await ws.send_message(json.dumps({"type": "ack", "ids": [msg.id]}))
@@ -255,3 +258,56 @@ class DeviceClient:
                     raise ApiError("bad_credentials", 401, "stream refused the device secret") from None
             await trio.sleep(backoff)
             backoff = min(10.0, backoff * 2)
+
+
+@asynccontextmanager
+async def stream_many(
+    devices: list[DeviceClient], *, ack: bool = True,
+) -> AsyncIterator[trio.MemoryReceiveChannel[tuple[DeviceClient, Message]]]:
+    """Live messages of many devices homed at the same relay over ONE WebSocket (`/v1/stream`):
+
+        async with stream_many([dev_a, dev_b]) as messages:
+            async for device, message in messages: ...
+
+    One route key per app subscription keeps subscriptions unlinkable to app servers; this keeps them
+    cheap on the device (one connection, one keepalive). Acks, reconnects and undecryptable messages
+    behave as in `DeviceClient.stream()`. A device the relay refuses raises ApiError(bad_credentials).
+    """
+    if not devices or len({d.relay_url for d in devices}) != 1:
+        raise ValueError("stream_many: give one or more devices homed at the same relay")
+    by_id = {d.device_id: d for d in devices}
+    send, recv = trio.open_memory_channel[tuple[DeviceClient, Message]](0)
+    url = devices[0].relay_url.replace("http://", "ws://").replace("https://", "wss://") + "/v1/stream"
+    subscribe = json.dumps({"type": "subscribe",
+                            "devices": [{"device_id": d.device_id, "auth": d.secret} for d in devices]})
+
+    async def pump() -> None:
+        backoff = 0.2
+        while True:
+            try:
+                async with open_websocket_url(url) as ws:
+                    await ws.send_message(subscribe)
+                    backoff = 0.2
+                    while True:
+                        data = json.loads(await ws.get_message())
+                        if data.get("type") == "refused":
+                            raise ApiError("bad_credentials", 401, f"stream refused device {data.get('device_id')}")
+                        device = by_id.get(data.get("device_id"))
+                        if data.get("type") != "message" or device is None:
+                            continue
+                        msg = device.message_from_json(data)
+                        await send.send((device, msg))
+                        if ack:
+                            await ws.send_message(json.dumps({"type": "ack", "device_id": device.device_id,
+                                                              "ids": [msg.id]}))
+            except (ConnectionClosed, HandshakeError, OSError):
+                pass
+            await trio.sleep(backoff)
+            backoff = min(backoff * 2, 10.0)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(pump)
+        try:
+            yield recv
+        finally:
+            nursery.cancel_scope.cancel()

@@ -3,6 +3,7 @@ re-sends it with an escalating search, parks it until the deadline, and re-adopt
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 
 from inri.core.api import (
@@ -104,9 +105,22 @@ class CustodyRules(EngineState):
         return self._attempt(custody, now)
 
     # Rule C2.
+    def _aged(self, c: Custody, now: float) -> Push:
+        """c.push with its Web Push age set to the time it has spent in custody here (WebPushMeta.age_s).
+
+        Accepted at deadline - custody_deadline_s (also after a restart: the deadline is restored).
+        """
+        push, meta = c.push, c.push.webpush
+        if meta is None:
+            return push
+        age = min(max(0, int(now - (c.deadline - self.config.custody_deadline_s))), limits.MAX_WEBPUSH_TTL_S)
+        if age == meta.age_s:
+            return push
+        return dataclasses.replace(push, webpush=dataclasses.replace(meta, age_s=age))
+
     def _attempt(self, c: Custody, now: float) -> list[Effect]:
         """Send attempt number c.attempt of a push in custody: route first, then widening rings."""
-        push = c.push
+        push = self._aged(c, now)
         pid = push.push_id
         status = self._accept_at_home(push, now)
         if status is not None:
@@ -193,7 +207,7 @@ class CustodyRules(EngineState):
         c.routed = True
         self._reverse.put(pid, (_LOCAL, now + cfg.reverse_ttl_s, None))
         self._mark_seen((pid, c.attempt * 2), now)
-        push = c.push
+        push = self._aged(c, now)
         if self._level:
             self._trace(now, "push_retry", msg=pid.hex(), route=push.route_id.hex(), count=c.attempt)
         return [self._forward(readdress(push, cfg.push_ttl, 0, c.attempt, 0), nh, now)]

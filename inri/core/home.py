@@ -111,7 +111,8 @@ class MemoryHomeStore:
         self._endpoint_buckets.clock = lambda: now
         if self._endpoint_buckets.take((rid + meta.endpoint_id).hex()):
             return ReceiptStatus.RATE_LIMITED
-        if meta.ttl_s == 0 and rid not in self.connected:
+        remaining = max(0, meta.ttl_s - meta.age_s)  # TTL runs from the entry relay's acceptance
+        if remaining == 0 and rid not in self.connected:
             return ReceiptStatus.STORED  # RFC 8030: accepted, dropped (nobody to hand it to now)
         if meta.topic is not None:
             for pid, (old, _exp) in list(self.wp_meta.items()):
@@ -120,7 +121,7 @@ class MemoryHomeStore:
         if len(box) >= self._mailbox_max:
             return ReceiptStatus.MAILBOX_FULL
         box[push.push_id] = (push.ciphertext, now)
-        self.wp_meta[push.push_id] = (meta, now + meta.ttl_s)
+        self.wp_meta[push.push_id] = (meta, now + remaining)
         return ReceiptStatus.STORED
 
     def is_home(self, route_id: bytes) -> bool:

@@ -77,7 +77,7 @@ from inri.protocol.webpush import (
     vapid_key_hash,
 )
 
-WebPushInfo = tuple[bytes, str | None, Urgency, ContentEncoding]
+WebPushInfo = tuple[bytes, str | None, Urgency, ContentEncoding, float]  # ..., expires_at (wall clock)
 WEBPUSH_RECEIPT_WAIT_S = 1.5  # how long a Web Push sender waits for the home's receipt (then 201 anyway)
 NEGATIVE_CACHE_S = 600.0  # a 404/410 from home is answered here again for this long
 NEGATIVE_CACHE_MAX = 100_000
@@ -97,6 +97,8 @@ WS_PING_S = 20.0
 WS_CLOSE_BAD_AUTH = 4401  # bad credentials, or no such device here (the same answer: see module docstring)
 WS_CLOSE_GONE = 4404  # no such endpoint, or the device was unregistered while its stream was open
 WS_CLOSE_RATE = 4429
+MUX_STREAM_PATH = "/v1/stream"
+MUX_MAX_DEVICES = 64  # route ids one multiplexed stream serves (one route key per app subscription)
 MAX_ACK_IDS = 500
 MAX_PULL = 1000  # messages per pull (the `limit` query parameter's range is 1..MAX_PULL)
 # An ack of MAX_ACK_IDS ids is ~17.5 KB of compact JSON (35 bytes per id), over the general 16 KiB
@@ -169,9 +171,11 @@ def _message_json(pid: bytes, ct: bytes, t: float, wp: WebPushInfo | None) -> di
     """A mailbox message as pull and the stream show it; a Web Push one says so and carries its headers."""
     out: dict[str, Any] = {"id": pid.hex(), "ciphertext": b64e(ct), "received_at": t}
     if wp is not None:
-        eid, topic, urgency, encoding = wp
+        eid, topic, urgency, encoding, expires_at = wp
+        # ttl: seconds the message has left (RFC 8030 5.2: counted from the entry relay's acceptance).
         out.update(kind="webpush", body=out["ciphertext"], encoding=ENCODING_NAME[encoding],
-                   urgency=URGENCY_NAME[urgency], topic=topic, endpoint_id=eid.hex())
+                   urgency=URGENCY_NAME[urgency], topic=topic, endpoint_id=eid.hex(),
+                   ttl=max(0, math.floor(expires_at - time.time())))
         if encoding == ContentEncoding.SEALED:
             out["sealed"] = True  # the SDK opens it with the device's seal key
     return out
@@ -206,6 +210,7 @@ class RelayApi:
             Route("GET", dev + "/messages", self.messages),
             Route("POST", dev + "/ack", self.ack, max(body, ACK_MAX_BODY_BYTES)),
             Route("GET", dev + "/stream", self.stream_over_http),
+            Route("GET", MUX_STREAM_PATH, self.mux_stream_over_http),
             Route("POST", dev + "/endpoints", self.mint_endpoint, body),
             Route("GET", dev + "/endpoints", self.list_endpoints),
             Route("DELETE", dev + "/endpoints/{endpoint_id}", self.revoke_endpoint),
@@ -220,7 +225,8 @@ class RelayApi:
             Route("GET", "/openapi.json", self.openapi),
         ])
         wp = self.config.webpush
-        self.wp_origins = tuple(o.rstrip("/") for o in wp.public_origins) or (f"http://{self.config.relay.api}",)
+        self.wp_origins = tuple(o.rstrip("/") for o in wp.public_origins) or (
+            f"{'https' if self.config.api.tls_cert else 'http'}://{self.config.relay.api}",)
         self.service.store.endpoint_limits = KeyedBuckets(wp.endpoint_rate_per_s, wp.endpoint_burst)
         self.wp_aud = frozenset(normalise_origin(o) for o in self.wp_origins)
         self.vapid_rate = RateLimiter(wp.vapid_rate_per_s, wp.vapid_burst)
@@ -376,6 +382,10 @@ class RelayApi:
 
     async def stream_over_http(self, req: Request, device_id: str) -> tuple[int, Any]:
         raise Problem(426, "upgrade_required", "this endpoint is a WebSocket (docs/api.md, Live stream)",
+                      headers=[(b"upgrade", b"websocket")])
+
+    async def mux_stream_over_http(self, req: Request) -> tuple[int, Any]:
+        raise Problem(426, "upgrade_required", "this endpoint is a WebSocket (docs/api.md, Multiplexed stream)",
                       headers=[(b"upgrade", b"websocket")])
 
     # -- Web Push endpoints (minted at the home relay) ----------------------------------------------
@@ -626,6 +636,9 @@ class RelayApi:
         first = await receive()
         if first["type"] != "websocket.connect":
             return
+        if scope["path"] == MUX_STREAM_PATH:
+            await self._ws_mux(scope, receive, send)
+            return
         if match is None:
             await send({"type": "websocket.close", "code": WS_CLOSE_GONE})
             return
@@ -682,8 +695,97 @@ class RelayApi:
         finally:
             self.ws_open -= 1
 
-    async def _ws_writer(self, send: Send, route_id: bytes) -> None:
+    async def _ws_mux(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """One WebSocket serving many route ids (docs/api.md "Multiplexed stream").
+
+        The client subscribes devices with their secrets in text frames; each gets its own writer task
+        (the same one as the single-device stream, its frames labelled with `device_id`), acks name the
+        device. Sends are serialised: ASGI frames from several tasks must not interleave.
+        """
+        if self.rate.take(client_key(scope)):
+            await send({"type": "websocket.close", "code": WS_CLOSE_RATE})
+            return
+        await send({"type": "websocket.accept"})
+        lock = trio.Lock()
+
+        async def send_one(message: dict[str, Any]) -> None:
+            async with lock:
+                await send(message)
+
+        async def reply(**frame: Any) -> None:
+            await send_one({"type": "websocket.send", "text": json.dumps(frame)})
+
+        served: dict[bytes, trio.CancelScope] = {}
+
+        async def serve_one(route_id: bytes, cancel: trio.CancelScope) -> None:
+            try:
+                with cancel:
+                    await self._ws_writer(send_one, route_id, label=route_id.hex())
+            finally:
+                served.pop(route_id, None)
+                self._stream_closed(route_id)
+
+        self.ws_open += 1
+        try:
+            async with trio.open_nursery() as nursery:
+                while True:
+                    msg = await receive()
+                    if msg["type"] == "websocket.disconnect":
+                        break
+                    try:
+                        data = json.loads(msg.get("text") or "null")
+                        if not isinstance(data, dict):
+                            raise ValueError("expected a JSON object")
+                        kind, devices = data.get("type"), data.get("devices")
+                        if kind == "subscribe":
+                            if (not isinstance(devices, list) or not all(isinstance(d, dict) for d in devices)
+                                    or len(served) + len(devices) > MUX_MAX_DEVICES):
+                                raise Problem(422, "invalid_field", "devices: a list of {device_id, auth} objects, "
+                                              f"at most {MUX_MAX_DEVICES} per stream")
+                            for d in devices:
+                                label = d.get("device_id")
+                                rid = _parse_id(label, limits.ROUTE_ID_BYTES) if isinstance(label, str) else None
+                                try:
+                                    secret = b64d(d.get("auth"), "auth", size=SECRET_BYTES)
+                                except Problem:
+                                    secret = None
+                                if rid is None or not self._authenticated(rid, secret):
+                                    await reply(type="refused", device_id=label, code="bad_credentials")
+                                    continue
+                                if rid not in served:
+                                    # Counted open before "subscribed" goes out (a TTL 0 push right after
+                                    # must find the stream open), closed by its writer task.
+                                    self.streams[rid] = self.streams.get(rid, 0) + 1
+                                    served[rid] = trio.CancelScope()
+                                    nursery.start_soon(serve_one, rid, served[rid])
+                                await reply(type="subscribed", device_id=rid.hex())
+                        elif kind == "unsubscribe":
+                            label = data.get("device_id")
+                            rid = _parse_id(label, limits.ROUTE_ID_BYTES) if isinstance(label, str) else None
+                            if rid in served:
+                                served[rid].cancel()
+                            await reply(type="unsubscribed", device_id=label)
+                        elif kind == "ack":
+                            label = data.get("device_id")
+                            rid = _parse_id(label, limits.ROUTE_ID_BYTES) if isinstance(label, str) else None
+                            if rid is None or rid not in served:
+                                raise Problem(422, "invalid_field", "device_id: not subscribed on this stream")
+                            n = self.service.ack(rid, self._ids(data.get("ids")))
+                            await reply(type="acked", device_id=label, deleted=n)
+                        else:
+                            raise ValueError("type: expected subscribe, unsubscribe or ack")
+                    except (ValueError, RecursionError, Problem) as exc:
+                        await reply(type="error", detail=exc.detail if isinstance(exc, Problem) else str(exc))
+                nursery.cancel_scope.cancel()
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the client went away
+        finally:
+            self.ws_open -= 1
+
+    async def _ws_writer(self, send: Send, route_id: bytes, label: str | None = None) -> None:
+        """Send route_id's messages until it is no longer homed here; label: the multiplexed stream's device_id."""
         sent: set[bytes] = set()
+        tag = {} if label is None else {"device_id": label}
         service = self.service
         while True:
             # Take the wake-up event *before* reading the mailbox: a message delivered while we are
@@ -696,14 +798,17 @@ class RelayApi:
                 if pid not in sent:
                     sent.add(pid)
                     await send({"type": "websocket.send", "text": json.dumps(
-                        {"type": "message", **_message_json(pid, ct, t, meta.get(pid))})})
+                        {"type": "message", **tag, **_message_json(pid, ct, t, meta.get(pid))})})
             if not service.store.is_home(route_id):
-                await send({"type": "websocket.close", "code": WS_CLOSE_GONE})
+                if label is None:
+                    await send({"type": "websocket.close", "code": WS_CLOSE_GONE})
+                else:  # the other devices on this connection go on
+                    await send({"type": "websocket.send", "text": json.dumps({"type": "gone", **tag})})
                 return
             with trio.move_on_after(WS_PING_S) as scope:
                 await mail.wait()
             if scope.cancelled_caught:
-                await send({"type": "websocket.send", "text": '{"type":"ping"}'})
+                await send({"type": "websocket.send", "text": json.dumps({"type": "ping", **tag})})
             if len(sent) > 10_000:
                 live = {p for p, _, _ in service.pending(route_id, 10_000)}
                 sent &= live

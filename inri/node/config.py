@@ -89,6 +89,10 @@ class ApiSection:
     custody_backlog_s: Annotated[float, Positive] = 10.0
     custody_backlog_min: Annotated[int, AtLeastOne] = 200
     custody_route_max: Annotated[int, AtLeastOne] = 1000
+    # HTTPS on relay.api (PEM files; both or neither): Web Push senders such as node's web-push speak
+    # only https. Empty: plain HTTP, for a TLS reverse proxy in front.
+    tls_cert: str = ""
+    tls_key: str = ""
 
 
 @dataclass(frozen=True)
@@ -176,6 +180,12 @@ def _validate(cfg: RelayConfig, origin: dict[tuple[str, str], str]) -> None:
     for url in r.bootstrap:
         if not url.startswith(("http://", "https://")):
             raise ConfigError(f"{at('relay', 'bootstrap')}: {url!r} is not an http(s) URL")
+    if bool(cfg.api.tls_cert) != bool(cfg.api.tls_key):
+        raise ConfigError(f"{at('api', 'tls_cert')}: tls_cert and tls_key go together (PEM certificate chain and key)")
+    for name in ("tls_cert", "tls_key"):
+        tls_file = getattr(cfg.api, name)
+        if tls_file and not Path(tls_file).is_file():
+            raise ConfigError(f"{at('api', name)}: no such file {tls_file!r}")
     if cfg.api.tokens_default > cfg.api.tokens_max:
         raise ConfigError(f"{at('api', 'tokens_default')}: must be <= api.tokens_max ({cfg.api.tokens_max})")
     if cfg.quic.idle_timeout_s <= cfg.engine.keepalive_interval_s:

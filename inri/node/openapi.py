@@ -95,7 +95,9 @@ def openapi_document(version: str, body_limits: dict[str, int]) -> dict[str, Any
                 "summary": "Web Push (RFC 8030/8291/8292) to a minted endpoint, at any relay",
                 "parameters": [{"name": n, "in": "path", "required": True, "schema": {"type": "string"}}
                                for n in ("reg", "endpoint")] + [
-                    {"name": h, "in": "header", "required": h == "TTL", "schema": {"type": "string"}}
+                    {"name": h, "in": "header", "required": h == "TTL", "schema": {"type": "string"},
+                     **({"description": "seconds; above [webpush] ttl_max_s (28 d by default) clamped, the granted "
+                                        "value echoed in the TTL response header"} if h == "TTL" else {})}
                     for h in ("TTL", "Urgency", "Topic", "Content-Encoding", "Authorization", "Encryption",
                               "Crypto-Key")],
                 "requestBody": {"required": False, "content": {"application/octet-stream": {
@@ -158,6 +160,11 @@ def openapi_document(version: str, body_limits: dict[str, int]) -> dict[str, Any
             "/v1/devices/{device_id}/stream": {"get": {
                 "summary": "WebSocket: live delivery (see docs/api.md for the frame protocol)",
                 "security": [{"device": []}], "parameters": [DEVICE_PARAM],
+                "responses": {"101": {"description": "switching to WebSocket"},
+                              "426": _problem_ref("upgrade_required")}}},
+            "/v1/stream": {"get": {
+                "summary": "WebSocket: one live stream for many devices (subscribe frames carry their secrets; "
+                           "see docs/api.md, Multiplexed stream)",
                 "responses": {"101": {"description": "switching to WebSocket"},
                               "426": _problem_ref("upgrade_required")}}},
             "/v1/push": {"post": {

@@ -208,6 +208,7 @@ class _Connection:
         self.queued = 0
         self.tx: list[bytes] = []  # frames (length prefix, frame, ...) queued since the last flush
         self.tx_bytes = 0
+        self.pending_close: tuple[int, str] | None = None  # (error code, reason) for the next round
 
     # -- driving aioquic --------------------------------------------------------------------------
 
@@ -242,8 +243,13 @@ class _Connection:
 
     def close(self, reason: str, error_code: int = 0) -> None:
         if not self.closed:
+            # Frames queued before the close (an error frame that explains it) go out first: aioquic
+            # sends nothing but CONNECTION_CLOSE once close() is called, so the connection task
+            # transmits the flushed stream data, then closes (delivery stays best effort: a lost
+            # packet is not retransmitted after the close).
+            self.flush()
             self.close_reason = reason
-            self.quic.close(error_code=error_code, reason_phrase=reason[:100])
+            self.pending_close = (error_code, reason[:100])
             self.poke()
             self._mark_closed(reason)
 
@@ -274,6 +280,11 @@ class _Connection:
             self.wake = trio.Event()
             self.flush()
             await ep.transmit(self)
+            if self.pending_close is not None:
+                code, phrase = self.pending_close
+                self.pending_close = None
+                self.quic.close(error_code=code, reason_phrase=phrase)
+                await ep.transmit(self)
             # aioquic has no public "terminated" flag; the state leaves CLOSING/DRAINING for this.
             if self.quic._state == QuicConnectionState.TERMINATED:  # noqa: SLF001 - see above
                 break

@@ -23,6 +23,7 @@ from typing import Any
 import structlog
 import trio
 from hypercorn.config import Config as HyperConfig
+from hypercorn.trio import serve as hypercorn_serve
 
 from inri.common.addr import format_addr, parse_addr
 from inri.common.identity import NodeIdentity
@@ -52,8 +53,8 @@ class StartupError(Exception):
     """The relay could not start; the message is one line for the operator (the process exits 1)."""
 
 
-def _api_url(host: str, port: int) -> str:
-    return f"http://{format_addr(host, port)}"
+def _api_url(host: str, port: int, tls: bool = False) -> str:
+    return f"{'https' if tls else 'http'}://{format_addr(host, port)}"
 
 
 class _HypercornLog(logging.Handler):
@@ -101,18 +102,23 @@ async def _serve_api(app: Any, cfg: RelayConfig, listener: socket.socket, shutdo
     hc.errorlog = _hypercorn_logger()
     hc.keep_alive_timeout = 30
     hc.include_server_header = False
+    if cfg.api.tls_cert:  # HTTPS on the same listener (config checks that the key comes with it)
+        hc.certfile, hc.keyfile = cfg.api.tls_cert, cfg.api.tls_key
     # Should the HTTP server fail as a whole (hypercorn 0.18, served before http1.py, ended on one
     # malformed connection: upstream issues #203/#225), the API is served again, the relay (links,
     # custody, store) never goes down with it. Each run gets a duplicate of the listening socket (the
     # server closes what it is given), so the address never has to be bound again, and failures in a
     # row back off up to API_RESTART_MAX_S.
+    # The lean front (http1.py) has no TLS: with [api] tls_cert, hypercorn itself serves (and terminates
+    # TLS for) the same app; for throughput, terminate TLS in a reverse proxy and keep the lean front.
+    serve = hypercorn_serve if cfg.api.tls_cert else hyper_serve
     status = task_status
     delay = API_RESTART_MIN_S
     while True:
         hc.bind = [f"fd://{os.dup(listener.fileno())}"]
         started = trio.current_time()
         try:
-            await hyper_serve(app, hc, shutdown_trigger=shutdown.wait, task_status=status)
+            await serve(app, hc, shutdown_trigger=shutdown.wait, task_status=status)
             return
         except Exception as exc:  # noqa: BLE001 - any server failure: serve again (see above)
             if shutdown.is_set():
@@ -225,7 +231,7 @@ async def run_relay(cfg: RelayConfig, *, shutdown: trio.Event | None = None) -> 
         if not cfg.webpush.public_origins:  # Web Push answers on the API's real address (port 0 resolved)
             bound = listener.getsockname()
             cfg = dataclasses.replace(cfg, webpush=dataclasses.replace(
-                cfg.webpush, public_origins=(_api_url(bound[0], bound[1]),)))
+                cfg.webpush, public_origins=(_api_url(bound[0], bound[1], bool(cfg.api.tls_cert)),)))
         app = create_app(service, config=cfg, neighbours=links.neighbours)
         log.info("relay starting", node_id=identity.node_id, quic=endpoint.listen_addr, api=cfg.relay.api,
                  data_dir=str(data))
@@ -235,7 +241,7 @@ async def run_relay(cfg: RelayConfig, *, shutdown: trio.Event | None = None) -> 
                 await nursery.start(links.run)
                 await nursery.start(service.run)
                 binds = await nursery.start(_serve_api, app, cfg, listener, shutdown)
-                api_url = binds[0] if binds else _api_url(*parse_addr(cfg.relay.api))
+                api_url = binds[0] if binds else _api_url(*parse_addr(cfg.relay.api), bool(cfg.api.tls_cert))
                 boot = _BootstrapLoop(cfg, identity, service, endpoint.listen_addr)
                 nursery.start_soon(boot.run)
                 _write_ready(data, {"node_id": identity.node_id, "api": api_url, "quic": endpoint.listen_addr,

@@ -436,7 +436,8 @@ class Store:
             return ReceiptStatus.GONE
         if self.endpoint_limits.take((rid + meta.endpoint_id).hex()):
             return ReceiptStatus.RATE_LIMITED
-        if meta.ttl_s == 0 and not self.stream_open(rid):
+        remaining = max(0, meta.ttl_s - meta.age_s)  # TTL runs from the entry relay's acceptance
+        if remaining == 0 and not self.stream_open(rid):
             return ReceiptStatus.STORED  # RFC 8030: accepted, and dropped (nobody to hand it to now)
         with self._write():
             if meta.topic is not None:  # RFC 8030 5.4: replaces the unacknowledged one with this topic
@@ -453,15 +454,15 @@ class Store:
             db.execute("INSERT INTO mailbox VALUES (?, ?, ?, ?)", (push.push_id, rid, push.ciphertext, now))
             db.execute("INSERT INTO wp_messages VALUES (?, ?, ?, ?, ?, ?, ?)",
                        (push.push_id, rid, meta.endpoint_id, meta.topic, int(meta.urgency), int(meta.encoding),
-                        now + max(meta.ttl_s, TTL0_GRACE_S)))
+                        now + max(remaining, TTL0_GRACE_S)))
             self._box_counts[rid] = n + 1
         return ReceiptStatus.STORED
 
-    def webpush_meta(self, route_id: bytes) -> dict[bytes, tuple[bytes, str | None, Urgency, ContentEncoding]]:
-        """push id -> (endpoint id, topic, urgency, encoding) of the device's pending Web Push messages."""
-        rows = self._db.execute("SELECT push_id, endpoint_id, topic, urgency, encoding FROM wp_messages "
+    def webpush_meta(self, route_id: bytes) -> dict[bytes, tuple[bytes, str | None, Urgency, ContentEncoding, float]]:
+        """push id -> (endpoint id, topic, urgency, encoding, expires_at) of the device's pending Web Push messages."""
+        rows = self._db.execute("SELECT push_id, endpoint_id, topic, urgency, encoding, expires_at FROM wp_messages "
                                 "WHERE route_id=?", (route_id,))
-        return {bytes(p): (bytes(e), t, Urgency(u), ContentEncoding(c)) for p, e, t, u, c in rows}
+        return {bytes(p): (bytes(e), t, Urgency(u), ContentEncoding(c), float(x)) for p, e, t, u, c, x in rows}
 
     def expire_webpush(self, now: float) -> int:
         """Delete Web Push messages whose TTL ran out (their TTL is their mailbox expiry)."""

@@ -143,8 +143,9 @@ def _gossip_from(f: list[Any]) -> RegGossip:
 
 
 def _webpush_from(f: object) -> WebPushMeta:
-    if type(f) is not list or len(f) != 6:
-        raise DecodeError("malformed", "webpush: expected 6 fields")
+    # 6 fields from relays that carry no age (the push then counts as fresh), 7 with its age.
+    if type(f) is not list or len(f) not in (6, 7):
+        raise DecodeError("malformed", "webpush: expected 6 or 7 fields")
     topic = f[5]
     if topic is not None:
         topic = _str(topic, L.MAX_TOPIC_CHARS, "webpush.topic")
@@ -155,6 +156,7 @@ def _webpush_from(f: object) -> WebPushMeta:
         urgency=_enum(Urgency, f[3], "webpush.urgency"),
         encoding=_enum(ContentEncoding, f[4], "webpush.encoding"),
         topic=topic,
+        age_s=_uint(f[6], L.MAX_WEBPUSH_TTL_S, "webpush.age_s") if len(f) == 7 else 0,
     )
 
 
@@ -248,7 +250,7 @@ _DECODERS: dict[int, Callable[[list[Any]], Message]] = {
 
 
 def _webpush_to_list(w: WebPushMeta) -> list[Any]:
-    return [w.endpoint_id, w.tag, w.ttl_s, int(w.urgency), int(w.encoding), w.topic]
+    return [w.endpoint_id, w.tag, w.ttl_s, int(w.urgency), int(w.encoding), w.topic, w.age_s]
 
 
 def _to_fields(msg: Message) -> tuple[MessageType, list[Any]]:

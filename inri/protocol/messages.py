@@ -147,6 +147,11 @@ class WebPushMeta:
     urgency: Urgency
     encoding: ContentEncoding
     topic: str | None  # at most 32 base64url characters: replaces the unacknowledged message with the same topic
+    # Whole seconds the push has already waited in custody when this copy was sent (RFC 8030 5.2: TTL
+    # runs from acceptance at the entry relay, not from arrival at home). The custodian rewrites it on
+    # every attempt, so it is not in the tag; a relay that changed it could only shorten the stay or
+    # lengthen it up to ttl_s, which the tag binds.
+    age_s: int = 0
 
 
 @dataclass(frozen=True, slots=True)
