@@ -262,7 +262,7 @@ async def _push_through_a_stem(info: dict[str, Any]) -> None:
     # and any relay that first heard the flood from the home got it passed on (G8) after it came back:
     # at distance >= 4 (flood start >= 2, +1 to the home, +1 to the relay), never 1.
     assert not [r for r in rows["R1"] if r["kind"] == "reg_fluffed"]
-    from_home = [(r["reason"], r["hops"]) for rs in rows.values() for r in rs
+    from_home = [(r["reason"], int(str(r["hops"]))) for rs in rows.values() for r in rs
                  if r["kind"] == "route_set" and r["peer"] == home["node_id"]]
     assert ("stem", 2) in from_home and all(reason == "stem" or hops >= 4 for reason, hops in from_home)
 
