@@ -67,9 +67,9 @@ UNKNOWN_DISTANCE = limits.MAX_TTL + 1  # feasibility distance of a route with no
 
 
 class Arrival(Enum):
-    """What a gossip arrival of (route id, epoch) from a neighbour is to the route table (rules G1-G3)."""
+    """What a gossip arrival of (route id, epoch) from a neighbour is to the route id's entry (rules G1,
+    G3); a route id not in the table is simply a first arrival (G2)."""
 
-    NEW = 1  # the route id is not in the table
     NEWER = 2  # a newer epoch of a known route id (a refresh)
     STALE = 3  # an older epoch than the table's
     REPLAYED = 4  # the same epoch again from a neighbour that is already one of its next hops
@@ -147,9 +147,9 @@ class RouteTable(dict[bytes, RouteEntry]):
 
     @staticmethod
     def arrival(entry: RouteEntry, epoch: int, peer: str, hops: int, route_k: int) -> Arrival:
-        """What gossip of `epoch` from peer, `hops` away from the home, is to the entry of its route id
-        (never NEW: the caller looked the entry up). In the order of rules G1 and G3: the epoch first, then
-        a replay by one of its next hops, then feasibility (hops below the feasibility distance) and room."""
+        """What gossip of `epoch` from peer, `hops` away from the home, is to the entry of its route id.
+        In the order of rules G1 and G3: the epoch first, then a replay by one of its next hops, then
+        feasibility (hops below the feasibility distance) and room."""
         known = entry[0]
         if epoch != known:
             return _NEWER if epoch > known else _STALE
