@@ -70,11 +70,11 @@ class Arrival(Enum):
     """What a gossip arrival of (route id, epoch) from a neighbour is to the route id's entry (rules G1,
     G3); a route id not in the table is simply a first arrival (G2)."""
 
-    NEWER = 2  # a newer epoch of a known route id (a refresh)
-    STALE = 3  # an older epoch than the table's
-    REPLAYED = 4  # the same epoch again from a neighbour that is already one of its next hops
-    FEASIBLE = 5  # the same epoch from another neighbour, strictly closer than the feasibility distance, room left
-    DUPLICATE = 6  # the same epoch, not usable as a backup
+    NEWER = 1  # a newer epoch of a known route id (a refresh)
+    STALE = 2  # an older epoch than the table's
+    REPLAYED = 3  # the same epoch again from a neighbour that is already one of its next hops
+    FEASIBLE = 4  # the same epoch from another neighbour, strictly closer than the feasibility distance, room left
+    DUPLICATE = 5  # the same epoch, not usable as a backup
 
 
 # Members bound once: an Enum class attribute lookup costs several times a dict lookup (hot path).
