@@ -17,6 +17,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -287,10 +288,13 @@ def main() -> None:
             mesh.down(d)
         app_file = Path(d) / "bare_app.py"
         app_file.write_text(BARE_APP)
-        port = mesh._free_port(1)
+        # Bound here and handed over (hypercorn's fd:// bind): the port is known and nobody can take it.
+        sock = socket.create_server(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
         proc = subprocess.Popen([sys.executable, "-m", "hypercorn", "--worker-class", "trio", "-b",
-                                 f"127.0.0.1:{port}", "bare_app:app"], cwd=d, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)
+                                 f"fd://{sock.fileno()}", "bare_app:app"], cwd=d, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, pass_fds=(sock.fileno(),))
+        sock.close()  # the server's copy is the one that counts
         try:
             deadline = time.monotonic() + 20
             while time.monotonic() < deadline:

@@ -1,10 +1,14 @@
-"""`inri-bootstrap serve [--listen HOST:PORT] [--data-dir DIR] [--config FILE]` and `check-config`."""
+"""`inri-bootstrap serve [--listen HOST:PORT | --listen-fd N] [--data-dir DIR] [--config FILE]` and
+`check-config`."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
+import socket
+import stat
 import sys
 from dataclasses import asdict
 
@@ -23,8 +27,21 @@ from inri.node.quic import probe
 log = structlog.get_logger("inri.bootstrap")
 
 
-async def serve(cfg: BootstrapConfig) -> None:
-    """Run a bootstrap node until SIGINT/SIGTERM."""
+def check_listen_fd(fd: int) -> None:
+    """ValueError unless fd is an open TCP (stream) socket: what `--listen-fd` must be handed."""
+    try:
+        is_socket = stat.S_ISSOCK(os.fstat(fd).st_mode)
+    except OSError as exc:
+        raise ValueError(f"--listen-fd {fd}: {exc.strerror}") from None
+    if not is_socket:
+        raise ValueError(f"--listen-fd {fd}: not a socket")
+    with socket.socket(fileno=os.dup(fd)) as sock:  # a duplicate: closing it leaves fd open
+        if sock.type != socket.SOCK_STREAM or sock.family not in (socket.AF_INET, socket.AF_INET6):
+            raise ValueError(f"--listen-fd {fd}: not a TCP socket")
+
+
+async def serve(cfg: BootstrapConfig, listen_fd: int | None = None) -> None:
+    """Run a bootstrap node until SIGINT/SIGTERM, on cfg.listen or on the inherited socket listen_fd."""
     # The probe's own key is throwaway: it proves nothing about us, it only asks the relay to prove itself.
     prober_id = NodeIdentity.generate()
 
@@ -34,8 +51,13 @@ async def serve(cfg: BootstrapConfig) -> None:
     boot = Bootstrap(cfg, prober)
     app = BootstrapApp(boot)
     hc = HyperConfig()
-    host, port = parse_addr(cfg.listen)
-    hc.bind = [format_addr(host, port)]
+    if listen_fd is not None:
+        # Bound by whoever started us (a supervisor's socket activation, a test that must know every
+        # bootstrap's URL before any starts): hypercorn serves it as is and listens on it.
+        hc.bind = [f"fd://{listen_fd}"]
+    else:
+        host, port = parse_addr(cfg.listen)
+        hc.bind = [format_addr(host, port)]
     hc.accesslog = None
     hc.graceful_timeout = 3.0
     hc.include_server_header = False
@@ -74,12 +96,19 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--peer", action="append", help="another bootstrap's URL to sync records with (repeatable)")
         p.add_argument("--allow-private", action="store_true", default=None,
                        help="accept loopback/private addresses (local meshes and tests)")
+        if name == "serve":
+            p.add_argument("--listen-fd", type=int, metavar="N",
+                           help="serve on an inherited, bound TCP socket (file descriptor N) instead of binding "
+                                "--listen (docs/operations.md)")
     args = ap.parse_args(argv)
     try:
         cfg = load_bootstrap_config(args.config, overrides={
             "listen": args.listen, "data_dir": args.data_dir, "allow_private": args.allow_private,
             "peers": args.peer})
         parse_addr(cfg.listen)
+        listen_fd = getattr(args, "listen_fd", None)
+        if listen_fd is not None:
+            check_listen_fd(listen_fd)
     except (ConfigError, ValueError) as exc:
         print(f"inri-bootstrap: configuration error: {exc}", file=sys.stderr)
         return 2
@@ -88,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     configure_logging(cfg.log_format, cfg.log_level)
     try:
-        trio.run(serve, cfg)
+        trio.run(serve, cfg, listen_fd)
     except KeyboardInterrupt:
         pass
     return 0

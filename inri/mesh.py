@@ -22,7 +22,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -36,13 +35,6 @@ MESH_FILE = "mesh.json"
 
 class MeshError(RuntimeError):
     """The mesh could not be started or stopped (the message says which process and why)."""
-
-
-def _free_port(kind: int) -> int:
-    """A port free right now (racy: only for third-party servers that cannot report their port)."""
-    with socket.socket(socket.AF_INET, kind) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _died(proc: subprocess.Popen[bytes], log: Path) -> MeshError:

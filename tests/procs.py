@@ -2,14 +2,15 @@
 
 Ports: processes bind port 0 and report what they got (a relay in DATA_DIR/relay.json, a bootstrap
 in a `{"bootstrap": URL}` stdout line): `relay_ready` and `bootstrap_url` read them back, so no port
-is picked, released and then bound by someone else in between (inri.mesh does the same).
+is picked, released and then bound by someone else in between (inri.mesh does the same). Where a
+port must be known before the process starts, the test binds the socket and hands it over
+(`Proc(..., pass_fds=...)`, `bootstrap_cmd(..., listen_fd=...)`).
 """
 
 from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,26 +24,18 @@ from inri import mesh
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def free_port(host: str = "127.0.0.1", kind: int = socket.SOCK_STREAM) -> int:
-    """A port free right now on host (TCP by default, UDP with kind=SOCK_DGRAM).
-
-    Racy (pick, release, bind): for new tests use port 0 and `relay_ready` / `bootstrap_url`.
-    """
-    with socket.socket(socket.AF_INET, kind) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
 class Proc:
     """A child process with its log file; stop() is idempotent (SIGTERM, then SIGKILL)."""
 
-    def __init__(self, args: list[str], log: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(self, args: list[str], log: Path, env: dict[str, str] | None = None,
+                 pass_fds: tuple[int, ...] = ()) -> None:
+        """Start args with env added to ours; pass_fds: our file descriptors the child inherits (same numbers)."""
         self.args = args
         self.log = log
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self._logf = open(log, "ab")  # noqa: SIM115 - closed in stop()
         self.p = subprocess.Popen(args, stdout=self._logf, stderr=subprocess.STDOUT, env=full_env, cwd=ROOT,
-                                  start_new_session=True)
+                                  start_new_session=True, pass_fds=pass_fds)
 
     def alive(self) -> bool:
         return self.p.poll() is None
@@ -85,9 +78,12 @@ def wait_http(url: str, timeout: float = 30.0, proc: Proc | None = None) -> None
     raise AssertionError(f"{url} not up within {timeout} s" + (f"\n{proc.tail()}" if proc else ""))
 
 
-def bootstrap_cmd(listen: str, data_dir: Path, peers: list[str]) -> list[str]:
+def bootstrap_cmd(listen: str, data_dir: Path, peers: list[str], listen_fd: int | None = None) -> list[str]:
+    """`inri-bootstrap serve` on listen, or on the socket listen_fd handed over (pass it in Proc's pass_fds)."""
     cmd = [sys.executable, "-m", "bootstrap_nodes.cli", "serve", "--listen", listen, "--data-dir", str(data_dir),
            "--allow-private"]
+    if listen_fd is not None:
+        cmd += ["--listen-fd", str(listen_fd)]
     for p in peers:
         cmd += ["--peer", p]
     return cmd

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import socket
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -15,7 +17,7 @@ from inri.node.bootstrap_client import BootstrapClient, BootstrapError, make_rec
 from inri.node.identity import NodeIdentity
 from inri.node.quic import Link, QuicEndpoint
 from inri.protocol.peer_record import encode_record
-from tests.procs import Proc, bootstrap_cmd, free_port, wait_http
+from tests.procs import Proc, bootstrap_cmd, bootstrap_url, wait_http
 
 pytestmark = pytest.mark.integration
 
@@ -31,18 +33,50 @@ def relay_host(i: int) -> str:
     return f"127.0.{i % 4 + 1}.{10 + i}"
 
 
+def held_port(kind: int = socket.SOCK_STREAM, host: str = "127.0.0.1") -> socket.socket:
+    """A socket bound to a fresh port on host that never listens (TCP) or reads (UDP): connections to it
+    are refused, datagrams go unanswered, and the port stays ours while the socket is open. SO_REUSEPORT:
+    only a socket of ours that asks for it too (`listening_on`) can share the port."""
+    s = socket.socket(socket.AF_INET, kind)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    s.bind((host, 0))
+    return s
+
+
+def listening_on(port: int) -> socket.socket:
+    """A TCP socket listening on a port held by `held_port`, to hand to a bootstrap process."""
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # past connections in TIME_WAIT (a restart)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    s.bind(("127.0.0.1", port))
+    s.listen()
+    return s
+
+
 class Mesh:
+    """Three bootstraps that sync with each other, so each needs the others' URLs before any starts.
+
+    No port is picked, released and bound again: the test holds each port (`held_port`) for the whole
+    test, and each start hands the bootstrap a socket already listening on it (`--listen-fd`). The
+    test then closes its copy, so a stopped bootstrap's port refuses connections, and a restart gets
+    the same port (the URL its peers know).
+    """
+
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
-        self.ports = [free_port() for _ in range(3)]
+        self.held = [held_port() for _ in range(3)]
+        self.ports = [int(s.getsockname()[1]) for s in self.held]
         self.urls = [f"http://127.0.0.1:{p}" for p in self.ports]
         self.procs: list[Proc | None] = [None, None, None]
 
     def start(self, i: int) -> None:
         peers = [u for j, u in enumerate(self.urls) if j != i]
-        proc = Proc(bootstrap_cmd(f"127.0.0.1:{self.ports[i]}", self.tmp / f"b{i}", peers), self.tmp / f"b{i}.log",
-                    ENV)
+        with listening_on(self.ports[i]) as sock:
+            fd = sock.fileno()
+            proc = Proc(bootstrap_cmd(f"127.0.0.1:{self.ports[i]}", self.tmp / f"b{i}", peers, listen_fd=fd),
+                        self.tmp / f"b{i}.log", ENV, pass_fds=(fd,))
         self.procs[i] = proc
+        assert bootstrap_url(proc) == self.urls[i], proc.tail()  # it serves the socket handed over
         wait_http(self.urls[i] + "/healthz", proc=proc)
 
     def stop(self, i: int) -> None:
@@ -63,6 +97,8 @@ def mesh(tmp_path: Path) -> Iterator[Mesh]:
         for p in m.procs:
             if p is not None:
                 p.stop()
+        for s in m.held:
+            s.close()
 
 
 def records(url: str) -> int:
@@ -138,8 +174,9 @@ async def test_bootstrap_mesh_announce_sync_refuse_restart(mesh: Mesh) -> None:
             await ep_s.bind("127.0.6.6", 0)
             await nursery.start(ep_s.serve, _closer)
             refused(encode_record(make_record(stranger, [ep_s.listen_addr], "", 1, 1, now)), 422, "unreachable")
-            dead = f"127.0.9.9:{free_port('127.0.9.9', 2)}"
-            refused(encode_record(make_record(stranger, [dead], "", 1, 1, now)), 422, "unreachable")
+            with held_port(socket.SOCK_DGRAM, "127.0.9.9") as silent:  # bound, never read: no QUIC answers
+                dead = f"127.0.9.9:{silent.getsockname()[1]}"
+                refused(encode_record(make_record(stranger, [dead], "", 1, 1, now)), 422, "unreachable")
             # A sixth relay in a full /24 is refused.
             extra = NodeIdentity.generate()
             ep_x = QuicEndpoint(extra, idle_timeout_s=5)
@@ -161,3 +198,18 @@ async def test_bootstrap_mesh_announce_sync_refuse_restart(mesh: Mesh) -> None:
             with pytest.raises(BootstrapError):
                 await BootstrapClient(["http://127.0.0.1:9"], timeout_s=1).fetch_peers("x", None, 4)
             nursery.cancel_scope.cancel()
+
+
+def test_listen_fd_must_be_a_tcp_socket(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`serve --listen-fd N` refuses, as a configuration error (exit 2), what it cannot serve on."""
+    from bootstrap_nodes.cli import main
+
+    base = ["serve", "--data-dir", str(tmp_path)]
+    with open(tmp_path / "f", "w") as f, socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+        closed = os.dup(f.fileno())
+        os.close(closed)
+        cases = ((closed, "Bad file descriptor"), (f.fileno(), "not a socket"), (udp.fileno(), "not a TCP socket"))
+        for fd, why in cases:
+            assert main([*base, "--listen-fd", str(fd)]) == 2
+            assert f"configuration error: --listen-fd {fd}: {why}" in capsys.readouterr().err
+        assert os.fstat(udp.fileno())  # checking it did not close the caller's descriptor

@@ -1,9 +1,17 @@
-"""Core types: TokenBucket/KeyedBuckets (inri.core.budget), BoundedMap and RouteTable (inri.core.tables)."""
+"""Core types: TokenBucket/KeyedBuckets (inri.core.budget), BoundedMap and RouteTable (inri.core.tables),
+and the hot-path builders readdress/make_send (inri.core.state)."""
 
 from __future__ import annotations
 
+import dataclasses
+
+import pytest
+
+from inri.core.api import Send
 from inri.core.budget import KeyedBuckets, TokenBucket
-from inri.core.tables import BoundedMap, RouteTable
+from inri.core.state import make_send, readdress
+from inri.core.tables import Arrival, BoundedMap, RouteTable
+from inri.protocol.messages import ContentEncoding, Push, Registration, Urgency, WebPushMeta
 
 
 def test_token_bucket_refills_caps_and_refuses() -> None:
@@ -12,6 +20,17 @@ def test_token_bucket_refills_caps_and_refuses() -> None:
     assert not b.take(0.0, 1.0, 2.0) and b.wait(1.0) == 1.0
     assert b.take(1.0, 1.0, 2.0)  # one token refilled in 1 s
     assert b.take(100.0, 1.0, 2.0) and b.take(100.0, 1.0, 2.0) and not b.take(100.0, 1.0, 2.0)  # capped at burst
+
+
+def test_token_bucket_caps_exactly_like_min() -> None:
+    # take() caps without min(): the result must be the same float, bit for bit (simulator traces)
+    for tokens, elapsed, rate, burst in [(0.5, 0.3, 1.0, 3), (2.9, 0.1, 1.0, 3), (2.0, 1.0, 1.0, 3),
+                                         (0.1, 0.7, 0.1, 1.0), (399.5, 0.25, 2.0, 400)]:
+        b = TokenBucket(tokens, 0.0)
+        ok = b.take(elapsed, rate, burst)
+        want = min(burst, tokens + elapsed * rate)
+        assert ok == (want >= 1.0)
+        assert b.tokens == (want - 1.0 if ok else want) and b.t == elapsed
 
 
 def test_keyed_buckets_are_per_key_lru_bounded_and_count_refusals() -> None:
@@ -46,3 +65,33 @@ def test_route_table_entries() -> None:
     assert r.next_hops(r[b"x"]) == () and r.distance(r[b"x"]) == 2
     assert r.expire(20.0) == [b"h"] and r.expire_from == 50.0
     assert r.evict_first_expiring() == b"x" and not r
+
+
+def test_route_table_arrival_classifies_like_the_entry_readers() -> None:
+    r = RouteTable()
+    r.set_first(b"x", 5, 50.0, "a", 3)
+    e = r[b"x"]
+    assert r.arrival(e, 6, "b", 1, 2) is Arrival.NEWER
+    assert r.arrival(e, 4, "b", 1, 2) is Arrival.STALE
+    assert r.arrival(e, 5, "a", 1, 2) is Arrival.REPLAYED  # already a next hop, however close
+    assert r.arrival(e, 5, "b", 2, 2) is Arrival.FEASIBLE  # hops 2 < feasibility distance 3, room for 2
+    assert r.arrival(e, 5, "b", 3, 2) is Arrival.DUPLICATE  # not strictly closer
+    assert r.arrival(e, 5, "b", 2, 1) is Arrival.DUPLICATE  # no room
+    assert r.next_hops_of(b"x") == ("a",) and r.next_hops_of(b"nope") == ()
+    r.originate(b"h", 1, 10.0)
+    assert r.next_hops_of(b"h") == ()
+
+
+@pytest.mark.parametrize("webpush", [None, WebPushMeta(b"e" * 16, b"t" * 16, 60, Urgency.HIGH,
+                                                       ContentEncoding.AES128GCM, "topic")])
+def test_readdress_and_make_send_build_what_the_classes_build(webpush: WebPushMeta | None) -> None:
+    reg = Registration(b"k" * 32, 1, 0, 100, b"s" * 64)
+    push = Push(b"p" * 16, reg.route_id, b"t" * 16, b"c" * 64, 20, 2, 1, 3, reg, webpush)
+    got = readdress(push, 7, 9, 4, 0)
+    want = Push(b"p" * 16, reg.route_id, b"t" * 16, b"c" * 64, 7, 9, 4, 0, reg, webpush)
+    assert type(got) is Push and got == want and hash(got) == hash(want)
+    assert dataclasses.astuple(got) == dataclasses.astuple(want)  # every field, also those not compared
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        got.ttl = 1  # type: ignore[misc]
+    s = make_send("b", got, 0.5)
+    assert type(s) is Send and s == Send("b", got, 0.5)

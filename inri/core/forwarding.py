@@ -14,6 +14,8 @@ from inri.core.state import (
     RECEIPT_STATUS,
     EngineState,
     ReverseMark,
+    make_send,
+    readdress,
 )
 from inri.core.tables import RouteTable
 from inri.protocol.keys import receipt_signed_bytes
@@ -32,13 +34,15 @@ LOCAL_REPAIR_RADIUS = 2  # a relay whose route broke searches this far before th
 # neighbours (its link-up announcements, rule G5, gave them the route). Shorter would flood for every
 # push to a home that is merely restarting; the deadline is minutes.
 HOME_SEARCH_AFTER_S = 5.0
+# Bound once: Enum class attribute lookups cost several times a dict lookup on the per-frame path.
 _LOCAL = ReverseMark.LOCAL
 _LATE = ReverseMark.LATE
+_FULL = TraceLevel.FULL
+
 
 def _onward(push: Push, ring: int) -> Push:
     """The copy of push a relay forwards: one hop further, one TTL less, in ring mode `ring` (0: route)."""
-    return Push(push.push_id, push.route_id, push.token, push.ciphertext, push.ttl - 1, push.hops + 1,
-                push.attempt, ring, push.registration, push.webpush)
+    return readdress(push, push.ttl - 1, push.hops + 1, push.attempt, ring)
 
 
 class ForwardingRules(EngineState):
@@ -55,10 +59,7 @@ class ForwardingRules(EngineState):
         alternate: prefer the backup over the primary (odd custody attempts take the other path, so a
         re-send does not walk into the same silent failure as the first copy).
         """
-        entry = self._routes.get(rid)
-        if entry is None:
-            return None
-        hops = RouteTable.next_hops(entry)
+        hops = self._routes.next_hops_of(rid)
         if not hops:
             return None
         active = self._active
@@ -124,7 +125,7 @@ class ForwardingRules(EngineState):
             self._trace(now, "push_forwarded", msg=msg.push_id.hex(), route=msg.route_id.hex(), peer=nh,
                         hops=msg.hops, ttl=msg.ttl, count=1)
         jitter = self.config.forward_jitter_s
-        return Send(nh, msg, self._rng.random() * jitter if jitter else 0.0)
+        return make_send(nh, msg, self._rng.random() * jitter if jitter else 0.0)
 
     # Rule F4.
     def _ring_flood(self, msg: Push, sender: str | None, now: float) -> list[Effect]:
@@ -132,7 +133,7 @@ class ForwardingRules(EngineState):
         for p, st in self._active.items():
             if p != sender:
                 st.last_sent = now
-                out.append(Send(p, msg))
+                out.append(make_send(p, msg, 0.0))
         if self._level:
             self._trace(now, "push_fallback", msg=msg.push_id.hex(), route=msg.route_id.hex(), hops=msg.hops,
                         ttl=msg.ring, count=len(out))
@@ -164,7 +165,7 @@ class ForwardingRules(EngineState):
                             reason="duplicate", count=1)
             return [Send(peer, RouteError(pid, msg.route_id, RouteErrorReason.DUPLICATE))]
         self._push_seen.put(key, now + cfg.seen_ttl_s)
-        if self._level >= TraceLevel.FULL:
+        if self._level >= _FULL:
             self._trace(now, "push_received", msg=pid.hex(), route=rid.hex(), peer=peer, hops=msg.hops,
                         ttl=msg.ttl)
         if pid not in self._custody:  # a custodian keeps its own LOCAL reverse marker
@@ -187,7 +188,7 @@ class ForwardingRules(EngineState):
                 self._verifier.verify_registration(msg.registration)
             ):
                 return self._push_drop(peer, msg, now, "bad_registration", None)
-            nh = self._next_hop(rid, peer, alternate=bool(msg.attempt & 1))
+            nh = self._next_hop(rid, peer, alternate=(msg.attempt & 1) == 1)
             if nh is not None:  # a route is known here: leave the ring, follow the route (once)
                 route_key = (pid, msg.attempt * 2)
                 if route_key in self._push_seen:
@@ -200,7 +201,7 @@ class ForwardingRules(EngineState):
             if msg.ring <= 1:
                 return self._push_drop(peer, msg, now, "ring_end", None)
             return self._ring_flood(_onward(msg, msg.ring - 1), peer, now)
-        nh = self._next_hop(rid, peer, alternate=bool(msg.attempt & 1))
+        nh = self._next_hop(rid, peer, alternate=(msg.attempt & 1) == 1)
         if nh is None:
             low = self._next_hop(rid, peer, low_ok=True)  # a live next hop with a low score (S2)
             if low is not None and (msg.attempt == 0 or self._active[low].score > cfg.score_avoid_below):

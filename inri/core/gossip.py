@@ -16,8 +16,9 @@ from inri.core.state import (
     MAX_CLOCK_SKEW_S,
     EngineState,
     Neighbour,
+    make_send,
 )
-from inri.core.tables import BoundedMap, RouteEntry, RouteTable
+from inri.core.tables import Arrival, BoundedMap, RouteEntry, RouteTable
 from inri.protocol.codec import encode_unchecked
 from inri.protocol.messages import (
     RegGossip,
@@ -27,6 +28,9 @@ from inri.protocol.messages import (
 # Link-up announcements (G5) use a quarter of a neighbour's gossip budget (burst, then rate): the rest
 # stays for the gossip it forwards meanwhile, so announcing never costs the home its score there.
 ANNOUNCE_SHARE = 0.25
+# Bound once: Enum class attribute lookups cost several times a dict lookup on the per-frame path.
+_FULL = TraceLevel.FULL
+_NEWER, _STALE, _REPLAYED, _FEASIBLE = Arrival.NEWER, Arrival.STALE, Arrival.REPLAYED, Arrival.FEASIBLE
 
 _REG_TRACE: BoundedMap[tuple[bytes, int], tuple[str, str, int]] = BoundedMap(65536)
 
@@ -134,34 +138,36 @@ class GossipRules(EngineState):
         routes = self._routes
         entry = routes.get(rid)
         if entry is not None:
-            known = routes.epoch(entry)
-            if epoch == known:  # a duplicate (most gossip arrivals): G3
-                self.reg_duplicates += 1
+            arrival = routes.arrival(entry, epoch, peer, msg.hops, cfg.route_k)  # one call per frame
+            if arrival is not _NEWER:
+                if arrival is _STALE:
+                    return self._drop_reg(now, reg, peer, "stale_epoch", cfg.score_replay)
+                self.reg_duplicates += 1  # the same epoch (most gossip arrivals): G3
                 if self._embargo and (rid, epoch) in self._embargo:  # G7-G8: the flood reached a stem relay
                     return self._stem_flood_back(peer, msg, now)
-                announce = msg.hops == 0 and msg.ttl == 1  # a home's link-up announcement (G5)
-                if routes.claims(entry, peer):  # it gave us this (route, epoch) before: honest relays forward once
-                    if announce:  # ...unless it is the home announcing it again on a new link (G5)
+                if arrival is _REPLAYED:  # it gave us this (route, epoch) before: honest relays forward once
+                    if msg.hops == 0 and msg.ttl == 1:  # ...unless it is the home announcing it on a new link (G5)
                         return []
                     return self._drop_reg(now, reg, peer, "replayed", cfg.score_replay)
-                if msg.hops < routes.distance(entry):  # feasible
-                    if routes.has_room(entry, cfg.route_k):
-                        return self._add_backup(peer, msg, entry, rid, now)
-                    if announce and routes.worst_hops(entry) > 1:
-                        # The home itself, on a link that came up: worth more than our worst backup.
-                        routes.drop_next_hop(rid, entry, routes.next_hops(entry)[-1])
-                        return self._add_backup(peer, msg, routes[rid], rid, now)
-                if self._level >= TraceLevel.FULL:
+                if arrival is _FEASIBLE:  # closer than our feasibility distance, and room: a backup
+                    return self._add_backup(peer, msg, entry, rid, now)
+                if (msg.hops == 0 and msg.ttl == 1 and msg.hops < routes.distance(entry)
+                        and routes.worst_hops(entry) > 1):
+                    # A home's link-up announcement (G5) with no room left: the home itself, on a link
+                    # that came up, is worth more than our worst backup.
+                    routes.drop_next_hop(rid, entry, routes.next_hops(entry)[-1])
+                    return self._add_backup(peer, msg, routes[rid], rid, now)
+                if self._level >= _FULL:
                     self._trace(now, "reg_duplicate", msg=f"{rid.hex()}:{epoch}", route=rid.hex(), peer=peer,
                                 hops=msg.hops + 1, epoch=epoch)
                 return []
-            if epoch < known:
-                return self._drop_reg(now, reg, peer, "stale_epoch", cfg.score_replay)
         # Per-neighbour budget (G4): every new (route, epoch) costs the sender one token.
         if not state.reg_budget.take(now, cfg.reg_budget_per_peer_per_s, cfg.reg_budget_peer_burst):
             return self._drop_reg(now, reg, peer, "budget_peer", cfg.score_budget_drop)
-        wall = now + self.wall_offset  # registrations carry wall-clock times
-        if reg.expires_at <= wall:
+        off = self.wall_offset
+        wall = now + off  # registrations carry wall-clock times
+        expires_at = reg.expires_at
+        if expires_at <= wall:
             return self._drop_reg(now, reg, peer, "expired")
         if reg.issued_at > wall + MAX_CLOCK_SKEW_S:
             return self._drop_reg(now, reg, peer, "future")
@@ -171,14 +177,15 @@ class GossipRules(EngineState):
             bucket = self._origin_bucket.get(rid)
             if bucket is None:
                 bucket = self._origin_bucket[rid] = TokenBucket(float(cfg.reg_budget_burst), now)
-            if not bucket.take(now, cfg.reg_budget_per_origin_per_s, float(cfg.reg_budget_burst)):
+            if not bucket.take(now, cfg.reg_budget_per_origin_per_s, cfg.reg_budget_burst):
                 return self._drop_reg(now, reg, peer, "budget_origin")
         elif len(routes) >= cfg.route_max:
             self._evict_route(now)
         hops = msg.hops + 1
         # The route lives as long as the registration (at most 30 days, limits.MAX_LIFETIME_S), on the
         # engine's monotonic clock: a wall-clock step later neither shortens nor stretches it.
-        routes.set_first(rid, epoch, self._local_expiry(reg.expires_at), peer, hops)
+        # (_local_expiry inline: once per new (route, epoch); offset 0 keeps the shared int.)
+        routes.set_first(rid, epoch, expires_at - off if off else expires_at, peer, hops)
         out: list[Effect] = []
         ttl = msg.ttl - 1
         if ttl > 0:
@@ -187,7 +194,7 @@ class GossipRules(EngineState):
             for p, st in self._active.items():
                 if p != peer:
                     st.last_sent = now
-                    out.append(Send(p, fwd, self._rng.random() * jitter if jitter else 0.0))
+                    out.append(make_send(p, fwd, self._rng.random() * jitter if jitter else 0.0))
         if self._level:
             label, route_hex, nbytes = _reg_trace(reg)
             if self._emit_row is not None:  # the hottest trace row: positional, no keyword dict
@@ -205,7 +212,7 @@ class GossipRules(EngineState):
         if not self._verifier.verify_registration(reg):
             return self._drop_reg(now, reg, peer, "bad_signature", self.config.score_bad_signature)
         self._routes.add_backup(rid, entry, peer, msg.hops + 1)
-        if self._level >= TraceLevel.FULL:
+        if self._level >= _FULL:
             self._trace(now, "route_backup", msg=f"{rid.hex()}:{reg.epoch}", route=rid.hex(), peer=peer,
                         hops=msg.hops + 1, epoch=reg.epoch)
         return []
@@ -215,12 +222,12 @@ class GossipRules(EngineState):
         # Table full: drop the entry that expires first (bounded memory; traced as a drop).
         victim = self._routes.evict_first_expiring()
         self._count("routes_evicted")
-        if self._level >= TraceLevel.FULL:
+        if self._level >= _FULL:
             self._trace(now, "route_expired", route=victim.hex(), reason="evicted")
 
     # Rules G2 (routes live as long as their registration).
     def _sweep_routes(self, now: float) -> None:
         for r in self._routes.expire(now):
             self._origin_bucket.pop(r, None)
-            if self._level >= TraceLevel.FULL:
+            if self._level >= _FULL:
                 self._trace(now, "route_expired", route=r.hex(), reason="lifetime")

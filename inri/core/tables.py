@@ -9,6 +9,7 @@ insertion, and a sweep that drops what a predicate calls expired.
 from __future__ import annotations
 
 from collections.abc import Callable
+from enum import Enum
 from typing import Any, TypeVar
 
 from inri.protocol import limits
@@ -65,12 +66,32 @@ _FIRST_HOP = 3  # index of the primary next hop
 UNKNOWN_DISTANCE = limits.MAX_TTL + 1  # feasibility distance of a route with no next hop left
 
 
+class Arrival(Enum):
+    """What a gossip arrival of (route id, epoch) from a neighbour is to the route id's entry (rules G1,
+    G3); a route id not in the table is simply a first arrival (G2)."""
+
+    NEWER = 1  # a newer epoch of a known route id (a refresh)
+    STALE = 2  # an older epoch than the table's
+    REPLAYED = 3  # the same epoch again from a neighbour that is already one of its next hops
+    FEASIBLE = 4  # the same epoch from another neighbour, strictly closer than the feasibility distance, room left
+    DUPLICATE = 5  # the same epoch, not usable as a backup
+
+
+# Members bound once: an Enum class attribute lookup costs several times a dict lookup (hot path).
+_NEWER, _STALE, _REPLAYED, _FEASIBLE, _DUPLICATE = (
+    Arrival.NEWER, Arrival.STALE, Arrival.REPLAYED, Arrival.FEASIBLE, Arrival.DUPLICATE)
+
+
 class RouteTable(dict[bytes, RouteEntry]):
     """route id -> route entry, plus the earliest expiry (sweeps skip the scan until then).
 
     Reading an entry: `epoch`, `expires`, `distance` (feasibility distance), `next_hops`, `vector`,
-    `primary`, `claims` (peer is one of its next hops), `has_room`. Changing the table: `originate`, `set_first`,
-    `add_backup`, `drop_next_hop`, `purge`, `expire`, `evict_first_expiring`.
+    `primary`, `claims` (peer is one of its next hops), `has_room`, and for the gossip hot path
+    `arrival` (all of these at once); by route id: `next_hops_of`. Changing the table: `originate`,
+    `set_first`, `add_backup`, `drop_next_hop`, `purge`, `expire`, `evict_first_expiring`.
+
+    The readers run per frame: they return entry items as they are (annotated locals, no int()/float()
+    conversions: the items already have those types) and the hot paths get one call per frame.
     """
 
     __slots__ = ("expire_from",)
@@ -84,17 +105,20 @@ class RouteTable(dict[bytes, RouteEntry]):
     @staticmethod
     def epoch(entry: RouteEntry) -> int:
         """The newest epoch of the route id."""
-        return int(entry[0])
+        epoch: int = entry[0]
+        return epoch
 
     @staticmethod
     def expires(entry: RouteEntry) -> float:
         """When the route expires (engine clock)."""
-        return float(entry[1])
+        expires: float = entry[1]
+        return expires
 
     @staticmethod
     def distance(entry: RouteEntry) -> int:
         """Feasibility distance: 0 at the home relay, else the distance of the first arrival (G3)."""
-        return int(entry[2])
+        distance: int = entry[2]
+        return distance
 
     @staticmethod
     def next_hops(entry: RouteEntry) -> tuple[str, ...]:
@@ -132,6 +156,25 @@ class RouteTable(dict[bytes, RouteEntry]):
         """Fewer than route_k next hops."""
         return len(entry) < _FIRST_HOP + 2 * route_k
 
+    @staticmethod
+    def arrival(entry: RouteEntry, epoch: int, peer: str, hops: int, route_k: int) -> Arrival:
+        """What gossip of `epoch` from peer, `hops` away from the home, is to the entry of its route id.
+        In the order of rules G1 and G3: the epoch first, then a replay by one of its next hops, then
+        feasibility (hops below the feasibility distance) and room."""
+        known = entry[0]
+        if epoch != known:
+            return _NEWER if epoch > known else _STALE
+        if peer in entry:  # as `claims`
+            return _REPLAYED
+        if hops < entry[2] and len(entry) < _FIRST_HOP + 2 * route_k:  # as `distance`, `has_room`
+            return _FEASIBLE
+        return _DUPLICATE
+
+    def next_hops_of(self, rid: bytes) -> tuple[str, ...]:
+        """Next hops of rid, primary first (none: the route id is unknown, or this is its home)."""
+        entry = self.get(rid)
+        return () if entry is None else entry[_FIRST_HOP::2]
+
     # -- changing the table -------------------------------------------------------------------------
 
     def _expiring(self, expires: float) -> None:
@@ -146,7 +189,8 @@ class RouteTable(dict[bytes, RouteEntry]):
     def set_first(self, rid: bytes, epoch: int, expires: float, peer: str, hops: int) -> None:
         """First arrival of (route id, epoch): one next hop, whose distance is the feasibility distance."""
         self[rid] = (epoch, expires, hops, peer, hops)
-        self._expiring(expires)
+        if expires < self.expire_from:  # as _expiring, inline: once per new (route, epoch)
+            self.expire_from = expires
 
     def add_backup(self, rid: bytes, entry: RouteEntry, peer: str, hops: int) -> None:
         """Append a backup next hop to rid's current entry."""
