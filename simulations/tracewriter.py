@@ -1,10 +1,12 @@
 """Writes a simulator trace directory (docs/trace-schema.md): events as batched Parquet or JSON lines,
-plus meta.json, topology.csv (directed links with latencies) and relays.csv (processing delays)."""
+plus meta.json, topology.csv (the initial directed links with latencies), links.csv (every directed link
+of the run, run-time links included, with its latency) and relays.csv (processing delays, positions)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from inri.core.trace import COLUMNS, Row
@@ -79,19 +81,37 @@ class TraceWriter:
             self._pq = pq.ParquetWriter(self.dir / "events.parquet", schema, compression="zstd")
         self._pq.write_table(table)
 
-    def close(self, meta: dict[str, object], net: Network) -> None:
-        """Flush, close, and write meta.json, topology.csv and relays.csv."""
+    def close(self, meta: dict[str, object], net: Network, live: Sequence[dict[int, float]] | None = None,
+              underlay: dict[str, float] | None = None) -> None:
+        """Flush, close, and write meta.json, topology.csv, links.csv and relays.csv. `live`: every link of
+        the run (the simulator's link table); `underlay`: the direct-latency model of a geographic
+        topology (`geo_base_s`, `geo_per_unit_s`), written to meta.json."""
         self.flush()
         if self._pq is not None:
             self._pq.close()
         if self._jsonl is not None:
             self._jsonl.close()
+        if underlay is not None and net.positions is not None:
+            meta = {**meta, "underlay": underlay}
         (self.dir / "meta.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
         with open(self.dir / "topology.csv", "w") as f:
             f.write("src,dst,latency_s\n")
             for (u, v), lat in sorted(net.latency.items()):
                 f.write(f"{u},{v},{lat!r}\n")
+        if live is not None:
+            # Links opened at run time (membership replacements) are in no other file; their up and
+            # down times are the peer_up / peer_down rows of the events.
+            with open(self.dir / "links.csv", "w") as f:
+                f.write("src,dst,latency_s\n")
+                for u, out in enumerate(live):
+                    for v in sorted(out):
+                        f.write(f"{u},{v},{out[v]!r}\n")
         with open(self.dir / "relays.csv", "w") as f:
-            f.write("relay,processing_s\n")
-            for i, p in enumerate(net.processing):
-                f.write(f"{i},{p!r}\n")
+            if net.positions is None:
+                f.write("relay,processing_s\n")
+                for i, p in enumerate(net.processing):
+                    f.write(f"{i},{p!r}\n")
+            else:
+                f.write("relay,processing_s,x,y\n")
+                for i, (p, (x, y)) in enumerate(zip(net.processing, net.positions, strict=True)):
+                    f.write(f"{i},{p!r},{x!r},{y!r}\n")
