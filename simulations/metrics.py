@@ -186,11 +186,11 @@ class Collector:
         on_time = {
             p for p, (t, _, _) in self.delivered.items() if p in pushes and t - self.injected[p][0] <= self.deadline
         }
-        excluded = set()
+        excluded: set[str] = set()
         for p in old_excluded:
-            t_x, reason = self.excluded[p]
+            t_x, why = self.excluded[p]
             # The new rule: the home was down or cut off before delivery (any time, when not on time).
-            if reason not in TOPOLOGY_EXCLUSIONS or p not in on_time or t_x <= self.delivered[p][0]:
+            if why not in TOPOLOGY_EXCLUSIONS or p not in on_time or t_x <= self.delivered[p][0]:
                 excluded.add(p)
         counted = len(pushes) - len(excluded)
         delivered = on_time - excluded

@@ -5,8 +5,8 @@ of the run, run-time links included, with its latency) and relays.csv (processin
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from inri.core.trace import COLUMNS, Row

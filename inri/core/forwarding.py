@@ -117,7 +117,7 @@ class ForwardingRules(EngineState):
         if not self._active[peer].push_budget.take(now, cfg.push_budget_per_peer_per_s, cfg.push_budget_peer_burst):
             self._count("push_dropped_budget_peer")
             if self._level:
-                self._trace(now, "push_dropped", msg=pid.hex(), route=msg.route_id.hex(), peer=peer, hops=msg.hops,
+                self._trace(now, "push_dropped", msg=pid.hex(), route=msg.route_id.hex(), peer=peer, hops=msg.hops + 1,
                             ttl=msg.ttl, reason="budget_peer")
             return self._score(peer, cfg.score_budget_drop, now, "budget_peer")
         # Seen per (push, attempt, mode): a ring copy that met a route continues in route mode through
@@ -137,7 +137,9 @@ class ForwardingRules(EngineState):
         self._push_seen.put(key, now + cfg.seen_ttl_s)
         rid = msg.route_id
         if self._level >= TraceLevel.FULL:
-            self._trace(now, "push_received", msg=pid.hex(), route=rid.hex(), peer=peer, hops=msg.hops,
+            # Trace hops = links crossed to reach this relay, as in push_delivered (docs/trace-schema.md);
+            # the frame's own counter stops one short (the sender counts the link it sends on).
+            self._trace(now, "push_received", msg=pid.hex(), route=rid.hex(), peer=peer, hops=msg.hops + 1,
                         ttl=msg.ttl)
         if pid not in self._custody:  # a custodian keeps its own LOCAL reverse marker
             if self._reverse.put(pid, (peer, now + cfg.reverse_ttl_s)):
@@ -197,7 +199,7 @@ class ForwardingRules(EngineState):
         self._count("push_dropped_" + reason)
         if self._level:
             self._trace(now, "push_dropped", msg=msg.push_id.hex(), route=msg.route_id.hex(), peer=peer,
-                        hops=msg.hops, ttl=msg.ttl, reason=reason)
+                        hops=msg.hops + 1, ttl=msg.ttl, reason=reason)
         if error is None:  # ring copies die quietly: other copies are still searching
             return []
         self._reverse.pop(msg.push_id, None)
