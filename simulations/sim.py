@@ -492,9 +492,7 @@ class Simulator:
                 "scenario": self.sc.name,
                 "summary": summary,
             }
-            topo = self.sc.topology
-            self.writer.close(meta, self.net, self.lat, {"geo_base_s": topo.geo_base_s,
-                                                         "geo_per_unit_s": topo.geo_per_unit_s})
+            self.writer.close(meta, self.net, self.lat, self.sc)
         return Result(summary, self.trace_dir)
 
 

@@ -13,6 +13,7 @@ from inri.core.trace import COLUMNS, Row
 from simulations.extras import require
 
 if TYPE_CHECKING:
+    from simulations.scenario import Scenario
     from simulations.topology import Network
 
 BATCH_ROWS = 500_000
@@ -82,17 +83,21 @@ class TraceWriter:
         self._pq.write_table(table)
 
     def close(self, meta: dict[str, object], net: Network, live: Sequence[dict[int, float]] | None = None,
-              underlay: dict[str, float] | None = None) -> None:
+              scenario: Scenario | None = None) -> None:
         """Flush, close, and write meta.json, topology.csv, links.csv and relays.csv. `live`: every link of
-        the run (the simulator's link table); `underlay`: the direct-latency model of a geographic
-        topology (`geo_base_s`, `geo_per_unit_s`), written to meta.json."""
+        the run (the simulator's link table). With `scenario`, meta.json also gets `windows` (when churn,
+        partitions and loss were on: the report shades them) and, for a geographic topology, `underlay`
+        (the direct-latency model of overlay_penalty)."""
         self.flush()
         if self._pq is not None:
             self._pq.close()
         if self._jsonl is not None:
             self._jsonl.close()
-        if underlay is not None and net.positions is not None:
-            meta = {**meta, "underlay": underlay}
+        if scenario is not None:
+            meta = {**meta, "windows": scenario_windows(scenario)}
+            if net.positions is not None:
+                topo = scenario.topology
+                meta["underlay"] = {"geo_base_s": topo.geo_base_s, "geo_per_unit_s": topo.geo_per_unit_s}
         (self.dir / "meta.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
         with open(self.dir / "topology.csv", "w") as f:
             f.write("src,dst,latency_s\n")
@@ -115,3 +120,14 @@ class TraceWriter:
                 f.write("relay,processing_s,x,y\n")
                 for i, (p, (x, y)) in enumerate(zip(net.processing, net.positions, strict=True)):
                     f.write(f"{i},{p!r},{x!r},{y!r}\n")
+
+
+def scenario_windows(sc: Scenario) -> list[dict[str, object]]:
+    """The intervals a run was disturbed in: churn, each partition, and loss (the whole run)."""
+    out: list[dict[str, object]] = []
+    if sc.churn.fail_fraction > 0:
+        out.append({"kind": "churn", "start_s": sc.churn.start_s, "end_s": sc.churn.end_s})
+    out += [{"kind": "partition", "start_s": p.start_s, "end_s": p.end_s} for p in sc.partitions]
+    if sc.loss > 0:
+        out.append({"kind": "loss", "start_s": 0.0, "end_s": sc.duration_s})
+    return out

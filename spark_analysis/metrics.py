@@ -48,6 +48,8 @@ class Analysis:
 
     summary: dict[str, object]
     tables: dict[str, DataFrame] = field(default_factory=dict)
+    # small facts the report marks: deadline_s, push_ttl (the TTL pushes start with), windows (meta.json)
+    marks: dict[str, object] = field(default_factory=dict)
 
 
 def _down_counts(keys: DataFrame, transitions: DataFrame, time_col: str) -> DataFrame:
@@ -111,9 +113,16 @@ def analyse(
     )
     fallback = ev.filter(F.col("kind") == "push_fallback").select("msg").distinct().withColumn("fb", F.lit(True))
     retried = ev.filter(F.col("kind") == "push_retry").select("msg").distinct().withColumn("rt", F.lit(True))
+    cost = ev.filter(F.col("kind").isin("push_forwarded", "push_fallback")).groupBy("msg").agg(
+        F.sum(F.when(F.col("kind") == "push_forwarded", F.coalesce(F.col("count"), F.lit(1))).otherwise(0))
+        .alias("route_msgs"),
+        F.sum(F.when(F.col("kind") == "push_fallback", F.coalesce(F.col("count"), F.lit(1))).otherwise(0))
+        .alias("fallback_msgs"))
     per_push = (
         pushes.join(excluded, "msg", "left").join(delivered, "msg", "left").join(dropped, "msg", "left")
-        .join(fallback, "msg", "left").join(retried, "msg", "left")
+        .join(fallback, "msg", "left").join(retried, "msg", "left").join(cost, "msg", "left")
+        .withColumn("route_msgs", F.coalesce(F.col("route_msgs"), F.lit(0)))
+        .withColumn("fallback_msgs", F.coalesce(F.col("fallback_msgs"), F.lit(0)))
         .withColumn("fallback", F.coalesce(F.col("fb"), F.lit(False))).drop("fb")
         .withColumn("recovered", F.col("fallback") | F.coalesce(F.col("rt"), F.lit(False))).drop("rt")
         .withColumn("latency_s", F.col("t_del") - F.col("t_inj"))
@@ -301,7 +310,9 @@ def analyse(
         tables["stretch"] = stretch_df
     if live_df is not None:
         tables["path_stretch"] = live_df
-    return Analysis(summary, tables)
+    ttl = one_row(ev.filter(F.col("kind") == "push_injected").agg(F.max("ttl").alias("ttl")))["ttl"]
+    marks = {"deadline_s": deadline, "push_ttl": ttl, "windows": meta.get("windows") or []}
+    return Analysis(summary, tables, marks)
 
 
 def _live(spark: SparkSession, trace: Trace, ev: DataFrame, good: DataFrame) -> DataFrame | None:
