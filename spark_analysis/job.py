@@ -28,6 +28,8 @@ def run(
     """Analyse trace_dir into out/ (summary.json, tables/, plots, report.html); returns the summary."""
     progress("starting Spark")
     spark = spark or get_session(master, shuffle_partitions=partitions)
+    progress(f"Spark master {spark.sparkContext.master}, "
+             f"shuffle partitions {spark.conf.get('spark.sql.shuffle.partitions')}")
     progress("reading the trace")
     trace = load_trace(spark, trace_dir)
     analysis = analyse(spark, trace, progress)

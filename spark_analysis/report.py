@@ -105,8 +105,11 @@ def write_plots(analysis: Analysis, out: Path) -> list[Plot]:
     d = _Drawer(out)
 
     fig, ax = d.new()
-    lat = [v for v in _values(good, "latency_s") if v > 0]  # a push stored where it was injected takes 0 s
-    n = _cdf(ax, lat, "seconds (log)")
+    lat = _values(good, "latency_s")
+    zero = sum(1 for v in lat if v <= 0)  # pushes stored where they were injected: 0 s has no place on a log axis
+    floor = min((v for v in lat if v > 0), default=1.0) / 10
+    n = _cdf(ax, [max(v, floor) for v in lat], "seconds (log)", f"{zero} pushes of 0 s drawn at {floor:.2g} s"
+             if zero else None)
     if lat:
         ax.set_xscale("log")
         for key, style in (("latency_p50_s", ":"), ("latency_p95_s", "--")):
