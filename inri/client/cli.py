@@ -103,9 +103,9 @@ async def _app(args: argparse.Namespace) -> int:
 
 
 async def _distributor(args: argparse.Namespace) -> int:
-    from inri.client.distributor import run_distributor  # dbus-fast is an extra: imported only here
+    from inri.client.distributor import run_distributor  # jeepney is an extra: imported only here
 
-    await run_distributor(args.relay, args.state_dir, args.name)
+    await run_distributor(args.relay, args.state_dir, args.name, lifetime_s=args.lifetime)
     return 0
 
 
@@ -177,6 +177,8 @@ def add_commands(sub: Any) -> None:
     dist.add_argument("--relay", required=True, help="home relay API URL")
     dist.add_argument("--state-dir", required=True, type=Path, help="registrations and device states (mode 0600)")
     dist.add_argument("--name", default="inri", help="bus name suffix: org.unifiedpush.Distributor.<name>")
+    dist.add_argument("--lifetime", type=int, default=7 * 24 * 3600, metavar="SECONDS",
+                      help="registration lifetime signed for each app; endpoints are re-issued at 80%% of it")
     dist.set_defaults(func=_run)
 
 
