@@ -144,33 +144,25 @@ class Collector:
         ends hold up (their latest peer_up for each other is not followed by a peer_down, or by a
         relay_down/relay_up of either end, which empties a relay's links), weight latency(u,v) +
         processing(v); `links`: every link of the run with its latency. inf when no live path."""
-        index = {name: i for i, name in enumerate(sorted({u for u, _ in links} | {v for _, v in links}))}
-        up: dict[str, set[str]] = {}
+        graph = _LiveEdges(links, processing)
         pending: list[tuple[str, str, str]] = []
         out: dict[str, float] = {}
-
-        def flush() -> None:
-            if not pending:
-                return
-            edges = [(u, v) for u, peers in up.items() for v in peers
-                     if u in up.get(v, ()) and (u, v) in links]
-            out.update(_distances(len(index), index, edges, links, processing, pending))
-            pending.clear()
-
         for code, a, b in self.timeline:
             if code == _PUSH:
                 inj = self.injected[a][1]
                 if b is not None and b != inj:
                     pending.append((a, inj, b))
                 continue
-            flush()  # the pushes so far were injected on the graph as it was before this change
+            if pending:  # the pushes so far were injected on the graph as it was before this change
+                out.update(graph.distances(pending))
+                pending.clear()
             if code == _PEER_UP and b is not None:
-                up.setdefault(a, set()).add(b)
+                graph.peer_up(a, b)
             elif code == _PEER_DOWN and b is not None:
-                up.get(a, set()).discard(b)
+                graph.peer_down(a, b)
             elif code == _RESET:
-                up.pop(a, None)
-        flush()
+                graph.reset(a)
+        out.update(graph.distances(pending))
         return out
 
     # -- the summary --------------------------------------------------------------------------
@@ -304,25 +296,79 @@ class Collector:
         }
 
 
-def _distances(n: int, index: dict[str, int], edges: list[tuple[str, str]], links: dict[tuple[str, str], float],
-               processing: dict[str, float], pending: list[tuple[str, str, str]]) -> dict[str, float]:
-    """Shortest path (weight latency(u,v) + processing(v)) for each (push, source, target) of pending,
-    one Dijkstra per distinct source, over the given directed edges."""
-    from scipy.sparse import csr_matrix
-    from scipy.sparse.csgraph import dijkstra
+class _LiveEdges:
+    """The live graph kept across changes: each directed link has a slot in flat arrays whose weight is
+    latency + processing while both ends hold it up and inf otherwise, so a Dijkstra after a change
+    costs one array conversion instead of a walk over every relay's links."""
 
-    out: dict[str, float] = {}
-    sources = sorted({s for _, s, _ in pending if s in index})
-    if not edges or not sources:
-        return {p: math.inf for p, _, _ in pending}
-    src = np.fromiter((index[u] for u, _ in edges), dtype=np.int64, count=len(edges))
-    dst = np.fromiter((index[v] for _, v in edges), dtype=np.int64, count=len(edges))
-    w = np.fromiter((links[e] + processing.get(e[1], 0.0) for e in edges), dtype=np.float64, count=len(edges))
-    dist = dijkstra(csr_matrix((w, (src, dst)), shape=(n, n)), directed=True, indices=[index[s] for s in sources])
-    row = {s: i for i, s in enumerate(sources)}
-    for p, s, t in pending:
-        out[p] = float(dist[row[s], index[t]]) if s in row and t in index else math.inf
-    return out
+    def __init__(self, links: dict[tuple[str, str], float], processing: dict[str, float]) -> None:
+        self.links = links
+        self.processing = processing
+        self.index = {name: i for i, name in enumerate(sorted({u for u, _ in links} | {v for _, v in links}))}
+        self.up: dict[str, set[str]] = {}
+        self.slot: dict[tuple[str, str], int] = {}
+        self.src: list[int] = []
+        self.dst: list[int] = []
+        self.w: list[float] = []
+
+    def _set(self, u: str, v: str, live: bool) -> None:
+        lat = self.links.get((u, v))
+        if lat is None:
+            return
+        weight = lat + self.processing.get(v, 0.0) if live else math.inf
+        s = self.slot.get((u, v))
+        if s is None:
+            if not live:
+                return
+            self.slot[(u, v)] = len(self.w)
+            self.src.append(self.index[u])
+            self.dst.append(self.index[v])
+            self.w.append(weight)
+        else:
+            self.w[s] = weight
+
+    def _pair(self, a: str, b: str, live: bool) -> None:
+        self._set(a, b, live)
+        self._set(b, a, live)
+
+    def peer_up(self, a: str, b: str) -> None:
+        """a holds its link to b up."""
+        peers = self.up.setdefault(a, set())
+        if b not in peers:
+            peers.add(b)
+            if a in self.up.get(b, ()):
+                self._pair(a, b, True)
+
+    def peer_down(self, a: str, b: str) -> None:
+        """a dropped its link to b."""
+        peers = self.up.get(a)
+        if peers is not None and b in peers:
+            peers.discard(b)
+            if a in self.up.get(b, ()):
+                self._pair(a, b, False)
+
+    def reset(self, a: str) -> None:
+        """a failed or restarted: it holds no links."""
+        for b in self.up.pop(a, set()):
+            if a in self.up.get(b, ()):
+                self._pair(a, b, False)
+
+    def distances(self, pending: list[tuple[str, str, str]]) -> dict[str, float]:
+        """Shortest path for each (push, source, target), one Dijkstra per distinct source."""
+        from scipy.sparse import csr_matrix
+        from scipy.sparse.csgraph import dijkstra
+
+        index = self.index
+        sources = sorted({s for _, s, _ in pending if s in index})
+        w = np.array(self.w, dtype=np.float64)
+        live = np.isfinite(w)
+        if not sources or not live.any():
+            return {p: math.inf for p, _, _ in pending}
+        n = len(index)
+        graph = csr_matrix((w[live], (np.array(self.src)[live], np.array(self.dst)[live])), shape=(n, n))
+        dist = dijkstra(graph, directed=True, indices=[index[s] for s in sources])
+        row = {s: i for i, s in enumerate(sources)}
+        return {p: float(dist[row[s], index[t]]) if s in row and t in index else math.inf for p, s, t in pending}
 
 
 def shortest_latencies(
