@@ -191,3 +191,70 @@ def test_a_congested_link_costs_a_modest_score_then_preference_then_the_link() -
         cut = Disconnect("a", "score") in out
     assert cut and "a" not in eng.active_peers() and t < 60.0
     assert eng.peer_scores()["b"] == 0.0  # honest neighbours are untouched
+
+
+def _drive_slow_next_hop(eng: Engine, r: Registration, delay: float, seconds: float, rate: int = 10) -> list[bytes]:
+    """Pushes from c at `rate`/s for `seconds`, each answered by the next hop a `delay` s after it left;
+    the engine's timer runs every 0.1 s. Returns the push ids a was sent."""
+    step = 1.0 / rate
+    t, i = 1.0, 0
+    sent: list[tuple[float, bytes]] = []
+    answered = 0
+    while t < 1.0 + seconds + min(delay, 5.0) + 1.0:
+        if t < 1.0 + seconds:
+            pid = i.to_bytes(16, "big")
+            out = eng.receive_message("c", Push(pid, r.route_id, b"t" * 16, b"x", 10, 1, 0, 0, r), t)
+            assert [e.peer for e in out if isinstance(e, Send)] == ["a"]
+            sent.append((t, pid))
+            i += 1
+        while answered < len(sent) and sent[answered][0] + delay <= t:
+            eng.receive_message("a", Receipt(sent[answered][1], ReceiptStatus.STORED, 3), t)
+            answered += 1
+        hear_all(eng, t)
+        eng.handle_timer(t)
+        t = round(t + step, 6)
+    return [pid for _, pid in sent]
+
+
+def test_a_slow_next_hop_whose_receipts_come_late_is_not_a_black_hole() -> None:
+    """Slowness is not silence (rule S1): receipts 3 s after the push (receipt_timeout_s is 2 s), 10
+    pushes/s for 60 s. The old scoring blamed every push (-1 each, the late receipt earned nothing) and
+    cut the neighbour within seconds; now late answers are credited and the grace follows the measured
+    delay, so the neighbour keeps its link and its preference."""
+    eng, _ = engine()
+    r = reg()
+    eng.receive_message("a", RegGossip(r, 10, 2), 0.1)  # a is the only next hop
+    _drive_slow_next_hop(eng, r, delay=3.0, seconds=60.0)
+    stats = eng.stats()
+    assert "a" in eng.active_peers() and not stats.get("peer_cut_score")
+    assert eng.peer_scores()["a"] > CFG.score_prefer_below
+    assert stats.get("push_answer_late_wait", 0) > 500  # the grace carried most pushes
+    assert stats.get("push_no_answer", 0) <= stats.get("receipt_late_credited", 0)  # every blame given back
+
+
+def test_a_black_hole_is_still_blamed_on_time_next_to_a_slow_neighbour() -> None:
+    """The grace is for neighbours that answer: one that never does is blamed at receipt_timeout_s."""
+    eng, _ = engine()
+    r = reg()
+    eng.receive_message("a", RegGossip(r, 10, 2), 0.1)
+    _drive_slow_next_hop(eng, r, delay=1e9, seconds=3.0)  # never answers
+    stats = eng.stats()
+    assert stats["push_no_answer"] >= 20 and not stats.get("push_answer_late_wait")
+    assert stats["peer_cut_score"] == 1 and "a" not in eng.active_peers()  # 20 x -1: cut, as before
+
+
+def test_missing_receipts_never_cut_the_last_link() -> None:
+    """A relay's only neighbour is not cut for lateness (cutting it cannot route anything better)."""
+    tracer = ListTracer(TraceLevel.FULL)
+    eng = Engine("me", CFG, verifier=CachingVerifier(), home=MemoryHomeStore(), tracer=tracer, rng=random.Random(3))
+    eng.peer_up("a", 0.0, outbound=True, addr="addr-a")
+    r = reg()
+    eng.receive_message("a", RegGossip(r, 10, 2), 0.1)
+    pids = [i.to_bytes(16, "big") for i in range(60)]
+    for pid in pids:
+        eng.inject_push(r, b"t" * 16, b"x", 1.0, push_id=pid)
+    for k in range(1, 40):
+        eng.receive_message("a", Keepalive(1, True), 1.0 + k * 0.5)
+        eng.handle_timer(1.0 + k * 0.5)
+    assert eng.stats()["push_no_answer"] >= 30 and eng.stats()["peer_cut_spared_last_link"] >= 1
+    assert eng.active_peers() == ["a"] and not eng.stats().get("peer_cut_score")

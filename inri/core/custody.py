@@ -161,6 +161,14 @@ class CustodyRules(EngineState):
                 self._trace(now, "push_settled", msg=pid.hex(), route=c.push.route_id.hex(), reason=final)
                 self._trace(now, "push_dropped", msg=pid.hex(), route=c.push.route_id.hex(), reason=final)
             return [CustodyReleased(pid, final)]
+        wait = self._answer_expected(pid, now)
+        if wait is not None:
+            # The next hop is slow but answering (rule S1): re-sending now would add load to a path
+            # that is already behind. Wait for its answer (or its grace to end) first.
+            self._count("custody_retry_deferred")
+            c.next_retry = min(wait, c.deadline)
+            self._schedule(pid, c.next_retry)
+            return []
         c.attempt += 1
         if c.attempt >= self.config.custody_max_attempts:
             return self._parked_attempt(c, now)

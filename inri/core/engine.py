@@ -174,6 +174,13 @@ class Engine(MembershipRules, GossipRules, ForwardingRules, CustodyRules, Scorin
         # Pushes forwarded along a route, awaiting an answer: push id -> (next hop, deadline), in
         # deadline order (constant timeout). No answer by then scores the next hop as a black hole.
         self._await: BoundedMap[bytes, tuple[str, float]] = BoundedMap(config.reverse_max)
+        # Slow, not silent (rule S1, scoring.py): pushes past receipt_timeout_s whose next hop keeps
+        # answering, slowly, get a longer grace: push id -> (next hop, sent, grace end), with a heap
+        # (grace end, push id) for expiry; pushes blamed on a neighbour (push id -> (next hop, sent,
+        # expiry)) are remembered so a late answer gives the penalty back.
+        self._overdue: dict[bytes, tuple[str, float, float]] = {}
+        self._overdue_heap: list[tuple[float, bytes]] = []
+        self._blamed: BoundedMap[bytes, tuple[str, float, float]] = BoundedMap(config.reverse_max)
         self._score_decay = 0.5 ** (config.keepalive_interval_s / config.score_half_life_s)
         # Clocks. `now` (every method's argument) is monotonic: budgets, keepalives, bans, custody and
         # route lifetimes are intervals on it, so a stepped wall clock cannot cut links or expire
@@ -269,12 +276,9 @@ class Engine(MembershipRules, GossipRules, ForwardingRules, CustodyRules, Scorin
             if deadline > now:
                 break
             del pending[pid]
-            st = self._active.get(nh)
-            # Only a neighbour heard from since the push went out is suspect: a silent one is more
-            # likely down (keepalives will tell) than a black hole.
-            if st is not None and st.last_heard > deadline - cfg.receipt_timeout_s:
-                self._count("push_no_answer")
-                out += self._score(nh, cfg.score_no_receipt, now, "no_receipt")
+            out += self._receipt_overdue(pid, nh, deadline - cfg.receipt_timeout_s, now)
+        if self._overdue_heap:
+            out += self._grace_expired(now)
         decay = self._score_decay
         for p in list(self._active):
             st = self._active[p]
@@ -312,6 +316,7 @@ class Engine(MembershipRules, GossipRules, ForwardingRules, CustodyRules, Scorin
             self._sweep_routes(now)
         self._push_seen.sweep(lambda exp: exp <= now)
         self._reverse.sweep(lambda v: v[1] <= now and v[0] is not _LOCAL)
+        self._blamed.sweep(lambda v: v[2] <= now)
         for pid in [pid for pid, c in self._custody.items() if now >= c.deadline]:
             del self._custody[pid]
             self._count("custody_expired")

@@ -228,9 +228,7 @@ class ForwardingRules(EngineState):
 
     # Rules F1 (receipts travel back), S1 (an answer).
     def _on_receipt(self, peer: str, msg: Receipt, now: float) -> list[Effect]:
-        waited = self._await.pop(msg.push_id, None)
-        if waited is not None and waited[0] == peer:
-            self._score(peer, self.config.score_receipt, now, "receipt")  # a rise: never cuts
+        self._answered(peer, msg.push_id, now, any_peer=True)  # scoring.py: rises, never cuts
         back = self._reverse.pop(msg.push_id, None)
         if back is None:
             self._count("receipt_orphan")
@@ -255,11 +253,9 @@ class ForwardingRules(EngineState):
             # A relay down the path had this attempt already (its answer went back the way the first
             # copy came): no black hole and no broken route. Neutral for the score; passed back along
             # this copy's reverse path so no relay on it blames its next hop; a custodian keeps custody.
-            waited = self._await.get(msg.push_id)
-            if waited is None or waited[0] != peer:
+            if not self._answered(peer, msg.push_id, now, reward=False):
                 self._count("route_error_unexpected")
                 return []
-            del self._await[msg.push_id]
             self._count("route_error_duplicate")
             back = self._reverse.get(msg.push_id)
             if back is None or isinstance(back[0], ReverseMark) or back[0] not in self._active:
@@ -269,12 +265,9 @@ class ForwardingRules(EngineState):
                 self._trace(now, "receipt_forwarded", msg=msg.push_id.hex(), peer=back[0], reason="duplicate",
                             count=1)
             return [Send(back[0], msg)]
-        waited = self._await.get(msg.push_id)
-        if waited is not None and waited[0] == peer:
-            # An answer, if not a receipt: no black hole there. It earns what a receipt earns, so a
-            # neighbour blamed while the home behind it was down (not yet detected) recovers.
-            del self._await[msg.push_id]
-            self._score(peer, self.config.score_receipt, now, "receipt")
+        # An answer, if not a receipt: no black hole there. It earns what a receipt earns, so a
+        # neighbour blamed while the home behind it was down (not yet detected) recovers.
+        self._answered(peer, msg.push_id, now)
         back = self._reverse.pop(msg.push_id, None)
         if back is None:
             return []

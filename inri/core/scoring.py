@@ -4,6 +4,8 @@ docs/protocol.md ("Peer scoring"); their values are EngineConfig.score_*."""
 
 from __future__ import annotations
 
+import heapq
+
 from inri.core.api import (
     Disconnect,
     DisconnectReason,
@@ -12,6 +14,17 @@ from inri.core.api import (
 from inri.core.state import (
     EngineState,
 )
+
+# Slowness is not silence (rule S1). A neighbour whose answers come, but late, is given a longer
+# grace before a missing answer counts against it: SLOW_GRACE_FACTOR times its measured answer delay,
+# at least receipt_timeout_s and at most SLOW_GRACE_MAX_FACTOR times it (a hostile relay cannot buy
+# unbounded patience by answering slowly). The grace applies only to a neighbour that answered since
+# the push left and whose answers take more than receipt_timeout_s / SLOW_GRACE_FACTOR on average:
+# a black hole never answers, and a fast neighbour that drops one push is blamed on time.
+SLOW_GRACE_FACTOR = 3.0
+SLOW_GRACE_MAX_FACTOR = 8.0
+ANSWER_DELAY_WEIGHT = 0.2  # moving average weight of one answer's delay (adapts within ~10 answers)
+NO_RECEIPT = "no_receipt"
 
 
 class ScoringRules(EngineState):
@@ -28,6 +41,12 @@ class ScoringRules(EngineState):
         if delta < 0:
             self._count("score_" + reason)
         if state.score > cfg.score_disconnect_below:
+            return []
+        if reason == NO_RECEIPT and len(self._active) <= 1:
+            # Never cut the last link for missing receipts: with no other neighbour, cutting it cannot
+            # route a push anywhere better, and a slow path is far likelier than a lone black hole.
+            state.score = cfg.score_disconnect_below - delta / 2
+            self._count("peer_cut_spared_last_link")
             return []
         self._count("peer_cut_score")
         self._banned[peer] = now + cfg.score_ban_s
@@ -61,3 +80,110 @@ class ScoringRules(EngineState):
         purged = self._routes.purge(peer)
         if purged:
             self._count("routes_purged", purged)
+
+    # Rule S1 (an answer).
+    def _answered(self, peer: str, pid: bytes, now: float, *, reward: bool = True, any_peer: bool = False) -> bool:
+        """An answer (receipt or route error) for push pid came back from peer.
+
+        True when pid was awaited from peer: on time, in a slow neighbour's grace, or already blamed
+        (a late answer gives the penalty back: slowness is not silence). The answer's delay feeds the
+        neighbour's measured answer delay; reward: it earns score_receipt. any_peer: the push is no
+        longer awaited whoever answered (a receipt settles it; the awaited neighbour earns nothing).
+        """
+        cfg = self.config
+        credit = 0.0
+        waited = self._await.get(pid)
+        if waited is not None:
+            if waited[0] != peer:
+                if any_peer:
+                    del self._await[pid]
+                return False
+            del self._await[pid]
+            sent = waited[1] - cfg.receipt_timeout_s
+        else:
+            late = self._overdue.get(pid)
+            if late is not None:
+                if late[0] != peer:
+                    if any_peer:
+                        del self._overdue[pid]
+                    return False
+                del self._overdue[pid]
+                sent = late[1]
+                self._count("receipt_in_grace")
+            else:
+                blamed = self._blamed.get(pid)
+                if blamed is None or blamed[0] != peer:
+                    return False
+                del self._blamed[pid]
+                sent = blamed[1]
+                credit = -cfg.score_no_receipt
+                self._count("receipt_late_credited")
+        state = self._active.get(peer)
+        if state is not None:
+            state.answered_at = now
+            state.answer_delay += ANSWER_DELAY_WEIGHT * ((now - sent) - state.answer_delay)
+            gain = credit + (cfg.score_receipt if reward else 0.0)
+            if gain:
+                self._score(peer, gain, now, "receipt")  # a rise: never cuts
+        return True
+
+    # Rule S1 (slow or silent).
+    def _grace_end(self, peer: str, sent: float) -> float:
+        """Until when a push sent to peer at `sent` may still be answered before peer is blamed."""
+        cfg = self.config
+        st = self._active.get(peer)
+        timeout = cfg.receipt_timeout_s
+        if st is None or st.answered_at <= sent or SLOW_GRACE_FACTOR * st.answer_delay <= timeout:
+            return sent + timeout
+        return sent + min(SLOW_GRACE_FACTOR * st.answer_delay, SLOW_GRACE_MAX_FACTOR * timeout)
+
+    # Rule S1 (slow or silent).
+    def _receipt_overdue(self, pid: bytes, peer: str, sent: float, now: float) -> list[Effect]:
+        """No answer from peer for push pid within receipt_timeout_s: wait longer if peer is slow but
+        answering, otherwise blame it (score_no_receipt)."""
+        st = self._active.get(peer)
+        # Only a neighbour heard from since the push went out is suspect: a silent one is more
+        # likely down (keepalives will tell) than a black hole.
+        if st is None or st.last_heard <= sent:
+            return []
+        end = self._grace_end(peer, sent)
+        if end > now and len(self._overdue) < self.config.reverse_max:
+            self._count("push_answer_late_wait")
+            self._overdue[pid] = (peer, sent, end)
+            heapq.heappush(self._overdue_heap, (end, pid))
+            return []
+        return self._blame(pid, peer, sent, now)
+
+    def _blame(self, pid: bytes, peer: str, sent: float, now: float) -> list[Effect]:
+        self._count("push_no_answer")
+        self._blamed.put(pid, (peer, sent, now + self.config.reverse_ttl_s))
+        return self._score(peer, self.config.score_no_receipt, now, NO_RECEIPT)
+
+    # Rule S1 (slow or silent).
+    def _grace_expired(self, now: float) -> list[Effect]:
+        """Blame the neighbours whose grace for a push ended without an answer."""
+        out: list[Effect] = []
+        heap = self._overdue_heap
+        while heap and heap[0][0] <= now:
+            end, pid = heapq.heappop(heap)
+            late = self._overdue.get(pid)
+            if late is None or late[2] != end:
+                continue  # answered meanwhile
+            del self._overdue[pid]
+            st = self._active.get(late[0])
+            if st is not None and st.last_heard > late[1]:
+                out += self._blame(pid, late[0], late[1], now)
+        return out
+
+    # Rules S1, C2 (a custodian waits for a slow next hop instead of re-sending into it).
+    def _answer_expected(self, pid: bytes, now: float) -> float | None:
+        """When a push overdue from a slow but answering next hop stops being awaited (None: it is
+        not, so a custody retry goes ahead)."""
+        late = self._overdue.get(pid)
+        if late is not None:
+            return late[2] if late[2] > now else None
+        waited = self._await.get(pid)
+        if waited is None:
+            return None
+        end = self._grace_end(waited[0], waited[1] - self.config.receipt_timeout_s)
+        return end if end > waited[1] and end > now else None  # only a slow neighbour's longer grace

@@ -59,7 +59,7 @@ class Neighbour:
     """An active neighbour: its link, liveness, flood budgets (G4) and score (S1)."""
 
     __slots__ = ("addr", "outbound", "last_heard", "last_sent", "reg_budget", "nonce", "score", "push_budget",
-                 "congested_at")
+                 "congested_at", "answered_at", "answer_delay")
 
     def __init__(self, addr: str, outbound: bool, now: float, burst: float, push_burst: float) -> None:
         self.addr = addr
@@ -71,6 +71,10 @@ class Neighbour:
         self.score = 0.0  # peer score: see EngineConfig.score_*
         self.push_budget = TokenBucket(push_burst, now)  # push frame budget
         self.congested_at = -float("inf")  # when link_congested last cost it score
+        # Slowness is not silence (rule S1): when it last answered a push we forwarded (receipt or
+        # route error), and the moving average of how long its answers took (late ones included).
+        self.answered_at = -float("inf")
+        self.answer_delay = 0.0
 
 
 class Custody:
@@ -121,6 +125,9 @@ class EngineState:
     _probation: dict[str, tuple[float, str]]
     _next_make_room: float
     _await: BoundedMap[bytes, tuple[str, float]]
+    _overdue: dict[bytes, tuple[str, float, float]]
+    _overdue_heap: list[tuple[float, bytes]]
+    _blamed: BoundedMap[bytes, tuple[str, float, float]]
     _score_decay: float
 
     def _count(self, name: str, n: int = 1) -> None:
@@ -157,6 +164,9 @@ class EngineState:
         # scoring.py
         def _score(self, peer: str, delta: float, now: float, reason: str) -> list[Effect]: ...
         def _purge_routes(self, peer: str) -> None: ...
+        def _answered(self, peer: str, pid: bytes, now: float, *, reward: bool = True,
+                      any_peer: bool = False) -> bool: ...
+        def _answer_expected(self, pid: bytes, now: float) -> float | None: ...
         # forwarding.py
         def _next_hop(self, rid: bytes, exclude: str | None, alternate: bool = False,
                       low_ok: bool = False) -> str | None: ...

@@ -434,7 +434,9 @@ class RelayApi:
             assert result.push_id is not None
             return 202, {"push_id": result.push_id.hex(), "status": "pending"}
         if result.outcome == InjectOutcome.OVERLOADED:
-            raise Problem(503, "overloaded", "custody table full; retry later", retry_after=5)
+            # Backpressure (docs/api.md): custody beyond what the path drains; the app slows down.
+            raise Problem(429, "overloaded", "relay overloaded: more pushes in custody than the path drains; "
+                          "retry later", retry_after=self.service.retry_after_s)
         if result.outcome == InjectOutcome.TOKEN_MISMATCH:
             raise Problem(422, "invalid_field", "token or ciphertext malformed")
         raise Problem(400, "bad_registration", "the push credential's registration does not verify or has expired")
@@ -566,7 +568,8 @@ class RelayApi:
         result = self.service.inject_push(reg, bytes(limits.TOKEN_BYTES), body, push_id=pid, webpush=meta)
         if result.outcome == InjectOutcome.OVERLOADED:
             self.service.settle_waiters.pop(pid, None)
-            raise Problem(429, "overloaded", "custody table full; retry later", retry_after=5)
+            raise Problem(429, "overloaded", "relay overloaded: more pushes in custody than the path drains; "
+                          "retry later", retry_after=self.service.retry_after_s)
         if result.outcome != InjectOutcome.ACCEPTED:
             self.service.settle_waiters.pop(pid, None)
             raise Problem(404, "not_found", "the endpoint's registration does not verify or has expired")

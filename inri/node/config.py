@@ -56,6 +56,10 @@ class QuicSection:
     # flow-control credit cannot make the relay buffer more: further frames to it are dropped,
     # counted (inri_frames_dropped_congested_total) and lower its score. At least one whole frame.
     send_queue_max_bytes: Annotated[int, Meta(ge=MAX_FRAME_BYTES + 4)] = 4 * 1024 * 1024
+    # Push frames sent per second on one link (0: unlimited). Pushes past the rate wait, in order, in
+    # the link's queue (bounded by send_queue_max_bytes): a relay on a thin uplink forwards no more
+    # than it can carry, and its upstream sees slow receipts (never a black hole) and backpressure.
+    link_push_rate_per_s: Annotated[float, NonNegative] = 0.0
 
 
 @dataclass(frozen=True)
@@ -78,6 +82,13 @@ class ApiSection:
     # tarpit_max requests wait at once; beyond that, 429 comes at once. tarpit_s = 0 turns it off.
     tarpit_s: Annotated[float, NonNegative] = 1.0
     tarpit_max: Annotated[int, NonNegative] = 1024
+    # Backpressure (inri.node.service.Backpressure): a push is answered 429 "overloaded" with
+    # Retry-After instead of 202 while the pushes held in custody here exceed custody_backlog_s
+    # seconds of what the path drains (measured: pushes settled per second), at least
+    # custody_backlog_min, or custody_route_max for one device (route id).
+    custody_backlog_s: Annotated[float, Positive] = 10.0
+    custody_backlog_min: Annotated[int, AtLeastOne] = 200
+    custody_route_max: Annotated[int, AtLeastOne] = 1000
 
 
 @dataclass(frozen=True)

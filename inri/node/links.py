@@ -12,10 +12,16 @@ counted, and reported to the relay service (`link_congested`), which scores the 
 
 At most one link per neighbour: when two relays dial each other at once, the link dialled by the
 smaller node id wins on both sides, so neither ends up with two half-used connections.
+
+An operator may cap the push frames sent on each link (`[quic] link_push_rate_per_s`, e.g. to bound
+what a relay on a thin uplink forwards): push frames past the rate wait in the link's paced queue, in
+order, and count toward the same send queue bound; other frames (receipts, gossip, keepalives) are
+never paced.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Protocol
 
 import structlog
@@ -23,6 +29,7 @@ import trio
 
 from inri.core.api import DisconnectReason
 from inri.node.quic import ConnectError, Link, LinkClosed, QuicEndpoint
+from inri.protocol.messages import MessageType
 
 log = structlog.get_logger("inri.links")
 
@@ -44,16 +51,25 @@ class LinkEvents(Protocol):
 
 
 DEFAULT_SEND_QUEUE_MAX_BYTES = 4 * 1024 * 1024  # RelayConfig.quic.send_queue_max_bytes
+_PUSH_TYPE = int(MessageType.PUSH)
+
+
+def _is_push(frame: bytes) -> bool:
+    """A push frame (msgpack array [type, ...]) without decoding it."""
+    return len(frame) > 1 and 0x90 <= frame[0] <= 0x9F and frame[1] == _PUSH_TYPE
 
 
 class LinkManager:
     """Owns the QUIC endpoint's links; one per neighbour node id."""
 
     def __init__(self, endpoint: QuicEndpoint, *, connect_timeout_s: float = 5.0,
-                 send_queue_max_bytes: int = DEFAULT_SEND_QUEUE_MAX_BYTES) -> None:
+                 send_queue_max_bytes: int = DEFAULT_SEND_QUEUE_MAX_BYTES, push_rate_per_s: float = 0.0) -> None:
         self.endpoint = endpoint
         self.connect_timeout_s = connect_timeout_s
         self.send_queue_max_bytes = send_queue_max_bytes
+        self.push_rate_per_s = push_rate_per_s  # 0: push frames are not paced
+        self._paced: dict[Link, deque[bytes]] = {}  # push frames waiting for their turn, per link
+        self._paced_bytes: dict[Link, int] = {}
         self.events: LinkEvents | None = None
         self._links: dict[str, Link] = {}
         self._dropped_by_us: set[Link] = set()
@@ -74,13 +90,50 @@ class LinkManager:
         if delay > 0 and self._nursery is not None:
             self._nursery.start_soon(self._send_later, link, frame, delay)
             return
+        if self.push_rate_per_s > 0 and self._nursery is not None and _is_push(frame):
+            self._send_paced(link, frame)
+            return
         self._send_now(link, frame)
 
-    def _send_now(self, link: Link, frame: bytes) -> None:
+    def _congested(self, link: Link) -> None:
+        self.stats["frames_dropped_congested"] += 1
+        if self.events is not None and not link.closed:
+            self.events.link_congested(link.peer_node_id)
+
+    def _send_paced(self, link: Link, frame: bytes) -> None:
+        queued = self._paced_bytes.get(link, 0)
+        if link.send_backlog + queued + len(frame) + 4 > self.send_queue_max_bytes:
+            self._congested(link)
+            return
+        q = self._paced.get(link)
+        if q is None:
+            assert self._nursery is not None
+            q = self._paced[link] = deque()
+            self._nursery.start_soon(self._pace, link, q)
+        q.append(frame)
+        self._paced_bytes[link] = queued + len(frame) + 4
+
+    async def _pace(self, link: Link, q: deque[bytes]) -> None:
+        """Send link's queued push frames at push_rate_per_s until the queue is empty."""
+        interval = 1.0 / self.push_rate_per_s
+        next_at = trio.current_time()
+        try:
+            while q and not link.closed:
+                await trio.sleep_until(next_at)
+                frame = q.popleft()
+                self._paced_bytes[link] -= len(frame) + 4
+                self._send_now(link, frame, paced=True)
+                next_at = max(next_at + interval, trio.current_time() - interval)
+        finally:
+            self._paced.pop(link, None)
+            self._paced_bytes.pop(link, None)
+
+    def _send_now(self, link: Link, frame: bytes, *, paced: bool = False) -> None:
+        if link in self._paced and not paced and _is_push(frame):
+            self._send_paced(link, frame)  # keep push order behind frames already waiting
+            return
         if link.send_backlog + len(frame) + 4 > self.send_queue_max_bytes:  # 4: the length prefix
-            self.stats["frames_dropped_congested"] += 1
-            if self.events is not None and not link.closed:
-                self.events.link_congested(link.peer_node_id)
+            self._congested(link)
             return
         try:
             link.send_nowait(frame)
@@ -178,10 +231,14 @@ class LinkManager:
         reason = "closed"
         try:
             while True:
-                frame = await link.receive()
-                self.stats["frames_in"] += 1
-                if self.events is not None:
-                    self.events.receive_frame(peer, frame)
+                frame: bytes | None = await link.receive()
+                # Then every frame already here, without yielding between them: the frames they make
+                # us send are flushed together (quic.py, coalescing).
+                while frame is not None:
+                    self.stats["frames_in"] += 1
+                    if self.events is not None:
+                        self.events.receive_frame(peer, frame)
+                    frame = link.receive_nowait()
         except LinkClosed as exc:
             reason = str(exc) or "closed"
         finally:

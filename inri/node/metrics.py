@@ -50,6 +50,14 @@ _PLAIN = {
     "inri_gossip_duplicates": ("gossip arrivals already known (dropped)", "engine", "reg_duplicate"),
     "inri_frames_invalid": ("malformed frames from peers", "engine", "frames_invalid"),
     "inri_peers_cut": ("links cut because the neighbour's score fell too low", "engine", "peer_cut_score"),
+    "inri_peers_cut_spared": ("cuts for missing receipts not made: the neighbour was the last link", "engine",
+                              "peer_cut_spared_last_link"),
+    "inri_pushes_overloaded": ("pushes answered 429 overloaded: custody beyond what the path drains", "service",
+                               "pushes_refused_overloaded"),
+    "inri_receipts_late": ("answers that came after receipt_timeout_s, in a slow neighbour's grace", "engine",
+                           "receipt_in_grace"),
+    "inri_receipts_late_credited": ("answers that came after their push was blamed: penalty given back",
+                                    "engine", "receipt_late_credited"),
     "inri_internal_errors": ("frames whose handling raised (bugs)", "service", "internal_errors"),
     "inri_frames_dropped_congested": ("frames to a neighbour dropped: its send queue was full", "service",
                                       "frames_dropped_congested"),
@@ -83,6 +91,10 @@ class RelayCollector(Collector):
             ("inri_websockets_open", "open device streams", api.ws_open),
             ("inri_peers_banned", "neighbours cut for their score and refused for now", stats["banned"]),
             ("inri_pushes_awaiting_receipt", "forwarded pushes waiting for an answer", stats["awaiting_receipt"]),
+            ("inri_custody_allowed", "pushes custody may hold before pushes get 429 (backpressure)",
+             service.custody_allowed()),
+            ("inri_custody_drain_per_s", "pushes settled per second (smoothed): what the paths drain",
+             service.drain_rate),
         )
         for name, help_, value in gauges:
             yield GaugeMetricFamily(name, help_, value=value)

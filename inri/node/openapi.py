@@ -169,8 +169,7 @@ def openapi_document(version: str, body_limits: dict[str, int]) -> dict[str, Any
                     "202": _json({"type": "object", "properties": {"push_id": HEX_ID, "status": {"type": "string"}}},
                                  "accepted and durably in custody"),
                     "400": _problem_ref("malformed_json", "bad_registration"), "413": _problem_ref("too_large"),
-                    "422": _problem_ref("invalid_field"), "429": _problem_ref("rate_limited"),
-                    "503": _problem_ref("overloaded")}}},
+                    "422": _problem_ref("invalid_field"), "429": _problem_ref("rate_limited", "overloaded")}}},
             "/v1/push/{push_id}": {"get": {
                 "summary": "Status of a push accepted by this relay",
                 "parameters": [{"name": "push_id", "in": "path", "required": True, "schema": HEX_ID}],

@@ -16,6 +16,12 @@ Key binding (docs/protocol.md, "Links"):
 
 Frames on stream 0 are length-prefixed (4 bytes, big-endian) and at most `limits.MAX_FRAME_BYTES`;
 a larger prefix closes the link (a peer cannot make us buffer more than one frame).
+
+Coalescing (issue 16): frames queued on a link are collected, not written to aioquic one by one. The
+connection task, once woken, yields one scheduling round so that every task made runnable in the
+same round (each forwarding a push, answering a receipt) adds its frames, then hands them to aioquic
+in one stream write and asks for datagrams once: frames produced in one round leave in as few
+datagrams as QUIC packs them into (about 1,200 bytes each), not one datagram per frame.
 """
 
 from __future__ import annotations
@@ -151,6 +157,17 @@ class Link:
         """Bytes queued to the peer and not yet acknowledged by it (what a send queue bound limits)."""
         return self._conn.send_backlog()
 
+    def receive_nowait(self) -> bytes | None:
+        """The next frame if one has arrived (None: none yet); raises LinkClosed once the link is gone."""
+        try:
+            frame = self._conn.frames_rx.receive_nowait()
+        except trio.WouldBlock:
+            return None
+        except (trio.EndOfChannel, trio.ClosedResourceError):
+            raise LinkClosed(self._conn.close_reason) from None
+        self._conn.queued -= len(frame)
+        return frame
+
     async def receive(self) -> bytes:
         """The next frame from the peer."""
         try:
@@ -189,6 +206,8 @@ class _Connection:
         self.frames_tx = send
         self.frames_rx = recv
         self.queued = 0
+        self.tx: list[bytes] = []  # frames (length prefix, frame, ...) queued since the last flush
+        self.tx_bytes = 0
 
     # -- driving aioquic --------------------------------------------------------------------------
 
@@ -200,17 +219,26 @@ class _Connection:
             raise LinkClosed(self.close_reason)
         if len(frame) > limits.MAX_FRAME_BYTES:
             raise ValueError(f"frame of {len(frame)} bytes exceeds {limits.MAX_FRAME_BYTES}")
-        self.quic.send_stream_data(_STREAM, _LEN.pack(len(frame)) + frame)
-        self.poke()
+        if not self.tx:
+            self.poke()  # the connection task flushes once per scheduling round (module docstring)
+        self.tx += (_LEN.pack(len(frame)), frame)
+        self.tx_bytes += 4 + len(frame)
+
+    def flush(self) -> None:
+        """Hand every queued frame to aioquic in one stream write."""
+        if self.tx and not self.closed:
+            self.quic.send_stream_data(_STREAM, b"".join(self.tx))
+        self.tx.clear()
+        self.tx_bytes = 0
 
     def send_backlog(self) -> int:
         # aioquic keeps every byte written to a stream until the peer acknowledges it and has no
         # public accessor for that amount; its stream sender tracks it as [_buffer_start, _buffer_stop).
         stream = self.quic._streams.get(_STREAM)  # noqa: SLF001 - see above
         if stream is None:
-            return 0
+            return self.tx_bytes
         sender = stream.sender
-        return int(sender._buffer_stop - sender._buffer_start)  # noqa: SLF001 - see above
+        return self.tx_bytes + int(sender._buffer_stop - sender._buffer_start)  # noqa: SLF001 - see above
 
     def close(self, reason: str, error_code: int = 0) -> None:
         if not self.closed:
@@ -244,6 +272,7 @@ class _Connection:
         while True:
             # A fresh event before transmitting: a poke during the awaits below is never lost.
             self.wake = trio.Event()
+            self.flush()
             await ep.transmit(self)
             # aioquic has no public "terminated" flag; the state leaves CLOSING/DRAINING for this.
             if self.quic._state == QuicConnectionState.TERMINATED:  # noqa: SLF001 - see above
@@ -251,6 +280,9 @@ class _Connection:
             timer = self.quic.get_timer()
             with trio.move_on_at(timer if timer is not None else math.inf):
                 await self.wake.wait()
+            # One more round: tasks woken with us (forwarding pushes, answering receipts) queue their
+            # frames too, and all of them go out in one flush.
+            await trio.lowlevel.cancel_shielded_checkpoint()
             now = trio.current_time()
             if timer is not None and now >= timer:
                 self.quic.handle_timer(now)

@@ -32,7 +32,7 @@ from inri.node.bootstrap_client import Backoff, BootstrapClient, BootstrapError,
 from inri.node.config import RelayConfig
 from inri.node.links import LinkManager
 from inri.node.quic import QuicEndpoint
-from inri.node.service import RelayService
+from inri.node.service import Backpressure, RelayService
 from inri.node.store import Store
 from inri.node.tracefile import TraceFile
 
@@ -213,11 +213,14 @@ async def run_relay(cfg: RelayConfig, *, shutdown: trio.Event | None = None) -> 
             log.warning("announcing an unspecified address: bootstraps will refuse it; set relay.public_addr "
                         "(--public-addr) to the address peers can reach", quic=endpoint.listen_addr)
         links = LinkManager(endpoint, connect_timeout_s=cfg.engine.connect_timeout_s,
-                            send_queue_max_bytes=cfg.quic.send_queue_max_bytes)
+                            send_queue_max_bytes=cfg.quic.send_queue_max_bytes,
+                            push_rate_per_s=cfg.quic.link_push_rate_per_s)
         tracer = TraceFile(data / "traces", identity.node_id, level=cfg.trace.level, salt=cfg.trace.salt or None,
                            max_bytes=cfg.trace.max_bytes, keep=cfg.trace.keep)
         service = RelayService(identity.node_id, cfg.engine, store, links, tracer, listen_addr=endpoint.listen_addr,
-                               rng=random.Random(), mailbox_max=cfg.api.mailbox_max)
+                               rng=random.Random(), mailbox_max=cfg.api.mailbox_max,
+                               backpressure=Backpressure(cfg.api.custody_backlog_s, cfg.api.custody_backlog_min,
+                                                         cfg.api.custody_route_max))
         links.events = service
         if not cfg.webpush.public_origins:  # Web Push answers on the API's real address (port 0 resolved)
             bound = listener.getsockname()

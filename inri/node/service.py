@@ -17,6 +17,7 @@ import os
 import random
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol, assert_never
 
 import structlog
@@ -25,6 +26,7 @@ import trio
 from inri.core.api import (
     Connect,
     CustodyReleased,
+    CustodyStatus,
     CustodyTaken,
     Delivered,
     Disconnect,
@@ -40,7 +42,7 @@ from inri.core.config import EngineConfig
 from inri.core.engine import Engine
 from inri.core.verify import CachingVerifier
 from inri.node.store import Store
-from inri.protocol.codec import encode
+from inri.protocol.codec import encode, encode_unchecked
 from inri.protocol.messages import (
     ErrorFrame,
     Hello,
@@ -63,6 +65,10 @@ _OUT_NAMES = {cls: "frames_out_" + t.name.lower() for cls, t in (
     (Receipt, MessageType.RECEIPT), (RouteError, MessageType.ROUTE_ERROR), (Keepalive, MessageType.KEEPALIVE),
     (PeerExchange, MessageType.PEER_EXCHANGE), (ErrorFrame, MessageType.ERROR))}
 _IN_NAMES = {int(t): "frames_in_" + t.name.lower() for t in MessageType}
+# The per-push frames the engine builds from frames it decoded (and so validated) or from pushes the
+# API verified: encoded without codec.encode's re-decode (issue 16: no re-validation of frames we
+# encoded ourselves). Rarer frames (gossip, hello, peer exchange, errors) keep the checked encoder.
+_UNCHECKED = frozenset((Push, Receipt, RouteError, Keepalive))
 PRUNE_INTERVAL_S = 3600.0
 # Frames from a linked peer the engine does not (yet) hold as a neighbour, e.g. an inbound link held
 # while this relay is full (rule M4), are kept until it is admitted and then handed to the engine:
@@ -71,6 +77,30 @@ PENDING_FRAMES_PEER_MAX_BYTES = 256 * 1024
 PENDING_FRAMES_MAX_BYTES = 4 * 1024 * 1024
 _KEEPALIVE_TYPE = int(MessageType.KEEPALIVE)
 PUSH_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+# Backpressure (docs/operations.md, "Overload"): the drain rate is measured over windows of this
+# length and smoothed (weight of the newest window); a 429's Retry-After is at most RETRY_AFTER_MAX_S.
+DRAIN_WINDOW_S = 1.0
+DRAIN_WEIGHT = 0.3
+RETRY_AFTER_MAX_S = 60
+OVERLOAD_LOG_INTERVAL_S = 10.0  # one warning per interval while overloaded, with the count refused
+# Settled statuses that are not the path draining (custody gave up on the push).
+_NOT_DRAINED = frozenset((CustodyStatus.EXPIRED, CustodyStatus.UNREACHABLE))
+
+
+@dataclass(frozen=True, slots=True)
+class Backpressure:
+    """When the entry relay answers 429 instead of 202 (the [api] custody_* keys, docs/operations.md).
+
+    A push is refused while the pushes this relay holds in custody (accepted, receipt not yet back)
+    exceed what the path drains: in total, more than `custody_backlog_s` seconds of the measured
+    drain rate (settled pushes per second) but at least `custody_backlog_min`; for one route id (one
+    device), more than `custody_route_max`. Accepting more would only lengthen the queue until pushes
+    expire: a 429 with Retry-After makes the app slow down instead.
+    """
+
+    custody_backlog_s: float = 10.0
+    custody_backlog_min: int = 200
+    custody_route_max: int = 1000
 
 
 class NetworkSink(Protocol):
@@ -114,6 +144,7 @@ class RelayService:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         mailbox_max: int | None = None,
+        backpressure: Backpressure | None = None,
     ) -> None:
         self.node_id = node_id
         self.store = store
@@ -133,7 +164,15 @@ class RelayService:
         self._wake = trio.Event()
         self._armed_at = -math.inf  # when the timer task will next wake (-inf: not sleeping yet)
         self._mail_events: dict[bytes, trio.Event] = {}
-        self._custody: set[bytes] = set()
+        self._custody: dict[bytes, bytes] = {}  # push id in custody -> its route id
+        self._route_custody: dict[bytes, int] = {}  # route id -> pushes in custody for it
+        self.backpressure = backpressure or Backpressure()
+        self.drain_rate = 0.0  # settled pushes per second, smoothed (DRAIN_WINDOW_S, DRAIN_WEIGHT)
+        self._drained = 0
+        self._drain_since = clock()
+        self.retry_after_s = 1  # Retry-After of the last push refused as overloaded
+        self._overload_logged_at = -math.inf
+        self._overload_unlogged = 0
         self.started_at = clock()
         self.counters: dict[str, int] = {}
         self.push_latency = [0] * (len(PUSH_LATENCY_BUCKETS) + 1)
@@ -162,17 +201,18 @@ class RelayService:
             match e:  # every effect type is handled: assert_never makes mypy flag a new one
                 case Send():
                     msg = e.msg
-                    self.network.send(e.peer, encode(msg), e.delay)
+                    self.network.send(e.peer, encode_unchecked(msg) if type(msg) in _UNCHECKED else encode(msg),
+                                      e.delay)
                     self._count(_OUT_NAMES[type(msg)])
                     if isinstance(msg, Push) and msg.attempt and msg.hops == 0 and msg.push_id in self._custody:
                         attempts.append((msg.push_id, msg.attempt))
                 case CustodyTaken():
                     # On disk in wall-clock time: a restart starts a new monotonic clock (run() converts back).
                     self.store.save_custody(e.push, e.deadline + offset, now)
-                    self._custody.add(e.push.push_id)
+                    self._hold(e.push)
                 case CustodyReleased():
                     self.store.release_custody(e.push_id, e.status, e.hops, now)
-                    self._custody.discard(e.push_id)
+                    self._unhold(e.push_id, e.status)
                     waiter = self.settle_waiters.pop(e.push_id, None)
                     if waiter is not None:  # a Web Push sender waits briefly for the home's answer
                         waiter.set()
@@ -185,6 +225,9 @@ class RelayService:
                 case Connect():
                     self.network.connect(e.peer, e.addr)
                 case Disconnect():
+                    if e.reason == DisconnectReason.SCORE:  # rule S2: rare, and an operator must see it
+                        log.warning("neighbour cut and banned for its score", peer=e.peer,
+                                    ban_s=self.engine.config.score_ban_s, neighbours_left=len(self._linked) - 1)
                     self.network.disconnect(e.peer, e.reason)
                     self._link_gone(e.peer)
                 case _:
@@ -194,6 +237,59 @@ class RelayService:
         when = self.engine.get_timer()
         if when is not None and when < self._armed_at:
             self._wake.set()  # the engine's timer moved earlier than the timer task sleeps
+
+    def _hold(self, push: Push) -> None:
+        if push.push_id not in self._custody:
+            self._custody[push.push_id] = push.route_id
+            self._route_custody[push.route_id] = self._route_custody.get(push.route_id, 0) + 1
+
+    def _unhold(self, push_id: bytes, status: CustodyStatus) -> None:
+        rid = self._custody.pop(push_id, None)
+        if rid is None:
+            return  # a late receipt correcting a settled push
+        n = self._route_custody[rid] - 1
+        if n:
+            self._route_custody[rid] = n
+        else:
+            del self._route_custody[rid]
+        if status not in _NOT_DRAINED:
+            self._drained += 1
+
+    # -- backpressure -----------------------------------------------------------------------------
+
+    def custody_allowed(self) -> int:
+        """Pushes this relay may hold in custody in all before it answers 429 (see Backpressure)."""
+        now = self.clock()
+        elapsed = now - self._drain_since
+        if elapsed >= DRAIN_WINDOW_S:
+            rate = self._drained / elapsed
+            self.drain_rate += DRAIN_WEIGHT * (rate - self.drain_rate) if self.drain_rate else rate
+            self._drained = 0
+            self._drain_since = now
+        bp = self.backpressure
+        return max(bp.custody_backlog_min, int(self.drain_rate * bp.custody_backlog_s))
+
+    def overloaded(self, route_id: bytes) -> int | None:
+        """Retry-After seconds when a push for route_id must be refused (429), None to accept it."""
+        allowed = self.custody_allowed()
+        held = len(self._custody)
+        route_held = self._route_custody.get(route_id, 0)
+        route_max = self.backpressure.custody_route_max
+        if held < allowed and route_held < route_max:
+            return None
+        # Time for the path to drain the excess at its measured rate (at least a second).
+        excess = max(held - allowed, route_held - route_max) + 1
+        retry = max(1, min(RETRY_AFTER_MAX_S, math.ceil(excess / max(self.drain_rate, 1.0))))
+        self._overload_unlogged += 1
+        now = self.clock()
+        if now - self._overload_logged_at >= OVERLOAD_LOG_INTERVAL_S:
+            log.warning("overloaded: answering 429 (custody beyond what the path drains)",
+                        custody=held, custody_allowed=allowed, route_custody=route_held,
+                        route_max=route_max, drain_per_s=round(self.drain_rate, 1), retry_after_s=retry,
+                        refused=self._overload_unlogged)
+            self._overload_logged_at = now
+            self._overload_unlogged = 0
+        return retry
 
     # -- link events (LinkManager) ----------------------------------------------------------------
 
@@ -279,7 +375,7 @@ class RelayService:
         now = self._now()
         restored = 0
         for push, deadline, attempt in self.store.load_custody():
-            self._custody.add(push.push_id)
+            self._hold(push)
             # attempt + 1: relays' seen-caches may still hold the attempt sent before the crash. The
             # deadline on disk is wall-clock time: the engine wants it on its monotonic clock.
             self._apply(self.engine.restore_custody(push, deadline - self.engine.wall_offset, attempt + 1, now))
@@ -355,8 +451,17 @@ class RelayService:
         self, registration: Registration, token: bytes, ciphertext: bytes, *,
         push_id: bytes | None = None, webpush: WebPushMeta | None = None,
     ) -> InjectResult:
-        """A home app's push (or a Web Push push, with its meta): verified, committed to custody, sent on."""
+        """A home app's push (or a Web Push push, with its meta): verified, committed to custody, sent on.
+
+        OVERLOADED when custody is beyond what the path drains (Backpressure; retry_after_s says when
+        to come back) or the engine's custody table is full.
+        """
         t0 = time.perf_counter()
+        retry = self.overloaded(registration.route_id)
+        if retry is not None:
+            self.retry_after_s = retry
+            self._count("pushes_refused_overloaded")
+            return InjectResult(InjectOutcome.OVERLOADED, None, [])
         result = self.engine.inject_push(registration, token, ciphertext, self._now(), push_id=push_id,
                                          webpush=webpush)
         if result.outcome == InjectOutcome.ACCEPTED:
@@ -371,6 +476,8 @@ class RelayService:
                 self.push_latency[-1] += 1
             self._count("pushes_accepted")
         else:
+            if result.outcome == InjectOutcome.OVERLOADED:
+                self.retry_after_s = RETRY_AFTER_MAX_S // 12  # the engine's custody table is full
             self._count("pushes_refused_" + result.outcome.name.lower())
         return result
 
