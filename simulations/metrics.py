@@ -16,6 +16,12 @@ import numpy as np
 
 GOSSIP_KINDS = ("reg_originated", "route_set")
 PUSH_MESSAGE_KINDS = ("push_forwarded", "push_fallback", "receipt_forwarded", "route_error")
+# Exclusions the topology decides (docs/metrics.md): counted only when the home was down or cut off
+# before the push was delivered. Every other reason (the spammer's pushes) always excludes.
+TOPOLOGY_EXCLUSIONS = ("home_down", "partitioned")
+
+# The live-graph timeline: what changes the graph of links both ends hold up, and the pushes measured on it.
+_PEER_UP, _PEER_DOWN, _RESET, _PUSH = 0, 1, 2, 3
 
 
 def nearest_rank(sorted_values: Sequence[float], q: float) -> float | None:
@@ -43,10 +49,14 @@ class Collector:
         self.reg_relays: dict[str, list[str]] = {}  # msg -> route_set relays (same order)
         self.injected: dict[str, tuple[float, str]] = {}  # push -> (t, relay)
         self.delivered: dict[str, tuple[float, str, int]] = {}  # push -> earliest (t, relay, hops)
-        self.excluded: set[str] = set()
+        self.excluded: dict[str, tuple[float, str]] = {}  # push -> earliest push_excluded (t, reason)
         self.dropped: dict[str, str] = {}  # push -> latest drop reason
         self.fallback: set[str] = set()
         self.settled_delivered: set[str] = set()  # pushes a custodian settled as delivered (a receipt said so)
+        self.retried: set[str] = set()  # pushes with a push_retry row
+        self.home_of_route: dict[str, str] = {}  # route -> the relay that originated it (its home)
+        # Link and push events in row order, for the live graph at each injection (see live_distances).
+        self.timeline: list[tuple[int, str, str | None]] = []
         self.transitions: dict[str, list[tuple[float, bool]]] = {}  # relay -> [(t, up)]
         self.rows = 0
 
@@ -68,8 +78,19 @@ class Collector:
             self.gossip_messages += count
             self.gossip_bytes += count * (row[10] or 0)
             self.reg_origin.setdefault(msg, (t, relay))
+            if row[4] is not None:
+                self.home_of_route[row[4]] = relay
         elif kind == "push_injected":
-            self.injected.setdefault(msg, (t, relay))
+            if msg not in self.injected:
+                self.injected[msg] = (t, relay)
+                home = self.home_of_route.get(row[4]) if row[4] is not None else None
+                self.timeline.append((_PUSH, msg, home))
+        elif kind == "push_retry":
+            self.retried.add(msg)
+        elif kind == "peer_up":
+            self.timeline.append((_PEER_UP, relay, row[5]))
+        elif kind == "peer_down":
+            self.timeline.append((_PEER_DOWN, relay, row[5]))
         elif kind == "push_delivered":
             if msg not in self.delivered:
                 self.delivered[msg] = (t, relay, row[6] or 0)
@@ -79,11 +100,14 @@ class Collector:
             if row[11] == "delivered":
                 self.settled_delivered.add(msg)
         elif kind == "push_excluded":
-            self.excluded.add(msg)
+            if msg not in self.excluded:
+                self.excluded[msg] = (t, row[11] or "unknown")
         elif kind == "relay_down":
             self.transitions.setdefault(relay, []).append((t, False))
+            self.timeline.append((_RESET, relay, None))
         elif kind == "relay_up":
             self.transitions.setdefault(relay, []).append((t, True))
+            self.timeline.append((_RESET, relay, None))
 
     def add_route_set(self, row: tuple[Any, ...]) -> None:
         """Feed one route_set row (what `add` does for that kind, without the dispatch)."""
@@ -117,19 +141,61 @@ class Collector:
                 down.add(relay)
         return down
 
+    # -- the live graph ------------------------------------------------------------------------
+    def live_distances(self, links: dict[tuple[str, str], float], processing: dict[str, float]) -> dict[str, float]:
+        """Per push with a known home other than its injecting relay: the latency-shortest path from the
+        injecting relay to the home over the live graph at its injection (docs/metrics.md): links both
+        ends hold up (their latest peer_up for each other is not followed by a peer_down, or by a
+        relay_down/relay_up of either end, which empties a relay's links), weight latency(u,v) +
+        processing(v); `links`: every link of the run with its latency. inf when no live path."""
+        graph = _LiveEdges(links, processing)
+        pending: list[tuple[str, str, str]] = []
+        out: dict[str, float] = {}
+        for code, a, b in self.timeline:
+            if code == _PUSH:
+                inj = self.injected[a][1]
+                if b is not None and b != inj:
+                    pending.append((a, inj, b))
+                continue
+            if pending:  # the pushes so far were injected on the graph as it was before this change
+                out.update(graph.distances(pending))
+                pending.clear()
+            if code == _PEER_UP and b is not None:
+                graph.peer_up(a, b)
+            elif code == _PEER_DOWN and b is not None:
+                graph.peer_down(a, b)
+            elif code == _RESET:
+                graph.reset(a)
+        out.update(graph.distances(pending))
+        return out
+
     # -- the summary --------------------------------------------------------------------------
-    def summary(self, distance: dict[tuple[str, str], float] | None = None) -> dict[str, object]:
-        """Every key of docs/metrics.md. `distance[(inject relay, home relay)]` gives stretch denominators."""
+    def summary(self, distance: dict[tuple[str, str], float] | None = None,
+                links: dict[tuple[str, str], float] | None = None, processing: dict[str, float] | None = None,
+                direct: dict[tuple[str, str], float] | None = None) -> dict[str, object]:
+        """Every key of docs/metrics.md. `distance[(inject relay, home relay)]` gives the stretch denominators
+        over the initial topology; `links` (every link of the run, with its latency) and `processing` the
+        live graph of path_stretch and overlay_penalty; `direct[(u, v)]` the direct underlay latency."""
         n = self.relays
         pushes = set(self.injected)
-        excluded = self.excluded & pushes
-        counted = len(pushes) - len(excluded)
+        old_excluded = set(self.excluded) & pushes
         on_time = {
             p for p, (t, _, _) in self.delivered.items() if p in pushes and t - self.injected[p][0] <= self.deadline
         }
+        excluded: set[str] = set()
+        for p in old_excluded:
+            t_x, why = self.excluded[p]
+            # The new rule: the home was down or cut off before delivery (any time, when not on time).
+            if why not in TOPOLOGY_EXCLUSIONS or p not in on_time or t_x <= self.delivered[p][0]:
+                excluded.add(p)
+        counted = len(pushes) - len(excluded)
         delivered = on_time - excluded
+        delivered_old = on_time - old_excluded
+        counted_old = len(pushes) - len(old_excluded)
         regs = len(self.reg_origin)
         hops = sorted(self.delivered[p][2] for p in delivered)
+        latency = sorted(self.delivered[p][0] - self.injected[p][0] for p in delivered)
+        recovered = (self.retried | self.fallback) & pushes
         stretch: list[float] = []
         if distance is not None:
             for p in delivered:
@@ -141,7 +207,26 @@ class Collector:
                 if d:
                     stretch.append((t_del - t_inj) / d)
             stretch.sort()
+        path_stretch: list[float] = []
+        penalty: list[float] = []
+        if links is not None:
+            live = self.live_distances(links, processing or {})
+            for p in sorted(delivered):
+                d = live.get(p)
+                if d is None or not math.isfinite(d) or d <= 0:
+                    continue
+                t_inj, r_inj = self.injected[p]
+                t_del, r_del, _ = self.delivered[p]
+                if p not in recovered:
+                    path_stretch.append((t_del - t_inj) / d)
+                if direct is not None:
+                    dd = direct.get((r_inj, r_del))
+                    if dd:
+                        penalty.append(d / dd)
+            path_stretch.sort()
+            penalty.sort()
         coverage_num = coverage_den = 0
+        reach: list[float] = []
         convergence: list[float] = []
         unconverged = 0
         for msg, (t0, origin) in self.reg_origin.items():
@@ -154,6 +239,8 @@ class Collector:
             got = {r for tt, r in zip(times, relays, strict=True) if tt <= t_cov and r != origin and r not in down_cov}
             coverage_num += len(got)
             coverage_den += live_cov
+            if live_cov > 0:
+                reach.append(len(got) / live_cov)
             live0 = n - len(down0) - (0 if origin in down0 else 1)
             need = math.ceil(0.9 * live0 - 1e-12)
             others = sorted(tt for tt, r in zip(times, relays, strict=True) if r != origin)
@@ -164,6 +251,7 @@ class Collector:
             else:
                 unconverged += 1
         convergence.sort()
+        reach.sort()
         loss: dict[str, int] = {}
         for p in sorted(pushes - excluded - delivered):
             reason = self.dropped.get(p)
@@ -177,25 +265,114 @@ class Collector:
             "pushes": len(pushes),
             "pushes_counted": counted,
             "pushes_excluded": len(excluded),
+            "excluded_old_rule": len(old_excluded),
             "delivered": len(delivered),
             "delivered_all": delivered_all,
             "delivery_ratio": len(delivered) / counted if counted else 1.0,
+            "delivery_ratio_old_rule": len(delivered_old) / counted_old if counted_old else 1.0,
             "delivery_ratio_all": delivered_all / len(pushes) if pushes else 1.0,
             "gossip_messages": self.gossip_messages,
             "gossip_bytes": self.gossip_bytes,
             "overhead_ratio": self.gossip_messages / regs / (n - 1) if regs and n > 1 else None,
+            "latency_p50_s": nearest_rank(latency, 0.5),
+            "latency_p95_s": nearest_rank(latency, 0.95),
+            "latency_p99_s": nearest_rank(latency, 0.99),
             "stretch_median": nearest_rank(stretch, 0.5),
             "stretch_p95": nearest_rank(stretch, 0.95),
+            "path_stretch_median": nearest_rank(path_stretch, 0.5),
+            "path_stretch_p95": nearest_rank(path_stretch, 0.95),
+            "overlay_penalty_median": nearest_rank(penalty, 0.5),
+            "overlay_penalty_p95": nearest_rank(penalty, 0.95),
+            "recovery_share": len(recovered - excluded) / counted if counted else None,
             "hops_p50": nearest_rank(hops, 0.5),
+            "hops_p95": nearest_rank(hops, 0.95),
+            "hops_max": hops[-1] if hops else None,
             "fallback_pushes": len(self.fallback & pushes),
             "fallback_messages": self.fallback_messages,
             "messages_per_delivered_push": self.push_messages / delivered_all if delivered_all else None,
             "route_coverage": coverage_num / coverage_den if coverage_den else None,
+            "reach_p50": nearest_rank(reach, 0.5),
+            "reach_p10": nearest_rank(reach, 0.1),
             "convergence_p50_s": nearest_rank(convergence, 0.5),
             "convergence_p90_s": nearest_rank(convergence, 0.9),
             "unconverged_registrations": unconverged,
             "loss_by_reason": loss,
         }
+
+
+class _LiveEdges:
+    """The live graph kept across changes: each directed link has a slot in flat arrays whose weight is
+    latency + processing while both ends hold it up and inf otherwise, so a Dijkstra after a change
+    costs one array conversion instead of a walk over every relay's links."""
+
+    def __init__(self, links: dict[tuple[str, str], float], processing: dict[str, float]) -> None:
+        self.links = links
+        self.processing = processing
+        self.index = {name: i for i, name in enumerate(sorted({u for u, _ in links} | {v for _, v in links}))}
+        self.up: dict[str, set[str]] = {}
+        self.slot: dict[tuple[str, str], int] = {}
+        self.src: list[int] = []
+        self.dst: list[int] = []
+        self.w: list[float] = []
+
+    def _set(self, u: str, v: str, live: bool) -> None:
+        lat = self.links.get((u, v))
+        if lat is None:
+            return
+        weight = lat + self.processing.get(v, 0.0) if live else math.inf
+        s = self.slot.get((u, v))
+        if s is None:
+            if not live:
+                return
+            self.slot[(u, v)] = len(self.w)
+            self.src.append(self.index[u])
+            self.dst.append(self.index[v])
+            self.w.append(weight)
+        else:
+            self.w[s] = weight
+
+    def _pair(self, a: str, b: str, live: bool) -> None:
+        self._set(a, b, live)
+        self._set(b, a, live)
+
+    def peer_up(self, a: str, b: str) -> None:
+        """a holds its link to b up."""
+        peers = self.up.setdefault(a, set())
+        if b not in peers:
+            peers.add(b)
+            if a in self.up.get(b, ()):
+                self._pair(a, b, True)
+
+    def peer_down(self, a: str, b: str) -> None:
+        """a dropped its link to b."""
+        peers = self.up.get(a)
+        if peers is not None and b in peers:
+            peers.discard(b)
+            if a in self.up.get(b, ()):
+                self._pair(a, b, False)
+
+    def reset(self, a: str) -> None:
+        """a failed or restarted: it holds no links."""
+        for b in self.up.pop(a, set()):
+            if a in self.up.get(b, ()):
+                self._pair(a, b, False)
+
+    def distances(self, pending: list[tuple[str, str, str]]) -> dict[str, float]:
+        """Shortest path for each (push, source, target), one Dijkstra per distinct source."""
+        from scipy.sparse import csr_matrix
+        from scipy.sparse.csgraph import dijkstra
+
+        index = self.index
+        sources = sorted({s for _, s, _ in pending if s in index})
+        w = np.array(self.w, dtype=np.float64)
+        live = np.isfinite(w)
+        if not sources or not live.any():
+            return {p: math.inf for p, _, _ in pending}
+        n = len(index)
+        graph = csr_matrix((w[live], (np.array(self.src)[live], np.array(self.dst)[live])), shape=(n, n))
+        dist = dijkstra(graph, directed=True, indices=[index[s] for s in sources])
+        row = {s: i for i, s in enumerate(sources)}
+        return {p: float(dist[row[s], index[t]]) if s in row and t in index else math.inf for p, s, t in pending}
 
 
 def shortest_latencies(

@@ -464,7 +464,7 @@ class Simulator:
 
     # -- summary --------------------------------------------------------------------------------
     def _finish(self, wall: float) -> Result:
-        summary = delivery_summary(self.collector, self.net, self.names, self.work)
+        summary = delivery_summary(self.collector, self.net, self.names, self.work, self.lat, self.sc.topology)
         if self.sc.adversaries:
             summary.update(adversary_summary(self.sc.adversaries, self.roles, self.hostile_on, self.engines,
                                              self.alive, self.names, self.work, self.tracer.scored,
@@ -497,7 +497,7 @@ class Simulator:
                 "scenario": self.sc.name,
                 "summary": summary,
             }
-            self.writer.close(meta, self.net)
+            self.writer.close(meta, self.net, self.lat, self.sc)
         return Result(summary, self.trace_dir)
 
 

@@ -4,6 +4,7 @@ counts, and the CLI's last line."""
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
@@ -12,6 +13,7 @@ from pathlib import Path
 from inri.core.engine import Engine
 from simulations.adversary import Adversary, RegSpammer
 from simulations.metrics import Collector, shortest_latencies
+from simulations.scenario import Topology
 from simulations.topology import Network
 from simulations.workload import PushPlan, Roles, Workload
 
@@ -30,13 +32,35 @@ def summary_line(result: Result) -> str:
     return json.dumps(result.summary, sort_keys=True)
 
 
-def delivery_summary(collector: Collector, net: Network, names: Sequence[str], work: Workload) -> dict[str, object]:
-    """The collector's figures, with each push's latency set against the shortest path of the topology
-    from the relay it was injected at to its home."""
+def delivery_summary(collector: Collector, net: Network, names: Sequence[str], work: Workload,
+                     live: Sequence[dict[int, float]] | None = None, topo: Topology | None = None) -> dict[str, object]:
+    """The collector's figures, with each push's latency set against the shortest path of the initial
+    topology from the relay it was injected at to its home (stretch_*), and against the live graph at
+    injection (path_stretch_*, overlay_penalty_*). `live`: every link of the run with its latency (the
+    simulator's link table: the topology plus links opened at run time); `topo` gives the direct
+    underlay latency of geographic topologies."""
     pairs = {(p.inject, work.regs[p.reg_index][0]) for p in work.pushes}
     dist_idx = shortest_latencies(net.n, net.latency, net.processing, pairs)
     distance = {(names[u], names[v]): d for (u, v), d in dist_idx.items()}
-    return collector.summary(distance)
+    links = None if live is None else run_links(live, names)
+    processing = {names[i]: p for i, p in enumerate(net.processing)}
+    direct = None
+    if net.positions is not None and topo is not None:
+        direct = {(names[u], names[v]): direct_latency(net, topo, u, v) for u, v in pairs}
+    return collector.summary(distance, links, processing, direct)
+
+
+def run_links(live: Sequence[dict[int, float]], names: Sequence[str]) -> dict[tuple[str, str], float]:
+    """Every directed link of the run by relay name, with its latency."""
+    return {(names[u], names[v]): lat for u, out in enumerate(live) for v, lat in out.items()}
+
+
+def direct_latency(net: Network, topo: Topology, u: int, v: int) -> float:
+    """The direct underlay latency u -> v of a geographic topology (its distance term, no asymmetry),
+    plus v's processing delay: what one overlay link straight to v would cost."""
+    assert net.positions is not None
+    (x1, y1), (x2, y2) = net.positions[u], net.positions[v]
+    return topo.geo_base_s + math.hypot(x1 - x2, y1 - y2) * topo.geo_per_unit_s + net.processing[v]
 
 
 def adversary_summary(tables: Sequence[Adversary], roles: Roles, hostile_on: bool, engines: Sequence[Engine],

@@ -20,13 +20,16 @@ def run(
     out: Path,
     *,
     master: str | None = None,
+    partitions: int | None = None,
     plots: bool = True,
     progress: Callable[[str], None] = lambda _: None,
     spark: SparkSession | None = None,
 ) -> dict[str, object]:
     """Analyse trace_dir into out/ (summary.json, tables/, plots, report.html); returns the summary."""
     progress("starting Spark")
-    spark = spark or get_session(master)
+    spark = spark or get_session(master, shuffle_partitions=partitions)
+    progress(f"Spark master {spark.sparkContext.master}, "
+             f"shuffle partitions {spark.conf.get('spark.sql.shuffle.partitions')}")
     progress("reading the trace")
     trace = load_trace(spark, trace_dir)
     analysis = analyse(spark, trace, progress)

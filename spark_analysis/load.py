@@ -38,8 +38,10 @@ class Trace:
     events: DataFrame
     malformed: int
     meta: dict[str, Any]
-    topology: list[tuple[int, int, float]] | None  # directed links (src, dst, latency_s)
+    topology: list[tuple[int, int, float]] | None  # the initial directed links (src, dst, latency_s)
     processing: dict[int, float] | None
+    links: list[tuple[int, int, float]] | None = None  # every directed link of the run (links.csv)
+    positions: dict[int, tuple[float, float]] | None = None  # relays.csv x, y (geographic topologies)
 
 
 def _files(root: Path, suffixes: tuple[str, ...]) -> list[str]:
@@ -81,11 +83,20 @@ def load_trace(spark: SparkSession, trace_dir: str | Path) -> Trace:
     events = events.withColumn("seq", F.monotonically_increasing_id())
     meta_path = root / "meta.json"
     meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
-    topology = processing = None
+    topology = processing = links = positions = None
     if (root / "topology.csv").exists():
-        with open(root / "topology.csv") as fh:
-            topology = [(int(r["src"]), int(r["dst"]), float(r["latency_s"])) for r in csv.DictReader(fh)]
+        topology = _links(root / "topology.csv")
+    if (root / "links.csv").exists():
+        links = _links(root / "links.csv")
     if (root / "relays.csv").exists():
         with open(root / "relays.csv") as fh:
-            processing = {int(r["relay"]): float(r["processing_s"]) for r in csv.DictReader(fh)}
-    return Trace(events, malformed, meta, topology, processing)
+            relays = list(csv.DictReader(fh))
+        processing = {int(r["relay"]): float(r["processing_s"]) for r in relays}
+        if relays and "x" in relays[0]:
+            positions = {int(r["relay"]): (float(r["x"]), float(r["y"])) for r in relays}
+    return Trace(events, malformed, meta, topology, processing, links, positions)
+
+
+def _links(path: Path) -> list[tuple[int, int, float]]:
+    with open(path) as fh:
+        return [(int(r["src"]), int(r["dst"]), float(r["latency_s"])) for r in csv.DictReader(fh)]

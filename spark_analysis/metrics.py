@@ -15,9 +15,12 @@ from dataclasses import dataclass, field
 from pyspark.sql import DataFrame, Row, SparkSession, Window
 from pyspark.sql import functions as F
 
+from spark_analysis.livegraph import LIVE_KINDS, live_distances
 from spark_analysis.load import Trace
 
 PUSH_MESSAGE_KINDS = ("push_forwarded", "push_fallback", "receipt_forwarded", "route_error")
+# Exclusions the topology decides: counted only when the home was down or cut off before delivery.
+TOPOLOGY_EXCLUSIONS = ("home_down", "partitioned")
 
 
 def nearest_rank(df: DataFrame, col: str, q: float, n: int | None = None) -> float | None:
@@ -45,6 +48,8 @@ class Analysis:
 
     summary: dict[str, object]
     tables: dict[str, DataFrame] = field(default_factory=dict)
+    # small facts the report marks: deadline_s, push_ttl (the TTL pushes start with), windows (meta.json)
+    marks: dict[str, object] = field(default_factory=dict)
 
 
 def _down_counts(keys: DataFrame, transitions: DataFrame, time_col: str) -> DataFrame:
@@ -90,7 +95,11 @@ def analyse(
         .withColumn("_rn", F.row_number().over(w_first)).filter("_rn = 1")
         .select("msg", F.col("t").alias("t_inj"), F.col("relay").alias("r_inj"))
     )
-    excluded = ev.filter(F.col("kind") == "push_excluded").select("msg").distinct().withColumn("excluded", F.lit(True))
+    excluded = (
+        ev.filter(F.col("kind") == "push_excluded")
+        .withColumn("_rn", F.row_number().over(w_first)).filter("_rn = 1")
+        .select("msg", F.col("t").alias("t_excl"), F.col("reason").alias("excl_reason"))
+    )
     delivered = (
         ev.filter(F.col("kind") == "push_delivered")
         .withColumn("_rn", F.row_number().over(w_first)).filter("_rn = 1")
@@ -103,29 +112,51 @@ def analyse(
         .select("msg", F.coalesce(F.col("reason"), F.lit("unknown")).alias("drop_reason"))
     )
     fallback = ev.filter(F.col("kind") == "push_fallback").select("msg").distinct().withColumn("fb", F.lit(True))
+    retried = ev.filter(F.col("kind") == "push_retry").select("msg").distinct().withColumn("rt", F.lit(True))
+    cost = ev.filter(F.col("kind").isin("push_forwarded", "push_fallback")).groupBy("msg").agg(
+        F.sum(F.when(F.col("kind") == "push_forwarded", F.coalesce(F.col("count"), F.lit(1))).otherwise(0))
+        .alias("route_msgs"),
+        F.sum(F.when(F.col("kind") == "push_fallback", F.coalesce(F.col("count"), F.lit(1))).otherwise(0))
+        .alias("fallback_msgs"))
     per_push = (
         pushes.join(excluded, "msg", "left").join(delivered, "msg", "left").join(dropped, "msg", "left")
-        .join(fallback, "msg", "left")
-        .withColumn("excluded", F.coalesce(F.col("excluded"), F.lit(False)))
+        .join(fallback, "msg", "left").join(retried, "msg", "left").join(cost, "msg", "left")
+        .withColumn("route_msgs", F.coalesce(F.col("route_msgs"), F.lit(0)))
+        .withColumn("fallback_msgs", F.coalesce(F.col("fallback_msgs"), F.lit(0)))
         .withColumn("fallback", F.coalesce(F.col("fb"), F.lit(False))).drop("fb")
+        .withColumn("recovered", F.col("fallback") | F.coalesce(F.col("rt"), F.lit(False))).drop("rt")
         .withColumn("latency_s", F.col("t_del") - F.col("t_inj"))
         .withColumn("on_time", F.col("t_del").isNotNull() & (F.col("latency_s") <= F.lit(deadline)))
+        .withColumn("excluded_old_rule", F.col("t_excl").isNotNull())
+        # the home was down or cut off before delivery (docs/metrics.md); other reasons always exclude
+        .withColumn("excluded", F.col("t_excl").isNotNull() & (
+            ~F.coalesce(F.col("excl_reason"), F.lit("unknown")).isin(*TOPOLOGY_EXCLUSIONS)
+            | ~F.col("on_time") | (F.col("t_excl") <= F.col("t_del"))))
         .cache()
     )
     counts = one_row(per_push.agg(
         F.count("*").alias("pushes"),
         F.sum(F.col("excluded").cast("int")).alias("excluded"),
+        F.sum(F.col("excluded_old_rule").cast("int")).alias("excluded_old"),
         F.sum(F.col("on_time").cast("int")).alias("delivered_all"),
         F.sum((F.col("on_time") & ~F.col("excluded")).cast("int")).alias("delivered"),
+        F.sum((F.col("on_time") & ~F.col("excluded_old_rule")).cast("int")).alias("delivered_old"),
         F.sum(F.col("fallback").cast("int")).alias("fallback_pushes"),
+        F.sum((F.col("recovered") & ~F.col("excluded")).cast("int")).alias("recovered"),
     ))
     n_pushes = int(counts["pushes"])
     n_excl = int(counts["excluded"] or 0)
+    n_excl_old = int(counts["excluded_old"] or 0)
     n_deliv_all = int(counts["delivered_all"] or 0)
     n_deliv = int(counts["delivered"] or 0)
+    n_deliv_old = int(counts["delivered_old"] or 0)
     counted = n_pushes - n_excl
+    counted_old = n_pushes - n_excl_old
     good = per_push.filter(F.col("on_time") & ~F.col("excluded")).cache()
     hops_p50 = nearest_rank(good.select("hops"), "hops", 0.5, n_deliv)
+    hops_p95 = nearest_rank(good.select("hops"), "hops", 0.95, n_deliv)
+    hops_max = one_row(good.agg(F.max("hops").alias("m")))["m"]
+    lat = {q: nearest_rank(good.select("latency_s"), "latency_s", q, n_deliv) for q in (0.5, 0.95, 0.99)}
 
     progress("push message costs")
     pm = ev.filter(F.col("kind").isin(*PUSH_MESSAGE_KINDS)).groupBy("kind").agg(
@@ -138,6 +169,18 @@ def analyse(
     n_stretch = stretch_df.count() if stretch_df is not None else 0
     stretch_median = nearest_rank(stretch_df, "stretch", 0.5, n_stretch) if stretch_df is not None else None
     stretch_p95 = nearest_rank(stretch_df, "stretch", 0.95, n_stretch) if stretch_df is not None else None
+
+    progress("path stretch and overlay penalty (the live graph at each injection)")
+    live_df = _live(spark, trace, ev, good)
+    path_stretch: dict[float, float | None] = {0.5: None, 0.95: None}
+    penalty: dict[float, float | None] = {0.5: None, 0.95: None}
+    if live_df is not None:
+        ps = live_df.filter(~F.col("recovered")).select("path_stretch").cache()
+        n_ps = ps.count()
+        path_stretch = {q: nearest_rank(ps, "path_stretch", q, n_ps) for q in path_stretch}
+        pen = live_df.filter(F.col("overlay_penalty").isNotNull()).select("overlay_penalty").cache()
+        n_pen = pen.count()
+        penalty = {q: nearest_rank(pen, "overlay_penalty", q, n_pen) for q in penalty}
 
     progress("route coverage and convergence")
     transitions = (
@@ -167,9 +210,15 @@ def analyse(
         .filter(F.col("up").isNull() | F.col("up"))
         .groupBy("msg").agg(F.count("*").alias("got"))
     )
-    cov = reg_live.join(got_live, "msg", "left").agg(
-        F.sum(F.coalesce(F.col("got"), F.lit(0))).alias("num"), F.sum("live_cov").alias("den")).first()
+    reach_df = reg_live.join(got_live, "msg", "left").withColumn("got", F.coalesce(F.col("got"), F.lit(0))).cache()
+    cov = reach_df.agg(F.sum("got").alias("num"), F.sum("live_cov").alias("den")).first()
     route_coverage = (int(cov["num"]) / int(cov["den"])) if cov and cov["den"] else None
+    # per registration: the share of relays live at t0 + coverage_after that hold a route by then
+    reach = reach_df.filter(F.col("live_cov") > 0).select(
+        "msg", "t0", (F.col("got") / F.col("live_cov")).alias("reach")).cache()
+    n_reach = reach.count()
+    reach_p50 = nearest_rank(reach, "reach", 0.5, n_reach)
+    reach_p10 = nearest_rank(reach, "reach", 0.1, n_reach)
 
     need = reg_live.withColumn("need", F.ceil(F.lit(0.9) * F.col("live0") - F.lit(1e-12)).cast("long"))
     wr = Window.partitionBy("msg").orderBy(F.col("t").asc(), F.col("seq").asc())
@@ -207,20 +256,34 @@ def analyse(
         "pushes": n_pushes,
         "pushes_counted": counted,
         "pushes_excluded": n_excl,
+        "excluded_old_rule": n_excl_old,
         "delivered": n_deliv,
         "delivered_all": n_deliv_all,
         "delivery_ratio": n_deliv / counted if counted else 1.0,
+        "delivery_ratio_old_rule": n_deliv_old / counted_old if counted_old else 1.0,
         "delivery_ratio_all": n_deliv_all / n_pushes if n_pushes else 1.0,
         "gossip_messages": gossip_messages,
         "gossip_bytes": gossip_bytes,
         "overhead_ratio": gossip_messages / n_regs / (n_relays - 1) if n_regs and n_relays > 1 else None,
+        "latency_p50_s": lat[0.5],
+        "latency_p95_s": lat[0.95],
+        "latency_p99_s": lat[0.99],
         "stretch_median": stretch_median,
         "stretch_p95": stretch_p95,
+        "path_stretch_median": path_stretch[0.5],
+        "path_stretch_p95": path_stretch[0.95],
+        "overlay_penalty_median": penalty[0.5],
+        "overlay_penalty_p95": penalty[0.95],
+        "recovery_share": int(counts["recovered"] or 0) / counted if counted else None,
         "hops_p50": hops_p50,
+        "hops_p95": hops_p95,
+        "hops_max": hops_max,
         "fallback_pushes": int(counts["fallback_pushes"] or 0),
         "fallback_messages": pm_by_kind.get("push_fallback", 0),
         "messages_per_delivered_push": push_messages / n_deliv_all if n_deliv_all else None,
         "route_coverage": route_coverage,
+        "reach_p50": reach_p50,
+        "reach_p10": reach_p10,
         "convergence_p50_s": conv_p50,
         "convergence_p90_s": conv_p90,
         "unconverged_registrations": unconverged,
@@ -241,10 +304,49 @@ def analyse(
         "registrations": conv.select("msg", "origin", "t0", "live0", "need", "convergence_s"),
         "loss_by_reason": lost.groupBy("loss_reason").count(),
         "overhead_per_registration": per_reg_overhead,
+        "reach": reach,
     }
     if stretch_df is not None:
         tables["stretch"] = stretch_df
-    return Analysis(summary, tables)
+    if live_df is not None:
+        tables["path_stretch"] = live_df
+    ttl = one_row(ev.filter(F.col("kind") == "push_injected").agg(F.max("ttl").alias("ttl")))["ttl"]
+    marks = {"deadline_s": deadline, "push_ttl": ttl, "windows": meta.get("windows") or []}
+    return Analysis(summary, tables, marks)
+
+
+def _live(spark: SparkSession, trace: Trace, ev: DataFrame, good: DataFrame) -> DataFrame | None:
+    """Per delivered counted push injected away from its home: its latency over the live graph's shortest
+    path at injection (path_stretch; only first-attempt route-mode deliveries count in the summary) and
+    that path over the direct underlay latency (overlay_penalty, geographic topologies). Needs links.csv."""
+    if not trace.links:
+        return None
+    links = {(str(u), str(v)): lat for u, v, lat in trace.links}
+    proc = {str(k): p for k, p in (trace.processing or {}).items()}
+    rows = (ev.filter(F.col("kind").isin(*LIVE_KINDS)).select("seq", "kind", "relay", "peer", "msg", "route")
+            .orderBy("seq").collect())
+    dist = live_distances(((r["kind"], r["relay"], r["peer"], r["msg"], r["route"]) for r in rows), links, proc)
+    finite = [(p, d) for p, d in dist.items() if math.isfinite(d) and d > 0]
+    if not finite:
+        return None
+    underlay = trace.meta.get("underlay") or {}
+    pos = trace.positions
+
+    def direct(u: str, v: str) -> float | None:
+        if pos is None or "geo_base_s" not in underlay:
+            return None
+        (x1, y1), (x2, y2) = pos[int(u)], pos[int(v)]
+        return float(underlay["geo_base_s"]) + math.hypot(x1 - x2, y1 - y2) * float(underlay["geo_per_unit_s"]) \
+            + proc.get(v, 0.0)
+
+    d_df = spark.createDataFrame(finite, "msg string, live_shortest double")
+    pairs = {(r["r_inj"], r["r_del"]) for r in good.join(d_df, "msg").select("r_inj", "r_del").distinct().collect()}
+    dd = [(u, v, direct(u, v)) for u, v in sorted(pairs)]
+    dd_df = spark.createDataFrame(dd, "r_inj string, r_del string, direct double")
+    return (good.join(d_df, "msg").join(dd_df, ["r_inj", "r_del"], "left")
+            .select("msg", "t_inj", "recovered", "latency_s", "live_shortest", "direct",
+                    (F.col("latency_s") / F.col("live_shortest")).alias("path_stretch"),
+                    (F.col("live_shortest") / F.col("direct")).alias("overlay_penalty")))
 
 
 def _stretch(spark: SparkSession, trace: Trace, good: DataFrame) -> DataFrame | None:

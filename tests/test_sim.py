@@ -15,7 +15,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from inri.core.api import TraceLevel
 from simulations.events import EventKind, EventQueue
+from simulations.metrics import Collector
 from simulations.scenario import ScenarioError, from_dict, load
 from simulations.sim import Simulator
 
@@ -24,6 +26,9 @@ REQUIRED_KEYS = {
     "overhead_ratio", "stretch_median", "stretch_p95", "hops_p50", "fallback_pushes", "events", "events_per_s",
     "wall_s", "pushes_counted", "pushes_excluded", "delivery_ratio_all", "route_coverage", "fallback_messages",
     "messages_per_delivered_push", "convergence_p50_s", "convergence_p90_s", "loss_by_reason",
+    "latency_p50_s", "latency_p95_s", "latency_p99_s", "path_stretch_median", "path_stretch_p95", "recovery_share",
+    "overlay_penalty_median", "overlay_penalty_p95", "reach_p50", "reach_p10", "hops_p95", "hops_max",
+    "excluded_old_rule", "delivery_ratio_old_rule",
 }
 
 
@@ -120,9 +125,88 @@ def test_churn_excludes_exactly_the_pushes_whose_home_went_down(tmp_path: Path) 
                 assert r["msg"] in excluded
             elif r["msg"] in excluded:  # otherwise only when failures cut it off from its home
                 assert excluded[r["msg"]] == "partitioned"
-    assert s["pushes_excluded"] == len(excluded)
+    assert s["excluded_old_rule"] == len(excluded)
     assert s["delivery_ratio"] >= 0.95
     assert s["delivery_ratio_all"] <= s["delivery_ratio"]
+
+
+def test_only_pushes_cut_off_before_delivery_are_excluded(tmp_path: Path) -> None:
+    """The exclusion rule looks no further than delivery: a push stored at its home before the home went
+    down counts (docs/metrics.md); the old rule (any time in the deadline window) is reported beside it."""
+    sc = from_dict(small(churn={"fail_fraction": 0.2, "rejoin_fraction": 0.5, "start_s": 8.0, "end_s": 30.0,
+                                "downtime_s": 10.0}))
+    s = Simulator(sc, trace_dir=tmp_path).run().summary
+    rows = read_trace(tmp_path)
+    injected = {r["msg"]: r["t"] for r in rows if r["kind"] == "push_injected"}
+    stored: dict[str, float] = {}
+    for r in rows:
+        if r["kind"] == "push_delivered":
+            stored.setdefault(r["msg"], r["t"])
+    excluded_at: dict[str, float] = {}
+    for r in rows:
+        if r["kind"] == "push_excluded":
+            excluded_at.setdefault(r["msg"], r["t"])
+    on_time = {p for p, t in stored.items() if t - injected[p] <= sc.deadline_s}
+    after_delivery = {p for p, t in excluded_at.items() if p in on_time and t > stored[p]}
+    assert after_delivery  # the run has pushes whose home failed only after they were stored
+    new_rule = set(excluded_at) - after_delivery
+    assert s["pushes_excluded"] == len(new_rule) < s["excluded_old_rule"] == len(excluded_at)
+    assert s["delivered"] == len(on_time - new_rule)
+    assert s["pushes_counted"] == len(injected) - len(new_rule)
+
+
+def test_hops_mean_links_crossed_in_every_push_row(tmp_path: Path) -> None:
+    """push_received and push_delivered at the home carry the same hops (links crossed to get there), and a
+    route-mode push with no retry crossed as many links as it was forwarded."""
+    Simulator(load("tiny-50"), trace_dir=tmp_path, trace_level=TraceLevel.FULL).run()
+    rows = read_trace(tmp_path)
+    received = {(r["msg"], r["relay"], r["t"]): r["hops"] for r in rows if r["kind"] == "push_received"}
+    forwarded: dict[str, list[dict]] = {}
+    for r in rows:
+        if r["kind"] == "push_forwarded":
+            forwarded.setdefault(r["msg"], []).append(r)
+    delivered = [r for r in rows if r["kind"] == "push_delivered"]
+    assert delivered
+    for d in delivered:
+        fw = forwarded.get(d["msg"], [])
+        assert d["hops"] == len(fw)
+        if fw:
+            assert received[(d["msg"], d["relay"], d["t"])] == d["hops"]
+            assert sorted(r["hops"] for r in fw) == list(range(len(fw)))  # 0 at the injecting relay
+
+
+def _row(t: float, relay: str, kind: str, msg: str | None = None, route: str | None = None,
+         peer: str | None = None, hops: int | None = None, reason: str | None = None) -> tuple:
+    return (t, relay, kind, msg, route, peer, hops, None, None, None, None, reason)
+
+
+def test_path_stretch_uses_the_live_graph_at_injection_and_leaves_recovery_out() -> None:
+    """A line 0-1-2 (10 ms a link) and a run-time link 0-2 (5 ms): a push injected before the shortcut is
+    measured against 20 ms, one after it against 5 ms, one that needed a retry is left out of
+    path_stretch but counted in recovery_share; latency and hop percentiles over the delivered."""
+    c = Collector(3, deadline_s=5.0, coverage_after_s=1.0)
+    up = [_row(0.0, a, "peer_up", peer=b) for a, b in (("0", "1"), ("1", "0"), ("1", "2"), ("2", "1"))]
+    c.add_all([
+        *up,
+        _row(0.0, "2", "reg_originated", msg="R:1", route="R"),
+        _row(1.0, "0", "push_injected", msg="P1", route="R"),
+        _row(1.03, "2", "push_delivered", msg="P1", route="R", hops=2),
+        _row(2.0, "0", "peer_up", peer="2"),
+        _row(2.0, "2", "peer_up", peer="0"),
+        _row(3.0, "0", "push_injected", msg="P2", route="R"),
+        _row(3.01, "2", "push_delivered", msg="P2", route="R", hops=1),
+        _row(4.0, "0", "push_injected", msg="P3", route="R"),
+        _row(5.0, "0", "push_retry", msg="P3", route="R"),
+        _row(5.1, "2", "push_delivered", msg="P3", route="R", hops=1),
+    ])
+    links = {("0", "1"): 0.01, ("1", "0"): 0.01, ("1", "2"): 0.01, ("2", "1"): 0.01, ("0", "2"): 0.005,
+             ("2", "0"): 0.005}
+    s = c.summary(links=links, processing={"0": 0.0, "1": 0.0, "2": 0.0})
+    assert s["path_stretch_median"] == pytest.approx(1.5)  # P1: 30 ms / 20 ms; P2: 10 ms / 5 ms = 2.0
+    assert s["path_stretch_p95"] == pytest.approx(2.0)
+    assert s["recovery_share"] == pytest.approx(1 / 3)
+    assert s["latency_p50_s"] == pytest.approx(0.03) and s["latency_p99_s"] == pytest.approx(1.1)
+    assert (s["hops_p50"], s["hops_p95"], s["hops_max"]) == (1, 2, 2)
 
 
 def test_partition_excludes_pushes_across_the_cut(tmp_path: Path) -> None:

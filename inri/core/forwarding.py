@@ -147,7 +147,7 @@ class ForwardingRules(EngineState):
         if not self._active[peer].push_budget.take(now, cfg.push_budget_per_peer_per_s, cfg.push_budget_peer_burst):
             self._count("push_dropped_budget_peer")
             if self._level:
-                self._trace(now, "push_dropped", msg=pid.hex(), route=msg.route_id.hex(), peer=peer, hops=msg.hops,
+                self._trace(now, "push_dropped", msg=pid.hex(), route=msg.route_id.hex(), peer=peer, hops=msg.hops + 1,
                             ttl=msg.ttl, reason="budget_peer")
             return self._score(peer, cfg.score_budget_drop, now, "budget_peer")
         # Seen per (push, attempt, mode): a ring copy that met a route continues in route mode through
@@ -166,7 +166,9 @@ class ForwardingRules(EngineState):
             return [Send(peer, RouteError(pid, msg.route_id, RouteErrorReason.DUPLICATE))]
         self._push_seen.put(key, now + cfg.seen_ttl_s)
         if self._level >= _FULL:
-            self._trace(now, "push_received", msg=pid.hex(), route=rid.hex(), peer=peer, hops=msg.hops,
+            # Trace hops = links crossed to reach this relay, as in push_delivered (docs/trace-schema.md);
+            # the frame's own counter stops one short (the sender counts the link it sends on).
+            self._trace(now, "push_received", msg=pid.hex(), route=rid.hex(), peer=peer, hops=msg.hops + 1,
                         ttl=msg.ttl)
         if pid not in self._custody:  # a custodian keeps its own LOCAL reverse marker
             # The carried registration (when it is the route's) says which receipt key the answer must
@@ -232,7 +234,7 @@ class ForwardingRules(EngineState):
         self._count("push_dropped_" + reason)
         if self._level:
             self._trace(now, "push_dropped", msg=msg.push_id.hex(), route=msg.route_id.hex(), peer=peer,
-                        hops=msg.hops, ttl=msg.ttl, reason=reason)
+                        hops=msg.hops + 1, ttl=msg.ttl, reason=reason)
         if error is None:  # ring copies die quietly: other copies are still searching
             return []
         if error != RouteErrorReason.HOME_UNREACHABLE:
