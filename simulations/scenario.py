@@ -74,7 +74,6 @@ from inri.core.api import TraceLevel
 from inri.core.config import EngineConfig
 from simulations.adversary import KINDS, Adversary
 
-
 LOSS_MODELS = ("drop", "quic")
 
 

@@ -116,6 +116,7 @@ from inri.core.custody import CustodyRules
 from inri.core.forwarding import ForwardingRules
 from inri.core.gossip import ANNOUNCE_SHARE, GossipRules
 from inri.core.membership import MembershipRules
+from inri.core.rtt import RttRules
 from inri.core.scoring import ScoringRules
 from inri.core.state import SWEEP_INTERVAL_S, Custody, Neighbour, ReverseMark, readdress
 from inri.core.stem import StemRules
@@ -149,7 +150,7 @@ HOOKS = {
 }
 
 
-class Engine(MembershipRules, GossipRules, StemRules, ForwardingRules, CustodyRules, ScoringRules):
+class Engine(MembershipRules, GossipRules, StemRules, ForwardingRules, CustodyRules, ScoringRules, RttRules):
     """One relay's protocol state. Every method takes `now` and returns effects to carry out."""
 
     def __init__(
@@ -198,7 +199,10 @@ class Engine(MembershipRules, GossipRules, StemRules, ForwardingRules, CustodyRu
         self._next_make_room = 0.0
         # Pushes forwarded along a route, awaiting an answer: push id -> (next hop, deadline), in
         # deadline order (constant timeout). No answer by then scores the next hop as a black hole.
-        self._await: BoundedMap[bytes, tuple[str, float]] = BoundedMap(config.reverse_max)
+        self._await: BoundedMap[bytes, tuple[str, float, Push]] = BoundedMap(config.reverse_max)
+        self._hop_srtt = 0.0  # rtt.py (C4)
+        self._hop_rttvar = 0.0
+        self._rtt_from_paths = False
         # Slow, not silent (rule S1, scoring.py): pushes past receipt_timeout_s whose next hop keeps
         # answering, slowly, get a longer grace: push id -> (next hop, sent, grace end), with a heap
         # (grace end, push id) for expiry; pushes blamed on a neighbour (push id -> (next hop, sent,
@@ -260,6 +264,7 @@ class Engine(MembershipRules, GossipRules, StemRules, ForwardingRules, CustodyRu
                 if not msg.reply:
                     state.last_sent = now
                     return [Send(peer, Keepalive(msg.nonce, True))]
+                self._keepalive_answered(state, msg.nonce, now)  # rule C4: a link round trip
                 return []
             case PeerExchange():
                 return self.add_candidates(list(msg.peers), now)
@@ -304,7 +309,8 @@ class Engine(MembershipRules, GossipRules, StemRules, ForwardingRules, CustodyRu
         dead_after = interval * cfg.keepalive_misses
         pending = self._await
         while pending:
-            pid, (nh, deadline) = next(iter(pending.items()))
+            pid, waited = next(iter(pending.items()))
+            nh, deadline = waited[0], waited[1]
             if deadline > now:
                 break
             del pending[pid]
@@ -323,7 +329,7 @@ class Engine(MembershipRules, GossipRules, StemRules, ForwardingRules, CustodyRu
                 out += self.peer_down(p, now, DisconnectReason.KEEPALIVE_TIMEOUT)
             elif now - st.last_sent >= interval * 0.99:
                 st.nonce += 1
-                st.last_sent = now
+                st.last_sent = st.ka_sent = now
                 out.append(Send(p, Keepalive(st.nonce, False)))
         for p, give_up in list(self._connecting.items()):
             if now >= give_up:

@@ -120,7 +120,7 @@ class ForwardingRules(EngineState):
     # Rules F1, S1 (an answer is awaited).
     def _forward(self, msg: Push, nh: str, now: float) -> Send:
         self._active[nh].last_sent = now
-        self._await.put_last(msg.push_id, (nh, now + self.config.receipt_timeout_s))  # stays in deadline order
+        self._await_push(msg.push_id, nh, msg, now)  # rtt.py (C4)
         if self._level:
             self._trace(now, "push_forwarded", msg=msg.push_id.hex(), route=msg.route_id.hex(), peer=nh,
                         hops=msg.hops, ttl=msg.ttl, count=1)
@@ -295,6 +295,7 @@ class ForwardingRules(EngineState):
                 self._trace(now, "receipt_refused", msg=msg.push_id.hex(), peer=peer, hops=msg.hops,
                             reason=RECEIPT_STATUS[msg.status])
             return self._score(peer, self.config.score_bad_signature, now, "bad_receipt")
+        self._receipt_rtt(peer, msg, now)  # rtt.py (C4): a round-trip sample
         self._answered(peer, msg.push_id, now, any_peer=True)  # scoring.py: rises, never cuts
         if back is None:
             self._count("receipt_orphan")

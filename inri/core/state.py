@@ -18,7 +18,7 @@ from inri.core.api import CustodyStatus, DisconnectReason, Effect, HomeStore, Se
 from inri.core.budget import TokenBucket
 from inri.core.config import EngineConfig
 from inri.core.tables import BoundedMap, RouteTable
-from inri.protocol.messages import Message, Push, ReceiptStatus, RegGossip, Registration
+from inri.protocol.messages import Message, Push, Receipt, ReceiptStatus, RegGossip, Registration
 
 # Clock skew tolerated on a registration's issued_at (relays' clocks are not synchronised).
 MAX_CLOCK_SKEW_S = 300
@@ -96,7 +96,7 @@ class Neighbour:
     """An active neighbour: its link, liveness, flood budgets (G4) and score (S1)."""
 
     __slots__ = ("addr", "outbound", "last_heard", "last_sent", "reg_budget", "nonce", "score", "push_budget",
-                 "congested_at", "answered_at", "answer_delay")
+                 "congested_at", "answered_at", "answer_delay", "ka_sent")
 
     def __init__(self, addr: str, outbound: bool, now: float, burst: float, push_burst: float) -> None:
         self.addr = addr
@@ -112,6 +112,7 @@ class Neighbour:
         # route error), and the moving average of how long its answers took (late ones included).
         self.answered_at = -float("inf")
         self.answer_delay = 0.0
+        self.ka_sent = -1.0  # when the keepalive numbered `nonce` left (rule C4: a link round trip)
 
 
 class Custody:
@@ -161,7 +162,11 @@ class EngineState:
     _banned: dict[str, float]
     _probation: dict[str, tuple[float, str]]
     _next_make_room: float
-    _await: BoundedMap[bytes, tuple[str, float]]
+    # push id -> (next hop, blame deadline, the copy sent): rules S1 (blame), C4 (round trips), C5
+    _await: BoundedMap[bytes, tuple[str, float, Push]]
+    _hop_srtt: float  # rtt.py (C4): per-link round-trip estimate (0: no sample yet) and its variation
+    _hop_rttvar: float
+    _rtt_from_paths: bool  # rtt.py: a receipt sample came (keepalive samples are ignored from then on)
     _overdue: dict[bytes, tuple[str, float, float]]
     _overdue_heap: list[tuple[float, bytes]]
     _blamed: BoundedMap[bytes, tuple[str, float, float]]
@@ -233,6 +238,11 @@ class EngineState:
         def _on_stem(self, peer: str, state: Neighbour, msg: RegGossip, now: float) -> list[Effect]: ...
         def _stem_embargo(self, now: float) -> list[Effect]: ...
         def _stem_flood_back(self, peer: str, msg: RegGossip, now: float) -> list[Effect]: ...
+        # rtt.py
+        def _retry_period(self, rid: bytes) -> float: ...
+        def _receipt_rtt(self, peer: str, msg: Receipt, now: float) -> None: ...
+        def _reroute_awaited(self, peer: str, now: float) -> list[Effect]: ...
+        def _await_push(self, pid: bytes, nh: str, msg: Push, now: float) -> None: ...
         # custody.py
         def _settle(self, pid: bytes, status: ReceiptStatus, hops: int, now: float) -> list[Effect]: ...
         def _retry(self, c: Custody, now: float) -> list[Effect]: ...

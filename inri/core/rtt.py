@@ -1,0 +1,129 @@
+"""Round trips, rules C4-C5: retries that follow the path round trips a relay measures.
+
+C4. A custodian re-sends a push along its route when no receipt came back within the route's
+    expected round trip, not after a fixed period: retry period = clamp(2 x d x (srtt + 4 x rttvar),
+    receipt_timeout_min_s, custody_retry_s), with d the route's distance (links to the home) and
+    srtt / rttvar a per-link round-trip estimate (RFC 6298's smoothing, alpha 1/8, beta 1/4) fed by
+      - every receipt that comes back through a neighbour this relay forwarded the push to: the delay
+        since the forward divided by the links still ahead then (receipt hops - hops at the forward),
+        first attempts only (Karn: a re-sent push's receipt may answer either copy);
+      - until the first such receipt, keepalive round trips on its own links (a prior for a relay that
+        never forwarded a push; its own links are not the path's, so receipts replace them).
+    Before the first sample the period is custody_retry_s (the fixed period of earlier versions). Ring
+    searches (attempts 2 and later) keep custody_retry_s periods: their paths are not known.
+    Blame is not retimed: a forwarded push counts against its next hop only after receipt_timeout_s
+    (and a slow answering neighbour's longer grace, rule S1), however early the custodian re-sends.
+    A re-send is cheap (at most a duplicate the home answers `duplicate`), a blame can cut a link:
+    a shorter retry period must not make scoring cut honest slow neighbours. A re-send to another
+    next hop keeps the first next hop awaited, so a black hole is still blamed on time.
+C5. A relay whose link goes down re-sends, at once, every route-mode push it forwarded on that link
+    and still awaits an answer for, over another live next hop of the route (never back to the
+    relay it came from): the custodian need not wait for its retry.
+
+With `adaptive_retry = false` the custodian re-sends after custody_retry_s periods as before.
+"""
+
+from __future__ import annotations
+
+from inri.core.api import Effect, Send
+from inri.core.state import EngineState, Neighbour
+from inri.core.tables import RouteTable
+from inri.protocol.messages import Push, Receipt
+
+RTT_ALPHA = 0.125  # RFC 6298 section 2: srtt gain
+RTT_BETA = 0.25  # RFC 6298 section 2: rttvar gain
+RTT_VAR_FACTOR = 4.0  # RFC 6298: RTO = SRTT + K x RTTVAR, K = 4
+# The estimate is per link and relay-wide, the path's links are not this relay's: measured on loss-1k
+# (quic model), d x (srtt + 4 rttvar) re-sent 5% of the pushes whose receipt was merely on its way.
+PATH_FACTOR = 2.0
+# A per-link sample larger than this is not a round trip but a stall (a host paused, a link's QUIC
+# backoff): it would keep every retry at the cap for a long while. Such pushes are S1's business.
+MAX_LINK_SAMPLE_S = 2.0
+
+
+class RttRules(EngineState):
+    """C4-C5: a per-link round-trip estimate, the retry period it gives, re-sends on link loss."""
+
+    # Rule C4 (estimate).
+    def _rtt_sample(self, per_link: float, path: bool) -> None:
+        """Feed one per-link round-trip sample (seconds) into srtt / rttvar; path: from a receipt."""
+        if not 0.0 < per_link <= MAX_LINK_SAMPLE_S:
+            return
+        if path and not self._rtt_from_paths:
+            self._rtt_from_paths = True
+            self._hop_srtt = 0.0  # the keepalive prior goes
+        elif not path and self._rtt_from_paths:
+            return
+        if self._hop_srtt <= 0.0:
+            self._hop_srtt = per_link
+            self._hop_rttvar = per_link / 2
+        else:
+            self._hop_rttvar += RTT_BETA * (abs(self._hop_srtt - per_link) - self._hop_rttvar)
+            self._hop_srtt += RTT_ALPHA * (per_link - self._hop_srtt)
+
+    # Rule C4 (keepalive samples).
+    def _keepalive_answered(self, state: Neighbour, nonce: int, now: float) -> None:
+        """A keepalive reply: one link round trip, if it answers the last keepalive we sent."""
+        if nonce == state.nonce and state.ka_sent >= 0.0:
+            self._rtt_sample(now - state.ka_sent, False)
+            state.ka_sent = -1.0  # one sample per keepalive
+
+    # Rule C4 (receipt samples).
+    def _receipt_rtt(self, peer: str, msg: Receipt, now: float) -> None:
+        """A receipt from peer: a sample of the round trip over the links ahead of our forward."""
+        waited = self._await.get(msg.push_id)
+        if waited is None or waited[0] != peer:
+            return
+        sent_msg = waited[2]
+        ahead = msg.hops - sent_msg.hops
+        if sent_msg.attempt or ahead <= 0:
+            return  # Karn: which copy answered is unknown; or a receipt that cannot be ours
+        self._rtt_sample((now - (waited[1] - self.config.receipt_timeout_s)) / ahead, True)
+
+    # Rule C4 (period).
+    def _retry_period(self, rid: bytes) -> float:
+        """How long a custodian waits for the receipt of a push sent along rid's route."""
+        cfg = self.config
+        cap = cfg.custody_retry_s
+        if not cfg.adaptive_retry or self._hop_srtt <= 0.0:
+            return cap
+        entry = self._routes.get(rid)
+        if entry is None:
+            return cap
+        d = RouteTable.distance(entry)
+        if d <= 0:
+            return cap
+        expected = PATH_FACTOR * d * (self._hop_srtt + RTT_VAR_FACTOR * self._hop_rttvar)
+        return min(cap, max(cfg.receipt_timeout_min_s, expected))
+
+    # Rule C5.
+    def _reroute_awaited(self, peer: str, now: float) -> list[Effect]:
+        """peer's link went down: re-send the route-mode pushes still awaited from it over another
+        live next hop of their routes (peer is no longer active, so it is never chosen)."""
+        if not self.config.adaptive_retry or not self._await:
+            return []
+        stranded = [(pid, w[2]) for pid, w in self._await.items() if w[0] == peer and w[1] > now]
+        out: list[Effect] = []
+        for pid, msg in stranded:
+            back = self._reverse.get(pid)
+            prev = back[0] if back is not None and isinstance(back[0], str) else None
+            nh = self._next_hop(msg.route_id, prev, alternate=(msg.attempt & 1) == 1)
+            if nh is None:
+                continue  # the custodian's retry (or a route error's) takes it from here
+            del self._await[pid]
+            self._count("push_rerouted_link_down")
+            send: Send = self._forward(msg, nh, now)
+            out.append(send)
+        return out
+
+    # Rule C4 (a re-send keeps the first next hop awaited).
+    def _await_push(self, pid: bytes, nh: str, msg: Push, now: float) -> None:
+        """Await an answer for push pid from nh: blamed at now + receipt_timeout_s (rule S1).
+
+        A copy re-sent to another next hop while the first is still awaited does not replace it: the
+        first next hop, if it is a black hole, must still be blamed on time (C4 re-sends early).
+        """
+        waited = self._await.get(pid)
+        if waited is not None and waited[0] != nh and waited[1] > now and self.config.adaptive_retry:
+            return
+        self._await.put_last(pid, (nh, now + self.config.receipt_timeout_s, msg))  # stays in deadline order
