@@ -75,14 +75,17 @@ class Simulator:
         trace_format: str = "parquet",
         progress: bool = False,
         adversaries: bool = True,
+        network: Network | None = None,
     ) -> None:
+        """network: run on this network instead of building the scenario's topology (simulations/lab.py:
+        the twin of a lab mesh of real relays)."""
         self.sc = scenario
         self.hostile_on = adversaries
         self.seed = scenario.seed if seed is None else seed
         self.level = scenario.trace_level if trace_level is None else trace_level
         self.progress = progress
         self.rng = Streams.from_seed(self.seed)
-        self.net: Network = build(scenario.topology, self.rng.topo)
+        self.net: Network = network if network is not None else build(scenario.topology, self.rng.topo)
         n = self.net.n
         self.roles = Roles.plan(scenario, n, self.rng.adv)
         if self.hostile_on:
