@@ -7,6 +7,7 @@ import dataclasses
 import random
 import tempfile
 import time
+from pathlib import Path
 
 import pytest
 import trio
@@ -140,3 +141,22 @@ def test_real_relays_over_impaired_links_agree_with_the_quic_model() -> None:
     assert real["delivery"] == sim["delivery"] == 1.0
     for key in ("p50_s", "p95_s"):
         assert 0.75 <= sim[key] / real[key] <= 1.25, (key, real, sim)
+
+
+def test_mesh_up_refuses_a_bad_link_impairment_before_starting_anything(capsys: pytest.CaptureFixture[str]) -> None:
+    from inri.cli import main
+
+    with tempfile.TemporaryDirectory() as d:
+        assert main(["mesh", "up", "--dir", d, "--relays", "2", "--link-delay-ms", "50", "--link-loss", "1.5"]) == 1
+        assert "--link-loss" in capsys.readouterr().err
+        assert main(["mesh", "up", "--dir", d, "--link-delay-ms", "-1"]) == 1
+
+
+def test_mesh_relays_get_the_impairment_in_their_config(tmp_path: Path) -> None:
+    from inri import mesh
+
+    toml = mesh.relay_config(tmp_path, 0, 0, ["http://127.0.0.1:1"], "salt",
+                             quic={"link_delay_ms": 50.0, "link_loss": 0.02})
+    (tmp_path / "relay.toml").write_text(toml)
+    cfg = load_config(tmp_path / "relay.toml", env={})
+    assert cfg.quic.link_delay_ms == 50.0 and cfg.quic.link_loss == 0.02
