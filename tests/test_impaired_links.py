@@ -128,8 +128,11 @@ async def test_an_impaired_endpoint_delays_and_drops_datagrams_and_quic_recovers
 def test_real_relays_over_impaired_links_agree_with_the_quic_model() -> None:
     """8 real relays (`inri mesh up --link-delay-ms 50 --link-loss 0.02`), 240 pushes through their HTTP
     APIs, latency from their traces; the simulator's `quic` model on the links they chose, with the same
-    pushes. Delivery and latency p50/p95 agree within 25% (both printed). The full run (400 pushes, and
-    the `drop` model beside it) is benchmarks/bench_impaired_links.py."""
+    pushes. Delivery agrees, latency p50 within 25% (both printed). p95 is printed and held to a factor
+    1.6 only: on a shared 2-core host the real relays' own processing tail moves their p95 between
+    0.14 and 0.28 s from run to run (sim: 0.11-0.17 s), so a 25% bound on it fails on host load, not
+    on the model (tail15-note.md lists the runs). The full run (400 pushes, and the `drop` model beside
+    it, with both ratios) is benchmarks/bench_impaired_links.py."""
     from benchmarks.bench_impaired_links import run_lab
 
     with tempfile.TemporaryDirectory(prefix="inri-lab-") as d:
@@ -139,8 +142,8 @@ def test_real_relays_over_impaired_links_agree_with_the_quic_model() -> None:
           f"sim drop {out['sim_drop']}  links {out['links']}")
     real, sim = out["real"], out["sim_quic"]
     assert real["delivery"] == sim["delivery"] == 1.0
-    for key in ("p50_s", "p95_s"):
-        assert 0.75 <= sim[key] / real[key] <= 1.25, (key, real, sim)
+    assert 0.75 <= sim["p50_s"] / real["p50_s"] <= 1.25, (real, sim)
+    assert 1 / 1.6 <= sim["p95_s"] / real["p95_s"] <= 1.6, (real, sim)
 
 
 def test_mesh_up_refuses_a_bad_link_impairment_before_starting_anything(capsys: pytest.CaptureFixture[str]) -> None:
