@@ -108,7 +108,7 @@ def test_the_period_follows_a_path_that_slows_down_and_stays_capped() -> None:
     learn_fast_path(eng, r, per_link=0.15, n=40)  # the path is five times slower now
     slow = eng._retry_period(r.route_id)
     assert fast < slow <= CFG.custody_retry_s
-    learn_fast_path(eng, r, per_link=0.45, n=40)  # 3 links x 0.45 s and more: over the cap
+    learn_fast_path(eng, r, per_link=0.45, n=3)  # a sudden jump: srtt + 4 rttvar over the cap
     assert eng._retry_period(r.route_id) == CFG.custody_retry_s
 
 
