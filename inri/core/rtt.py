@@ -10,7 +10,9 @@ C4. A custodian re-sends a push along its route when no receipt came back within
       - until the first such receipt, keepalive round trips on its own links (a prior for a relay that
         never forwarded a push; its own links are not the path's, so receipts replace them).
     Before the first sample the period is custody_retry_s (the fixed period of earlier versions). Ring
-    searches (attempts 2 and later) keep custody_retry_s periods: their paths are not known.
+    searches (attempts 2 and later) keep custody_retry_s periods: their paths are not known. So do
+    re-sends after `home unreachable`: a home that is down is not back within a round trip, and
+    short periods would spend the whole escalation while it restarts (seen with real relays).
     Blame is not retimed: a forwarded push counts against its next hop only after receipt_timeout_s
     (and a slow answering neighbour's longer grace, rule S1), however early the custodian re-sends.
     A re-send is cheap (at most a duplicate the home answers `duplicate`), a blame can cut a link:
