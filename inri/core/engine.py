@@ -75,6 +75,12 @@ Custody
       PARK_FACTOR retry periods until the deadline, then released as expired
       or unreachable; a late receipt still corrects the status. A restarted
       relay re-adopts its custody from disk (restore_custody).
+  C4. Route attempts are re-sent after the route's measured round trip         rtt.py
+      (distance x per-link srtt + 4 rttvar from receipts and keepalives,
+      floor receipt_timeout_min_s, cap custody_retry_s); blame keeps
+      receipt_timeout_s, and the first next hop stays awaited.
+  C5. A relay whose link goes down re-sends the pushes still awaited from      rtt.py
+      that neighbour over another live next hop at once.
 
 Membership (HyParView-like)
   M1. Active view of active_min..active_max neighbours, passive view of        membership.py
