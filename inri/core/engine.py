@@ -217,6 +217,7 @@ class Engine(MembershipRules, GossipRules, StemRules, ForwardingRules, CustodyRu
         self._stem_key = rng.randbytes(32) if config.stem else b""
         self._embargo: dict[tuple[bytes, int], tuple[float, Registration, str | None, str | None]] = {}
         self._homed: dict[bytes, Registration] = {}  # registrations homed here (announced on link up)
+        self._stem_held: dict[bytes, Registration] = {}  # stem routes held here (stem.py, announced on link up)
         self._announce: dict[str, list[bytes]] = {}  # neighbour -> homed route ids still to announce
         self._down_since: dict[str, float] = {}  # former neighbour -> when its link went down
         self.counters: dict[str, int] = {}

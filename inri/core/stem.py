@@ -34,7 +34,7 @@ import hashlib
 from inri.core.api import Effect, Send, TraceLevel
 from inri.core.budget import TokenBucket
 from inri.core.state import MAX_CLOCK_SKEW_S, EngineState, Neighbour
-from inri.core.tables import RouteTable
+from inri.core.tables import RouteEntry, RouteTable
 from inri.protocol.messages import RegGossip, Registration
 
 # A stem relay's feasibility distance (rule G7). The flood starts at hops >= STEM_DISTANCE, so no flood
@@ -94,8 +94,8 @@ class StemRules(EngineState):
             known = routes.epoch(entry)
             if reg.epoch == known:
                 waiting = self._embargo.get(key)
-                if waiting is None:
-                    return []  # the flood of this epoch is already out (a fail-safe fired): nothing to add
+                if waiting is None:  # the flood of this epoch is out: a link-up announcement (G5)
+                    return self._stem_offer(peer, reg, entry, now)
                 # The stem came back to a relay on it (G7). Every relay bounces it to the sender, and
                 # the sender, seeing its own successor bounce it, fluffs: so a bounce tells nothing
                 # about who bounced (the home bounces like any other), and the home never fluffs.
@@ -125,9 +125,18 @@ class StemRules(EngineState):
         elif len(routes) >= cfg.route_max:
             self._evict_route(now)
         routes.set_first(rid, reg.epoch, self._local_expiry(reg.expires_at), peer, STEM_DISTANCE)
+        self._stem_held[rid] = reg  # announced to new neighbours while the stem route lives (G5)
         coin, draw = self._stem_draw(rid, now)
+        if not any(p != peer for p in self._active):
+            # A dead end (no neighbour but the predecessor): its flood would reach nobody. Hand the stem
+            # back as a loop is (G7): the predecessor fluffs, and its flood ends the embargo here.
+            self._count("stem_dead_end")
+            self._arm_embargo(reg, peer, peer, now)
+            if self._level:
+                self._trace_stem(now, reg, peer, 1)
+            return [self._stem_send(peer, reg, now)]
         succ = None if coin < cfg.stem_fluff_probability else self._stem_successor(rid, peer, draw)
-        if succ is None:  # fluff (or a dead end: no other neighbour)
+        if succ is None:  # fluff
             if self._level:
                 self._trace_stem(now, reg, peer, 0)
             return self._stem_fluff(reg, peer, now)
@@ -135,6 +144,50 @@ class StemRules(EngineState):
         if self._level:
             self._trace_stem(now, reg, peer, 1)
         return [self._stem_send(succ, reg, now)]
+
+    # Rule G5 with the stem on.
+    def _stem_announcement(self, rid: bytes, homed: Registration | None, now: float) -> RegGossip | None:
+        """The link-up announcement of rid (G5) with the stem on: a stem frame, sent alike by the home and
+        by every stem relay whose route still works (its predecessor's link is up), so a new neighbour
+        cannot tell the home from a stem relay. None: nothing (left) to announce."""
+        entry = self._routes.get(rid)
+        if entry is None:
+            self._stem_held.pop(rid, None)
+            return None
+        distance = RouteTable.distance(entry)
+        reg = homed if distance == 0 else self._stem_held.get(rid)
+        if reg is None or reg.epoch != RouteTable.epoch(entry):
+            self._stem_held.pop(rid, None)  # superseded by a newer epoch's flood
+            return None
+        if reg.expires_at <= now + self.wall_offset:
+            return None
+        if distance and not (distance == STEM_DISTANCE and RouteTable.primary(entry) in self._active):
+            return None  # a broken stem route: announcing it would draw pushes into a dead end
+        return RegGossip(reg, self.config.gossip_ttl, 0, True)
+
+    def _stem_offer(self, peer: str, reg: Registration, entry: RouteEntry, now: float) -> list[Effect]:
+        """A stem frame of a (route id, epoch) whose flood is out: peer announces a stem route (G5). A
+        flood relay takes peer as a next hop at distance STEM_DISTANCE (replacing its worst when full),
+        loop-free: a stem route leads down the stem to the home, never through a flood relay. The home
+        and stem relays keep their routes (G7)."""
+        routes = self._routes
+        rid = reg.route_id
+        if RouteTable.distance(entry) <= STEM_DISTANCE or RouteTable.claims(entry, peer):
+            return []
+        full = not RouteTable.has_room(entry, self.config.route_k)
+        if full and RouteTable.worst_hops(entry) <= STEM_DISTANCE:
+            return []
+        if not self._verifier.verify_registration(reg):
+            return self._drop_reg(now, reg, peer, "bad_signature", self.config.score_bad_signature)
+        if full:
+            routes.drop_next_hop(rid, entry, RouteTable.next_hops(entry)[-1])
+            entry = routes[rid]
+        routes.add_backup(rid, entry, peer, STEM_DISTANCE)
+        self._count("stem_offer_taken")
+        if self._level >= TraceLevel.FULL:
+            self._trace(now, "route_backup", msg=f"{rid.hex()}:{reg.epoch}", route=rid.hex(), peer=peer,
+                        hops=STEM_DISTANCE, epoch=reg.epoch, reason="stem_announce")
+        return []
 
     def _trace_stem(self, now: float, reg: Registration, peer: str, count: int) -> None:
         # A stem relay caches a route like a flooding relay does (route_set, so coverage counts it);
