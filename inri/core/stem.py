@@ -25,6 +25,9 @@ relay at distance 2 + noise. The stem length L is geometric: P(L = k) = (1 - q)^
   expires first (a stem relay dropped the frame, or crashed) the relay fluffs itself. The first flood
   copy to reach a stem relay (or the home) is forwarded on like any relay's (G2): relays beyond it then
   route to it directly, not via the fluff relay and back down the stem.
+- G5 with the stem on: link-up announcements are stem frames, from the home and from every stem relay
+  whose stem route works, so they do not single the home out; a flood relay takes the sender as a
+  next hop at distance 2 (a stem route never passes a flood relay: loop-free).
 """
 
 from __future__ import annotations
