@@ -327,6 +327,7 @@ def test_a_restarted_home_with_the_stem_on_is_found_by_its_new_neighbours_withou
     announced = [(a, b) for a, b, m in net.sent if isinstance(m, RegGossip) and m.stem and a == str(HOME)]
     assert (str(HOME), str(back_at)) in announced  # a stem frame, not a hops-0 flood frame
     assert not [m for a, _, m in net.sent if isinstance(m, RegGossip) and not m.stem and m.hops == 0]
+    assert not net.engines[HOME].stats().get("stem_fluffed")  # the restarted home never floods itself
 
 
 def test_stem_relays_announce_their_stem_routes_on_link_up_like_the_home_and_flood_relays_take_them() -> None:

@@ -67,12 +67,15 @@ class StemRules(EngineState):
         """The home relay's first step: the registration goes to one neighbour as a stem frame."""
         _, draw = self._stem_draw(registration.route_id, now)
         succ = self._stem_successor(registration.route_id, None, draw)
-        self._arm_embargo(registration, None, succ, now)
+        if succ is not None:
+            self._arm_embargo(registration, None, succ, now)
         if self._level:
             self._trace(now, "reg_originated", msg=f"{registration.route_id.hex()}:{registration.epoch}",
                         route=registration.route_id.hex(), epoch=registration.epoch, ttl=self.config.gossip_ttl,
                         hops=0, count=int(succ is not None), peer=succ, reason="stem")
-        if succ is None:  # no neighbour yet: the embargo floods it once the relay has some
+        if succ is None:
+            # No neighbour yet (a home starting up): the link-up announcements (G5) take it to the first
+            # neighbours as stem frames. No embargo: a home that floods would name itself.
             return []
         return [self._stem_send(succ, registration, now)]
 
