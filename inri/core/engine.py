@@ -29,13 +29,17 @@ Registration gossip
       neighbour's budget, so a restarted home is found again without a device
       refresh. A neighbour takes it as a next hop (replacing its worst backup
       when full); from a neighbour that already claimed it, it is no replay.
+      With the stem on they are stem frames, from the home and from every stem
+      relay with a working stem route (stem.py); a flood relay takes the sender
+      as a next hop at distance 2.
   G6. Stem (with [engine] stem = true): the home hands a registration to one   stem.py
       neighbour in a stem frame; each stem relay passes it to one neighbour or,
       with probability q, fluffs (starts G2's flood at hops 2 + noise).
       Successor and coin are keyed pseudo-random per (relay, period, route id):
       refreshes of a route id retrace its path.
   G7. A stem relay's route is the reverse path (next hop = predecessor,       stem.py
-      distance 2, no backups); a looping stem is bounced, its sender fluffs.
+      distance 2, no backups); a looping stem, or one at a dead end, is
+      bounced, its sender fluffs.
   G8. Fail-safe: a stem relay (the home too) that does not get the flood back  stem.py
       within its embargo timer floods the registration itself. Its first flood
       copy it forwards like any relay (its route stays the stem).
@@ -227,6 +231,7 @@ class Engine(MembershipRules, GossipRules, StemRules, ForwardingRules, CustodyRu
         self._stem_key = rng.randbytes(32) if config.stem else b""
         self._embargo: dict[tuple[bytes, int], tuple[float, Registration, str | None, str | None]] = {}
         self._homed: dict[bytes, Registration] = {}  # registrations homed here (announced on link up)
+        self._stem_held: dict[bytes, Registration] = {}  # stem routes held here (stem.py, announced on link up)
         self._announce: dict[str, list[bytes]] = {}  # neighbour -> homed route ids still to announce
         self._down_since: dict[str, float] = {}  # former neighbour -> when its link went down
         self.counters: dict[str, int] = {}

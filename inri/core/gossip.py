@@ -67,12 +67,11 @@ class GossipRules(EngineState):
             self._count("reg_local_stale")
             return []
         self._routes.originate(rid, registration.epoch, self._local_expiry(registration.expires_at))
-        if self.config.stem:  # G6: a stem before the flood (stem.py); no link-up
-            # announcements (G5) then: their hops 0 would name the home to every new neighbour
-            return self._stem_originate(registration, now)
         homed = self._homed.get(rid)
         if homed is None or registration.epoch >= homed.epoch:
             self._homed[rid] = registration  # announced to every neighbour whose link comes up later (G5)
+        if self.config.stem:  # G6: a stem before the flood (stem.py); G5 then announces with stem frames
+            return self._stem_originate(registration, now)
         gossip = RegGossip(registration, self.config.gossip_ttl, 0)
         out: list[Effect] = []
         for p, st in self._active.items():
@@ -107,9 +106,16 @@ class GossipRules(EngineState):
             return []
         out: list[Effect] = []
         n = max(1, int(budget))
+        stem = self.config.stem
         while queue and n:
-            reg = self._homed.get(queue.pop())
-            if reg is not None and reg.expires_at > now + self.wall_offset:
+            rid = queue.pop()
+            reg = self._homed.get(rid)
+            if stem:  # as a stem frame, from the home and from every stem relay alike (stem.py)
+                frame = self._stem_announcement(rid, reg, now)
+                if frame is not None:
+                    out.append(Send(peer, frame))
+                    n -= 1
+            elif reg is not None and reg.expires_at > now + self.wall_offset:
                 out.append(Send(peer, RegGossip(reg, 1, 0)))
                 n -= 1
         if not queue:
@@ -229,5 +235,6 @@ class GossipRules(EngineState):
     def _sweep_routes(self, now: float) -> None:
         for r in self._routes.expire(now):
             self._origin_bucket.pop(r, None)
+            self._stem_held.pop(r, None)
             if self._level >= _FULL:
                 self._trace(now, "route_expired", route=r.hex(), reason="lifetime")

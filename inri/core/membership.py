@@ -123,8 +123,9 @@ class MembershipRules(EngineState):
         self._active[peer] = Neighbour(addr, outbound, now, self.config.reg_budget_peer_burst,
                                    self.config.push_budget_peer_burst)
         self._down_since.pop(peer, None)
-        if self._homed:  # rule G5: a new neighbour learns the routes homed here (paced: the rest on ticks)
-            self._announce[peer] = list(self._homed)
+        if self._homed or self._stem_held:  # rule G5: a new neighbour learns the routes homed here (paced:
+            # the rest on ticks); with the stem on, stem relays announce the stem routes they hold too
+            self._announce[peer] = [*self._homed, *self._stem_held]
             out += self._announce_homed(peer, now, ANNOUNCE_SHARE * self.config.reg_budget_peer_burst)
         self._arm_tick(now)
         if self._level:
