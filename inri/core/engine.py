@@ -119,6 +119,7 @@ from inri.core.membership import MembershipRules
 from inri.core.scoring import ScoringRules
 from inri.core.state import SWEEP_INTERVAL_S, Custody, Neighbour, ReverseMark, readdress
 from inri.core.stem import StemRules
+from inri.core.tree import TREE_CACHE_MAX, TREE_MISSING_MAX, TreeRules
 from inri.core.tables import BoundedMap, RouteTable
 from inri.protocol.codec import DecodeError, decode
 from inri.protocol.messages import (
@@ -130,7 +131,9 @@ from inri.protocol.messages import (
     PeerExchange,
     Push,
     Receipt,
+    RegAnnounce,
     RegGossip,
+    RegGraft,
     Registration,
     RouteError,
 )
@@ -149,7 +152,7 @@ HOOKS = {
 }
 
 
-class Engine(MembershipRules, GossipRules, StemRules, ForwardingRules, CustodyRules, ScoringRules):
+class Engine(MembershipRules, GossipRules, StemRules, TreeRules, ForwardingRules, CustodyRules, ScoringRules):
     """One relay's protocol state. Every method takes `now` and returns effects to carry out."""
 
     def __init__(
@@ -219,6 +222,15 @@ class Engine(MembershipRules, GossipRules, StemRules, ForwardingRules, CustodyRu
         self._homed: dict[bytes, Registration] = {}  # registrations homed here (announced on link up)
         self._announce: dict[str, list[bytes]] = {}  # neighbour -> homed route ids still to announce
         self._down_since: dict[str, float] = {}  # former neighbour -> when its link went down
+        # Tree gossip (tree.py, rule G9); the tables stay empty with gossip_scheme "flood".
+        self._tree_on = config.gossip_scheme == "tree"
+        self._tree_stats: dict[tuple[str | None, int | None, str], list[int]] = {}
+        self._tree_out: dict[str, tuple[list[Announcement], list[bytes], list[bytes]]] = {}
+        self._tree_flush_at: float | None = None
+        self._tree_missing: BoundedMap[tuple[bytes, int], list[tuple[str, int]]] = BoundedMap(TREE_MISSING_MAX)
+        self._tree_grafts: list[tuple[float, bytes, int]] = []
+        self._tree_cache: BoundedMap[bytes, tuple[Registration, int, int, float, str | None]] = BoundedMap(
+            TREE_CACHE_MAX)
         self.counters: dict[str, int] = {}
         self.reg_duplicates = 0  # gossip arrivals of a known (route, epoch): a plain int on the hot path
 
@@ -256,6 +268,10 @@ class Engine(MembershipRules, GossipRules, StemRules, ForwardingRules, CustodyRu
                 return self._on_receipt(peer, msg, now)
             case RouteError():
                 return self._on_route_error(peer, msg, now)
+            case RegAnnounce():
+                return self._on_announce(peer, state, msg, now)
+            case RegGraft():
+                return self._on_graft(peer, state, msg, now)
             case Keepalive():
                 if not msg.reply:
                     state.last_sent = now
@@ -280,7 +296,11 @@ class Engine(MembershipRules, GossipRules, StemRules, ForwardingRules, CustodyRu
         if self._timers:
             first = self._timers[0][0]
             if t is None or first < t:
-                return first
+                t = first
+        if self._tree_flush_at is not None or self._tree_grafts:  # G9 (tree.py)
+            tree = self._tree_next()
+            if tree is not None and (t is None or tree < t):
+                return tree
         return t
 
     def handle_timer(self, now: float) -> list[Effect]:
@@ -292,6 +312,8 @@ class Engine(MembershipRules, GossipRules, StemRules, ForwardingRules, CustodyRu
             c = self._custody.get(pid)
             if c is not None and c.next_retry == when:
                 out += self._retry(c, now)
+        if self._tree_flush_at is not None or self._tree_grafts:  # G9 (tree.py)
+            out += self._tree_timer(now)
         if self._next_tick is not None and now >= self._next_tick:
             out += self._tick(now)
         return out
