@@ -197,10 +197,7 @@ class GossipRules(EngineState):
         out: list[Effect] = []
         ttl = msg.ttl - 1
         if self._tree_on:  # G9 (tree.py)
-            if ttl > 0:
-                out = self._tree_forward(reg, ttl, hops, peer, now, cfg.forward_jitter_s)
-            if self._tree_missing:
-                self._tree_arrived(rid, epoch, now)
+            out = self._tree_first(reg, ttl, hops, peer, now, cfg.forward_jitter_s)
         elif ttl > 0:
             fwd = RegGossip(reg, ttl, hops)
             jitter = cfg.forward_jitter_s

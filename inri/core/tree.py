@@ -33,7 +33,7 @@ import heapq
 from inri.core.api import Effect, Send, TraceLevel
 from inri.core.gossip import gossip_frame_bytes
 from inri.core.state import EngineState, Neighbour, make_send
-from inri.core.tables import Arrival, RouteTable
+from inri.core.tables import Arrival, RouteEntry, RouteTable
 from inri.protocol import limits
 from inri.protocol.messages import Announcement, RegAnnounce, RegGossip, RegGraft, Registration
 
@@ -81,16 +81,28 @@ def graft_frame_bytes(epoch: int) -> int:
     return 1 + 1 + _uint_bytes(limits.PROTOCOL_VERSION) + _ROUTE_ID + _uint_bytes(epoch)
 
 
+def _claimed(entry: RouteEntry | None, epoch: int, peer: str) -> bool:
+    return entry is not None and RouteTable.epoch(entry) == epoch and RouteTable.claims(entry, peer)
+
+
 class TreeRules(EngineState):
     """G9: eager/lazy push of registration gossip (gossip_scheme "tree")."""
 
     # -- sending (first arrival or origination) ----------------------------------------------------
 
+    def _tree_first(self, reg: Registration, ttl: int, hops: int, peer: str, now: float,
+                    jitter: float) -> list[Effect]:
+        """The first full frame of (route, epoch) came from peer and set the route (G2): announcements
+        that came before it are backup candidates (G3), then forward (ttl left: hops and TTL as G2's)."""
+        has = self._tree_arrived(reg.route_id, reg.epoch, now) if self._tree_missing else None
+        return self._tree_forward(reg, ttl, hops, peer, now, jitter, has) if ttl > 0 else []
+
     def _tree_forward(self, reg: Registration, ttl: int, hops: int, exclude: str | None, now: float,
-                      jitter: float) -> list[Effect]:
+                      jitter: float, has: dict[str, int] | None = None) -> list[Effect]:
         """Full frame to the neighbours eager for its direction (`exclude`: the neighbour it came from,
         None at its home) and distance, an announcement (batched) to the others; keep reg for grafts
-        and upkeep."""
+        and upkeep. `has`: neighbours that announced it to us already (-> their hops): no full frame,
+        and an announcement only where we would be a feasible next hop for them (hops below theirs)."""
         fwd = RegGossip(reg, ttl, hops)
         out: list[Effect] = []
         ann: Announcement | None = None
@@ -99,14 +111,17 @@ class TreeRules(EngineState):
         for p, st in self._active.items():
             if p == exclude:
                 continue
-            if self._tree_eager(exclude, hops, p) or (explore and rng.random() < explore):
+            if has and p in has:
+                if hops >= has[p]:
+                    continue
+            elif self._tree_eager(exclude, hops, p) or (explore and rng.random() < explore):
                 self._tree_note(exclude, hops, p, 1, 0)
                 st.last_sent = now
                 out.append(make_send(p, fwd, rng.random() * jitter if jitter else 0.0))
-            else:
-                if ann is None:
-                    ann = Announcement(reg.route_id, reg.epoch, hops)
-                self._tree_batch(p)[0].append(ann)
+                continue
+            if ann is None:
+                ann = Announcement(reg.route_id, reg.epoch, hops)
+            self._tree_batch(p)[0].append(ann)
         if ann is not None and self._tree_flush_at is None:
             self._tree_flush_at = now + self.config.tree_announce_delay_s
         self._tree_cache.put_last(reg.route_id, (reg, ttl, hops, now + TREE_CACHE_S, exclude))
@@ -156,19 +171,21 @@ class TreeRules(EngineState):
         """A full frame of a (route, epoch) we hold came from peer: ask for announcements instead."""
         self._tree_upkeep(peer, rid, 1, now)
 
-    def _tree_arrived(self, rid: bytes, epoch: int, now: float) -> None:
+    def _tree_arrived(self, rid: bytes, epoch: int, now: float) -> dict[str, int]:
         """The full frame of (rid, epoch) arrived: announcements that came first are backup candidates,
-        and the first announcer was faster than the full frame: it should send full frames to us."""
+        and the first announcer was faster than the full frame: it should send full frames to us.
+        Returns the announcers (-> their hops)."""
         waiting = self._tree_missing.pop((rid, epoch), None)
+        has: dict[str, int] = {}
         if waiting:
             active = self._active
-            first = True
             for peer, hops in waiting:
-                if peer in active:
-                    if first:
+                if peer in active and peer not in has:
+                    if not has:
                         self._tree_upkeep(peer, rid, 2, now)
-                        first = False
+                    has[peer] = hops
                     self._tree_known(rid, epoch, peer, hops, now)
+        return has
 
     # -- receiving -----------------------------------------------------------------------------------
 
@@ -262,9 +279,15 @@ class TreeRules(EngineState):
         out: list[Effect] = []
         sizes: dict[int, int] = {}  # frame bytes -> frames of that size (trace rows: count x one frame's bytes)
         step = limits.MAX_ANNOUNCEMENTS
+        routes = self._routes
         for p, (entries, prunes, eager) in self._tree_out.items():
             st = self._active.get(p)
             if st is None:
+                continue
+            # A neighbour that became one of our next hops for the route meanwhile is closer to its
+            # home than we are: it cannot take us as a next hop (G3) and has it; no announcement.
+            entries = [a for a in entries if not _claimed(routes.get(a.route_id), a.epoch, p)]
+            if not (entries or prunes or eager):
                 continue
             for i in range(0, max(len(entries), len(prunes), len(eager)), step):
                 msg = RegAnnounce(tuple(entries[i:i + step]), tuple(prunes[i:i + step]), tuple(eager[i:i + step]))
