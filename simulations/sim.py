@@ -481,7 +481,7 @@ class Simulator:
             summary.update(self.ingress.summary(lambda b: pushes[b].t,
                                                 lambda b: delivered_at(self.collector, pushes[b]),
                                                 self.sc.deadline_s))
-        summary["route_k2_share"] = route_k2_share(self.engines, self.alive, self.names, self.work)
+        summary["route_k2_share"] = route_k2_share(self.engines, self.alive, self.work)
         summary["gossip_scheme"] = self.sc.engine.gossip_scheme
         summary.update(
             {

@@ -401,6 +401,11 @@ class Engine(MembershipRules, GossipRules, StemRules, TreeRules, ForwardingRules
         entry = self._routes.get(route_id)
         return [] if entry is None else RouteTable.vector(entry)
 
+    def routes_with_next_hops(self, route_ids: list[bytes], k: int) -> int:
+        """How many of route_ids have a route with at least k next hops here."""
+        hops_of = self._routes.next_hops_of
+        return sum(1 for rid in route_ids if len(hops_of(rid)) >= k)
+
     def peer_scores(self) -> dict[str, float]:
         """The score of every active neighbour (rule S1), rounded."""
         return {p: round(st.score, 2) for p, st in sorted(self._active.items())}
