@@ -119,10 +119,11 @@ from inri.core.membership import MembershipRules
 from inri.core.scoring import ScoringRules
 from inri.core.state import SWEEP_INTERVAL_S, Custody, Neighbour, ReverseMark, readdress
 from inri.core.stem import StemRules
-from inri.core.tree import TREE_CACHE_MAX, TREE_MISSING_MAX, TreeRules
 from inri.core.tables import BoundedMap, RouteTable
+from inri.core.tree import TREE_CACHE_MAX, TREE_MISSING_MAX, TreeRules
 from inri.protocol.codec import DecodeError, decode
 from inri.protocol.messages import (
+    Announcement,
     ErrorCode,
     ErrorFrame,
     Hello,

@@ -162,14 +162,16 @@ class TreeRules(EngineState):
             batch = self._tree_out[peer] = ([], [], [])
         return batch
 
-    def _tree_upkeep(self, peer: str, rid: bytes, which: int, now: float) -> None:
-        self._tree_batch(peer)[which].append(rid)
+    def _tree_upkeep(self, peer: str, rid: bytes, eager: bool, now: float) -> None:
+        """Queue a prune (eager False) or an eager request about rid for peer's next RegAnnounce frame."""
+        batch = self._tree_batch(peer)
+        (batch[2] if eager else batch[1]).append(rid)
         if self._tree_flush_at is None:
             self._tree_flush_at = now + self.config.tree_announce_delay_s
 
     def _tree_duplicate(self, peer: str, rid: bytes, now: float) -> None:
         """A full frame of a (route, epoch) we hold came from peer: ask for announcements instead."""
-        self._tree_upkeep(peer, rid, 1, now)
+        self._tree_upkeep(peer, rid, False, now)
 
     def _tree_arrived(self, rid: bytes, epoch: int, now: float) -> dict[str, int]:
         """The full frame of (rid, epoch) arrived: announcements that came first are backup candidates,
@@ -182,7 +184,7 @@ class TreeRules(EngineState):
             for peer, hops in waiting:
                 if peer in active and peer not in has:
                     if not has:
-                        self._tree_upkeep(peer, rid, 2, now)
+                        self._tree_upkeep(peer, rid, True, now)
                     has[peer] = hops
                     self._tree_known(rid, epoch, peer, hops, now)
         return has
