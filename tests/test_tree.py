@@ -255,3 +255,20 @@ def test_simulated_tree_gossip_costs_fewer_bytes_and_keeps_coverage_and_delivery
     assert tree["gossip_bytes_ratio"] < 0.9 * flood["gossip_bytes_ratio"]
     assert tree["route_coverage"] == 1.0 and tree["delivery_ratio"] == flood["delivery_ratio"] == 1.0
     assert tree["route_k2_share"] >= 0.95 * flood["route_k2_share"]
+
+
+def test_the_cli_switches_the_scheme_with_one_flag() -> None:
+    import json
+    import subprocess
+    import sys
+
+    def run(*extra: str) -> dict[str, object]:
+        proc = subprocess.run([sys.executable, "-m", "simulations.cli", "run", "tiny-50", "--trace-level", "summary",
+                               "--progress", "off", *extra], capture_output=True, text=True, check=True)
+        got: dict[str, object] = json.loads(proc.stdout.strip().splitlines()[-1])
+        return got
+
+    flood, tree = run(), run("--gossip-scheme", "tree")
+    assert (flood["gossip_scheme"], tree["gossip_scheme"]) == ("flood", "tree")
+    assert flood["gossip_bytes_ratio"] == flood["overhead_ratio"]
+    assert tree["gossip_bytes_ratio"] < flood["gossip_bytes_ratio"] < tree["overhead_ratio"]  # small frames
