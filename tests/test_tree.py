@@ -257,6 +257,7 @@ def test_simulated_tree_gossip_costs_fewer_bytes_and_keeps_coverage_and_delivery
     assert tree["route_k2_share"] >= 0.95 * flood["route_k2_share"]
 
 
+@pytest.mark.integration
 def test_the_cli_switches_the_scheme_with_one_flag() -> None:
     import json
     import subprocess
