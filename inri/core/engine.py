@@ -39,6 +39,12 @@ Registration gossip
   G8. Fail-safe: a stem relay (the home too) that does not get the flood back  stem.py
       within its embargo timer floods the registration itself. Its first flood
       copy it forwards like any relay (its route stays the stem).
+  G9. Tree gossip (with [engine] gossip_scheme = "tree"): G2's forward sends   tree.py
+      full frames only on links eager for the registration's direction (the
+      neighbour it came from) and distance, measured by prunes, and batched
+      announcements (route id, epoch, hops) on the others. An announcement of
+      a held (route, epoch) is a G3 arrival; of an unknown one, a graft from
+      the closest announcer once no full frame came within the graft timeout.
 
 Push forwarding
   F1. A push follows the route vector (primary, else a live backup; never      forwarding.py
