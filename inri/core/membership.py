@@ -141,6 +141,8 @@ class MembershipRules(EngineState):
         if state is None:
             return self._refill(now)
         self._announce.pop(peer, None)
+        if self._tree_stats or self._tree_out:
+            self._tree_peer_down(peer)
         # When it went down: a one-hop route through it (it was the home) is reported `home unreachable`
         # for a while, then searched for (forwarding.py, rule F3). Old entries go (bounded).
         if len(self._down_since) >= 4 * self.config.active_max + self.config.passive_max:
