@@ -5,8 +5,6 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 
-import pytest
-
 from inri.core.api import Connect, Disconnect, DisconnectReason, InjectOutcome, Send, TraceLevel
 from inri.core.config import EngineConfig
 from inri.core.engine import Engine
