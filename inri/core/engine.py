@@ -196,6 +196,8 @@ class Engine(MembershipRules, GossipRules, StemRules, ForwardingRules, CustodyRu
         self._banned: dict[str, float] = {}  # node id -> until (cut for its score)
         self._probation: dict[str, tuple[float, str]] = {}  # inbound links held while full: -> (until, addr)
         self._next_make_room = 0.0
+        self._started_at = 0.0  # M5: former neighbours get back in for a while after start()
+        self._rejoined: set[str] = set()
         # Pushes forwarded along a route, awaiting an answer: push id -> (next hop, deadline, sent,
         # route id), in send order, with a heap (deadline, push id) for expiry: the timeout shrinks
         # with the hops the copy has travelled (rule F6), so the relay nearest a black hole answers first.

@@ -161,6 +161,8 @@ class EngineState:
     _banned: dict[str, float]
     _probation: dict[str, tuple[float, str]]
     _next_make_room: float
+    _started_at: float  # membership.py (M5): when start() ran
+    _rejoined: set[str]  # former neighbours let back in since (M5)
     _await: BoundedMap[bytes, tuple[str, float, float, bytes]]
     _await_heap: list[tuple[float, bytes]]
     _overdue: dict[bytes, tuple[str, float, float]]
