@@ -38,12 +38,10 @@ LOCAL_REPAIR_RADIUS = 2  # a relay whose route broke searches this far before th
 HOME_SEARCH_AFTER_S = 5.0
 # Rule F6 (no holes): a relay waits for a forwarded push's answer receipt_timeout_s less this share of
 # it per hop the copy has already travelled (its hop count), never less than a quarter of it. Along one
-# path the hop count grows by one per hop, so the relay next to a black hole (or a failed local repair) gives
-# up first and its route error reaches the relays upstream before their own timeouts: they learn where
+# path the hop count grows by one per hop, so the relay next to a black hole gives up first and its route error reaches the relays upstream before their own timeouts: they learn where
 # the hole is instead of blaming their honest next hops. The custodian's own wait is unchanged. The
 # step (0.12 s by default) must exceed a link's round trip; a slower neighbour gets the slow grace (S1).
 ANSWER_STEP_SHARE = 0.06
-_NO_HOP = ""  # the `next hop` of an awaited local repair (F3): no neighbour to blame
 # Bound once: Enum class attribute lookups cost several times a dict lookup on the per-frame path.
 _LOCAL = ReverseMark.LOCAL
 _LATE = ReverseMark.LATE
@@ -139,7 +137,7 @@ class ForwardingRules(EngineState):
 
     # Rule F6.
     def _await_answer(self, msg: Push, nh: str, now: float) -> None:
-        """Expect an answer for the copy msg (just sent to nh, or a local repair: nh "") within a timeout
+        """Expect an answer for the copy msg (just sent to nh) within a timeout
         that shrinks with the hops it has travelled (rule F6)."""
         timeout = self.config.receipt_timeout_s
         deadline = now + max(timeout / 4, timeout * (1 - ANSWER_STEP_SHARE * msg.hops))
@@ -160,26 +158,32 @@ class ForwardingRules(EngineState):
                 continue  # answered, or sent again since
             del waits[pid]
             nh = w[0]
-            if nh:  # not a local repair
-                out += self._receipt_overdue(pid, nh, w[2], now, w[1] - w[2])
-                if pid in self._overdue:
-                    continue  # a slow neighbour's grace: reported when it ends (scoring.py)
+            out += self._receipt_overdue(pid, nh, w[2], now, w[1] - w[2])
+            if pid in self._overdue:
+                continue  # a slow neighbour's grace: not reported (scoring.py blames it when it ends)
+            st = self._active.get(nh)
+            if st is None or st.last_heard <= w[2]:
+                # Silent since the push left: more likely down (keepalives will tell, and its routes go
+                # with it) than a hole; reporting these cost 40% more messages under churn (churn-2k).
+                continue
             out += self._report_hole(pid, nh, now, w[3])
         return out
 
     # Rule F6.
     def _report_hole(self, pid: bytes, nh: str, now: float, rid: bytes) -> list[Effect]:
-        """No answer came for push pid from nh (or from a local repair: nh ""): the push fell into a hole
-        after this relay. nh goes last among this route's next hops, and the relay upstream hears a
-        route error: `next hop down` when a live next hop is left here (the route is repaired: keep
-        using this relay), `no route` otherwise (it stops using this relay for the route). Reverse
-        state stays: a late receipt still finds its way back. (A slow neighbour whose grace ends
-        unanswered is blamed, not reported: rare, and its upstream then blames this relay once.)"""
+        """No answer came for push pid from nh, heard from since: the push fell into a hole after this
+        relay (a black hole, or a relay whose local repair found nothing; a failed radius-2 search
+        stays quiet, as reporting it made every relay upstream repair in turn, +55% messages on
+        churn-2k, so its upstream blames it once and reports the hole here). nh goes last among the
+        route's next hops, and the relay upstream hears a route error: `next hop down` when a live
+        next hop is left here (the route is repaired: keep using this relay), `no route` otherwise
+        (it stops using this relay for the route). Reverse state stays: a late receipt still finds
+        its way back. A slow neighbour whose grace ends unanswered is blamed, not reported (rare)."""
         back = self._reverse.get(pid)
         if back is None:
             return []
         entry = self._routes.get(rid)
-        if entry is not None and nh and RouteTable.claims(entry, nh) and len(RouteTable.next_hops(entry)) > 1:
+        if entry is not None and RouteTable.claims(entry, nh) and len(RouteTable.next_hops(entry)) > 1:
             self._routes[rid] = RouteTable.demote(entry, nh)
         prev = back[0]
         if isinstance(prev, ReverseMark) or prev not in self._active:
@@ -287,9 +291,7 @@ class ForwardingRules(EngineState):
                 # with a route of their own (not through us: the sender is excluded) carry it on.
                 self._count("push_local_repair")
                 self._mark_seen(ring_key, now)
-                copy = _onward(msg, LOCAL_REPAIR_RADIUS)
-                self._await_answer(copy, _NO_HOP, now)  # F6: a repair that finds nothing is reported
-                return self._ring_flood(copy, peer, now)
+                return self._ring_flood(_onward(msg, LOCAL_REPAIR_RADIUS), peer, now)
             if low is not None:  # the neighbourhood was asked: the low-scored next hop is the last resort
                 return [self._forward(_onward(msg, 0), low, now)]
             return self._push_drop(peer, msg, now, "no_route", RouteErrorReason.NO_ROUTE)
