@@ -36,11 +36,12 @@ LOCAL_REPAIR_RADIUS = 2  # a relay whose route broke searches this far before th
 # neighbours (its link-up announcements, rule G5, gave them the route). Shorter would flood for every
 # push to a home that is merely restarting; the deadline is minutes.
 HOME_SEARCH_AFTER_S = 5.0
-# Rule F6 (no holes): a relay waits for a forwarded push's answer receipt_timeout_s less this share of
-# it per hop the copy has already travelled (its hop count), never less than a quarter of it. Along one
-# path the hop count grows by one per hop, so the relay next to a black hole gives up first and its
-# route error reaches the relays upstream before their own timeouts: they learn where the hole is
-# instead of blaming their honest next hops. The custodian's own wait is unchanged. The step (0.12 s by default) must exceed a link's round trip; a slower neighbour gets the slow grace (S1).
+# Rule F6 (no holes): a relay waits for a forwarded push's answer receipt_timeout_s less this share
+# of it per hop the copy has already travelled (its hop count), never less than a quarter of it.
+# Along one path the hop count grows by one per hop, so the relay next to a black hole gives up
+# first and its route error reaches the relays upstream before their own timeouts: they learn where
+# the hole is instead of blaming their honest next hops. The custodian's own wait is unchanged.
+# The step (0.12 s by default) must exceed a link's round trip; a slower neighbour gets S1's grace.
 ANSWER_STEP_SHARE = 0.06
 # Bound once: Enum class attribute lookups cost several times a dict lookup on the per-frame path.
 _LOCAL = ReverseMark.LOCAL
