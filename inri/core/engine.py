@@ -210,9 +210,14 @@ class Engine(MembershipRules, GossipRules, StemRules, TreeRules, ForwardingRules
         self._banned: dict[str, float] = {}  # node id -> until (cut for its score)
         self._probation: dict[str, tuple[float, str]] = {}  # inbound links held while full: -> (until, addr)
         self._next_make_room = 0.0
-        # Pushes forwarded along a route, awaiting an answer: push id -> (next hop, deadline), in
-        # deadline order (constant timeout). No answer by then scores the next hop as a black hole.
-        self._await: BoundedMap[bytes, tuple[str, float]] = BoundedMap(config.reverse_max)
+        self._started_at = 0.0  # M6: former neighbours get back in for a while after start()
+        self._rejoined: set[str] = set()
+        # Pushes forwarded along a route, awaiting an answer: push id -> (next hop, deadline, sent,
+        # route id), in send order, with a heap (deadline, push id) for expiry: the timeout shrinks
+        # with the hops the copy has travelled (rule F6), so the relay nearest a black hole answers first.
+        # No answer by then scores the next hop as a black hole. Next hop "": a local repair (F3).
+        self._await: BoundedMap[bytes, tuple[str, float, float, bytes]] = BoundedMap(config.reverse_max)
+        self._await_heap: list[tuple[float, bytes]] = []
         # Slow, not silent (rule S1, scoring.py): pushes past receipt_timeout_s whose next hop keeps
         # answering, slowly, get a longer grace: push id -> (next hop, sent, grace end), with a heap
         # (grace end, push id) for expiry; pushes blamed on a neighbour (push id -> (next hop, sent,
@@ -305,6 +310,17 @@ class Engine(MembershipRules, GossipRules, StemRules, TreeRules, ForwardingRules
     def get_timer(self) -> float | None:
         """The earliest time handle_timer wants to run (None: nothing armed)."""
         t = self._next_tick
+        heap = self._await_heap
+        if heap:
+            waits = self._await
+            while heap:  # answered pushes leave stale heap entries: drop them here, not on a wakeup
+                deadline, pid = heap[0]
+                w = waits.get(pid)
+                if w is not None and w[1] == deadline:
+                    if t is None or deadline < t:
+                        t = deadline
+                    break
+                heapq.heappop(heap)
         if self._timers:
             first = self._timers[0][0]
             if t is None or first < t:
@@ -326,6 +342,8 @@ class Engine(MembershipRules, GossipRules, StemRules, TreeRules, ForwardingRules
                 out += self._retry(c, now)
         if self._tree_flush_at is not None or self._tree_grafts:  # G9 (tree.py)
             out += self._tree_timer(now)
+        if self._await_heap and self._await_heap[0][0] <= now:
+            out += self._answers_overdue(now)
         if self._next_tick is not None and now >= self._next_tick:
             out += self._tick(now)
         return out
@@ -336,13 +354,6 @@ class Engine(MembershipRules, GossipRules, StemRules, TreeRules, ForwardingRules
         out: list[Effect] = []
         interval = cfg.keepalive_interval_s
         dead_after = interval * cfg.keepalive_misses
-        pending = self._await
-        while pending:
-            pid, (nh, deadline) = next(iter(pending.items()))
-            if deadline > now:
-                break
-            del pending[pid]
-            out += self._receipt_overdue(pid, nh, deadline - cfg.receipt_timeout_s, now)
         if self._overdue_heap:
             out += self._grace_expired(now)
         for p in list(self._announce):  # link-up announcements left over from peer_up (rule G5)

@@ -161,7 +161,10 @@ class EngineState:
     _banned: dict[str, float]
     _probation: dict[str, tuple[float, str]]
     _next_make_room: float
-    _await: BoundedMap[bytes, tuple[str, float]]
+    _started_at: float  # membership.py (M6): when start() ran
+    _rejoined: set[str]  # former neighbours let back in since (M6)
+    _await: BoundedMap[bytes, tuple[str, float, float, bytes]]
+    _await_heap: list[tuple[float, bytes]]
     _overdue: dict[bytes, tuple[str, float, float]]
     _overdue_heap: list[tuple[float, bytes]]
     _blamed: BoundedMap[bytes, tuple[str, float, float]]
@@ -232,6 +235,8 @@ class EngineState:
         def _answered(self, peer: str, pid: bytes, now: float, *, reward: bool = True,
                       any_peer: bool = False) -> bool: ...
         def _answer_expected(self, pid: bytes, now: float) -> float | None: ...
+        def _receipt_overdue(self, pid: bytes, peer: str, sent: float, now: float,
+                             wait: float | None = None) -> list[Effect]: ...
         # forwarding.py
         def _next_hop(self, rid: bytes, exclude: str | None, alternate: bool = False,
                       low_ok: bool = False) -> str | None: ...
