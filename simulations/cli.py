@@ -31,6 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--loss-model", choices=("drop", "quic"),
                      help="override the scenario's [network] loss_model (drop: a lost frame is gone; quic: "
                           "retransmitted one probe timeout later on a live link)")
+    run.add_argument("--gossip-scheme", choices=("flood", "tree"),
+                     help="override the scenario's [engine] gossip_scheme: the side-by-side comparison run")
     run.add_argument("--progress", choices=("auto", "on", "off"), default="auto",
                      help="progress bar on stderr (auto: when stderr is a terminal)")
     priv = sub.add_parser("privacy", help="measure linkability (home relay, key rotations) against chance")
@@ -65,6 +67,9 @@ def main(argv: list[str] | None = None) -> int:
         scenario = dataclasses.replace(scenario, engine=dataclasses.replace(scenario.engine, receipt_signatures=False))
     if args.loss_model:
         scenario = dataclasses.replace(scenario, loss_model=args.loss_model)
+    if args.gossip_scheme:
+        scenario = dataclasses.replace(scenario, engine=dataclasses.replace(scenario.engine,
+                                                                            gossip_scheme=args.gossip_scheme))
     progress = args.progress == "on" or (args.progress == "auto" and sys.stderr.isatty())
     try:
         sim = Simulator(scenario, seed=args.seed, trace_dir=args.trace_dir, trace_level=level,

@@ -55,6 +55,9 @@ def _gossip_frame_bytes(registration: Registration) -> int:
     return len(encode_unchecked(RegGossip(registration, 0, 0)))
 
 
+gossip_frame_bytes = _gossip_frame_bytes  # bytes of one full registration frame (flood) of a registration
+
+
 class GossipRules(EngineState):
     """G1-G4: the route table, built from registration gossip."""
 
@@ -72,11 +75,14 @@ class GossipRules(EngineState):
             self._homed[rid] = registration  # announced to every neighbour whose link comes up later (G5)
         if self.config.stem:  # G6: a stem before the flood (stem.py); G5 then announces with stem frames
             return self._stem_originate(registration, now)
-        gossip = RegGossip(registration, self.config.gossip_ttl, 0)
         out: list[Effect] = []
-        for p, st in self._active.items():
-            st.last_sent = now
-            out.append(Send(p, gossip))
+        if self._tree_on:  # G9: full frames along the eager links, announcements on the others (tree.py)
+            out = self._tree_forward(registration, self.config.gossip_ttl, 0, None, now, 0.0)
+        else:
+            gossip = RegGossip(registration, self.config.gossip_ttl, 0)
+            for p, st in self._active.items():
+                st.last_sent = now
+                out.append(Send(p, gossip))
         if self._level:
             self._trace(now, "reg_originated", msg=f"{rid.hex()}:{registration.epoch}", route=rid.hex(),
                         epoch=registration.epoch, ttl=self.config.gossip_ttl, hops=0, count=len(out),
@@ -149,6 +155,8 @@ class GossipRules(EngineState):
                 if arrival is _STALE:
                     return self._drop_reg(now, reg, peer, "stale_epoch", cfg.score_replay)
                 self.reg_duplicates += 1  # the same epoch (most gossip arrivals): G3
+                if self._tree_on and not (msg.hops == 0 and msg.ttl == 1):  # G9: a full copy we had: prune
+                    self._tree_duplicate(peer, rid, now)
                 if self._embargo and (rid, epoch) in self._embargo:  # G7-G8: the flood reached a stem relay
                     return self._stem_flood_back(peer, msg, now)
                 if arrival is _REPLAYED:  # it gave us this (route, epoch) before: honest relays forward once
@@ -194,7 +202,9 @@ class GossipRules(EngineState):
         routes.set_first(rid, epoch, expires_at - off if off else expires_at, peer, hops)
         out: list[Effect] = []
         ttl = msg.ttl - 1
-        if ttl > 0:
+        if self._tree_on:  # G9 (tree.py)
+            out = self._tree_first(reg, ttl, hops, peer, now, cfg.forward_jitter_s)
+        elif ttl > 0:
             fwd = RegGossip(reg, ttl, hops)
             jitter = cfg.forward_jitter_s
             for p, st in self._active.items():

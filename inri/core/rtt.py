@@ -30,7 +30,7 @@ from __future__ import annotations
 from inri.core.api import Effect, Send
 from inri.core.state import EngineState, Neighbour
 from inri.core.tables import RouteTable
-from inri.protocol.messages import Push, Receipt
+from inri.protocol.messages import Receipt
 
 RTT_ALPHA = 0.125  # RFC 6298 section 2: srtt gain
 RTT_BETA = 0.25  # RFC 6298 section 2: rttvar gain
@@ -78,11 +78,11 @@ class RttRules(EngineState):
         waited = self._await.get(msg.push_id)
         if waited is None or waited[0] != peer:
             return
-        sent_msg = waited[2]
+        sent_msg = waited[4]
         ahead = msg.hops - sent_msg.hops
         if sent_msg.attempt or ahead <= 0:
             return  # Karn: which copy answered is unknown; or a receipt that cannot be ours
-        self._rtt_sample((now - (waited[1] - self.config.receipt_timeout_s)) / ahead, True)
+        self._rtt_sample((now - waited[2]) / ahead, True)
 
     # Rule C4 (period).
     def _retry_period(self, rid: bytes) -> float:
@@ -106,7 +106,7 @@ class RttRules(EngineState):
         live next hop of their routes (peer is no longer active, so it is never chosen)."""
         if not self.config.adaptive_retry or not self._await:
             return []
-        stranded = [(pid, w[2]) for pid, w in self._await.items() if w[0] == peer and w[1] > now]
+        stranded = [(pid, w[4]) for pid, w in self._await.items() if w[0] == peer and w[1] > now]
         out: list[Effect] = []
         for pid, msg in stranded:
             back = self._reverse.get(pid)
@@ -121,13 +121,9 @@ class RttRules(EngineState):
         return out
 
     # Rule C4 (a re-send keeps the first next hop awaited).
-    def _await_push(self, pid: bytes, nh: str, msg: Push, now: float) -> None:
-        """Await an answer for push pid from nh: blamed at now + receipt_timeout_s (rule S1).
-
-        A copy re-sent to another next hop while the first is still awaited does not replace it: the
-        first next hop, if it is a black hole, must still be blamed on time (C4 re-sends early).
-        """
+    def _keep_awaiting(self, pid: bytes, nh: str, now: float) -> bool:
+        """True when push pid, about to be awaited from nh, is still awaited from another next hop:
+        that one keeps its wait (forwarding.py, _await_answer). A copy re-sent early (C4) to another
+        next hop must not let the first next hop off: a black hole is still blamed on time."""
         waited = self._await.get(pid)
-        if waited is not None and waited[0] != nh and waited[1] > now and self.config.adaptive_retry:
-            return
-        self._await.put_last(pid, (nh, now + self.config.receipt_timeout_s, msg))  # stays in deadline order
+        return (waited is not None and waited[0] != nh and waited[1] > now and self.config.adaptive_retry)
