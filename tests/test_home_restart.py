@@ -96,7 +96,7 @@ def test_a_restarted_home_is_not_scored_as_a_replayer_by_its_former_neighbours()
 def test_a_restarted_relay_lets_its_former_neighbours_back_in_when_new_ones_filled_it() -> None:
     """Issue 15 item 2: a restarted home refused former neighbours as "full" (new relays had taken its
     slots), and they kept a dead route through it. A relay re-dialling a lost neighbour says so in its
-    Hello ("back"); a relay that started less than REJOIN_WINDOW_S ago lets it back in (rule M5)."""
+    Hello ("back"); a relay that started less than REJOIN_WINDOW_S ago lets it back in (rule M6)."""
     net = MiniNet(8, [(0, 1), (0, 2), (0, 3)] + [(i, i + 1) for i in range(1, 7)])
     net.run_until(1.0)
     assert set(net.engines[0].active_peers()) == {"1", "2", "3"}
