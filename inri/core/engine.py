@@ -215,7 +215,7 @@ class Engine(MembershipRules, GossipRules, StemRules, TreeRules, ForwardingRules
         # Pushes forwarded along a route, awaiting an answer: push id -> (next hop, deadline, sent,
         # route id), in send order, with a heap (deadline, push id) for expiry: the timeout shrinks
         # with the hops the copy has travelled (rule F6), so the relay nearest a black hole answers first.
-        # No answer by then scores the next hop as a black hole. Next hop "": a local repair (F3).
+        # No answer by then scores the next hop as a black hole (and reports the hole upstream, F6).
         self._await: BoundedMap[bytes, tuple[str, float, float, bytes]] = BoundedMap(config.reverse_max)
         self._await_heap: list[tuple[float, bytes]] = []
         # Slow, not silent (rule S1, scoring.py): pushes past receipt_timeout_s whose next hop keeps
