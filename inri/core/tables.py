@@ -94,8 +94,9 @@ _NEWER, _STALE, _REPLAYED, _FEASIBLE, _DUPLICATE = (
 # 179 B for a dict of tuples keyed by the route id object.
 _KEY = limits.ROUTE_ID_BYTES
 _COUNT = _KEY + 13  # offset of the next hop count in a record
+_SLOT = struct.Struct("<IB")  # one next hop: peer number, hops
 _LOAD = 8  # mean routes per bucket before the bucket count doubles (to 4)
-_MIN_BUCKETS = 4
+_MIN_BUCKETS = 64  # buckets are made on first use: a small table costs no more for these
 
 
 def _body_struct(slots: int) -> struct.Struct:
@@ -121,7 +122,7 @@ class RouteTable:
     """
 
     __slots__ = ("expire_from", "_b", "_mask", "_n", "_seq", "_slots", "_stride", "_seq_at", "_unpack",
-                 "_pack_into", "_pad", "_peers", "_peer_ix", "_other")
+                 "_pack_into", "_pack_seq", "_pad", "_peers", "_peer_ix", "_other")
 
     def __init__(self) -> None:
         self.expire_from = float("inf")  # no route expires before this
@@ -142,6 +143,7 @@ class RouteTable:
         self._stride = self._seq_at + 8
         self._unpack = body.unpack_from
         self._pack_into = body.pack_into
+        self._pack_seq = struct.Struct(body.format + "Q").pack  # a new record: its fields, then its seq
         self._pad = [(0, 0) * (slots - n) for n in range(slots + 1)]
 
     # -- reading an entry (static: callers hold the entry from one lookup) --------------------------
@@ -299,14 +301,11 @@ class RouteTable:
             if i >= 0:
                 self._pack_into(b, i + _KEY, *fields)
                 return
+            self._seq += 1
+            b += rid + self._pack_seq(*fields, self._seq)
         else:
-            b = self._b[k] = bytearray()
-        i = len(b)
-        self._seq += 1
-        b += rid
-        b.extend(bytes(self._stride - _KEY))
-        self._pack_into(b, i + _KEY, *fields)
-        b[i + self._seq_at:i + self._stride] = self._seq.to_bytes(8, "little")
+            self._seq += 1
+            self._b[k] = bytearray(rid + self._pack_seq(*fields, self._seq))
         self._n += 1
         if self._n > _LOAD * (self._mask + 1):
             self._rebuild(self._mask * 2 + 1, self._slots)
@@ -446,7 +445,15 @@ class RouteTable:
 
     def add_backup(self, rid: bytes, entry: RouteEntry, peer: str, hops: int) -> None:
         """Append a backup next hop to rid's current entry."""
-        self._put(rid, (*entry, peer, hops))
+        n = (len(entry) - _FIRST_HOP) // 2
+        b = self._b.get(hash(rid) & self._mask) if n < self._slots and len(rid) == _KEY else None
+        i = -1 if b is None else self._aligned(b, rid, b.find(rid))
+        if b is None or i < 0 or b[i + _COUNT] != n:  # not the entry the caller read: the general way
+            self._put(rid, (*entry, peer, hops))
+            return
+        ix = self._peer_ix.get(peer)
+        _SLOT.pack_into(b, i + _COUNT + 1 + 5 * n, self._peer(peer) if ix is None else ix, hops)
+        b[i + _COUNT] = n + 1
 
     def drop_next_hop(self, rid: bytes, entry: RouteEntry, peer: str) -> None:
         """Stop using peer for rid (it reported it cannot reach the home); the distance is kept."""
