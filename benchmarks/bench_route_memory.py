@@ -61,7 +61,8 @@ def main() -> None:
     print(f"a dict of flat tuples keyed by the route id (the table before issue 18), same routes: {old:.1f} B")
     print(json.dumps({"bench": "route_memory", "figures": [
         {"metric": "bytes per cached route", "value": round(per_route, 1), "unit": "B",
-         "ceiling": f"target 100 B; dict of tuples {old:.0f} B", "note": "tracemalloc, 1M routes, half with a backup, key included"}]}))
+         "ceiling": f"target 100 B; dict of tuples {old:.0f} B",
+         "note": "tracemalloc, 1M routes, half with a backup, key included"}]}))
 
 
 def dict_of_tuples(rids: list[bytes]) -> float:
