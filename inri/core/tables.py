@@ -96,6 +96,7 @@ _KEY = limits.ROUTE_ID_BYTES
 _COUNT = _KEY + 13  # offset of the next hop count in a record
 _SLOT = struct.Struct("<IB")  # one next hop: peer number, hops
 _LOAD = 8  # mean routes per bucket before the bucket count doubles (to 4)
+_EMPTY = b""  # every empty bucket
 _MIN_BUCKETS = 64  # buckets are made on first use: a small table costs no more for these
 
 
@@ -126,7 +127,8 @@ class RouteTable:
 
     def __init__(self) -> None:
         self.expire_from = float("inf")  # no route expires before this
-        self._b: dict[int, bytearray] = {}  # bucket number (hash & mask) -> records
+        # bucket number (hash & mask) -> its records; _EMPTY (shared) until a route lands in it
+        self._b: list[bytes | bytearray] = [_EMPTY] * _MIN_BUCKETS
         self._mask = _MIN_BUCKETS - 1
         self._n = 0  # routes in the buckets
         self._seq = 0  # the last seq given out
@@ -218,14 +220,14 @@ class RouteTable:
 
     # -- storage ------------------------------------------------------------------------------------
 
-    def _aligned(self, b: bytearray, rid: bytes, i: int) -> int:
+    def _aligned(self, b: bytes | bytearray, rid: bytes, i: int) -> int:
         """The offset of rid's record in b, from a `find` that returned i (-1: not there)."""
         stride = self._stride
         while i >= 0 and i % stride:  # matched across two records (only by chance): look on
             i = b.find(rid, i + 1)
         return i
 
-    def _decode(self, b: bytearray, i: int) -> RouteEntry:
+    def _decode(self, b: bytes | bytearray, i: int) -> RouteEntry:
         v = self._unpack(b, i + _KEY)
         n = v[3]
         if not n:
@@ -236,7 +238,7 @@ class RouteTable:
             out += (peers[v[j]], v[j + 1])
         return tuple(out)
 
-    def _seq_of(self, b: bytearray, i: int) -> int:
+    def _seq_of(self, b: bytes | bytearray, i: int) -> int:
         return int.from_bytes(b[i + self._seq_at:i + self._stride], "little")
 
     def _peer(self, peer: str) -> int:
@@ -263,7 +265,7 @@ class RouteTable:
         more = (0, 0) * (slots - old_slots)
         body = _body_struct(slots)
         new: dict[int, bytearray] = {}
-        for b in self._b.values():
+        for b in self._b:
             for i in range(0, len(b), old_stride):
                 rid = bytes(b[i:i + _KEY])
                 if slots == old_slots:
@@ -276,7 +278,7 @@ class RouteTable:
                     new[k] = bytearray(rec)
                 else:
                     nb += rec
-        self._b = new
+        self._b = [new.get(k, _EMPTY) for k in range(mask + 1)]
         self._mask = mask
 
     def _put(self, rid: bytes, entry: RouteEntry) -> None:
@@ -293,8 +295,8 @@ class RouteTable:
 
     def _write(self, rid: bytes, fields: list[Any] | tuple[Any, ...]) -> None:
         k = hash(rid) & self._mask
-        b = self._b.get(k)
-        if b is not None:
+        b = self._b[k]
+        if b:
             i = b.find(rid)
             if i % self._stride:
                 i = self._aligned(b, rid, i)
@@ -302,7 +304,7 @@ class RouteTable:
                 self._pack_into(b, i + _KEY, *fields)
                 return
             self._seq += 1
-            b += rid + self._pack_seq(*fields, self._seq)
+            b += rid + self._pack_seq(*fields, self._seq)  # b is a bytearray: only the empty bucket is bytes
         else:
             self._seq += 1
             self._b[k] = bytearray(rid + self._pack_seq(*fields, self._seq))
@@ -314,7 +316,7 @@ class RouteTable:
         """Every (seq, route id, entry), in insertion order."""
         out = [(seq, rid, e) for rid, (seq, e) in self._other.items()]
         stride = self._stride
-        for b in self._b.values():
+        for b in self._b:
             for i in range(0, len(b), stride):
                 out.append((self._seq_of(b, i), bytes(b[i:i + _KEY]), self._decode(b, i)))
         out.sort(key=lambda r: r[0])
@@ -327,9 +329,7 @@ class RouteTable:
         if len(rid) != _KEY:
             got = self._other.get(rid)
             return default if got is None else got[1]
-        b = self._b.get(hash(rid) & self._mask)
-        if b is None:
-            return default
+        b = self._b[hash(rid) & self._mask]
         i = b.find(rid)
         if i % self._stride:  # not found (-1), or matched across two records
             i = self._aligned(b, rid, i)
@@ -368,14 +368,14 @@ class RouteTable:
             got = self._other.pop(rid, None)
             return default if got is None else got[1]
         k = hash(rid) & self._mask
-        b = self._b.get(k)
-        i = -1 if b is None else self._aligned(b, rid, b.find(rid))
-        if b is None or i < 0:
+        b = self._b[k]
+        i = self._aligned(b, rid, b.find(rid))
+        if i < 0:
             return default
         entry = self._decode(b, i)
-        del b[i:i + self._stride]
+        del b[i:i + self._stride]  # type: ignore[union-attr]  # a bytearray once not empty
         if not b:
-            del self._b[k]
+            self._b[k] = _EMPTY
         self._n -= 1
         return entry
 
@@ -405,9 +405,7 @@ class RouteTable:
         if len(rid) != _KEY:
             got = self._other.get(rid)
             return () if got is None else got[1][_FIRST_HOP::2]
-        b = self._b.get(hash(rid) & self._mask)
-        if b is None:
-            return ()
+        b = self._b[hash(rid) & self._mask]
         i = b.find(rid)
         if i % self._stride:
             i = self._aligned(b, rid, i)
@@ -446,14 +444,14 @@ class RouteTable:
     def add_backup(self, rid: bytes, entry: RouteEntry, peer: str, hops: int) -> None:
         """Append a backup next hop to rid's current entry."""
         n = (len(entry) - _FIRST_HOP) // 2
-        b = self._b.get(hash(rid) & self._mask) if n < self._slots and len(rid) == _KEY else None
-        i = -1 if b is None else self._aligned(b, rid, b.find(rid))
-        if b is None or i < 0 or b[i + _COUNT] != n:  # not the entry the caller read: the general way
+        b = self._b[hash(rid) & self._mask]
+        i = self._aligned(b, rid, b.find(rid)) if n < self._slots and len(rid) == _KEY else -1
+        if i < 0 or b[i + _COUNT] != n:  # not the entry the caller read: the general way
             self._put(rid, (*entry, peer, hops))
             return
         ix = self._peer_ix.get(peer)
         _SLOT.pack_into(b, i + _COUNT + 1 + 5 * n, self._peer(peer) if ix is None else ix, hops)
-        b[i + _COUNT] = n + 1
+        b[i + _COUNT] = n + 1  # type: ignore[index]  # a bytearray once not empty
 
     def drop_next_hop(self, rid: bytes, entry: RouteEntry, peer: str) -> None:
         """Stop using peer for rid (it reported it cannot reach the home); the distance is kept."""
@@ -472,7 +470,7 @@ class RouteTable:
         if ix is None or not self._n:
             return changed
         stride, unpack, pack_into = self._stride, self._unpack, self._pack_into
-        for b in self._b.values():
+        for b in self._b:
             for i in range(0, len(b), stride):
                 v = unpack(b, i + _KEY)
                 if ix in v[4:4 + 2 * v[3]:2]:
@@ -499,7 +497,7 @@ class RouteTable:
         """Route ids with at least one next hop."""
         count = sum(1 for _, e in self._other.values() if len(e) > _FIRST_HOP)
         stride = self._stride
-        for b in self._b.values():
+        for b in self._b:
             count += sum(1 for i in range(_COUNT, len(b), stride) if b[i])
         return count
 
