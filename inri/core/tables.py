@@ -90,7 +90,7 @@ _NEWER, _STALE, _REPLAYED, _FEASIBLE, _DUPLICATE = (
 # follow a dict's insertion order (expiry lists, the eviction tie-break, iteration) still does. A
 # bucket holds about 4-8 routes: a lookup is one dict probe (the route id's hash is cached by the
 # bytes object), one C `find` of the 16 bytes in a few hundred and one C `unpack_from`. Measured over
-# 1M routes (benchmarks/bench_route_memory.py): about 70 B per route, the route id included, against
+# 1M routes (benchmarks/bench_route_memory.py): about 60 B per route, the route id included, against
 # 179 B for a dict of tuples keyed by the route id object.
 _KEY = limits.ROUTE_ID_BYTES
 _COUNT = _KEY + 13  # offset of the next hop count in a record
