@@ -49,7 +49,14 @@ from simulations.ingress import Ingress, Source
 from simulations.metrics import Collector
 from simulations.progress import Progress
 from simulations.scenario import Partition, Scenario
-from simulations.summary import Result, adversary_summary, delivered_at, delivery_summary, summary_line
+from simulations.summary import (
+    Result,
+    adversary_summary,
+    delivered_at,
+    delivery_summary,
+    route_k2_share,
+    summary_line,
+)
 from simulations.topology import Network, build
 from simulations.tracewriter import TraceWriter
 from simulations.tracing import SimTracer
@@ -474,6 +481,8 @@ class Simulator:
             summary.update(self.ingress.summary(lambda b: pushes[b].t,
                                                 lambda b: delivered_at(self.collector, pushes[b]),
                                                 self.sc.deadline_s))
+        summary["route_k2_share"] = route_k2_share(self.engines, self.alive, self.work)
+        summary["gossip_scheme"] = self.sc.engine.gossip_scheme
         summary.update(
             {
                 "events": self.events,
