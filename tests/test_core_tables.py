@@ -11,7 +11,7 @@ import pytest
 from inri.core.api import Send
 from inri.core.budget import KeyedBuckets, TokenBucket
 from inri.core.state import make_send, readdress
-from inri.core.tables import UNKNOWN_DISTANCE, Arrival, BoundedMap, RouteTable
+from inri.core.tables import UNKNOWN_DISTANCE, Arrival, BoundedMap, CompactRouteTable, RouteTable
 from inri.protocol.messages import ContentEncoding, Push, Registration, Urgency, WebPushMeta
 
 
@@ -98,13 +98,16 @@ def test_readdress_and_make_send_build_what_the_classes_build(webpush: WebPushMe
     assert type(s) is Send and s == Send("b", got, 0.5)
 
 
-def _model_table(seed: int, slots: int, ops: int) -> None:
-    """RouteTable against a dict of flat tuples (the old table) under random operations: the same
-    entries, lookups, insertion order, expiry lists, purges and evictions."""
+Table = type[RouteTable | CompactRouteTable]
+
+
+def _model_table(seed: int, slots: int, ops: int, cls: Table = CompactRouteTable) -> None:
+    """A route table (the compact one by default) against a dict of flat tuples (the old table) under
+    random operations: the same entries, lookups, insertion order, expiry lists, purges and evictions."""
     rng = random.Random(seed)
     rids = [rng.randbytes(16) for _ in range(300)] + [b"short", b""]
     peers = [f"p{i}" for i in range(9)]
-    table, model = RouteTable(), {}  # type: ignore[var-annotated]
+    table, model = cls(), {}  # type: ignore[var-annotated]
     for _ in range(ops):
         rid, peer = rng.choice(rids), rng.choice(peers)
         op = rng.randrange(10)
@@ -146,17 +149,18 @@ def _model_table(seed: int, slots: int, ops: int) -> None:
             assert table.evict_first_expiring() == victim
         assert table.get(rid) == model.get(rid) and table.next_hops_of(rid) == (model[rid][3::2] if rid in model
                                                                                    else ())
-    assert len(table) == len(model) and table.items() == list(model.items())
+    assert len(table) == len(model) and list(table.items()) == list(model.items())
     assert table.routed_count() == sum(1 for e in model.values() if len(e) > 3)
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
-def test_route_table_matches_a_dict_of_tuples(seed: int) -> None:
-    _model_table(seed, 2, 6000)
+@pytest.mark.parametrize("cls", [CompactRouteTable, RouteTable])
+def test_route_table_matches_a_dict_of_tuples(seed: int, cls: type[RouteTable | CompactRouteTable]) -> None:
+    _model_table(seed, 2, 6000, cls)
 
 
 def test_route_table_takes_more_next_hops_than_its_records_hold() -> None:
-    r = RouteTable()
+    r = CompactRouteTable()
     rid = bytes(range(16))
     r.set_first(rid, 1, 9.0, "a", 5)
     for peer, hops in (("b", 4), ("c", 3), ("d", 2)):
@@ -166,7 +170,7 @@ def test_route_table_takes_more_next_hops_than_its_records_hold() -> None:
 
 
 def test_route_table_grows_its_buckets_and_finds_every_route() -> None:
-    r = RouteTable()
+    r = CompactRouteTable()
     rids = [bytes([i % 256, i // 256]) * 8 for i in range(5000)]  # similar ids, shared byte runs
     for i, rid in enumerate(rids):
         r.set_first(rid, i, 100.0 + i, str(i % 7), 1 + i % 30)

@@ -129,7 +129,7 @@ from inri.core.membership import MembershipRules
 from inri.core.scoring import ScoringRules
 from inri.core.state import SWEEP_INTERVAL_S, Custody, Neighbour, ReverseMark, readdress
 from inri.core.stem import StemRules
-from inri.core.tables import BoundedMap, RouteTable
+from inri.core.tables import BoundedMap, CompactRouteTable, RouteTable
 from inri.core.tree import TREE_CACHE_MAX, TREE_MISSING_MAX, TreeRules
 from inri.protocol.codec import DecodeError, decode
 from inri.protocol.messages import (
@@ -194,7 +194,7 @@ class Engine(MembershipRules, GossipRules, StemRules, TreeRules, ForwardingRules
         # Former neighbours whose link was lost: re-dialled with exponential backoff while the active
         # view is below active_max, so a mesh torn by a partition or a crash knits itself back.
         self._lost: dict[str, list[Any]] = {}  # node id -> [addr, retry_at, failures]
-        self._routes = RouteTable()
+        self._routes = CompactRouteTable() if config.route_table == "compact" else RouteTable()
         self._origin_bucket: dict[bytes, TokenBucket] = {}  # route id -> refresh budget (rule G4)
         # (push id, attempt * 2 + ring mode) -> expiry
         self._push_seen: BoundedMap[tuple[bytes, int], float] = BoundedMap(config.push_seen_max)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from inri.core.api import CustodyStatus, DisconnectReason, Effect, HomeStore, Send, Verifier
 from inri.core.budget import TokenBucket
 from inri.core.config import EngineConfig
-from inri.core.tables import BoundedMap, RouteTable
+from inri.core.tables import BoundedMap, CompactRouteTable, RouteTable
 from inri.protocol.messages import Announcement, Message, Push, ReceiptStatus, RegGossip, Registration
 
 # Clock skew tolerated on a registration's issued_at (relays' clocks are not synchronised).
@@ -148,7 +148,7 @@ class EngineState:
     _passive: dict[str, str]
     _connecting: dict[str, float]
     _lost: dict[str, list[Any]]
-    _routes: RouteTable
+    _routes: RouteTable | CompactRouteTable
     _origin_bucket: dict[bytes, TokenBucket]
     _push_seen: BoundedMap[tuple[bytes, int], float]
     _reverse: BoundedMap[bytes, tuple[str | ReverseMark, float, Registration | None]]

@@ -105,48 +105,10 @@ def _body_struct(slots: int) -> struct.Struct:
     return struct.Struct("<IdBB" + "IB" * slots)
 
 
-class RouteTable:
-    """route id -> route entry, plus the earliest expiry (sweeps skip the scan until then).
+class EntryReaders:
+    """The readers of a route entry (a flat tuple), shared by both route tables."""
 
-    A mapping with the dict methods the engine uses (get, [], []=, pop, del, in, len, iteration in
-    insertion order), stored compactly (see above); entries come out as flat tuples.
-
-    Reading an entry: `epoch`, `expires`, `distance` (feasibility distance), `next_hops`, `vector`,
-    `primary`, `claims` (peer is one of its next hops), `has_room`, and for the gossip hot path
-    `arrival` (all of these at once); by route id: `next_hops_of`. Changing the table: `originate`,
-    `set_first`, `add_backup`, `drop_next_hop`, `purge`, `expire`, `evict_first_expiring`.
-
-    The readers run per frame: they return entry items as they are (annotated locals, no int()/float()
-    conversions: the items already have those types) and the hot paths get one call per frame.
-    Route ids that are not 16 bytes (never from the wire: the codec checks the length) are kept in a
-    plain dict beside the buckets.
-    """
-
-    __slots__ = ("expire_from", "_b", "_mask", "_n", "_seq", "_slots", "_stride", "_seq_at", "_unpack",
-                 "_pack_into", "_pack_seq", "_pad", "_peers", "_peer_ix", "_other")
-
-    def __init__(self) -> None:
-        self.expire_from = float("inf")  # no route expires before this
-        # bucket number (hash & mask) -> its records; _EMPTY (shared) until a route lands in it
-        self._b: list[bytes | bytearray] = [_EMPTY] * _MIN_BUCKETS
-        self._mask = _MIN_BUCKETS - 1
-        self._n = 0  # routes in the buckets
-        self._seq = 0  # the last seq given out
-        self._peers: list[str] = []  # peer number -> name
-        self._peer_ix: dict[str, int] = {}
-        self._other: dict[bytes, tuple[int, RouteEntry]] = {}  # odd-length route ids: -> (seq, entry)
-        self._slots = 0
-        self._set_format(2)
-
-    def _set_format(self, slots: int) -> None:
-        self._slots = slots
-        body = _body_struct(slots)
-        self._seq_at = _KEY + body.size  # offset of the seq in a record
-        self._stride = self._seq_at + 8
-        self._unpack = body.unpack_from
-        self._pack_into = body.pack_into
-        self._pack_seq = struct.Struct(body.format + "Q").pack  # a new record: its fields, then its seq
-        self._pad = [(0, 0) * (slots - n) for n in range(slots + 1)]
+    __slots__ = ()
 
     # -- reading an entry (static: callers hold the entry from one lookup) --------------------------
 
@@ -219,6 +181,135 @@ class RouteTable:
         return _DUPLICATE
 
     # -- storage ------------------------------------------------------------------------------------
+
+
+class RouteTable(EntryReaders, dict[bytes, RouteEntry]):
+    """route id -> route entry, plus the earliest expiry (sweeps skip the scan until then): a dict of
+    flat tuples (`[engine] route_table = "dict"`, the simulator's default: the fastest lookups; the
+    compact table below holds the same entries in a third of the memory).
+
+    Reading an entry: `epoch`, `expires`, `distance` (feasibility distance), `next_hops`, `vector`,
+    `primary`, `claims` (peer is one of its next hops), `has_room`, and for the gossip hot path
+    `arrival` (all of these at once); by route id: `next_hops_of`. Changing the table: `originate`,
+    `set_first`, `add_backup`, `drop_next_hop`, `purge`, `expire`, `evict_first_expiring`.
+
+    The readers run per frame: they return entry items as they are (annotated locals, no int()/float()
+    conversions: the items already have those types) and the hot paths get one call per frame.
+    """
+
+    __slots__ = ("expire_from",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.expire_from = float("inf")  # no route expires before this
+
+    def next_hops_of(self, rid: bytes) -> tuple[str, ...]:
+        """Next hops of rid, primary first (none: the route id is unknown, or this is its home)."""
+        entry = self.get(rid)
+        return () if entry is None else entry[_FIRST_HOP::2]
+
+    # -- changing the table -------------------------------------------------------------------------
+
+    def _expiring(self, expires: float) -> None:
+        if expires < self.expire_from:
+            self.expire_from = expires
+
+    def originate(self, rid: bytes, epoch: int, expires: float) -> None:
+        """This relay is the route's home: distance 0, no next hop."""
+        self[rid] = (epoch, expires, 0)
+        self._expiring(expires)
+
+    def set_first(self, rid: bytes, epoch: int, expires: float, peer: str, hops: int) -> None:
+        """First arrival of (route id, epoch): one next hop, whose distance is the feasibility distance."""
+        self[rid] = (epoch, expires, hops, peer, hops)
+        if expires < self.expire_from:  # as _expiring, inline: once per new (route, epoch)
+            self.expire_from = expires
+
+    def add_backup(self, rid: bytes, entry: RouteEntry, peer: str, hops: int) -> None:
+        """Append a backup next hop to rid's current entry."""
+        self[rid] = (*entry, peer, hops)
+
+    def drop_next_hop(self, rid: bytes, entry: RouteEntry, peer: str) -> None:
+        """Stop using peer for rid (it reported it cannot reach the home); the distance is kept."""
+        i = _FIRST_HOP + 2 * entry[_FIRST_HOP::2].index(peer)
+        self[rid] = entry[:i] + entry[i + 2:]
+
+    def purge(self, peer: str) -> int:
+        """Forget every route claim of peer (O(routes)); the feasibility distance becomes that of the
+        next hops left (none left: unknown), as in Babel. Returns how many entries changed."""
+        changed = 0
+        for rid, e in list(self.items()):
+            if peer not in e:
+                continue
+            i = e.index(peer)
+            rest = e[_FIRST_HOP:i] + e[i + 2:]
+            fd = min(rest[1::2]) if rest else UNKNOWN_DISTANCE
+            self[rid] = (e[0], e[1], fd, *rest)
+            changed += 1
+        return changed
+
+    def expire(self, now: float) -> list[bytes]:
+        """Remove the routes expired at now; returns their ids."""
+        expired = [r for r, e in self.items() if e[1] <= now]
+        self.expire_from = min((e[1] for e in self.values() if e[1] > now), default=float("inf"))
+        for r in expired:
+            del self[r]
+        return expired
+
+    def evict_first_expiring(self) -> bytes:
+        """Remove the entry that expires first (the table is full); returns its id."""
+        victim = min(self, key=lambda r: self[r][1])
+        del self[victim]
+        return victim
+
+    def routed_count(self) -> int:
+        """Route ids with at least one next hop."""
+        return sum(1 for e in self.values() if len(e) > _FIRST_HOP)
+
+
+class CompactRouteTable(EntryReaders):
+    """RouteTable's twin stored compactly (`[engine] route_table = "compact"`, the relay's default):
+    about 60 B per route against about 180 B, at about 10x the CPU per lookup in pure Python.
+
+    A mapping with the dict methods the engine uses (get, [], []=, pop, del, in, len, iteration in
+    insertion order), stored compactly (see above); entries come out as flat tuples.
+
+    Reading an entry: `epoch`, `expires`, `distance` (feasibility distance), `next_hops`, `vector`,
+    `primary`, `claims` (peer is one of its next hops), `has_room`, and for the gossip hot path
+    `arrival` (all of these at once); by route id: `next_hops_of`. Changing the table: `originate`,
+    `set_first`, `add_backup`, `drop_next_hop`, `purge`, `expire`, `evict_first_expiring`.
+
+    The readers run per frame: they return entry items as they are (annotated locals, no int()/float()
+    conversions: the items already have those types) and the hot paths get one call per frame.
+    Route ids that are not 16 bytes (never from the wire: the codec checks the length) are kept in a
+    plain dict beside the buckets.
+    """
+
+    __slots__ = ("expire_from", "_b", "_mask", "_n", "_seq", "_slots", "_stride", "_seq_at", "_unpack",
+                 "_pack_into", "_pack_seq", "_pad", "_peers", "_peer_ix", "_other")
+
+    def __init__(self) -> None:
+        self.expire_from = float("inf")  # no route expires before this
+        # bucket number (hash & mask) -> its records; _EMPTY (shared) until a route lands in it
+        self._b: list[bytes | bytearray] = [_EMPTY] * _MIN_BUCKETS
+        self._mask = _MIN_BUCKETS - 1
+        self._n = 0  # routes in the buckets
+        self._seq = 0  # the last seq given out
+        self._peers: list[str] = []  # peer number -> name
+        self._peer_ix: dict[str, int] = {}
+        self._other: dict[bytes, tuple[int, RouteEntry]] = {}  # odd-length route ids: -> (seq, entry)
+        self._slots = 0
+        self._set_format(2)
+
+    def _set_format(self, slots: int) -> None:
+        self._slots = slots
+        body = _body_struct(slots)
+        self._seq_at = _KEY + body.size  # offset of the seq in a record
+        self._stride = self._seq_at + 8
+        self._unpack = body.unpack_from
+        self._pack_into = body.pack_into
+        self._pack_seq = struct.Struct(body.format + "Q").pack  # a new record: its fields, then its seq
+        self._pad = [(0, 0) * (slots - n) for n in range(slots + 1)]
 
     def _aligned(self, b: bytes | bytearray, rid: bytes, i: int) -> int:
         """The offset of rid's record in b, from a `find` that returned i (-1: not there)."""
