@@ -52,6 +52,8 @@ class Collector:
         self.excluded: dict[str, tuple[float, str]] = {}  # push -> earliest push_excluded (t, reason)
         self.dropped: dict[str, str] = {}  # push -> latest drop reason
         self.fallback: set[str] = set()
+        self.fallback_per_push: dict[str, int] = {}  # push -> ring messages (push_fallback counts)
+        self.budget_exhausted: set[str] = set()  # pushes re-sent along routes: the next ring would not fit the budget
         self.settled_delivered: set[str] = set()  # pushes a custodian settled as delivered (a receipt said so)
         self.retried: set[str] = set()  # pushes with a push_retry row
         self.home_of_route: dict[str, str] = {}  # route -> the relay that originated it (its home)
@@ -73,6 +75,7 @@ class Collector:
             if kind == "push_fallback":
                 self.fallback_messages += c
                 self.fallback.add(msg)
+                self.fallback_per_push[msg] = self.fallback_per_push.get(msg, 0) + c
         elif kind == "reg_originated":
             count = row[9] or 0
             self.gossip_messages += count
@@ -87,6 +90,8 @@ class Collector:
                 self.timeline.append((_PUSH, msg, home))
         elif kind == "push_retry":
             self.retried.add(msg)
+            if row[11] == "fallback_budget":
+                self.budget_exhausted.add(msg)
         elif kind == "peer_up":
             self.timeline.append((_PEER_UP, relay, row[5]))
         elif kind == "peer_down":

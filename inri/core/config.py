@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from inri.protocol import limits
+
 
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
@@ -25,7 +27,9 @@ class EngineConfig:
     connect_timeout_s: float = 5.0
 
     # Registration gossip
-    gossip_ttl: int = 16  # > eccentricity of a 10k-relay 4-regular mesh (11) with churn margin
+    # The wire maximum: gossip reaches every relay of a connected mesh up to that many hops (limits.py);
+    # a relay forwards each (route, epoch) once, so a larger TTL costs nothing on a smaller mesh.
+    gossip_ttl: int = limits.MAX_TTL
     route_k: int = 2  # keep the first k arrivals from distinct neighbours
     seen_ttl_s: float = 120.0  # push seen-cache TTL (gossipsub: 120 s): longer than any propagation delay
     route_max: int = 1_000_000  # cached route ids; oldest-expiring evicted past this
@@ -44,7 +48,14 @@ class EngineConfig:
     stem_hop_noise: int = 4  # the flood starts at hops 2 + U{0..noise}: blurs distance for a lone observer
 
     # Pushes
+    # The radius of the custodian's last ring (after 1, 3, 5, 7), when the fallback budget allows it.
+    # Pushes following a route carry MAX_TTL - hops instead (docs/protocol.md, "TTLs").
     push_ttl: int = 24
+    # Ring messages one custodian may cause per push (docs/protocol.md, "Repair and fallback"): a ring of
+    # radius r costs at most active_max * sum((active_max - 1)^i, i < r) messages; a ring that would
+    # not fit what is left is not sent and the push is re-sent along routes instead. 1,000: rings 1, 3
+    # and 5 with 4 neighbours (540), rings 1 to 7 with 3 (498); never the full-TTL flood of a big mesh.
+    fallback_budget: int = 1000
     reverse_ttl_s: float = 30.0  # reverse-path state (push id -> previous hop) lifetime
     reverse_max: int = 200_000
     custody_max: int = 100_000
