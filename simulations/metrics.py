@@ -134,6 +134,10 @@ class Collector:
             self.add(r)
 
     # -- liveness ---------------------------------------------------------------------------
+    def down_at(self, t: float) -> set[str]:
+        """Relays down at time t (relay_down/relay_up rows)."""
+        return self._down_at(t)
+
     def _down_at(self, t: float) -> set[str]:
         down = set()
         for relay, trans in self.transitions.items():

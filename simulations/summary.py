@@ -138,7 +138,7 @@ def scope_reach(collector: Collector, net: Network, names: Sequence[str], ttl: i
         t_cov = t0 + collector.coverage_after
         down = down_cache.get(t_cov)
         if down is None:
-            down = down_cache[t_cov] = collector._down_at(t_cov)
+            down = down_cache[t_cov] = collector.down_at(t_cov)
         dist = {o: 0}
         frontier = [o]
         for d in range(1, ttl + 1):

@@ -41,7 +41,8 @@ def ring_cost(radius: int, degree: int) -> int:
     degree - 1 (the seen-cache stops the rest). The fallback budget counts rings at this cost."""
     if degree <= 2:
         return degree * radius
-    return degree * ((degree - 1) ** radius - 1) // (degree - 2)
+    cost: int = degree * ((degree - 1) ** radius - 1) // (degree - 2)
+    return cost
 
 
 class CustodyRules(EngineState):

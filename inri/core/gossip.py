@@ -152,10 +152,10 @@ class GossipRules(EngineState):
                         return self._drop_reg(now, reg, peer, "replayed", cfg.score_replay)
                     return self._reforward(peer, msg, now)
                 if self._deep and (rid, epoch) in self._deep:  # G3b: a copy with more TTL left
-                    out = self._reforward(peer, msg, now)
+                    again = self._reforward(peer, msg, now)
                     if arrival is _FEASIBLE:
-                        out += self._add_backup(peer, msg, entry, rid, now)
-                    return out
+                        again += self._add_backup(peer, msg, entry, rid, now)
+                    return again
                 if arrival is _FEASIBLE:  # closer than our feasibility distance, and room: a backup
                     return self._add_backup(peer, msg, entry, rid, now)
                 if (msg.hops == 0 and msg.ttl == 1 and msg.hops < routes.distance(entry)
