@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-GOSSIP_KINDS = ("reg_originated", "route_set")
+GOSSIP_KINDS = ("reg_originated", "route_set", "reg_reforwarded")
 PUSH_MESSAGE_KINDS = ("push_forwarded", "push_fallback", "receipt_forwarded", "route_error")
 # Exclusions the topology decides (docs/metrics.md): counted only when the home was down or cut off
 # before the push was delivered. Every other reason (the spammer's pushes) always excludes.
@@ -76,6 +76,10 @@ class Collector:
                 self.fallback_messages += c
                 self.fallback.add(msg)
                 self.fallback_per_push[msg] = self.fallback_per_push.get(msg, 0) + c
+        elif kind == "reg_reforwarded":  # rule G3b: more gossip copies of a known (route, epoch)
+            count = row[9] or 0
+            self.gossip_messages += count
+            self.gossip_bytes += count * (row[10] or 0)
         elif kind == "reg_originated":
             count = row[9] or 0
             self.gossip_messages += count

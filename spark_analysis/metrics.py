@@ -82,7 +82,7 @@ def analyse(
         .cache()
     )
     n_regs = regs.count()
-    gossip = one_row(ev.filter(F.col("kind").isin("reg_originated", "route_set")).agg(
+    gossip = one_row(ev.filter(F.col("kind").isin("reg_originated", "route_set", "reg_reforwarded")).agg(
         F.sum(F.coalesce(F.col("count"), F.lit(0))).alias("m"),
         F.sum(F.coalesce(F.col("count"), F.lit(0)) * F.coalesce(F.col("bytes"), F.lit(0))).alias("b"),
     ))

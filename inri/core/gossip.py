@@ -243,9 +243,10 @@ class GossipRules(EngineState):
             if p != peer:
                 st.last_sent = now
                 out.append(make_send(p, fwd, self._rng.random() * jitter if jitter else 0.0))
-        if self._level >= _FULL:
-            self._trace(now, "reg_reforwarded", msg=f"{reg.route_id.hex()}:{reg.epoch}", route=reg.route_id.hex(),
-                        peer=peer, hops=hops, ttl=msg.ttl, epoch=reg.epoch, count=len(out))
+        if self._level:  # summary level: its copies are gossip messages (docs/metrics.md)
+            label, route_hex, nbytes = _reg_trace(reg)
+            self._trace(now, "reg_reforwarded", msg=label, route=route_hex, peer=peer, hops=hops, ttl=msg.ttl,
+                        epoch=reg.epoch, count=len(out), nbytes=nbytes)
         return out
 
     # Rule G3.
