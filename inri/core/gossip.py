@@ -217,9 +217,11 @@ class GossipRules(EngineState):
     # Rule G3b.
     @staticmethod
     def _shorter_than_claimed(peer: str, msg: RegGossip, entry: RouteEntry) -> bool:
-        """peer, already a next hop for this (route, epoch), sends it again with fewer hops than it did:
-        a relay re-forwarding a shorter copy (G3b), not a replay."""
-        return any(p == peer and msg.hops + 1 < h for p, h in RouteTable.vector(entry))
+        """peer, already a next hop for this (route, epoch), sends it again with fewer hops than it did,
+        and its first copy had spent more TTL than it had left (hops + ttl is the same on every copy
+        of one flood): a relay re-forwarding a shorter copy (G3b), not a replay."""
+        total = msg.hops + msg.ttl
+        return any(p == peer and msg.hops + 1 < h and 2 * (h - 1) > total for p, h in RouteTable.vector(entry))
 
     # Rule G3b.
     def _reforward(self, peer: str, msg: RegGossip, now: float) -> list[Effect]:
