@@ -8,7 +8,7 @@ from dataclasses import replace
 
 from inri.core.api import Disconnect, InjectOutcome, Send, TraceLevel
 from inri.core.config import EngineConfig
-from inri.core.custody import ring_cost
+from inri.core.custody import ring_cost, widest_ring
 from inri.core.engine import Engine
 from inri.core.home import MemoryHomeStore
 from inri.core.testing import MiniNet
@@ -74,6 +74,8 @@ def test_the_custodian_stops_ring_searches_at_the_fallback_budget_and_retries_al
     registration's gossip has come, a later attempt follows the route and delivers."""
     assert [ring_cost(r, 4) for r in (1, 3, 5, 7)] == [4, 52, 484, 4372]
     assert [ring_cost(r, 3) for r in (1, 3, 5, 7)] == [3, 21, 93, 381]
+    # the default budget's last ring: 10 with 3 neighbours (498 spent on 1-7), none wider than 7 with 4
+    assert widest_ring(5000 - 498, 3, 24) == 10 and widest_ring(5000 - 4912, 4, 24) == 3
     cfg = replace(EngineConfig(), fallback_budget=30)
     edges = [(0, 1), (1, 2), (2, 3), (3, 4), (4, 5), (1, 6), (6, 7), (7, 3)]
     net = MiniNet(8, edges, config=cfg)

@@ -53,9 +53,10 @@ class EngineConfig:
     push_ttl: int = 24
     # Ring messages one custodian may cause per push (docs/protocol.md, "Repair and fallback"): a ring of
     # radius r costs at most active_max * sum((active_max - 1)^i, i < r) messages; a ring that would
-    # not fit what is left is not sent and the push is re-sent along routes instead. 5,000: rings 1 to 7
-    # with 4 neighbours (4,912) or 3 (498), never the full-TTL flood (with 3 neighbours and push_ttl
-    # 24: 50 million worst case; 3,290 messages per delivered push measured on a 5k geographic mesh).
+    # not fit what is left is not sent and the push is re-sent along routes instead; the last ring is as
+    # wide as the rest affords (up to push_ttl). 5,000: rings 1 to 7 with 4 neighbours (4,912), rings 1
+    # to 7 then 10 with 3 (498 + 3,069), never the full-TTL flood (with 3 neighbours and push_ttl 24:
+    # 50 million worst case; 3,290 messages per delivered push measured on a 5k geographic mesh).
     # 1,000 (rings 1 to 5 with 4 neighbours) lost pushes on small partitioned meshes, where the worst
     # case overstates a ring 7 (60 relays: at most 240 messages) twenty times.
     fallback_budget: int = 5000

@@ -45,6 +45,14 @@ def ring_cost(radius: int, degree: int) -> int:
     return cost
 
 
+def widest_ring(budget: int, degree: int, limit: int) -> int:
+    """The largest radius <= limit whose ring_cost fits budget (0: none)."""
+    r = 0
+    while r < limit and ring_cost(r + 1, degree) <= budget:
+        r += 1
+    return r
+
+
 class CustodyRules(EngineState):
     """C1-C3: pushes this relay accepted from home apps."""
 
@@ -156,7 +164,12 @@ class CustodyRules(EngineState):
                 c.routed = True
                 return [self._forward(readdress(push, limits.MAX_TTL, 0, c.attempt, 0), nh, now)]
         radii = limits.RING_RADII
-        ring = radii[c.ring_step] if c.ring_step < len(radii) else cfg.push_ttl
+        if c.ring_step < len(radii):
+            ring = radii[c.ring_step]
+        else:  # the last ring: as wide as what is left of the budget affords (at most push_ttl)
+            ring = widest_ring(cfg.fallback_budget - c.ring_spent, cfg.active_max, cfg.push_ttl)
+            if ring <= radii[-1]:
+                return self._over_budget(c, push, now)
         cost = ring_cost(ring, cfg.active_max)
         if c.ring_spent + cost > cfg.fallback_budget:
             return self._over_budget(c, push, now)
