@@ -56,6 +56,7 @@ from simulations.summary import (
     delivered_at,
     delivery_summary,
     fallback_summary,
+    route_k2_share,
     scope_reach,
     summary_line,
 )
@@ -490,6 +491,8 @@ class Simulator:
             summary.update(self.ingress.summary(lambda b: pushes[b].t,
                                                 lambda b: delivered_at(self.collector, pushes[b]),
                                                 self.sc.deadline_s))
+        summary["route_k2_share"] = route_k2_share(self.engines, self.alive, self.work)
+        summary["gossip_scheme"] = self.sc.engine.gossip_scheme
         summary.update(
             {
                 "events": self.events,
