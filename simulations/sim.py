@@ -52,9 +52,12 @@ from simulations.scenario import Partition, Scenario
 from simulations.summary import (
     Result,
     adversary_summary,
+    cut_reasons,
     delivered_at,
     delivery_summary,
+    fallback_summary,
     route_k2_share,
+    scope_reach,
     summary_line,
 )
 from simulations.topology import Network, build
@@ -476,6 +479,13 @@ class Simulator:
             summary.update(adversary_summary(self.sc.adversaries, self.roles, self.hostile_on, self.engines,
                                              self.alive, self.names, self.work, self.tracer.scored,
                                              self.collector.settled_delivered, self.collector.delivered))
+        if not self.sc.adversaries or not self.hostile_on:
+            # Every relay behaves honestly (no adversary, or --no-adversaries): every scoring cut is the
+            # cut of an honest link, and there should be none (loss and churn are not black holes).
+            summary["cuts_of_honest"] = len(self.tracer.scored)
+        summary["cuts_by_reason"] = cut_reasons(self.tracer.scored)
+        summary.update(fallback_summary(self.engines, self.collector))
+        summary.update(scope_reach(self.collector, self.net, self.names, self.sc.engine.gossip_ttl))
         if self.ingress is not None:
             pushes = self.work.pushes
             summary.update(self.ingress.summary(lambda b: pushes[b].t,

@@ -45,7 +45,7 @@ ENGINE_RULES: dict[str, msgspec.Meta] = {
         "reg_budget_burst", "reg_budget_peer_burst", "push_ttl", "reverse_max", "custody_max",
         "custody_max_attempts", "push_seen_max", "push_budget_peer_burst")},
     **{name: _NONNEG for name in ("outbound_min", "priority_join_below", "forward_jitter_s", "stem_hop_noise",
-                                   "tree_announce_delay_s")},
+                                   "tree_announce_delay_s", "fallback_budget")},
     "stem_fluff_probability": msgspec.Meta(gt=0, le=1),
     **{name: msgspec.Meta(ge=0, le=1) for name in ("tree_eager_share", "tree_explore")},
     **{name: _POS for name in (

@@ -152,6 +152,7 @@ from inri.protocol.messages import (
 __all__ = ["HOOKS", "Engine", "readdress"]
 
 _LOCAL = ReverseMark.LOCAL
+DEEP_MAX = 65536  # G3b entries kept (oldest evicted): only far-travelled (route, epoch)s are entered
 
 # The extension point for hostile relays (simulations/adversary.py): the methods a subclass may
 # override to change one behaviour, with what each receives. Renaming one breaks
@@ -236,6 +237,8 @@ class Engine(MembershipRules, GossipRules, StemRules, TreeRules, ForwardingRules
         self._stem_key = rng.randbytes(32) if config.stem else b""
         self._embargo: dict[tuple[bytes, int], tuple[float, Registration, str | None, str | None]] = {}
         self._homed: dict[bytes, Registration] = {}  # registrations homed here (announced on link up)
+        # G3b: (route id, epoch) whose first copy spent more than half its TTL here -> fewest hops forwarded.
+        self._deep: BoundedMap[tuple[bytes, int], int] = BoundedMap(DEEP_MAX)
         self._stem_held: dict[bytes, Registration] = {}  # stem routes held here (stem.py, announced on link up)
         self._announce: dict[str, list[bytes]] = {}  # neighbour -> homed route ids still to announce
         self._down_since: dict[str, float] = {}  # former neighbour -> when its link went down
@@ -363,6 +366,9 @@ class Engine(MembershipRules, GossipRules, StemRules, TreeRules, ForwardingRules
             st = self._active[p]
             if st.score:
                 st.score *= decay
+            if st.silences:
+                st.answers *= decay
+                st.silences *= decay
             if now - st.last_heard > dead_after:
                 out.append(Disconnect(p, DisconnectReason.KEEPALIVE_TIMEOUT))
                 out += self.peer_down(p, now, DisconnectReason.KEEPALIVE_TIMEOUT)

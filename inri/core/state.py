@@ -96,7 +96,7 @@ class Neighbour:
     """An active neighbour: its link, liveness, flood budgets (G4) and score (S1)."""
 
     __slots__ = ("addr", "outbound", "last_heard", "last_sent", "reg_budget", "nonce", "score", "push_budget",
-                 "congested_at", "answered_at", "answer_delay")
+                 "congested_at", "answered_at", "answer_delay", "answers", "silences")
 
     def __init__(self, addr: str, outbound: bool, now: float, burst: float, push_burst: float) -> None:
         self.addr = addr
@@ -112,12 +112,17 @@ class Neighbour:
         # route error), and the moving average of how long its answers took (late ones included).
         self.answered_at = -float("inf")
         self.answer_delay = 0.0
+        # Pushes forwarded to it that it answered, and that it was blamed for (no answer in time),
+        # decayed as the score is: a link is cut for missing answers only when it answers almost none
+        # (scoring.BLACK_HOLE_SHARE): loss and churn make honest relays miss some, a black hole all.
+        self.answers = 0.0
+        self.silences = 0.0
 
 
 class Custody:
     """A push this relay accepted from a home app, kept until its receipt returns (C1-C3)."""
 
-    __slots__ = ("push", "attempt", "ring_step", "deadline", "next_retry", "home_down", "routed")
+    __slots__ = ("push", "attempt", "ring_step", "deadline", "next_retry", "home_down", "routed", "ring_spent")
 
     def __init__(self, push: Push, deadline: float) -> None:
         self.push = push
@@ -125,6 +130,7 @@ class Custody:
         self.ring_step = 0
         self.home_down = False  # a relay next to the home reported it unreachable
         self.routed = False  # some attempt left along a cached route
+        self.ring_spent = 0  # worst-case ring messages of the rings sent so far (fallback_budget)
         self.deadline = deadline
         self.next_retry = 0.0
 
@@ -173,6 +179,7 @@ class EngineState:
     # new neighbour (gossip.py); route ids still to announce per neighbour (paced within its budget);
     # when each former neighbour's link went down (forwarding.py: a dead one-hop route).
     _homed: dict[bytes, Registration]
+    _deep: BoundedMap[tuple[bytes, int], int]
     _announce: dict[str, list[bytes]]
     _down_since: dict[str, float]
     _stem_key: bytes  # stem.py: this relay's secret for its successor choices (G6)
