@@ -176,6 +176,8 @@ class Engine(MembershipRules, GossipRules, StemRules, ForwardingRules, CustodyRu
         self._rng = rng
         self._active: dict[str, Neighbour] = {}
         self._passive: dict[str, str] = {}  # node id -> addr, oldest first
+        self._near: dict[str, int] = {}  # candidates ranked near by a bootstrap -> rank (rule M5)
+        self._far: set[str] = set()  # peers dialled as the far link(s) (rule M5)
         self._connecting: dict[str, float] = {}  # node id -> give-up time
         # Former neighbours whose link was lost: re-dialled with exponential backoff while the active
         # view is below active_max, so a mesh torn by a partition or a crash knits itself back.
