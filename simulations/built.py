@@ -16,7 +16,7 @@ during formation). After SETTLE_S more seconds the mutual active views are the m
 
 The bootstrap's index: ranking 10,000 candidates for each of tens of thousands of requests would take
 hours in Python, so `rank` is given the candidates that can rank first (the asker's prefix and its
-grid neighbourhood: every relay nearer than the nearest-half's furthest) plus a uniform sample of
+grid neighbourhood's LOCAL_POOL nearest: a superset of the nearest half) plus a uniform sample of
 RANDOM_POOL other announced relays. The nearest half is then exact; the random half is uniform but
 for the few local leftovers of the neighbourhood.
 """
@@ -28,7 +28,7 @@ import math
 import random
 from dataclasses import dataclass, field, replace
 
-from bootstrap_nodes.ranking import Candidate, prefix_of, rank
+from inri.common.ranking import Candidate, prefix_of, rank
 from inri.core.api import Connect, CustodyReleased, CustodyTaken, Delivered, Disconnect, DisconnectReason, Effect, Send
 from inri.core.config import EngineConfig
 from inri.core.engine import Engine
@@ -43,7 +43,8 @@ PEERS_ASKED = 16  # as inri/node/relay.py asks
 PEERS_RETRY_S = 2.0
 PEERS_INTERVAL_S = 60.0
 PER_PREFIX = 8
-RANDOM_POOL = 64
+RANDOM_POOL = 48
+LOCAL_POOL = 16  # nearest relays of the grid neighbourhood handed to rank (it picks 8 of them)
 
 _JOIN, _ASK, _UP, _FRAME, _DOWN = range(5)
 
@@ -171,11 +172,15 @@ def built_edges(
     def answer(i: int) -> list[PeerInfo]:
         """The bootstrap's answer to relay i: the shipped ranking over its candidates."""
         cx, cy = cell_of[i]
-        local: list[int] = []
+        x, y = positions[i]
+        block: list[tuple[float, int]] = []
         for gx in range(cx - 1, cx + 2):
             for gy in range(cy - 1, cy + 2):
-                local += announced_in.get((gx, gy), ())
-        pool = set(local)
+                block += ((math.hypot(positions[j][0] - x, positions[j][1] - y), j)
+                          for j in announced_in.get((gx, gy), ()))
+        block.sort()
+        pool = set(announced_in.get((cx, cy), ()))  # the asker's /24: ranked first whatever the distance
+        pool.update(j for _, j in block[:LOCAL_POOL])
         if len(announced) > RANDOM_POOL:
             pool.update(rng.sample(announced, RANDOM_POOL))
         else:
@@ -238,7 +243,7 @@ def built_edges(
     for i in range(n):
         for p in engines[i].active_peers():
             j = index[p]
-            if names[i] in engines[j]._active:
+            if names[i] in engines[j].active_peers():
                 edges.add((min(i, j), max(i, j)))
             else:
                 report.one_sided += 1
