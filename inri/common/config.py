@@ -45,7 +45,8 @@ ENGINE_RULES: dict[str, msgspec.Meta] = {
         "active_min", "active_max", "passive_max", "keepalive_misses", "gossip_ttl", "route_k", "route_max",
         "reg_budget_burst", "reg_budget_peer_burst", "push_ttl", "reverse_max", "custody_max",
         "custody_max_attempts", "push_seen_max", "push_budget_peer_burst")},
-    **{name: _NONNEG for name in ("outbound_min", "priority_join_below", "far_links", "forward_jitter_s", "stem_hop_noise")},
+    **{name: _NONNEG for name in (
+        "outbound_min", "priority_join_below", "far_links", "forward_jitter_s", "stem_hop_noise")},
     "stem_fluff_probability": msgspec.Meta(gt=0, le=1),
     **{name: _POS for name in (
         "keepalive_interval_s", "peer_exchange_interval_s", "connect_timeout_s", "seen_ttl_s",

@@ -88,6 +88,9 @@ Membership (HyParView-like)
       says so in a Hello ("low") on the links it dials. A full relay holds an
       inbound link on probation for PROBATION_S; a "low" Hello gets it in by
       dropping a random neighbour, anything else gets "full".
+  M5. Proximity with a far link: candidates a bootstrap ranked near (the      membership.py
+      first `near` of add_candidates) are dialled nearest first, while
+      far_links of the dialled links go to a random candidate not ranked near.
 
 Peer scoring (zero trust between relays)
   S1. Each neighbour has a score: undecodable frames, forged gossip, gossip    scoring.py (decay: _tick)

@@ -1,4 +1,4 @@
-"""Membership, rules M1-M4 (HyParView-like): the active and passive views, links up and down,
+"""Membership, rules M1-M5 (HyParView-like): the active and passive views, links up and down,
 reconnection, the outbound quota, priority joins and peer exchange. Keepalive liveness (M2) is
 checked in the engine's timer (engine.Engine._tick)."""
 
