@@ -38,6 +38,7 @@ def main() -> None:
     args = ap.parse_args()
     lo, _, hi = args.neighbours.partition("-")
     mn, mx = int(lo), int(hi or lo)
+    figures: list[dict[str, object]] = []
     for n in (int(s) for s in args.sizes.split(",")):
         for kind in args.kinds.split(","):
             rng = random.Random(args.seed)
@@ -61,6 +62,16 @@ def main() -> None:
             if formation:
                 row["formation"] = formation
             print(json.dumps(row), flush=True)
+            figures.append({"metric": f"mean path {kind} {n}", "value": fig["mean_path"], "unit": "hops",
+                            "note": f"eccentricity {fig['eccentricity_max']}"})
+            if kind == "built":
+                # Issue 17 item 2: within 1.5x of a random 3-regular graph's mean path, same relays.
+                reg = build(Topology(kind="random", relays=n, min_degree=3, max_degree=3), random.Random(args.seed))
+                ref = shape(n, reg.undirected_edges(), sources=args.sources, rng=random.Random(args.seed + 1))
+                figures.append({"metric": f"built / random 3-regular {n}",
+                                "value": round(float(fig["mean_path"]) / float(ref["mean_path"]), 3),
+                                "unit": "x", "ceiling": 1.5, "note": f"3-regular: {ref['mean_path']} hops"})
+    print(json.dumps({"bench": "topology", "figures": figures}))
 
 
 if __name__ == "__main__":
