@@ -27,6 +27,8 @@ def main(argv: list[str] | None = None) -> int:
                      help="hostile relays behave honestly and spammers stay silent: the comparison run")
     run.add_argument("--unsigned-receipts", action="store_true",
                      help="relays believe any receipt ([engine] receipt_signatures = false): the comparison run")
+    run.add_argument("--gossip-scheme", choices=("flood", "tree"),
+                     help="override the scenario's [engine] gossip_scheme: the side-by-side comparison run")
     run.add_argument("--progress", choices=("auto", "on", "off"), default="auto",
                      help="progress bar on stderr (auto: when stderr is a terminal)")
     priv = sub.add_parser("privacy", help="measure linkability (home relay, key rotations) against chance")
@@ -59,6 +61,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.unsigned_receipts:
         scenario = dataclasses.replace(scenario, engine=dataclasses.replace(scenario.engine, receipt_signatures=False))
+    if args.gossip_scheme:
+        scenario = dataclasses.replace(scenario, engine=dataclasses.replace(scenario.engine,
+                                                                            gossip_scheme=args.gossip_scheme))
     progress = args.progress == "on" or (args.progress == "auto" and sys.stderr.isatty())
     try:
         sim = Simulator(scenario, seed=args.seed, trace_dir=args.trace_dir, trace_level=level,

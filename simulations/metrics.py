@@ -45,6 +45,10 @@ class Collector:
         self.push_messages = 0
         self.fallback_messages = 0
         self.reg_origin: dict[str, tuple[float, str]] = {}  # msg -> (t0, origin relay)
+        # Bytes of one full frame of each registration (gossip_bytes_ratio): its reg_originated rows'
+        # (the smallest), else (a stem origin writes none) the largest of its route_set rows'.
+        self.reg_frame: dict[str, int] = {}
+        self.reg_frame_routed: dict[str, int] = {}  # msg without origin bytes -> max route_set bytes
         self.reg_times: dict[str, array[float]] = {}  # msg -> route_set times
         self.reg_relays: dict[str, list[str]] = {}  # msg -> route_set relays (same order)
         self.injected: dict[str, tuple[float, str]] = {}  # push -> (t, relay)
@@ -78,8 +82,18 @@ class Collector:
             self.gossip_messages += count
             self.gossip_bytes += count * (row[10] or 0)
             self.reg_origin.setdefault(msg, (t, relay))
+            nb = row[10]
+            if nb is not None:
+                got = self.reg_frame.get(msg)
+                self.reg_frame[msg] = nb if got is None else min(got, nb)
+            elif msg not in self.reg_frame:
+                self.reg_frame_routed.setdefault(msg, 0)
             if row[4] is not None:
                 self.home_of_route[row[4]] = relay
+        elif kind == "gossip_control":  # tree gossip (G9): announcements, grafts, graft answers
+            c = row[9] or 0
+            self.gossip_messages += c
+            self.gossip_bytes += c * (row[10] or 0)
         elif kind == "push_injected":
             if msg not in self.injected:
                 self.injected[msg] = (t, relay)
@@ -116,6 +130,8 @@ class Collector:
         self.gossip_messages += count
         self.gossip_bytes += count * (row[10] or 0)
         msg = row[3]
+        if self.reg_frame_routed and msg in self.reg_frame_routed and row[10] is not None:
+            self.reg_frame_routed[msg] = max(self.reg_frame_routed[msg], row[10])
         times = self.reg_times.get(msg)
         if times is None:
             times = self.reg_times[msg] = array("d")
@@ -225,6 +241,8 @@ class Collector:
                         penalty.append(d / dd)
             path_stretch.sort()
             penalty.sort()
+        # Bytes of one full frame, summed over the registrations (docs/metrics.md, gossip_bytes_ratio).
+        frame_bytes = sum(self.reg_frame.get(m) or self.reg_frame_routed.get(m, 0) for m in self.reg_origin)
         coverage_num = coverage_den = 0
         reach: list[float] = []
         convergence: list[float] = []
@@ -274,6 +292,7 @@ class Collector:
             "gossip_messages": self.gossip_messages,
             "gossip_bytes": self.gossip_bytes,
             "overhead_ratio": self.gossip_messages / regs / (n - 1) if regs and n > 1 else None,
+            "gossip_bytes_ratio": self.gossip_bytes / ((n - 1) * frame_bytes) if frame_bytes and n > 1 else None,
             "latency_p50_s": nearest_rank(latency, 0.5),
             "latency_p95_s": nearest_rank(latency, 0.95),
             "latency_p99_s": nearest_rank(latency, 0.99),

@@ -70,16 +70,18 @@ def _observer_hops(n: int, latency: dict[tuple[int, int], float], processing: li
 
 
 def measure(relays: int = 1000, devices: int = 100, colluders: float = 0.05, seed: int = 1,
-            single_observers: int = 50, stem: bool = False, pushes: int = 1000) -> dict[str, Any]:
+            single_observers: int = 50, stem: bool = False, pushes: int = 1000,
+            engine: dict[str, Any] | None = None) -> dict[str, Any]:
     """Run the mesh (stem phase on or off) and measure linkability for one relay and for a colluding
-    share of relays, plus the price: stretch, convergence and delivery of `pushes` pushes."""
+    share of relays, plus the price: stretch, convergence and delivery of `pushes` pushes. `engine`:
+    further [engine] keys (e.g. the stem's parameters)."""
     raw = {
         "name": "privacy", "seed": seed, "duration_s": 90.0, "deadline_s": 30.0, "trace_level": "full",
         "topology": {"kind": "random", "relays": relays},
         "workload": {"registrations": 2 * devices, "registration_start_s": 0.0, "registration_end_s": 30.0,
                      "tokens_per_registration": max(1, -(-pushes // (2 * devices)) + 1), "pushes": pushes,
                      "push_start_s": 35.0, "push_end_s": 55.0, "rotate": True},
-        "engine": {"keepalive_interval_s": 2.0, "stem": stem},
+        "engine": {"keepalive_interval_s": 2.0, **(engine or {}), "stem": stem},
     }
     with tempfile.TemporaryDirectory() as tmp:
         sim = Simulator(from_dict(raw), seed=seed, trace_dir=Path(tmp))
@@ -91,7 +93,10 @@ def measure(relays: int = 1000, devices: int = 100, colluders: float = 0.05, see
     seen: dict[str, dict[int, int]] = {}  # route hex -> {observer relay: flood hops}
     stem_seen: dict[str, list[tuple[float, int, int]]] = {}  # route hex -> [(t, stem relay, its predecessor)]
     for r in t:
-        if r["kind"] == "route_set":
+        if r["kind"] == "route_backup" and r["reason"] == "stem_announce":  # G5 with the stem: the sender
+            # is the home or a stem relay, as a stem frame's sender is (stem.py)
+            stem_seen.setdefault(r["route"], []).append((r["t"], int(r["relay"]), int(r["peer"])))
+        elif r["kind"] == "route_set":
             if r["reason"] == "stem":
                 stem_seen.setdefault(r["route"], []).append((r["t"], int(r["relay"]), int(r["peer"])))
             else:

@@ -49,7 +49,14 @@ from simulations.ingress import Ingress, Source
 from simulations.metrics import Collector
 from simulations.progress import Progress
 from simulations.scenario import Partition, Scenario
-from simulations.summary import Result, adversary_summary, delivered_at, delivery_summary, summary_line
+from simulations.summary import (
+    Result,
+    adversary_summary,
+    delivered_at,
+    delivery_summary,
+    route_k2_share,
+    summary_line,
+)
 from simulations.topology import Network, build
 from simulations.tracewriter import TraceWriter
 from simulations.tracing import SimTracer
@@ -479,6 +486,8 @@ class Simulator:
         summary["topology_below_min_degree"] = sum(c for d, c in degrees.items() if d < self.sc.topology.min_degree)
         if self.net.formation is not None:
             summary["topology_formation"] = self.net.formation
+        summary["route_k2_share"] = route_k2_share(self.engines, self.alive, self.work)
+        summary["gossip_scheme"] = self.sc.engine.gossip_scheme
         summary.update(
             {
                 "events": self.events,

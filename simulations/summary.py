@@ -126,3 +126,17 @@ def delivered_at(collector: Collector, plan: PushPlan) -> float | None:
     """When the push of a plan was first stored at its home, or None."""
     got = collector.delivered.get(plan.push_id) if plan.push_id else None
     return None if got is None else got[0]
+
+
+def route_k2_share(engines: Sequence[Engine], alive: Sequence[bool], work: Workload) -> float | None:
+    """At the end of the run, over every registration and every live relay but its home: the share of
+    (relay, registration) pairs whose route holds 2 or more next hops (a backup; docs/metrics.md)."""
+    routes = [reg.route_id for _, reg, _ in work.regs if reg is not None]
+    homes = [home for home, reg, _ in work.regs if reg is not None]
+    pairs = with_two = 0
+    for i, eng in enumerate(engines):
+        if alive[i]:
+            own = [rid for rid, home in zip(routes, homes, strict=True) if home != i]
+            pairs += len(own)
+            with_two += eng.routes_with_next_hops(own, 2)
+    return with_two / pairs if pairs else None

@@ -82,12 +82,22 @@ def analyse(
         .cache()
     )
     n_regs = regs.count()
-    gossip = one_row(ev.filter(F.col("kind").isin("reg_originated", "route_set")).agg(
+    # gossip_control: the tree scheme's announcements, grafts and graft answers (docs/trace-schema.md)
+    gossip = one_row(ev.filter(F.col("kind").isin("reg_originated", "route_set", "gossip_control")).agg(
         F.sum(F.coalesce(F.col("count"), F.lit(0))).alias("m"),
         F.sum(F.coalesce(F.col("count"), F.lit(0)) * F.coalesce(F.col("bytes"), F.lit(0))).alias("b"),
     ))
     gossip_messages = int(gossip["m"] or 0)
     gossip_bytes = int(gossip["b"] or 0)
+    # Bytes of one full frame per registration: its reg_originated rows' (smallest), else its route_set
+    # rows' (largest; a stem origin writes none), summed over the registrations (gossip_bytes_ratio).
+    kind = F.col("kind")
+    frames = ev.filter(kind.isin("reg_originated", "route_set")).groupBy("msg").agg(
+        F.min(F.when(kind == "reg_originated", F.col("bytes"))).alias("ob"),
+        F.max(F.when(kind == "route_set", F.col("bytes"))).alias("rb"),
+    )
+    frame_bytes = int(one_row(regs.join(frames, "msg", "left").agg(
+        F.sum(F.coalesce(F.col("ob"), F.col("rb"), F.lit(0))).alias("fb")))["fb"] or 0)
 
     progress("pushes and deliveries")
     pushes = (
@@ -265,6 +275,7 @@ def analyse(
         "gossip_messages": gossip_messages,
         "gossip_bytes": gossip_bytes,
         "overhead_ratio": gossip_messages / n_regs / (n_relays - 1) if n_regs and n_relays > 1 else None,
+        "gossip_bytes_ratio": gossip_bytes / ((n_relays - 1) * frame_bytes) if frame_bytes and n_relays > 1 else None,
         "latency_p50_s": lat[0.5],
         "latency_p95_s": lat[0.95],
         "latency_p99_s": lat[0.99],

@@ -5,8 +5,6 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 
-import pytest
-
 from inri.core.api import Connect, Disconnect, DisconnectReason, InjectOutcome, Send, TraceLevel
 from inri.core.config import EngineConfig
 from inri.core.engine import Engine
@@ -354,15 +352,12 @@ def test_routes_expire_with_their_registration_and_sweeps_skip_tables_with_nothi
 
 
 
-@pytest.mark.xfail(strict=True, reason="known defect (issues 15/16): every relay waits the same receipt timeout, "
-                   "so a relay upstream of a black hole blames its honest next hop first and cuts it")
 def test_a_relay_upstream_of_a_black_hole_is_not_cut_for_it() -> None:
     """The hostile-peer property test's example (hypothesis found it): hostile relay 4 sends pushes to
     honest 6, whose next hop 7 forwards them along 7's primary route, back to 4, which swallows them.
-    Every relay waits the same 2 s for a receipt and 6 sent first, so 6 blames 7 (-1 per push) and cuts
-    it before 7 blames 4. A fix tried (7 reports `next hop down` upstream, the penalty waits a second
-    timeout) kept honest links but dropped black-holes-1k delivery from 0.9905 to 0.971: not merged.
-    Strict xfail: this turns red the day the defect is fixed, so the marker is removed with it."""
+    With one receipt timeout for every relay, 6 (which sent first) blamed 7 (-1 per push) and cut it
+    before 7 blamed 4. Rule F6: the timeout shrinks with the hops the copy travelled, so 7 gives up on 4
+    first and its `next hop down` reaches 6 before 6's own timeout: 6 keeps 7, 7 cuts 4."""
     caps = replace(EngineConfig(), push_seen_max=50, reverse_max=40, custody_retry_s=0.5, keepalive_interval_s=0.5)
     edges = [(0, 1), (0, 2), (0, 3), (0, 7), (1, 2), (1, 4), (2, 5), (3, 8), (4, 6), (4, 7), (5, 7), (6, 7)]
     lat = {(a, b): 0.0625 for a, b in edges} | {(b, a): 0.0625 for a, b in edges}

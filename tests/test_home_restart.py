@@ -93,6 +93,26 @@ def test_a_restarted_home_is_not_scored_as_a_replayer_by_its_former_neighbours()
     assert net.engines[2].counters.get("reg_announced", 0) >= 30
 
 
+def test_a_restarted_relay_lets_its_former_neighbours_back_in_when_new_ones_filled_it() -> None:
+    """Issue 15 item 2: a restarted home refused former neighbours as "full" (new relays had taken its
+    slots), and they kept a dead route through it. A relay re-dialling a lost neighbour says so in its
+    Hello ("back"); a relay that started less than REJOIN_WINDOW_S ago lets it back in (rule M6)."""
+    net = MiniNet(8, [(0, 1), (0, 2), (0, 3)] + [(i, i + 1) for i in range(1, 7)])
+    net.run_until(1.0)
+    assert set(net.engines[0].active_peers()) == {"1", "2", "3"}
+    net.kill(0)
+    net.run_until(1.5)
+    for new in (4, 5, 6, 7):  # the relay comes back and new relays dial it first: it is full
+        net.links[(str(new), "0")] = net.links[("0", str(new))] = 0.01
+    net.restart(0)
+    for new in (4, 5, 6, 7):
+        net.link_up(str(new), "0")
+    assert len(net.engines[0].active_peers()) == 4
+    net.run_until(15.0)  # the former neighbours re-dial it (2 s backoff)
+    assert {"1", "2", "3"} <= set(net.engines[0].active_peers())
+    assert net.engines[0].counters.get("peer_rejoined", 0) >= 1
+
+
 # -- real processes ----------------------------------------------------------------------------------
 
 ROUNDS = 3

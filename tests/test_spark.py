@@ -15,6 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 pyspark = pytest.importorskip("pyspark", reason="the analysis extra (PySpark) is not installed")
@@ -161,9 +162,10 @@ def test_malformed_lines_are_counted_not_fatal(spark, tmp_path: Path) -> None:
     assert summary["delivered"] == EXPECTED["delivered"] and summary["gossip_messages"] == EXPECTED["gossip_messages"]
 
 
-def test_analysis_agrees_with_the_simulator_on_every_shared_key(spark, tmp_path: Path) -> None:
+@pytest.mark.parametrize("scheme", ["flood", "tree"])
+def test_analysis_agrees_with_the_simulator_on_every_shared_key(spark, tmp_path: Path, scheme: str) -> None:
     scenario = tmp_path / "x.toml"
-    scenario.write_text("""
+    scenario.write_text(f"""
 name = "crosscheck"
 seed = 5
 duration_s = 60.0
@@ -190,6 +192,7 @@ downtime_s = 8.0
 [engine]
 keepalive_interval_s = 1.0
 custody_retry_s = 1.0
+gossip_scheme = "{scheme}"
 """)
     proc = subprocess.run([sys.executable, "-m", "simulations.cli", "run", str(scenario), "--trace-dir",
                            str(tmp_path / "trace"), "--progress", "off"], capture_output=True, text=True, check=True)
@@ -200,6 +203,10 @@ custody_retry_s = 1.0
     assert len(links) > len((tmp_path / "trace" / "topology.csv").read_text().splitlines())  # run-time links
     assert 0 < sim["recovery_share"] < 1 and sim["path_stretch_p95"] < sim["stretch_p95"]
     assert sim["overlay_penalty_median"] >= 1.0
+    # the tree scheme's announcements, grafts and graft answers are in the trace and counted
+    kinds = pq.read_table(tmp_path / "trace" / "events.parquet", columns=["kind", "reason"]).to_pylist()
+    control = {r["reason"] for r in kinds if r["kind"] == "gossip_control"}
+    assert control == (set() if scheme == "flood" else {"announce", "graft", "graft_answer"})
     ana = run(tmp_path / "trace", tmp_path / "report", spark=spark, plots=False)
     assert set(sim) <= set(ana)  # summary.json carries every key of the simulator's summary
     assert "events" in ana["from_simulator"] and "delivered" not in ana["from_simulator"]
@@ -207,7 +214,7 @@ custody_retry_s = 1.0
     assert len(shared) >= 20
     new_keys = {"latency_p50_s", "latency_p95_s", "latency_p99_s", "path_stretch_median", "path_stretch_p95",
                 "recovery_share", "overlay_penalty_median", "overlay_penalty_p95", "reach_p50", "reach_p10",
-                "hops_p95", "hops_max", "excluded_old_rule", "delivery_ratio_old_rule"}
+                "hops_p95", "hops_max", "excluded_old_rule", "delivery_ratio_old_rule", "gossip_bytes_ratio"}
     assert new_keys <= set(shared)
     assert all(sim[k] is not None for k in new_keys)
     for key in shared:

@@ -292,3 +292,63 @@ def test_a_stem_broken_after_the_flood_heals_at_the_next_refresh_and_parked_push
     net.run_until(120.0)
     assert path[0][1] not in {b for _, b in stem_path(net, reg2)}
     assert net.delivered == [("0", res.push_id)] and net.custody[res.push_id] == "delivered"
+
+
+HOME = 6
+CHAIN = [(0, 1), (1, 2), (2, 3), (3, 4), (4, 5), (5, HOME)]
+
+
+@pytest.mark.parametrize(("extra", "back_at"), [([], 3), ([(5, 7)], 7)])
+def test_a_restarted_home_with_the_stem_on_is_found_by_its_new_neighbours_without_refresh(
+    extra: list[tuple[int, int]], back_at: int
+) -> None:
+    # As tests/test_home_restart.py, stem on: the home comes back linked to another relay and announces
+    # its registration there as a stem frame (G5); with (5, 7) the stem first meets a dead end at 7.
+    net = MiniNet(8 if extra else 7, CHAIN + extra, config=STEM)
+    net.run_until(1.0)
+    reg = make_registration(KEYS[0], 1, 0, 3600)
+    net.homes[HOME].add_registration(reg, TOKENS)
+    net.apply(str(HOME), net.engines[HOME].register(reg, net.now))
+    net.run_until(3.0)
+    assert net.engines[0].has_route(reg.route_id)  # a dead end at 7 bounced the stem: 5 fluffed at once
+    net.kill(HOME)
+    for a, b in ((5, HOME), (HOME, 5)):
+        net.links.pop((str(a), str(b)), None)
+    net.links[(str(back_at), str(HOME))] = net.links[(str(HOME), str(back_at))] = 0.01
+    net.run_until(4.0)
+    res = net.engines[0].inject_push(reg, TOKENS[0], b"while down", net.now)
+    assert res.push_id is not None
+    net.apply("0", res.effects)
+    net.run_until(10.0)
+    net.restart(HOME)
+    net.run_until(70.0)
+    assert net.custody.get(res.push_id) == "delivered"
+    assert net.engines[HOME].stats().get("reg_announced", 0) >= 1
+    announced = [(a, b) for a, b, m in net.sent if isinstance(m, RegGossip) and m.stem and a == str(HOME)]
+    assert (str(HOME), str(back_at)) in announced  # a stem frame, not a hops-0 flood frame
+    assert not [m for a, _, m in net.sent if isinstance(m, RegGossip) and not m.stem and m.hops == 0]
+    assert not net.engines[HOME].stats().get("stem_fluffed")  # the restarted home never floods itself
+
+
+def test_stem_relays_announce_their_stem_routes_on_link_up_like_the_home_and_flood_relays_take_them() -> None:
+    for seed in range(1, 30):
+        net = stem_net(seed=seed, config=replace(STEM, active_max=6))  # room for a fifth link
+        reg = register(net, 0, 0)
+        net.run_until(2.0)
+        path = stem_path(net, reg)
+        if len(path) >= 2 and len({b for _, b in path}) == len(path):
+            break
+    else:
+        pytest.fail("no seed gave a stem of two relays")
+    stem_relay = path[0][1]  # the home's successor: its route is the stem
+    flood = [i for i in range(len(net.engines)) if net.engines[i].route_epoch(reg.route_id) == 1
+             and str(i) not in {"0", *(b for _, b in path)} and (str(i), stem_relay) not in net.links]
+    new = flood[0]
+    before = len(net.sent)
+    net.links[(str(new), stem_relay)] = net.links[(stem_relay, str(new))] = 0.01
+    net.link_up(str(new), stem_relay)
+    net.run_until(net.now + 5.0)
+    frames = [(a, b, m) for a, b, m in net.sent[before:] if isinstance(m, RegGossip) and m.registration == reg]
+    assert [(m.stem, m.ttl, m.hops) for a, b, m in frames if a == stem_relay and b == str(new)] == [
+        (True, STEM.gossip_ttl, 0)]  # the very frame a home sends
+    assert net.engines[new].stats()["stem_offer_taken"] == 1

@@ -45,14 +45,15 @@ ENGINE_RULES: dict[str, msgspec.Meta] = {
         "active_min", "active_max", "passive_max", "keepalive_misses", "gossip_ttl", "route_k", "route_max",
         "reg_budget_burst", "reg_budget_peer_burst", "push_ttl", "reverse_max", "custody_max",
         "custody_max_attempts", "push_seen_max", "push_budget_peer_burst")},
-    **{name: _NONNEG for name in (
-        "outbound_min", "priority_join_below", "far_links", "forward_jitter_s", "stem_hop_noise")},
+    **{name: _NONNEG for name in ("outbound_min", "priority_join_below", "far_links", "forward_jitter_s",
+                                   "stem_hop_noise", "tree_announce_delay_s")},
     "stem_fluff_probability": msgspec.Meta(gt=0, le=1),
+    **{name: msgspec.Meta(ge=0, le=1) for name in ("tree_eager_share", "tree_explore")},
     **{name: _POS for name in (
         "keepalive_interval_s", "peer_exchange_interval_s", "connect_timeout_s", "seen_ttl_s",
         "reg_budget_per_origin_per_s", "reg_budget_per_peer_per_s", "reverse_ttl_s", "custody_retry_s",
         "custody_deadline_s", "push_budget_per_peer_per_s", "score_half_life_s", "score_ban_s",
-        "receipt_timeout_s", "stem_epoch_s", "stem_embargo_s")},
+        "receipt_timeout_s", "stem_epoch_s", "stem_embargo_s", "tree_graft_timeout_s")},
 }
 
 

@@ -7,6 +7,7 @@ short timers for tests on loopback.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Literal
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +39,17 @@ class EngineConfig:
     reg_budget_burst: int = 3
     reg_budget_per_peer_per_s: float = 200.0  # AODV RREQ_RATELIMIT is 10/s per node; peers relay many
     reg_budget_peer_burst: int = 400
+    # "flood": every relay sends the full registration frame to every neighbour but its sender (rules
+    # G2-G3). "tree" (rule G9, inri/core/tree.py): full frames along an eager spanning tree (Plumtree),
+    # compact announcements, batched per neighbour, on the other links; they give the same backup next
+    # hops and repair the tree (graft) when a full frame does not come within tree_graft_timeout_s.
+    gossip_scheme: Literal["flood", "tree"] = "flood"
+    tree_announce_delay_s: float = 0.05  # announcements wait this long to share a frame per neighbour
+    tree_graft_timeout_s: float = 0.25  # an announced registration not received by then is grafted
+    # A link gets full frames of a direction and distance while at least this share of those it got
+    # reached it first (no prune came back); tree_explore: the chance of a full frame on a lazy link anyway.
+    tree_eager_share: float = 0.3
+    tree_explore: float = 0.05
     # Stem phase (Dandelion++, inri/core/stem.py, docs/protocol.md "What relays learn"): a registration
     # walks a stem of geometric length (fluff probability q per hop, mean 1/q) before its flood, so
     # the flood's hop counts point at the stem's last relay, not the home.

@@ -29,16 +29,26 @@ Registration gossip
       neighbour's budget, so a restarted home is found again without a device
       refresh. A neighbour takes it as a next hop (replacing its worst backup
       when full); from a neighbour that already claimed it, it is no replay.
+      With the stem on they are stem frames, from the home and from every stem
+      relay with a working stem route (stem.py); a flood relay takes the sender
+      as a next hop at distance 2.
   G6. Stem (with [engine] stem = true): the home hands a registration to one   stem.py
       neighbour in a stem frame; each stem relay passes it to one neighbour or,
       with probability q, fluffs (starts G2's flood at hops 2 + noise).
       Successor and coin are keyed pseudo-random per (relay, period, route id):
       refreshes of a route id retrace its path.
   G7. A stem relay's route is the reverse path (next hop = predecessor,       stem.py
-      distance 2, no backups); a looping stem is bounced, its sender fluffs.
+      distance 2, no backups); a looping stem, or one at a dead end, is
+      bounced, its sender fluffs.
   G8. Fail-safe: a stem relay (the home too) that does not get the flood back  stem.py
       within its embargo timer floods the registration itself. Its first flood
       copy it forwards like any relay (its route stays the stem).
+  G9. Tree gossip (with [engine] gossip_scheme = "tree"): G2's forward sends   tree.py
+      full frames only on links eager for the registration's direction (the
+      neighbour it came from) and distance, measured by prunes, and batched
+      announcements (route id, epoch, hops) on the others. An announcement of
+      a held (route, epoch) is a G3 arrival; of an unknown one, a graft from
+      the closest announcer once no full frame came within the graft timeout.
 
 Push forwarding
   F1. A push follows the route vector (primary, else a live backup; never      forwarding.py
@@ -123,8 +133,10 @@ from inri.core.scoring import ScoringRules
 from inri.core.state import SWEEP_INTERVAL_S, Custody, Neighbour, ReverseMark, readdress
 from inri.core.stem import StemRules
 from inri.core.tables import BoundedMap, RouteTable
+from inri.core.tree import TREE_CACHE_MAX, TREE_MISSING_MAX, TreeRules
 from inri.protocol.codec import DecodeError, decode
 from inri.protocol.messages import (
+    Announcement,
     ErrorCode,
     ErrorFrame,
     Hello,
@@ -133,7 +145,9 @@ from inri.protocol.messages import (
     PeerExchange,
     Push,
     Receipt,
+    RegAnnounce,
     RegGossip,
+    RegGraft,
     Registration,
     RouteError,
 )
@@ -152,7 +166,7 @@ HOOKS = {
 }
 
 
-class Engine(MembershipRules, GossipRules, StemRules, ForwardingRules, CustodyRules, ScoringRules):
+class Engine(MembershipRules, GossipRules, StemRules, TreeRules, ForwardingRules, CustodyRules, ScoringRules):
     """One relay's protocol state. Every method takes `now` and returns effects to carry out."""
 
     def __init__(
@@ -201,9 +215,14 @@ class Engine(MembershipRules, GossipRules, StemRules, ForwardingRules, CustodyRu
         self._banned: dict[str, float] = {}  # node id -> until (cut for its score)
         self._probation: dict[str, tuple[float, str]] = {}  # inbound links held while full: -> (until, addr)
         self._next_make_room = 0.0
-        # Pushes forwarded along a route, awaiting an answer: push id -> (next hop, deadline), in
-        # deadline order (constant timeout). No answer by then scores the next hop as a black hole.
-        self._await: BoundedMap[bytes, tuple[str, float]] = BoundedMap(config.reverse_max)
+        self._started_at = 0.0  # M6: former neighbours get back in for a while after start()
+        self._rejoined: set[str] = set()
+        # Pushes forwarded along a route, awaiting an answer: push id -> (next hop, deadline, sent,
+        # route id), in send order, with a heap (deadline, push id) for expiry: the timeout shrinks
+        # with the hops the copy has travelled (rule F6), so the relay nearest a black hole answers first.
+        # No answer by then scores the next hop as a black hole. Next hop "": a local repair (F3).
+        self._await: BoundedMap[bytes, tuple[str, float, float, bytes]] = BoundedMap(config.reverse_max)
+        self._await_heap: list[tuple[float, bytes]] = []
         # Slow, not silent (rule S1, scoring.py): pushes past receipt_timeout_s whose next hop keeps
         # answering, slowly, get a longer grace: push id -> (next hop, sent, grace end), with a heap
         # (grace end, push id) for expiry; pushes blamed on a neighbour (push id -> (next hop, sent,
@@ -222,8 +241,18 @@ class Engine(MembershipRules, GossipRules, StemRules, ForwardingRules, CustodyRu
         self._stem_key = rng.randbytes(32) if config.stem else b""
         self._embargo: dict[tuple[bytes, int], tuple[float, Registration, str | None, str | None]] = {}
         self._homed: dict[bytes, Registration] = {}  # registrations homed here (announced on link up)
+        self._stem_held: dict[bytes, Registration] = {}  # stem routes held here (stem.py, announced on link up)
         self._announce: dict[str, list[bytes]] = {}  # neighbour -> homed route ids still to announce
         self._down_since: dict[str, float] = {}  # former neighbour -> when its link went down
+        # Tree gossip (tree.py, rule G9); the tables stay empty with gossip_scheme "flood".
+        self._tree_on = config.gossip_scheme == "tree"
+        self._tree_stats: dict[tuple[str | None, int | None, str], list[int]] = {}
+        self._tree_out: dict[str, tuple[list[Announcement], list[bytes], list[bytes]]] = {}
+        self._tree_flush_at: float | None = None
+        self._tree_missing: BoundedMap[tuple[bytes, int], list[tuple[str, int]]] = BoundedMap(TREE_MISSING_MAX)
+        self._tree_grafts: list[tuple[float, bytes, int]] = []
+        self._tree_cache: BoundedMap[bytes, tuple[Registration, int, int, float, str | None]] = BoundedMap(
+            TREE_CACHE_MAX)
         self.counters: dict[str, int] = {}
         self.reg_duplicates = 0  # gossip arrivals of a known (route, epoch): a plain int on the hot path
 
@@ -261,6 +290,10 @@ class Engine(MembershipRules, GossipRules, StemRules, ForwardingRules, CustodyRu
                 return self._on_receipt(peer, msg, now)
             case RouteError():
                 return self._on_route_error(peer, msg, now)
+            case RegAnnounce():
+                return self._on_announce(peer, state, msg, now)
+            case RegGraft():
+                return self._on_graft(peer, state, msg, now)
             case Keepalive():
                 if not msg.reply:
                     state.last_sent = now
@@ -282,10 +315,25 @@ class Engine(MembershipRules, GossipRules, StemRules, ForwardingRules, CustodyRu
     def get_timer(self) -> float | None:
         """The earliest time handle_timer wants to run (None: nothing armed)."""
         t = self._next_tick
+        heap = self._await_heap
+        if heap:
+            waits = self._await
+            while heap:  # answered pushes leave stale heap entries: drop them here, not on a wakeup
+                deadline, pid = heap[0]
+                w = waits.get(pid)
+                if w is not None and w[1] == deadline:
+                    if t is None or deadline < t:
+                        t = deadline
+                    break
+                heapq.heappop(heap)
         if self._timers:
             first = self._timers[0][0]
             if t is None or first < t:
-                return first
+                t = first
+        if self._tree_flush_at is not None or self._tree_grafts:  # G9 (tree.py)
+            tree = self._tree_next()
+            if tree is not None and (t is None or tree < t):
+                return tree
         return t
 
     def handle_timer(self, now: float) -> list[Effect]:
@@ -297,6 +345,10 @@ class Engine(MembershipRules, GossipRules, StemRules, ForwardingRules, CustodyRu
             c = self._custody.get(pid)
             if c is not None and c.next_retry == when:
                 out += self._retry(c, now)
+        if self._tree_flush_at is not None or self._tree_grafts:  # G9 (tree.py)
+            out += self._tree_timer(now)
+        if self._await_heap and self._await_heap[0][0] <= now:
+            out += self._answers_overdue(now)
         if self._next_tick is not None and now >= self._next_tick:
             out += self._tick(now)
         return out
@@ -307,13 +359,6 @@ class Engine(MembershipRules, GossipRules, StemRules, ForwardingRules, CustodyRu
         out: list[Effect] = []
         interval = cfg.keepalive_interval_s
         dead_after = interval * cfg.keepalive_misses
-        pending = self._await
-        while pending:
-            pid, (nh, deadline) = next(iter(pending.items()))
-            if deadline > now:
-                break
-            del pending[pid]
-            out += self._receipt_overdue(pid, nh, deadline - cfg.receipt_timeout_s, now)
         if self._overdue_heap:
             out += self._grace_expired(now)
         for p in list(self._announce):  # link-up announcements left over from peer_up (rule G5)
@@ -383,6 +428,11 @@ class Engine(MembershipRules, GossipRules, StemRules, ForwardingRules, CustodyRu
         """The cached route vector for route_id: [(next hop, distance), ...], primary first."""
         entry = self._routes.get(route_id)
         return [] if entry is None else RouteTable.vector(entry)
+
+    def routes_with_next_hops(self, route_ids: list[bytes], k: int) -> int:
+        """How many of route_ids have a route with at least k next hops here."""
+        hops_of = self._routes.next_hops_of
+        return sum(1 for rid in route_ids if len(hops_of(rid)) >= k)
 
     def peer_scores(self) -> dict[str, float]:
         """The score of every active neighbour (rule S1), rounded."""

@@ -3,6 +3,8 @@ local repair and route errors, and ring copies that switch back to route mode.""
 
 from __future__ import annotations
 
+import heapq
+
 from inri.core.api import (
     CustodyReleased,
     Delivered,
@@ -34,6 +36,13 @@ LOCAL_REPAIR_RADIUS = 2  # a relay whose route broke searches this far before th
 # neighbours (its link-up announcements, rule G5, gave them the route). Shorter would flood for every
 # push to a home that is merely restarting; the deadline is minutes.
 HOME_SEARCH_AFTER_S = 5.0
+# Rule F6 (no holes): a relay waits for a forwarded push's answer receipt_timeout_s less this share
+# of it per hop the copy has already travelled (its hop count), never less than a quarter of it.
+# Along one path the hop count grows by one per hop, so the relay next to a black hole gives up
+# first and its route error reaches the relays upstream before their own timeouts: they learn where
+# the hole is instead of blaming their honest next hops. The custodian's own wait is unchanged.
+# The step (0.12 s by default) must exceed a link's round trip; a slower neighbour gets S1's grace.
+ANSWER_STEP_SHARE = 0.06
 # Bound once: Enum class attribute lookups cost several times a dict lookup on the per-frame path.
 _LOCAL = ReverseMark.LOCAL
 _LATE = ReverseMark.LATE
@@ -120,12 +129,74 @@ class ForwardingRules(EngineState):
     # Rules F1, S1 (an answer is awaited).
     def _forward(self, msg: Push, nh: str, now: float) -> Send:
         self._active[nh].last_sent = now
-        self._await.put_last(msg.push_id, (nh, now + self.config.receipt_timeout_s))  # stays in deadline order
+        self._await_answer(msg, nh, now)
         if self._level:
             self._trace(now, "push_forwarded", msg=msg.push_id.hex(), route=msg.route_id.hex(), peer=nh,
                         hops=msg.hops, ttl=msg.ttl, count=1)
         jitter = self.config.forward_jitter_s
         return make_send(nh, msg, self._rng.random() * jitter if jitter else 0.0)
+
+    # Rule F6.
+    def _await_answer(self, msg: Push, nh: str, now: float) -> None:
+        """Expect an answer for the copy msg (just sent to nh) within a timeout
+        that shrinks with the hops it has travelled (rule F6)."""
+        timeout = self.config.receipt_timeout_s
+        deadline = now + max(timeout / 4, timeout * (1 - ANSWER_STEP_SHARE * msg.hops))
+        self._await.put_last(msg.push_id, (nh, deadline, now, msg.route_id))
+        heapq.heappush(self._await_heap, (deadline, msg.push_id))
+
+    # Rules S1 (a black hole is blamed), F6 (and reported upstream).
+    def _answers_overdue(self, now: float) -> list[Effect]:
+        """Pushes whose answer is overdue: blame the next hop (S1; a slow one gets its grace first) and
+        tell the relay upstream where the hole is (F6)."""
+        out: list[Effect] = []
+        heap = self._await_heap
+        waits = self._await
+        while heap and heap[0][0] <= now:
+            deadline, pid = heapq.heappop(heap)
+            w = waits.get(pid)
+            if w is None or w[1] != deadline:
+                continue  # answered, or sent again since
+            del waits[pid]
+            nh = w[0]
+            out += self._receipt_overdue(pid, nh, w[2], now, w[1] - w[2])
+            if pid in self._overdue:
+                continue  # a slow neighbour's grace: not reported (scoring.py blames it when it ends)
+            st = self._active.get(nh)
+            if st is None or st.last_heard <= w[2]:
+                # Silent since the push left: more likely down (keepalives will tell, and its routes go
+                # with it) than a hole; reporting these cost 40% more messages under churn (churn-2k).
+                continue
+            out += self._report_hole(pid, nh, now, w[3])
+        return out
+
+    # Rule F6.
+    def _report_hole(self, pid: bytes, nh: str, now: float, rid: bytes) -> list[Effect]:
+        """No answer came for push pid from nh, heard from since: the push fell into a hole after this
+        relay (a black hole, or a relay whose local repair found nothing; a failed radius-2 search
+        stays quiet, as reporting it made every relay upstream repair in turn, +55% messages on
+        churn-2k, so its upstream blames it once and reports the hole here). nh goes last among the
+        route's next hops, and the relay upstream hears a route error: `next hop down` when a live
+        next hop is left here (the route is repaired: keep using this relay), `no route` otherwise
+        (it stops using this relay for the route). Reverse state stays: a late receipt still finds
+        its way back. A slow neighbour whose grace ends unanswered is blamed, not reported (rare)."""
+        back = self._reverse.get(pid)
+        if back is None:
+            return []
+        entry = self._routes.get(rid)
+        if entry is not None and RouteTable.claims(entry, nh) and len(RouteTable.next_hops(entry)) > 1:
+            self._routes[rid] = RouteTable.demote(entry, nh)
+        prev = back[0]
+        if isinstance(prev, ReverseMark) or prev not in self._active:
+            return []
+        left = self._next_hop(rid, prev)
+        reason = RouteErrorReason.NEXT_HOP_DOWN if left is not None and left != nh else RouteErrorReason.NO_ROUTE
+        self._count("hole_reported")
+        self._active[prev].last_sent = now
+        if self._level:
+            self._trace(now, "route_error", msg=pid.hex(), route=rid.hex(), peer=prev,
+                        reason="next_hop_down" if reason == RouteErrorReason.NEXT_HOP_DOWN else "no_route", count=1)
+        return [Send(prev, RouteError(pid, rid, reason))]
 
     # Rule F4.
     def _ring_flood(self, msg: Push, sender: str | None, now: float) -> list[Effect]:
@@ -334,10 +405,14 @@ class ForwardingRules(EngineState):
             return [Send(back[0], msg)]
         # An answer, if not a receipt: no black hole there. It earns what a receipt earns, so a
         # neighbour blamed while the home behind it was down (not yet detected) recovers.
-        self._answered(peer, msg.push_id, now)
+        # `next hop down` (F6) is neutral: it earns nothing, or a black hole could buy score with it.
+        hole = msg.reason == RouteErrorReason.NEXT_HOP_DOWN
+        self._answered(peer, msg.push_id, now, reward=not hole)
         home_down = msg.reason == RouteErrorReason.HOME_UNREACHABLE
-        # After `home unreachable` the reverse path stays (see _push_drop): a late receipt still gets back.
-        back = self._reverse.get(msg.push_id) if home_down else self._reverse.pop(msg.push_id, None)
+        # After `home unreachable` or `next hop down` the reverse path stays (see _push_drop,
+        # _report_hole): a late receipt still gets back.
+        back = (self._reverse.get(msg.push_id) if home_down or hole
+                else self._reverse.pop(msg.push_id, None))
         if back is None:
             return []
         prev = back[0]
@@ -347,14 +422,16 @@ class ForwardingRules(EngineState):
         # next hop is only tried last (a backup, e.g. a link to the home that came back, goes first).
         entry = self._routes.get(msg.route_id)
         if entry is not None and RouteTable.claims(entry, peer):
-            if not home_down:
+            if not home_down and not hole:
                 self._routes.drop_next_hop(msg.route_id, entry, peer)
             elif len(RouteTable.next_hops(entry)) > 1:
+                # F6: behind `next hop down` the route was repaired, but it just lost a push: a backup
+                # goes first (a hostile relay that answers it for every push it swallows ends last).
                 self._routes[msg.route_id] = RouteTable.demote(entry, peer)
         if prev is _LOCAL:
             c = self._custody.get(msg.push_id)
-            if c is None:
-                return []
+            if c is None or hole:
+                return []  # F6: the route is repaired down the path; the scheduled retry stands
             if msg.reason == RouteErrorReason.HOME_UNREACHABLE:
                 # The home relay is down: flooding cannot reach it. Keep custody and re-send along the
                 # route at the next scheduled retry (it may be back by then); never widen the ring.
@@ -365,6 +442,12 @@ class ForwardingRules(EngineState):
             return self._retry(c, now)
         if prev not in self._active:
             return []
+        if msg.reason == RouteErrorReason.NO_ROUTE:
+            # F6: the next hop that reported it was dropped here; relays further upstream keep their
+            # routes (an answer, not a fault). Were this relay left without a route, its next push for
+            # the route searches its neighbourhood (F3), and a search that finds nothing is reported
+            # one hop further: a hole closes one hop per failed push, not a whole path at once.
+            msg = RouteError(msg.push_id, msg.route_id, RouteErrorReason.NEXT_HOP_DOWN)
         if self._level:
             self._trace(now, "receipt_forwarded", msg=msg.push_id.hex(), peer=prev, reason="route_error", count=1)
         return [Send(prev, msg)]

@@ -55,6 +55,9 @@ def _gossip_frame_bytes(registration: Registration) -> int:
     return len(encode_unchecked(RegGossip(registration, 0, 0)))
 
 
+gossip_frame_bytes = _gossip_frame_bytes  # bytes of one full registration frame (flood) of a registration
+
+
 class GossipRules(EngineState):
     """G1-G4: the route table, built from registration gossip."""
 
@@ -67,17 +70,19 @@ class GossipRules(EngineState):
             self._count("reg_local_stale")
             return []
         self._routes.originate(rid, registration.epoch, self._local_expiry(registration.expires_at))
-        if self.config.stem:  # G6: a stem before the flood (stem.py); no link-up
-            # announcements (G5) then: their hops 0 would name the home to every new neighbour
-            return self._stem_originate(registration, now)
         homed = self._homed.get(rid)
         if homed is None or registration.epoch >= homed.epoch:
             self._homed[rid] = registration  # announced to every neighbour whose link comes up later (G5)
-        gossip = RegGossip(registration, self.config.gossip_ttl, 0)
+        if self.config.stem:  # G6: a stem before the flood (stem.py); G5 then announces with stem frames
+            return self._stem_originate(registration, now)
         out: list[Effect] = []
-        for p, st in self._active.items():
-            st.last_sent = now
-            out.append(Send(p, gossip))
+        if self._tree_on:  # G9: full frames along the eager links, announcements on the others (tree.py)
+            out = self._tree_forward(registration, self.config.gossip_ttl, 0, None, now, 0.0)
+        else:
+            gossip = RegGossip(registration, self.config.gossip_ttl, 0)
+            for p, st in self._active.items():
+                st.last_sent = now
+                out.append(Send(p, gossip))
         if self._level:
             self._trace(now, "reg_originated", msg=f"{rid.hex()}:{registration.epoch}", route=rid.hex(),
                         epoch=registration.epoch, ttl=self.config.gossip_ttl, hops=0, count=len(out),
@@ -107,9 +112,16 @@ class GossipRules(EngineState):
             return []
         out: list[Effect] = []
         n = max(1, int(budget))
+        stem = self.config.stem
         while queue and n:
-            reg = self._homed.get(queue.pop())
-            if reg is not None and reg.expires_at > now + self.wall_offset:
+            rid = queue.pop()
+            reg = self._homed.get(rid)
+            if stem:  # as a stem frame, from the home and from every stem relay alike (stem.py)
+                frame = self._stem_announcement(rid, reg, now)
+                if frame is not None:
+                    out.append(Send(peer, frame))
+                    n -= 1
+            elif reg is not None and reg.expires_at > now + self.wall_offset:
                 out.append(Send(peer, RegGossip(reg, 1, 0)))
                 n -= 1
         if not queue:
@@ -143,6 +155,8 @@ class GossipRules(EngineState):
                 if arrival is _STALE:
                     return self._drop_reg(now, reg, peer, "stale_epoch", cfg.score_replay)
                 self.reg_duplicates += 1  # the same epoch (most gossip arrivals): G3
+                if self._tree_on and not (msg.hops == 0 and msg.ttl == 1):  # G9: a full copy we had: prune
+                    self._tree_duplicate(peer, rid, now)
                 if self._embargo and (rid, epoch) in self._embargo:  # G7-G8: the flood reached a stem relay
                     return self._stem_flood_back(peer, msg, now)
                 if arrival is _REPLAYED:  # it gave us this (route, epoch) before: honest relays forward once
@@ -188,7 +202,9 @@ class GossipRules(EngineState):
         routes.set_first(rid, epoch, expires_at - off if off else expires_at, peer, hops)
         out: list[Effect] = []
         ttl = msg.ttl - 1
-        if ttl > 0:
+        if self._tree_on:  # G9 (tree.py)
+            out = self._tree_first(reg, ttl, hops, peer, now, cfg.forward_jitter_s)
+        elif ttl > 0:
             fwd = RegGossip(reg, ttl, hops)
             jitter = cfg.forward_jitter_s
             for p, st in self._active.items():
@@ -229,5 +245,6 @@ class GossipRules(EngineState):
     def _sweep_routes(self, now: float) -> None:
         for r in self._routes.expire(now):
             self._origin_bucket.pop(r, None)
+            self._stem_held.pop(r, None)
             if self._level >= _FULL:
                 self._trace(now, "route_expired", route=r.hex(), reason="lifetime")

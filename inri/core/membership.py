@@ -1,4 +1,4 @@
-"""Membership, rules M1-M5 (HyParView-like): the active and passive views, links up and down,
+"""Membership, rules M1-M6 (HyParView-like): the active and passive views, links up and down,
 reconnection, the outbound quota, priority joins and peer exchange. Keepalive liveness (M2) is
 checked in the engine's timer (engine.Engine._tick)."""
 
@@ -31,6 +31,11 @@ RECONNECT_MAX_FAILURES = 10
 PROBATION_S = 2.0  # a full relay waits this long for a "low" Hello on an inbound link (rule M4)
 MAKE_ROOM_INTERVAL_S = 60.0  # a full relay makes room for a "low" relay at most this often
 LOW = "low"  # Hello feature: the dialler is below active_min
+BACK = "back"  # Hello feature: the dialler re-dials a lost neighbour (rule M6)
+# Rule M6: for this long after it starts, a full relay lets former neighbours back in ("back" Hello),
+# at most active_max of them: a restarted relay's view was filled by whoever dialled first, while its
+# former neighbours still hold routes through it (a restarted home refused them as "full").
+REJOIN_WINDOW_S = 60.0
 # Links that ended for these reasons take their route claims with them (peer_down).
 _PURGE_ON_DOWN = frozenset((DisconnectReason.MAKE_ROOM, DisconnectReason.OUTBOUND_QUOTA))
 # Links that ended for these reasons are not re-dialled.
@@ -70,6 +75,7 @@ class MembershipRules(EngineState):
     def start(self, now: float) -> list[Effect]:
         """Begin: arm timers and Connect to passive candidates until active_min links are wanted."""
         self._arm_tick(now)
+        self._started_at = now  # M6
         self._next_sweep = now + SWEEP_INTERVAL_S
         self._next_exchange = now + self.config.peer_exchange_interval_s * (0.5 + self._rng.random())
         return self._refill(now)
@@ -151,16 +157,20 @@ class MembershipRules(EngineState):
             out.append(Disconnect(victim, DisconnectReason.OUTBOUND_QUOTA))
             out += self.peer_down(victim, now, DisconnectReason.OUTBOUND_QUOTA)
         self._passive.pop(peer, None)
-        self._lost.pop(peer, None)
+        back = self._lost.pop(peer, None) is not None and outbound
         self._probation.pop(peer, None)
-        if outbound and len(self._active) < self.config.priority_join_below:
-            # M4: tell a full relay we are short of neighbours, so it makes room.
-            out.append(Send(peer, Hello(limits.PROTOCOL_VERSION, self.relay_id, self.listen_addr, (LOW,))))
+        # M4: tell a full relay we are short of neighbours, so it makes room; M6: that we were its
+        # neighbour (it may have restarted and been filled by others).
+        features = ((LOW,) if outbound and len(self._active) < self.config.priority_join_below else ()) + (
+            (BACK,) if back else ())
+        if features:
+            out.append(Send(peer, Hello(limits.PROTOCOL_VERSION, self.relay_id, self.listen_addr, features)))
         self._active[peer] = Neighbour(addr, outbound, now, self.config.reg_budget_peer_burst,
                                    self.config.push_budget_peer_burst)
         self._down_since.pop(peer, None)
-        if self._homed:  # rule G5: a new neighbour learns the routes homed here (paced: the rest on ticks)
-            self._announce[peer] = list(self._homed)
+        if self._homed or self._stem_held:  # rule G5: a new neighbour learns the routes homed here (paced:
+            # the rest on ticks); with the stem on, stem relays announce the stem routes they hold too
+            self._announce[peer] = [*self._homed, *self._stem_held]
             out += self._announce_homed(peer, now, ANNOUNCE_SHARE * self.config.reg_budget_peer_burst)
         self._arm_tick(now)
         if self._level:
@@ -176,6 +186,8 @@ class MembershipRules(EngineState):
         if state is None:
             return self._refill(now)
         self._announce.pop(peer, None)
+        if self._tree_stats or self._tree_out:
+            self._tree_peer_down(peer)
         # When it went down: a one-hop route through it (it was the home) is reported `home unreachable`
         # for a while, then searched for (forwarding.py, rule F3). Old entries go (bounded).
         if len(self._down_since) >= 4 * self.config.active_max + self.config.passive_max:
@@ -213,6 +225,21 @@ class MembershipRules(EngineState):
     def _on_probation_hello(self, peer: str, msg: Hello, now: float) -> list[Effect]:
         """M4: a Hello on an inbound link held while full. "low": make room; otherwise refuse."""
         _, addr = self._probation.pop(peer)
+        if (BACK in msg.features and now < self._started_at + REJOIN_WINDOW_S
+                and len(self._rejoined) < self.config.active_max):
+            # M6: a former neighbour is let back in; it takes the place of one that is not.
+            others = sorted(p for p in self._active if p not in self._rejoined)
+            if others:
+                self._rejoined.add(peer)
+                self._count("peer_rejoined")
+                victim = self._rng.choice(others)
+                victim_addr = self._active[victim].addr
+                out: list[Effect] = [Disconnect(victim, DisconnectReason.MAKE_ROOM),
+                                     *self.peer_down(victim, now, DisconnectReason.MAKE_ROOM)]
+                out += self.peer_up(peer, now, outbound=False, addr=addr)
+                if victim_addr:
+                    self._passive[victim] = victim_addr
+                return out
         if LOW not in msg.features or not self._active or now < self._next_make_room:
             self._count("peer_refused_full")
             return [Disconnect(peer, DisconnectReason.FULL)]
@@ -222,7 +249,7 @@ class MembershipRules(EngineState):
         victim = self._rng.choice(sorted(self._active))
         victim_addr = self._active[victim].addr
         self._count("peer_made_room")
-        out: list[Effect] = [Disconnect(victim, DisconnectReason.MAKE_ROOM),
+        out = [Disconnect(victim, DisconnectReason.MAKE_ROOM),
                              *self.peer_down(victim, now, DisconnectReason.MAKE_ROOM)]
         out += self.peer_up(peer, now, outbound=False, addr=addr)
         if victim_addr:

@@ -99,7 +99,7 @@ class ScoringRules(EngineState):
                     del self._await[pid]
                 return False
             del self._await[pid]
-            sent = waited[1] - cfg.receipt_timeout_s
+            sent = waited[2]
         else:
             late = self._overdue.get(pid)
             if late is not None:
@@ -128,17 +128,20 @@ class ScoringRules(EngineState):
         return True
 
     # Rule S1 (slow or silent).
-    def _grace_end(self, peer: str, sent: float) -> float:
-        """Until when a push sent to peer at `sent` may still be answered before peer is blamed."""
+    def _grace_end(self, peer: str, sent: float, wait: float | None = None) -> float:
+        """Until when a push sent to peer at `sent` may still be answered before peer is blamed.
+
+        wait: the push's own answer timeout (rule F6: shorter the further it travelled)."""
         cfg = self.config
         st = self._active.get(peer)
         timeout = cfg.receipt_timeout_s
         if st is None or st.answered_at <= sent or SLOW_GRACE_FACTOR * st.answer_delay <= timeout:
-            return sent + timeout
+            return sent + (timeout if wait is None else wait)
         return sent + min(SLOW_GRACE_FACTOR * st.answer_delay, SLOW_GRACE_MAX_FACTOR * timeout)
 
     # Rule S1 (slow or silent).
-    def _receipt_overdue(self, pid: bytes, peer: str, sent: float, now: float) -> list[Effect]:
+    def _receipt_overdue(self, pid: bytes, peer: str, sent: float, now: float,
+                         wait: float | None = None) -> list[Effect]:
         """No answer from peer for push pid within receipt_timeout_s: wait longer if peer is slow but
         answering, otherwise blame it (score_no_receipt)."""
         st = self._active.get(peer)
@@ -146,7 +149,7 @@ class ScoringRules(EngineState):
         # likely down (keepalives will tell) than a black hole.
         if st is None or st.last_heard <= sent:
             return []
-        end = self._grace_end(peer, sent)
+        end = self._grace_end(peer, sent, wait)
         if end > now and len(self._overdue) < self.config.reverse_max:
             self._count("push_answer_late_wait")
             self._overdue[pid] = (peer, sent, end)
@@ -185,5 +188,5 @@ class ScoringRules(EngineState):
         waited = self._await.get(pid)
         if waited is None:
             return None
-        end = self._grace_end(waited[0], waited[1] - self.config.receipt_timeout_s)
+        end = self._grace_end(waited[0], waited[2], waited[1] - waited[2])
         return end if end > waited[1] and end > now else None  # only a slow neighbour's longer grace

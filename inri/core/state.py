@@ -18,7 +18,7 @@ from inri.core.api import CustodyStatus, DisconnectReason, Effect, HomeStore, Se
 from inri.core.budget import TokenBucket
 from inri.core.config import EngineConfig
 from inri.core.tables import BoundedMap, RouteTable
-from inri.protocol.messages import Message, Push, ReceiptStatus, RegGossip, Registration
+from inri.protocol.messages import Announcement, Message, Push, ReceiptStatus, RegGossip, Registration
 
 # Clock skew tolerated on a registration's issued_at (relays' clocks are not synchronised).
 MAX_CLOCK_SKEW_S = 300
@@ -163,7 +163,10 @@ class EngineState:
     _banned: dict[str, float]
     _probation: dict[str, tuple[float, str]]
     _next_make_room: float
-    _await: BoundedMap[bytes, tuple[str, float]]
+    _started_at: float  # membership.py (M6): when start() ran
+    _rejoined: set[str]  # former neighbours let back in since (M6)
+    _await: BoundedMap[bytes, tuple[str, float, float, bytes]]
+    _await_heap: list[tuple[float, bytes]]
     _overdue: dict[bytes, tuple[str, float, float]]
     _overdue_heap: list[tuple[float, bytes]]
     _blamed: BoundedMap[bytes, tuple[str, float, float]]
@@ -178,6 +181,22 @@ class EngineState:
     # stem.py (G8): stem registrations awaiting their flood: (route id, epoch) -> (until, registration,
     # predecessor, successor)
     _embargo: dict[tuple[bytes, int], tuple[float, Registration, str | None, str | None]]
+    # stem.py (G5 with the stem): registrations this relay holds a stem route for, announced on link up
+    _stem_held: dict[bytes, Registration]
+
+    # tree.py (G9, gossip_scheme "tree"): full frames sent and prunes received per (direction: the neighbour
+    # a registration came from, None: homed here; hops; neighbour) and per (direction, None, neighbour);
+    # RegAnnounce frame per neighbour (announcements, prunes, eager requests) until _tree_flush_at;
+    # announced (route, epoch) pairs awaiting their full frame -> [(announcer, hops)]; graft timers
+    # (when, route id, epoch); and the registrations forwarded lately: route id -> (registration, ttl,
+    # hops, until, direction).
+    _tree_on: bool
+    _tree_stats: dict[tuple[str | None, int | None, str], list[int]]
+    _tree_out: dict[str, tuple[list[Announcement], list[bytes], list[bytes]]]
+    _tree_flush_at: float | None
+    _tree_missing: BoundedMap[tuple[bytes, int], list[tuple[str, int]]]
+    _tree_grafts: list[tuple[float, bytes, int]]
+    _tree_cache: BoundedMap[bytes, tuple[Registration, int, int, float, str | None]]
 
     def _count(self, name: str, n: int = 1) -> None:
         self.counters[name] = self.counters.get(name, 0) + n
@@ -218,6 +237,8 @@ class EngineState:
         def _answered(self, peer: str, pid: bytes, now: float, *, reward: bool = True,
                       any_peer: bool = False) -> bool: ...
         def _answer_expected(self, pid: bytes, now: float) -> float | None: ...
+        def _receipt_overdue(self, pid: bytes, peer: str, sent: float, now: float,
+                             wait: float | None = None) -> list[Effect]: ...
         # forwarding.py
         def _next_hop(self, rid: bytes, exclude: str | None, alternate: bool = False,
                       low_ok: bool = False) -> str | None: ...
@@ -235,6 +256,14 @@ class EngineState:
         def _on_stem(self, peer: str, state: Neighbour, msg: RegGossip, now: float) -> list[Effect]: ...
         def _stem_embargo(self, now: float) -> list[Effect]: ...
         def _stem_flood_back(self, peer: str, msg: RegGossip, now: float) -> list[Effect]: ...
+        def _stem_announcement(self, rid: bytes, homed: Registration | None, now: float) -> RegGossip | None: ...
+        # tree.py
+        def _tree_forward(self, reg: Registration, ttl: int, hops: int, exclude: str | None, now: float,
+                          jitter: float) -> list[Effect]: ...
+        def _tree_duplicate(self, peer: str, rid: bytes, now: float) -> None: ...
+        def _tree_first(self, reg: Registration, ttl: int, hops: int, peer: str, now: float,
+                        jitter: float) -> list[Effect]: ...
+        def _tree_peer_down(self, peer: str) -> None: ...
         # custody.py
         def _settle(self, pid: bytes, status: ReceiptStatus, hops: int, now: float) -> list[Effect]: ...
         def _retry(self, c: Custody, now: float) -> list[Effect]: ...

@@ -25,6 +25,9 @@ relay at distance 2 + noise. The stem length L is geometric: P(L = k) = (1 - q)^
   expires first (a stem relay dropped the frame, or crashed) the relay fluffs itself. The first flood
   copy to reach a stem relay (or the home) is forwarded on like any relay's (G2): relays beyond it then
   route to it directly, not via the fluff relay and back down the stem.
+- G5 with the stem on: link-up announcements are stem frames, from the home and from every stem relay
+  whose stem route works, so they do not single the home out; a flood relay takes the sender as a
+  next hop at distance 2 (a stem route never passes a flood relay: loop-free).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ import hashlib
 from inri.core.api import Effect, Send, TraceLevel
 from inri.core.budget import TokenBucket
 from inri.core.state import MAX_CLOCK_SKEW_S, EngineState, Neighbour
-from inri.core.tables import RouteTable
+from inri.core.tables import RouteEntry, RouteTable
 from inri.protocol.messages import RegGossip, Registration
 
 # A stem relay's feasibility distance (rule G7). The flood starts at hops >= STEM_DISTANCE, so no flood
@@ -64,12 +67,15 @@ class StemRules(EngineState):
         """The home relay's first step: the registration goes to one neighbour as a stem frame."""
         _, draw = self._stem_draw(registration.route_id, now)
         succ = self._stem_successor(registration.route_id, None, draw)
-        self._arm_embargo(registration, None, succ, now)
+        if succ is not None:
+            self._arm_embargo(registration, None, succ, now)
         if self._level:
             self._trace(now, "reg_originated", msg=f"{registration.route_id.hex()}:{registration.epoch}",
                         route=registration.route_id.hex(), epoch=registration.epoch, ttl=self.config.gossip_ttl,
                         hops=0, count=int(succ is not None), peer=succ, reason="stem")
-        if succ is None:  # no neighbour yet: the embargo floods it once the relay has some
+        if succ is None:
+            # No neighbour yet (a home starting up): the link-up announcements (G5) take it to the first
+            # neighbours as stem frames. No embargo: a home that floods would name itself.
             return []
         return [self._stem_send(succ, registration, now)]
 
@@ -94,8 +100,8 @@ class StemRules(EngineState):
             known = routes.epoch(entry)
             if reg.epoch == known:
                 waiting = self._embargo.get(key)
-                if waiting is None:
-                    return []  # the flood of this epoch is already out (a fail-safe fired): nothing to add
+                if waiting is None:  # the flood of this epoch is out: a link-up announcement (G5)
+                    return self._stem_offer(peer, reg, entry, now)
                 # The stem came back to a relay on it (G7). Every relay bounces it to the sender, and
                 # the sender, seeing its own successor bounce it, fluffs: so a bounce tells nothing
                 # about who bounced (the home bounces like any other), and the home never fluffs.
@@ -125,9 +131,18 @@ class StemRules(EngineState):
         elif len(routes) >= cfg.route_max:
             self._evict_route(now)
         routes.set_first(rid, reg.epoch, self._local_expiry(reg.expires_at), peer, STEM_DISTANCE)
+        self._stem_held[rid] = reg  # announced to new neighbours while the stem route lives (G5)
         coin, draw = self._stem_draw(rid, now)
+        if not any(p != peer for p in self._active):
+            # A dead end (no neighbour but the predecessor): its flood would reach nobody. Hand the stem
+            # back as a loop is (G7): the predecessor fluffs, and its flood ends the embargo here.
+            self._count("stem_dead_end")
+            self._arm_embargo(reg, peer, peer, now)
+            if self._level:
+                self._trace_stem(now, reg, peer, 1)
+            return [self._stem_send(peer, reg, now)]
         succ = None if coin < cfg.stem_fluff_probability else self._stem_successor(rid, peer, draw)
-        if succ is None:  # fluff (or a dead end: no other neighbour)
+        if succ is None:  # fluff
             if self._level:
                 self._trace_stem(now, reg, peer, 0)
             return self._stem_fluff(reg, peer, now)
@@ -135,6 +150,50 @@ class StemRules(EngineState):
         if self._level:
             self._trace_stem(now, reg, peer, 1)
         return [self._stem_send(succ, reg, now)]
+
+    # Rule G5 with the stem on.
+    def _stem_announcement(self, rid: bytes, homed: Registration | None, now: float) -> RegGossip | None:
+        """The link-up announcement of rid (G5) with the stem on: a stem frame, sent alike by the home and
+        by every stem relay whose route still works (its predecessor's link is up), so a new neighbour
+        cannot tell the home from a stem relay. None: nothing (left) to announce."""
+        entry = self._routes.get(rid)
+        if entry is None:
+            self._stem_held.pop(rid, None)
+            return None
+        distance = RouteTable.distance(entry)
+        reg = homed if distance == 0 else self._stem_held.get(rid)
+        if reg is None or reg.epoch != RouteTable.epoch(entry):
+            self._stem_held.pop(rid, None)  # superseded by a newer epoch's flood
+            return None
+        if reg.expires_at <= now + self.wall_offset:
+            return None
+        if distance and not (distance == STEM_DISTANCE and RouteTable.primary(entry) in self._active):
+            return None  # a broken stem route: announcing it would draw pushes into a dead end
+        return RegGossip(reg, self.config.gossip_ttl, 0, True)
+
+    def _stem_offer(self, peer: str, reg: Registration, entry: RouteEntry, now: float) -> list[Effect]:
+        """A stem frame of a (route id, epoch) whose flood is out: peer announces a stem route (G5). A
+        flood relay takes peer as a next hop at distance STEM_DISTANCE (replacing its worst when full),
+        loop-free: a stem route leads down the stem to the home, never through a flood relay. The home
+        and stem relays keep their routes (G7)."""
+        routes = self._routes
+        rid = reg.route_id
+        if RouteTable.distance(entry) <= STEM_DISTANCE or RouteTable.claims(entry, peer):
+            return []
+        full = not RouteTable.has_room(entry, self.config.route_k)
+        if full and RouteTable.worst_hops(entry) <= STEM_DISTANCE:
+            return []
+        if not self._verifier.verify_registration(reg):
+            return self._drop_reg(now, reg, peer, "bad_signature", self.config.score_bad_signature)
+        if full:
+            routes.drop_next_hop(rid, entry, RouteTable.next_hops(entry)[-1])
+            entry = routes[rid]
+        routes.add_backup(rid, entry, peer, STEM_DISTANCE)
+        self._count("stem_offer_taken")
+        if self._level >= TraceLevel.FULL:
+            self._trace(now, "route_backup", msg=f"{rid.hex()}:{reg.epoch}", route=rid.hex(), peer=peer,
+                        hops=STEM_DISTANCE, epoch=reg.epoch, reason="stem_announce")
+        return []
 
     def _trace_stem(self, now: float, reg: Registration, peer: str, count: int) -> None:
         # A stem relay caches a route like a flooding relay does (route_set, so coverage counts it);

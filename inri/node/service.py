@@ -54,7 +54,9 @@ from inri.protocol.messages import (
     PeerInfo,
     Push,
     Receipt,
+    RegAnnounce,
     RegGossip,
+    RegGraft,
     Registration,
     RouteError,
     WebPushMeta,
@@ -65,7 +67,8 @@ log = structlog.get_logger("inri.service")
 _OUT_NAMES = {cls: "frames_out_" + t.name.lower() for cls, t in (
     (Hello, MessageType.HELLO), (RegGossip, MessageType.REG_GOSSIP), (Push, MessageType.PUSH),
     (Receipt, MessageType.RECEIPT), (RouteError, MessageType.ROUTE_ERROR), (Keepalive, MessageType.KEEPALIVE),
-    (PeerExchange, MessageType.PEER_EXCHANGE), (ErrorFrame, MessageType.ERROR))}
+    (PeerExchange, MessageType.PEER_EXCHANGE), (ErrorFrame, MessageType.ERROR),
+    (RegAnnounce, MessageType.REG_ANNOUNCE), (RegGraft, MessageType.REG_GRAFT))}
 _IN_NAMES = {int(t): "frames_in_" + t.name.lower() for t in MessageType}
 # The per-push frames the engine builds from frames it decoded (and so validated) or from pushes the
 # API verified: encoded without codec.encode's re-decode (issue 16: no re-validation of frames we

@@ -16,6 +16,7 @@ import msgpack
 from inri.protocol import limits as L
 from inri.protocol.keys import registration_signed_bytes, sign
 from inri.protocol.messages import (
+    Announcement,
     ContentEncoding,
     ErrorCode,
     ErrorFrame,
@@ -28,7 +29,9 @@ from inri.protocol.messages import (
     Push,
     Receipt,
     ReceiptStatus,
+    RegAnnounce,
     RegGossip,
+    RegGraft,
     Registration,
     RouteError,
     RouteErrorReason,
@@ -237,6 +240,39 @@ def _error_from(f: list[Any]) -> ErrorFrame:
     )
 
 
+def _route_ids(raw: object, name: str) -> tuple[bytes, ...]:
+    if type(raw) is not list or len(raw) > L.MAX_ANNOUNCEMENTS:
+        raise DecodeError("malformed", f"{name}: expected at most {L.MAX_ANNOUNCEMENTS} route ids")
+    return tuple(_bytes(r, L.ROUTE_ID_BYTES, name) for r in raw)
+
+
+def _announce_from(f: list[Any]) -> RegAnnounce:
+    # [entries] or [entries, prunes] or [entries, prunes, eager]: trailing empty lists are left out, so
+    # each message has one encoding (a present last list is never empty), and there is always something.
+    if not 1 <= len(f) <= 3:
+        raise DecodeError("malformed", f"reg_announce: expected 1 to 3 fields, got {len(f)}")
+    if len(f) > 1 and f[-1] == []:
+        raise DecodeError("malformed", "reg_announce: a trailing empty list must be left out")
+    raw = f[0]
+    if type(raw) is not list or len(raw) > L.MAX_ANNOUNCEMENTS:
+        raise DecodeError("malformed", f"announcements: expected at most {L.MAX_ANNOUNCEMENTS} entries")
+    entries = []
+    for e in raw:
+        if type(e) is not list or len(e) != 3:
+            raise DecodeError("malformed", "announcement: expected [route_id, epoch, hops]")
+        entries.append(Announcement(_bytes(e[0], L.ROUTE_ID_BYTES, "route_id"), _uint(e[1], L.MAX_EPOCH, "epoch"),
+                                    _uint(e[2], 255, "hops")))
+    if not entries and len(f) == 1:
+        raise DecodeError("malformed", "reg_announce: empty")
+    return RegAnnounce(tuple(entries), _route_ids(f[1], "prunes") if len(f) > 1 else (),
+                       _route_ids(f[2], "eager") if len(f) > 2 else ())
+
+
+def _graft_from(f: list[Any]) -> RegGraft:
+    _fields(f, 2, "reg_graft")
+    return RegGraft(_bytes(f[0], L.ROUTE_ID_BYTES, "route_id"), _uint(f[1], L.MAX_EPOCH, "epoch"))
+
+
 _DECODERS: dict[int, Callable[[list[Any]], Message]] = {
     MessageType.HELLO: _hello_from,
     MessageType.REG_GOSSIP: _gossip_from,
@@ -246,6 +282,8 @@ _DECODERS: dict[int, Callable[[list[Any]], Message]] = {
     MessageType.KEEPALIVE: _keepalive_from,
     MessageType.PEER_EXCHANGE: _peer_exchange_from,
     MessageType.ERROR: _error_from,
+    MessageType.REG_ANNOUNCE: _announce_from,
+    MessageType.REG_GRAFT: _graft_from,
 }
 
 
@@ -275,6 +313,13 @@ def _to_fields(msg: Message) -> tuple[MessageType, list[Any]]:
         return MessageType.HELLO, [msg.version, msg.node_id, msg.listen_addr, list(msg.features)]
     if isinstance(msg, ErrorFrame):
         return MessageType.ERROR, [int(msg.code), msg.detail]
+    if isinstance(msg, RegAnnounce):
+        fields = [[[a.route_id, a.epoch, a.hops] for a in msg.entries], list(msg.prunes), list(msg.eager)]
+        while len(fields) > 1 and not fields[-1]:
+            fields.pop()
+        return MessageType.REG_ANNOUNCE, fields
+    if isinstance(msg, RegGraft):
+        return MessageType.REG_GRAFT, [msg.route_id, msg.epoch]
     raise EncodeError(f"not a wire message: {type(msg).__name__}")
 
 

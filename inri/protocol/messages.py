@@ -31,6 +31,8 @@ class MessageType(IntEnum):
     KEEPALIVE = 6
     PEER_EXCHANGE = 7
     ERROR = 8
+    REG_ANNOUNCE = 9  # gossip_scheme "tree": compact announcements (and a prune), batched per neighbour
+    REG_GRAFT = 10  # gossip_scheme "tree": ask a neighbour for a full registration it announced
 
 
 class ReceiptStatus(IntEnum):
@@ -115,6 +117,38 @@ class RegGossip:
     # A stem frame (docs/protocol.md, rules G6-G8): passed to one neighbour, not flooded; ttl and hops
     # are then fixed (gossip_ttl, 0) so they tell a stem relay nothing about its position.
     stem: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Announcement:
+    """One entry of a RegAnnounce: the sender holds a route to route_id at this epoch, hops away from
+    its home (as RegGossip's hops: what the full frame would have carried)."""
+
+    route_id: bytes
+    epoch: int
+    hops: int
+
+
+@dataclass(frozen=True, slots=True)
+class RegAnnounce:
+    """Lazy push of the tree gossip scheme (Plumtree's IHAVE, docs/protocol.md rule G9), batched per
+    neighbour: compact announcements of registrations the sender holds, in place of their full frames on
+    links off the eager tree, and two kinds of tree upkeep about route ids the receiver forwarded:
+    prunes (its full frame came when the sender already had it: send announcements instead, Plumtree's
+    PRUNE) and eager requests (its announcement came before any full frame: send full frames again)."""
+
+    entries: tuple[Announcement, ...]
+    prunes: tuple[bytes, ...] = ()  # route ids
+    eager: tuple[bytes, ...] = ()  # route ids
+
+
+@dataclass(frozen=True, slots=True)
+class RegGraft:
+    """Tree repair (Plumtree's GRAFT): the sender got only announcements of (route_id, epoch) and asks
+    for the full registration; the link is eager again (full frames) in both directions."""
+
+    route_id: bytes
+    epoch: int
 
 
 class Urgency(IntEnum):
@@ -223,4 +257,5 @@ class ErrorFrame:
     detail: str
 
 
-Message = Hello | RegGossip | Push | Receipt | RouteError | Keepalive | PeerExchange | ErrorFrame
+Message = (Hello | RegGossip | Push | Receipt | RouteError | Keepalive | PeerExchange | ErrorFrame | RegAnnounce
+           | RegGraft)

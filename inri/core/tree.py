@@ -1,0 +1,334 @@
+"""Tree gossip, rule G9 (`[engine] gossip_scheme = "tree"`): Plumtree's eager/lazy push on top of rules
+G1-G4, with eager sets per incoming neighbour (as DVMRP prunes per source and interface).
+
+A relay sends the full registration frame (RegGossip) only to its *eager* neighbours and a compact
+announcement (route id, epoch, hops) to its *lazy* ones, in RegAnnounce frames batched per neighbour.
+Which neighbours are lazy depends on where the registration came from: the neighbour it arrived from
+(its direction: the homes behind that neighbour), or none when it is homed here. One shared tree for
+every home would route along tree paths (measured: 1.5x the path latency); per direction, the eager
+links follow each direction's first arrivals, close to the shortest-path tree of every home.
+
+Every neighbour starts eager. Upkeep, carried in RegAnnounce frames:
+- prune: a full frame of a (route, epoch) we already hold came from a neighbour: it moves us to lazy
+  for the direction it got that route from;
+- eager: a neighbour's announcement came before any full frame (its path was faster): it moves us to
+  eager for that direction;
+- graft (RegGraft): an announced (route, epoch) whose full frame did not come within
+  tree_graft_timeout_s is asked from the announcer with the fewest hops, which answers with the full
+  frame and moves us to eager; no answer by the next timeout, the next announcer.
+
+Announcements of a (route, epoch) this relay holds are what duplicate full frames were under flooding:
+backup next hops under rule G3 unchanged (feasible: hops below the feasibility distance, room left),
+without a signature check (this relay verified that (route, epoch) itself).
+
+The route table stays the seen-cache; a relay keeps the registrations it forwarded for TREE_CACHE_S
+(graft answers, directions), bounded. `flood` (the default) never sends through this module, but every
+relay handles announcements and grafts (a mesh may mix both schemes).
+"""
+
+from __future__ import annotations
+
+import heapq
+
+from inri.core.api import Effect, Send, TraceLevel
+from inri.core.gossip import gossip_frame_bytes
+from inri.core.state import EngineState, Neighbour, make_send
+from inri.core.tables import Arrival, RouteEntry, RouteTable
+from inri.protocol import limits
+from inri.protocol.messages import Announcement, RegAnnounce, RegGossip, RegGraft, Registration
+
+# How long a relay keeps a registration it forwarded, to answer grafts: far beyond any graft timeout
+# (a neighbour grafts after tree_graft_timeout_s per announcer tried).
+TREE_CACHE_S = 30.0
+TREE_CACHE_MAX = 65536  # registrations kept for graft answers (bounded whatever the load)
+TREE_MISSING_MAX = 65536  # announced (route, epoch) pairs awaiting their full frame
+TREE_MIN_SAMPLES = 3  # full frames sent before a link's measured share decides (unmeasured: eager)
+TREE_HALF_AT = 64  # counts are halved past this: a link's share follows changes of topology and homes
+TREE_EAGER_WEIGHT = 2  # a neighbour that needed our full frame (graft, eager request) counts as this many useful ones
+TREE_STATS_MAX = 4096  # (direction, hops, neighbour) counters per relay
+_FEASIBLE = Arrival.FEASIBLE
+_FULL = TraceLevel.FULL
+
+
+def _uint_bytes(v: int) -> int:
+    """msgpack size of an unsigned int."""
+    return 1 if v < 128 else 2 if v < 256 else 3 if v < 65536 else 5 if v < 2**32 else 9
+
+
+def _array_header(n: int) -> int:
+    return 1 if n < 16 else 3
+
+
+_ROUTE_ID = 2 + limits.ROUTE_ID_BYTES  # a bin8 of 16 bytes
+
+
+def announce_frame_bytes(msg: RegAnnounce) -> int:
+    """Bytes of codec.encode(msg), computed without encoding (the tree scheme's most frequent frame);
+    tests/test_tree.py checks it against the codec."""
+    lists = 3 if msg.eager else 2 if msg.prunes else 1
+    n = _array_header(2 + lists) + 1 + _uint_bytes(limits.PROTOCOL_VERSION) + _array_header(len(msg.entries))
+    for a in msg.entries:
+        n += 1 + _ROUTE_ID + _uint_bytes(a.epoch) + _uint_bytes(a.hops)
+    if lists > 1:
+        n += _array_header(len(msg.prunes)) + _ROUTE_ID * len(msg.prunes)
+    if lists > 2:
+        n += _array_header(len(msg.eager)) + _ROUTE_ID * len(msg.eager)
+    return n
+
+
+def graft_frame_bytes(epoch: int) -> int:
+    """Bytes of codec.encode(RegGraft(route id, epoch))."""
+    return 1 + 1 + _uint_bytes(limits.PROTOCOL_VERSION) + _ROUTE_ID + _uint_bytes(epoch)
+
+
+def _claimed(entry: RouteEntry | None, epoch: int, peer: str) -> bool:
+    return entry is not None and RouteTable.epoch(entry) == epoch and RouteTable.claims(entry, peer)
+
+
+class TreeRules(EngineState):
+    """G9: eager/lazy push of registration gossip (gossip_scheme "tree")."""
+
+    # -- sending (first arrival or origination) ----------------------------------------------------
+
+    def _tree_first(self, reg: Registration, ttl: int, hops: int, peer: str, now: float,
+                    jitter: float) -> list[Effect]:
+        """The first full frame of (route, epoch) came from peer and set the route (G2): announcements
+        that came before it are backup candidates (G3), then forward (ttl left: hops and TTL as G2's)."""
+        has = self._tree_arrived(reg.route_id, reg.epoch, now) if self._tree_missing else None
+        return self._tree_forward(reg, ttl, hops, peer, now, jitter, has) if ttl > 0 else []
+
+    def _tree_forward(self, reg: Registration, ttl: int, hops: int, exclude: str | None, now: float,
+                      jitter: float, has: dict[str, int] | None = None) -> list[Effect]:
+        """Full frame to the neighbours eager for its direction (`exclude`: the neighbour it came from,
+        None at its home) and distance, an announcement (batched) to the others; keep reg for grafts
+        and upkeep. `has`: neighbours that announced it to us already (-> their hops): no full frame,
+        and an announcement only where we would be a feasible next hop for them (hops below theirs)."""
+        fwd = RegGossip(reg, ttl, hops)
+        out: list[Effect] = []
+        ann: Announcement | None = None
+        rng = self._rng
+        explore = self.config.tree_explore
+        for p, st in self._active.items():
+            if p == exclude:
+                continue
+            if has and p in has:
+                if hops >= has[p]:
+                    continue
+            elif self._tree_eager(exclude, hops, p) or (explore and rng.random() < explore):
+                self._tree_note(exclude, hops, p, 1, 0)
+                st.last_sent = now
+                out.append(make_send(p, fwd, rng.random() * jitter if jitter else 0.0))
+                continue
+            if ann is None:
+                ann = Announcement(reg.route_id, reg.epoch, hops)
+            self._tree_batch(p)[0].append(ann)
+        if ann is not None and self._tree_flush_at is None:
+            self._tree_flush_at = now + self.config.tree_announce_delay_s
+        self._tree_cache.put_last(reg.route_id, (reg, ttl, hops, now + TREE_CACHE_S, exclude))
+        return out
+
+    def _tree_eager(self, direction: str | None, hops: int, peer: str) -> bool:
+        """Does a full frame from this direction, at this distance, usually reach peer first? Measured:
+        full frames sent and prunes received per (direction, hops, neighbour), else per (direction,
+        neighbour) while fewer than TREE_MIN_SAMPLES; unmeasured links are eager."""
+        stats = self._tree_stats
+        got = stats.get((direction, hops, peer))
+        if got is None or got[0] < TREE_MIN_SAMPLES:
+            got = stats.get((direction, None, peer))
+            if got is None or got[0] < TREE_MIN_SAMPLES:
+                return True
+        sent, dup = got
+        return sent - dup >= self.config.tree_eager_share * sent
+
+    def _tree_note(self, direction: str | None, hops: int, peer: str, sent: int, dup: int) -> None:
+        stats = self._tree_stats
+        for key in ((direction, hops, peer), (direction, None, peer)):
+            got = stats.get(key)
+            if got is None:
+                if len(stats) >= TREE_STATS_MAX:
+                    return
+                stats[key] = [sent, dup]
+            else:
+                got[0] += sent
+                got[1] += dup
+                if got[0] > TREE_HALF_AT:  # forget slowly: links and homes change
+                    got[0] //= 2
+                    got[1] //= 2
+
+    def _tree_batch(self, peer: str) -> tuple[list[Announcement], list[bytes], list[bytes]]:
+        """What waits for the next RegAnnounce frame to peer: (announcements, prunes, eager requests)."""
+        batch = self._tree_out.get(peer)
+        if batch is None:
+            batch = self._tree_out[peer] = ([], [], [])
+        return batch
+
+    def _tree_upkeep(self, peer: str, rid: bytes, eager: bool, now: float) -> None:
+        """Queue a prune (eager False) or an eager request about rid for peer's next RegAnnounce frame."""
+        batch = self._tree_batch(peer)
+        (batch[2] if eager else batch[1]).append(rid)
+        if self._tree_flush_at is None:
+            self._tree_flush_at = now + self.config.tree_announce_delay_s
+
+    def _tree_duplicate(self, peer: str, rid: bytes, now: float) -> None:
+        """A full frame of a (route, epoch) we hold came from peer: ask for announcements instead."""
+        self._tree_upkeep(peer, rid, False, now)
+
+    def _tree_arrived(self, rid: bytes, epoch: int, now: float) -> dict[str, int]:
+        """The full frame of (rid, epoch) arrived: announcements that came first are backup candidates,
+        and the first announcer was faster than the full frame: it should send full frames to us.
+        Returns the announcers (-> their hops)."""
+        waiting = self._tree_missing.pop((rid, epoch), None)
+        has: dict[str, int] = {}
+        if waiting:
+            active = self._active
+            for peer, hops in waiting:
+                if peer in active and peer not in has:
+                    if not has:
+                        self._tree_upkeep(peer, rid, True, now)
+                    has[peer] = hops
+                    self._tree_known(rid, epoch, peer, hops, now)
+        return has
+
+    # -- receiving -----------------------------------------------------------------------------------
+
+    def _tree_direction(self, rid: bytes) -> tuple[bool, str | None]:
+        """(known, direction) of a route id this relay forwarded lately: the neighbour it came from."""
+        cached = self._tree_cache.get(rid)
+        return (False, None) if cached is None else (True, cached[4])
+
+    def _on_announce(self, peer: str, state: Neighbour, msg: RegAnnounce, now: float) -> list[Effect]:
+        cache = self._tree_cache
+        for rid in msg.prunes:  # our full frame was a duplicate there
+            cached = cache.get(rid)
+            if cached is not None:
+                self._tree_note(cached[4], cached[2], peer, 0, 1)
+        for rid in msg.eager:  # our announcement came first there: a full frame would have been useful
+            cached = cache.get(rid)
+            if cached is not None:
+                self._tree_note(cached[4], cached[2], peer, TREE_EAGER_WEIGHT, 0)
+        routes = self._routes
+        cfg = self.config
+        for a in msg.entries:
+            entry = routes.get(a.route_id)
+            known_epoch = None if entry is None else RouteTable.epoch(entry)
+            if known_epoch == a.epoch:
+                self._tree_known(a.route_id, a.epoch, peer, a.hops, now)
+            elif known_epoch is None or a.epoch > known_epoch:
+                key = (a.route_id, a.epoch)
+                waiting = self._tree_missing.get(key)
+                if waiting is None:
+                    self._tree_missing.put(key, [(peer, a.hops)])
+                    heapq.heappush(self._tree_grafts, (now + cfg.tree_graft_timeout_s, a.route_id, a.epoch))
+                elif len(waiting) < 2 * cfg.active_max:
+                    waiting.append((peer, a.hops))
+            # an older epoch than ours: nothing to learn
+        return []
+
+    def _tree_known(self, rid: bytes, epoch: int, peer: str, hops: int, now: float) -> None:
+        """Rule G3 for an announcement of a (route, epoch) this relay holds: a feasible backup next hop."""
+        routes = self._routes
+        entry = routes.get(rid)
+        if entry is None or hops >= limits.MAX_TTL:
+            return
+        if routes.arrival(entry, epoch, peer, hops, self.config.route_k) is _FEASIBLE:
+            routes.add_backup(rid, entry, peer, hops + 1)
+            if self._level >= _FULL:
+                self._trace(now, "route_backup", msg=f"{rid.hex()}:{epoch}", route=rid.hex(), peer=peer,
+                            hops=hops + 1, epoch=epoch)
+
+    def _on_graft(self, peer: str, state: Neighbour, msg: RegGraft, now: float) -> list[Effect]:
+        cached = self._tree_cache.get(msg.route_id)
+        if cached is None or cached[0].epoch < msg.epoch or cached[3] <= now:
+            self._count("tree_graft_unknown")
+            return []
+        reg, ttl, hops, _, direction = cached
+        self._tree_note(direction, hops, peer, TREE_EAGER_WEIGHT, 0)  # it needed our full frame
+        cfg = self.config
+        if not state.reg_budget.take(now, cfg.reg_budget_per_peer_per_s, cfg.reg_budget_peer_burst):
+            self._count("tree_graft_refused")
+            return []
+        state.last_sent = now
+        self._count("tree_graft_answered")
+        if self._level:
+            self._trace(now, "gossip_control", msg=f"{msg.route_id.hex()}:{reg.epoch}", route=msg.route_id.hex(),
+                        peer=peer, count=1, nbytes=gossip_frame_bytes(reg), reason="graft_answer")
+        return [Send(peer, RegGossip(reg, ttl, hops))]
+
+    # -- timers --------------------------------------------------------------------------------------
+
+    def _tree_next(self) -> float | None:
+        """When the tree scheme's timer is due (announcement flush, graft timeouts)."""
+        t = self._tree_flush_at
+        if self._tree_grafts:
+            first = self._tree_grafts[0][0]
+            if t is None or first < t:
+                return first
+        return t
+
+    def _tree_timer(self, now: float) -> list[Effect]:
+        out: list[Effect] = []
+        if self._tree_flush_at is not None and now >= self._tree_flush_at:
+            out += self._tree_flush(now)
+        grafts = self._tree_grafts
+        while grafts and grafts[0][0] <= now:
+            _, rid, epoch = heapq.heappop(grafts)
+            out += self._tree_graft(rid, epoch, now)
+        return out
+
+    def _tree_flush(self, now: float) -> list[Effect]:
+        """One RegAnnounce frame per neighbour with what waits for it (several past MAX_ANNOUNCEMENTS)."""
+        self._tree_flush_at = None
+        out: list[Effect] = []
+        sizes: dict[int, int] = {}  # frame bytes -> frames of that size (trace rows: count x one frame's bytes)
+        step = limits.MAX_ANNOUNCEMENTS
+        routes = self._routes
+        for p, (entries, prunes, eager) in self._tree_out.items():
+            st = self._active.get(p)
+            if st is None:
+                continue
+            # A neighbour that became one of our next hops for the route meanwhile is closer to its
+            # home than we are: it cannot take us as a next hop (G3) and has it; no announcement.
+            entries = [a for a in entries if not _claimed(routes.get(a.route_id), a.epoch, p)]
+            if not (entries or prunes or eager):
+                continue
+            for i in range(0, max(len(entries), len(prunes), len(eager)), step):
+                msg = RegAnnounce(tuple(entries[i:i + step]), tuple(prunes[i:i + step]), tuple(eager[i:i + step]))
+                out.append(Send(p, msg))
+                if self._level:
+                    size = announce_frame_bytes(msg)
+                    sizes[size] = sizes.get(size, 0) + 1
+            st.last_sent = now
+        self._tree_out.clear()
+        for size, frames in sorted(sizes.items()):
+            self._trace(now, "gossip_control", count=frames, nbytes=size, reason="announce")
+        return out
+
+    def _tree_graft(self, rid: bytes, epoch: int, now: float) -> list[Effect]:
+        """A graft timer fired: still no full frame of (rid, epoch)? Graft the closest announcer left."""
+        key = (rid, epoch)
+        waiting = self._tree_missing.get(key)
+        if waiting is None:
+            return []
+        entry = self._routes.get(rid)
+        if entry is not None and RouteTable.epoch(entry) >= epoch:
+            del self._tree_missing[key]
+            return []
+        live = [(h, i) for i, (p, h) in enumerate(waiting) if p in self._active]
+        if not live:
+            del self._tree_missing[key]
+            return []
+        _, i = min(live)
+        peer, _ = waiting.pop(i)
+        self._active[peer].last_sent = now
+        self._count("tree_grafts")
+        heapq.heappush(self._tree_grafts, (now + self.config.tree_graft_timeout_s, rid, epoch))
+        if self._level:
+            self._trace(now, "gossip_control", msg=f"{rid.hex()}:{epoch}", route=rid.hex(), peer=peer, count=1,
+                        nbytes=graft_frame_bytes(epoch), reason="graft")
+        return [Send(peer, RegGraft(rid, epoch))]
+
+    def _tree_peer_down(self, peer: str) -> None:
+        stats = self._tree_stats
+        for key in [k for k in stats if k[0] == peer or k[2] == peer]:
+            del stats[key]
+        self._tree_out.pop(peer, None)
