@@ -91,7 +91,7 @@ class Simulator:
         self.level = scenario.trace_level if trace_level is None else trace_level
         self.progress = progress
         self.rng = Streams.from_seed(self.seed)
-        self.net: Network = build(scenario.topology, self.rng.topo)
+        self.net: Network = build(scenario.topology, self.rng.topo, scenario.engine)
         n = self.net.n
         self.roles = Roles.plan(scenario, n, self.rng.adv)
         if self.hostile_on:
@@ -491,6 +491,11 @@ class Simulator:
             summary.update(self.ingress.summary(lambda b: pushes[b].t,
                                                 lambda b: delivered_at(self.collector, pushes[b]),
                                                 self.sc.deadline_s))
+        degrees = self.net.degrees()
+        summary["topology_degrees"] = {str(d): c for d, c in degrees.items()}
+        summary["topology_below_min_degree"] = sum(c for d, c in degrees.items() if d < self.sc.topology.min_degree)
+        if self.net.formation is not None:
+            summary["topology_formation"] = self.net.formation
         summary["route_k2_share"] = route_k2_share(self.engines, self.alive, self.work)
         summary["gossip_scheme"] = self.sc.engine.gossip_scheme
         summary.update(

@@ -22,6 +22,10 @@ class EngineConfig:
     # A relay with fewer neighbours than this asks full relays to make room (HyParView priority join).
     # Not active_min: under churn every rejoining relay would then evict links all over the mesh.
     priority_join_below: int = 2
+    # Rule M5: of the links a relay dials, this many go to a random candidate not ranked near (a
+    # bootstrap's random half, peer exchange) while near candidates fill the rest: proximity keeps
+    # latency low, the far link keeps the mesh a small world. Only with proximity-ranked candidates.
+    far_links: int = 1
     keepalive_interval_s: float = 1.0  # AODV HELLO_INTERVAL
     keepalive_misses: int = 3  # AODV ALLOWED_HELLO_LOSS is 2; 3 tolerates a loaded host
     peer_exchange_interval_s: float = 30.0

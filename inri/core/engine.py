@@ -98,6 +98,9 @@ Membership (HyParView-like)
       says so in a Hello ("low") on the links it dials. A full relay holds an
       inbound link on probation for PROBATION_S; a "low" Hello gets it in by
       dropping a random neighbour, anything else gets "full".
+  M5. Proximity with a far link: candidates a bootstrap ranked near (the      membership.py
+      first `near` of add_candidates) are dialled nearest first, while
+      far_links of the dialled links go to a random candidate not ranked near.
 
 Peer scoring (zero trust between relays)
   S1. Each neighbour has a score: undecodable frames, forged gossip, gossip    scoring.py (decay: _tick)
@@ -191,6 +194,8 @@ class Engine(MembershipRules, GossipRules, StemRules, TreeRules, ForwardingRules
         self._rng = rng
         self._active: dict[str, Neighbour] = {}
         self._passive: dict[str, str] = {}  # node id -> addr, oldest first
+        self._near: dict[str, int] = {}  # candidates ranked near by a bootstrap -> rank (rule M5)
+        self._far: set[str] = set()  # peers dialled as the far link(s) (rule M5)
         self._connecting: dict[str, float] = {}  # node id -> give-up time
         # Former neighbours whose link was lost: re-dialled with exponential backoff while the active
         # view is below active_max, so a mesh torn by a partition or a crash knits itself back.

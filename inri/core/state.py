@@ -152,6 +152,8 @@ class EngineState:
     _rng: random.Random
     _active: dict[str, Neighbour]
     _passive: dict[str, str]
+    _near: dict[str, int]  # candidates a proximity-ranked source called near -> rank (rule M5)
+    _far: set[str]  # peers dialled as far links (up or being dialled; rule M5)
     _connecting: dict[str, float]
     _lost: dict[str, list[Any]]
     _routes: RouteTable | CompactRouteTable
@@ -229,7 +231,7 @@ class EngineState:
 
     if TYPE_CHECKING:  # calls from one rule group into another (implemented in the module named)
         # membership.py
-        def add_candidates(self, peers: list[Any], now: float) -> list[Effect]: ...
+        def add_candidates(self, peers: list[Any], now: float, *, near: int = 0) -> list[Effect]: ...
         def peer_up(self, peer: str, now: float, *, outbound: bool, addr: str = "") -> list[Effect]: ...
         def peer_down(self, peer: str, now: float, reason: DisconnectReason) -> list[Effect]: ...
         def connect_failed(self, peer: str, now: float) -> list[Effect]: ...
