@@ -78,8 +78,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"inri-sim: {exc}", file=sys.stderr)
         return 2
     n = sim.net.n
-    print(f"inri-sim: {scenario.name}: {n} relays, {len(sim.net.undirected_edges())} links, seed {sim.seed}",
-          file=sys.stderr)
+    degrees = ", ".join(f"{c} of degree {d}" for d, c in sim.net.degrees().items())
+    print(f"inri-sim: {scenario.name}: {n} relays, {len(sim.net.undirected_edges())} links ({degrees}), "
+          f"seed {sim.seed}", file=sys.stderr)
     result = sim.run()
     print(summary_line(result))
     return 0

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-GOSSIP_KINDS = ("reg_originated", "route_set")
+GOSSIP_KINDS = ("reg_originated", "route_set", "gossip_control", "reg_reforwarded")
 PUSH_MESSAGE_KINDS = ("push_forwarded", "push_fallback", "receipt_forwarded", "route_error")
 # Exclusions the topology decides (docs/metrics.md): counted only when the home was down or cut off
 # before the push was delivered. Every other reason (the spammer's pushes) always excludes.
@@ -56,6 +56,8 @@ class Collector:
         self.excluded: dict[str, tuple[float, str]] = {}  # push -> earliest push_excluded (t, reason)
         self.dropped: dict[str, str] = {}  # push -> latest drop reason
         self.fallback: set[str] = set()
+        self.fallback_per_push: dict[str, int] = {}  # push -> ring messages (push_fallback counts)
+        self.budget_exhausted: set[str] = set()  # pushes re-sent along routes: the next ring would not fit the budget
         self.settled_delivered: set[str] = set()  # pushes a custodian settled as delivered (a receipt said so)
         self.retried: set[str] = set()  # pushes with a push_retry row
         self.home_of_route: dict[str, str] = {}  # route -> the relay that originated it (its home)
@@ -77,6 +79,11 @@ class Collector:
             if kind == "push_fallback":
                 self.fallback_messages += c
                 self.fallback.add(msg)
+                self.fallback_per_push[msg] = self.fallback_per_push.get(msg, 0) + c
+        elif kind == "reg_reforwarded":  # rule G3b: more gossip copies of a known (route, epoch)
+            count = row[9] or 0
+            self.gossip_messages += count
+            self.gossip_bytes += count * (row[10] or 0)
         elif kind == "reg_originated":
             count = row[9] or 0
             self.gossip_messages += count
@@ -101,6 +108,8 @@ class Collector:
                 self.timeline.append((_PUSH, msg, home))
         elif kind == "push_retry":
             self.retried.add(msg)
+            if row[11] == "fallback_budget":
+                self.budget_exhausted.add(msg)
         elif kind == "peer_up":
             self.timeline.append((_PEER_UP, relay, row[5]))
         elif kind == "peer_down":
@@ -145,6 +154,10 @@ class Collector:
             self.add(r)
 
     # -- liveness ---------------------------------------------------------------------------
+    def down_at(self, t: float) -> set[str]:
+        """Relays down at time t (relay_down/relay_up rows)."""
+        return self._down_at(t)
+
     def _down_at(self, t: float) -> set[str]:
         down = set()
         for relay, trans in self.transitions.items():

@@ -9,7 +9,8 @@ coverage_after_s = 10.0       # route_coverage is measured this long after each 
 trace_level = "summary"       # default when the CLI gives none: off | summary | full
 
 [topology]
-kind = "random"               # random | geographic
+kind = "random"               # random | geographic | built (the shipped bootstrap ranking and membership
+                              # form it: simulations/built.py; min/max_degree must equal active_min/max)
 relays = 1000
 min_degree = 3                # each relay gets 3-4 neighbours
 max_degree = 4
@@ -149,6 +150,33 @@ class Scenario:
     adversaries: tuple[Adversary, ...] = ()
 
 
+KINDS_OF_TOPOLOGY = ("random", "geographic", "built")
+
+
+def _check_degrees(t: Topology, engine: EngineConfig) -> None:
+    """Degrees the builder cannot honour, and membership settings that contradict the topology."""
+    if t.relays > 2 and t.max_degree < 2:
+        raise ScenarioError(f"[topology] max_degree = {t.max_degree}: a connected mesh of {t.relays} relays needs "
+                            "relays of degree 2 or more")
+    if t.min_degree == t.max_degree and t.relays * t.min_degree % 2 and t.kind != "built":
+        raise ScenarioError(f"[topology] min_degree = max_degree = {t.min_degree} cannot be honoured with "
+                            f"{t.relays} relays (an odd number of link ends): change relays or max_degree")
+    if t.kind == "built":
+        # The membership decides the degrees: the topology's must be the engine's.
+        for topo_key, eng_key in (("min_degree", "active_min"), ("max_degree", "active_max")):
+            if getattr(t, topo_key) != getattr(engine, eng_key):
+                raise ScenarioError(
+                    f"[topology] {topo_key} = {getattr(t, topo_key)} contradicts [engine] {eng_key} = "
+                    f"{getattr(engine, eng_key)}: a \"built\" mesh takes its degrees from the membership")
+        return
+    if t.max_degree > engine.active_max:
+        raise ScenarioError(f"[topology] max_degree = {t.max_degree} contradicts [engine] active_max = "
+                            f"{engine.active_max}: relays would refuse the links above active_max")
+    if t.min_degree < engine.active_min:
+        raise ScenarioError(f"[topology] min_degree = {t.min_degree} contradicts [engine] active_min = "
+                            f"{engine.active_min}: membership would dial more links at run time")
+
+
 def _nonnegative(cls: type) -> dict[str, msgspec.Meta]:
     """Every number of a scenario table is a count, a time, a rate or a share: none is negative."""
     return {name: _NONNEG for name, hint in typing.get_type_hints(cls).items() if hint in (int, float)}
@@ -210,8 +238,10 @@ def from_dict(raw: dict[str, Any], default_name: str = "scenario") -> Scenario:
     engine_raw = raw.pop("engine", {}) or {}
     if not isinstance(engine_raw, dict):
         raise ScenarioError("[engine] must be a table")
-    engine = engine_config(EngineConfig(), {k: Setting(v, f"[engine] {k}") for k, v in engine_raw.items()},
-                           where="[engine]", error=ScenarioError)
+    # The simulator's route tables default to "dict": the same entries as the relay's "compact" ones
+    # (tests/test_core_tables.py), at a fraction of the CPU per lookup; a scenario may set either.
+    settings = {k: Setting(v, f"[engine] {k}") for k, v in engine_raw.items()}
+    engine = engine_config(EngineConfig(route_table="dict"), settings, where="[engine]", error=ScenarioError)
     network = raw.pop("network", {}) or {}
     if not isinstance(network, dict) or set(network) - {"loss", "loss_model"}:
         raise ScenarioError("[network] must be a table with only the keys loss and loss_model")
@@ -244,8 +274,9 @@ def from_dict(raw: dict[str, Any], default_name: str = "scenario") -> Scenario:
         raise ScenarioError("[topology] relays: at most 1,000,000")
     if t.relays < 2 or t.min_degree < 1 or t.max_degree < t.min_degree or t.relays <= t.max_degree:
         raise ScenarioError("[topology] needs relays > max_degree >= min_degree >= 1")
-    if t.kind not in ("random", "geographic"):
-        raise ScenarioError("[topology] kind must be random or geographic")
+    if t.kind not in KINDS_OF_TOPOLOGY:
+        raise ScenarioError(f"[topology] kind must be one of {', '.join(KINDS_OF_TOPOLOGY)}, not {t.kind!r}")
+    _check_degrees(t, sc.engine)
     if not 0.0 <= sc.loss < 1.0:
         raise ScenarioError("[network] loss must be in [0, 1)")
     if sc.loss_model not in LOSS_MODELS:

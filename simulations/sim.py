@@ -53,9 +53,12 @@ from simulations.scenario import Partition, Scenario
 from simulations.summary import (
     Result,
     adversary_summary,
+    cut_reasons,
     delivered_at,
     delivery_summary,
+    fallback_summary,
     route_k2_share,
+    scope_reach,
     summary_line,
 )
 from simulations.topology import Network, build
@@ -92,7 +95,8 @@ class Simulator:
         self.level = scenario.trace_level if trace_level is None else trace_level
         self.progress = progress
         self.rng = Streams.from_seed(self.seed)
-        self.net: Network = network if network is not None else build(scenario.topology, self.rng.topo)
+        self.net: Network = (network if network is not None
+                             else build(scenario.topology, self.rng.topo, scenario.engine))
         n = self.net.n
         self.roles = Roles.plan(scenario, n, self.rng.adv)
         if self.hostile_on:
@@ -518,11 +522,23 @@ class Simulator:
             summary.update(adversary_summary(self.sc.adversaries, self.roles, self.hostile_on, self.engines,
                                              self.alive, self.names, self.work, self.tracer.scored,
                                              self.collector.settled_delivered, self.collector.delivered))
+        if not self.sc.adversaries or not self.hostile_on:
+            # Every relay behaves honestly (no adversary, or --no-adversaries): every scoring cut is the
+            # cut of an honest link, and there should be none (loss and churn are not black holes).
+            summary["cuts_of_honest"] = len(self.tracer.scored)
+        summary["cuts_by_reason"] = cut_reasons(self.tracer.scored)
+        summary.update(fallback_summary(self.engines, self.collector))
+        summary.update(scope_reach(self.collector, self.net, self.names, self.sc.engine.gossip_ttl))
         if self.ingress is not None:
             pushes = self.work.pushes
             summary.update(self.ingress.summary(lambda b: pushes[b].t,
                                                 lambda b: delivered_at(self.collector, pushes[b]),
                                                 self.sc.deadline_s))
+        degrees = self.net.degrees()
+        summary["topology_degrees"] = {str(d): c for d, c in degrees.items()}
+        summary["topology_below_min_degree"] = sum(c for d, c in degrees.items() if d < self.sc.topology.min_degree)
+        if self.net.formation is not None:
+            summary["topology_formation"] = self.net.formation
         summary["route_k2_share"] = route_k2_share(self.engines, self.alive, self.work)
         summary["gossip_scheme"] = self.sc.engine.gossip_scheme
         summary.update(

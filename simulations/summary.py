@@ -122,6 +122,65 @@ def adversary_summary(tables: Sequence[Adversary], roles: Roles, hostile_on: boo
     return out
 
 
+def scope_reach(collector: Collector, net: Network, names: Sequence[str], ttl: int) -> dict[str, object]:
+    """Reach within the gossip TTL's scope: over registrations, the relays within `ttl` hops of the home
+    on the initial topology (fewest hops) and live at t0 + coverage_after, the share that holds a route
+    by then (pooled as route_coverage). With first arrivals only, latency-first flooding can spend a
+    copy's TTL on long detours and leave relays inside the scope unreached (docs/protocol.md, "TTLs")."""
+    adj = net.neighbours()
+    index = {name: i for i, name in enumerate(names)}
+    num = den = 0
+    down_cache: dict[float, set[str]] = {}
+    for msg, (t0, origin) in collector.reg_origin.items():
+        o = index.get(origin)
+        if o is None:
+            continue
+        t_cov = t0 + collector.coverage_after
+        down = down_cache.get(t_cov)
+        if down is None:
+            down = down_cache[t_cov] = collector.down_at(t_cov)
+        dist = {o: 0}
+        frontier = [o]
+        for d in range(1, ttl + 1):
+            nxt = []
+            for u in frontier:
+                for v in adj[u]:
+                    if v not in dist:
+                        dist[v] = d
+                        nxt.append(v)
+            if not nxt:
+                break
+            frontier = nxt
+        scope = {names[v] for v in dist if v != o} - down
+        got = {r for tt, r in zip(collector.reg_times.get(msg, ()), collector.reg_relays.get(msg, []), strict=True)
+               if tt <= t_cov}
+        num += len(scope & got)
+        den += len(scope)
+    return {"scope_reach": num / den if den else None}
+
+
+def cut_reasons(scored: Sequence[tuple[str, str | None, str | None]]) -> dict[str, int]:
+    """Scoring cuts (peer_scored rows) by the reason of the score change that made them."""
+    out: dict[str, int] = {}
+    for _, _, reason in scored:
+        key = reason or "unknown"
+        out[key] = out.get(key, 0) + 1
+    return dict(sorted(out.items()))
+
+
+def fallback_summary(engines: Sequence[Engine], collector: Collector) -> dict[str, object]:
+    """The fallback budget (docs/protocol.md, "Repair and fallback") and its effect: the budget in
+    messages per push, the pushes whose custodian stopped searching because the next ring would not
+    fit it (they were re-sent along routes instead), and the most ring messages any one push cost."""
+    budget = engines[0].config.fallback_budget if engines else None
+    per_push = collector.fallback_per_push
+    return {
+        "fallback_budget": budget,
+        "fallback_budget_exhausted": len(collector.budget_exhausted),
+        "fallback_messages_max_push": max(per_push.values(), default=0),
+    }
+
+
 def delivered_at(collector: Collector, plan: PushPlan) -> float | None:
     """When the push of a plan was first stored at its home, or None."""
     got = collector.delivered.get(plan.push_id) if plan.push_id else None

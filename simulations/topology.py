@@ -6,6 +6,7 @@ import math
 import random
 from dataclasses import dataclass
 
+from inri.core.config import EngineConfig
 from simulations.scenario import Topology
 
 
@@ -17,6 +18,17 @@ class Network:
     latency: dict[tuple[int, int], float]
     processing: list[float]
     positions: list[tuple[float, float]] | None = None
+    formation: dict[str, int] | None = None  # kind "built": what the membership did (simulations/built.py)
+
+    def degrees(self) -> dict[int, int]:
+        """How many relays have each degree, as built (before any run-time link)."""
+        deg = [0] * self.n
+        for u, _ in self.latency:
+            deg[u] += 1
+        hist: dict[int, int] = {}
+        for d in deg:
+            hist[d] = hist.get(d, 0) + 1
+        return dict(sorted(hist.items()))
 
     def neighbours(self) -> list[list[int]]:
         """Adjacency lists, sorted (deterministic)."""
@@ -145,7 +157,14 @@ def _geo_edges(n: int, topo: Topology, rng: random.Random, pos: list[tuple[float
                 deg[u] += 1
                 deg[v] += 1
                 break
-    # Join islands: connect each component to its nearest relay in the giant one.
+    _repair_degrees(n, topo, rng, edges, deg)
+    _join_islands(n, edges, pos)
+    return edges
+
+
+def _join_islands(n: int, edges: set[tuple[int, int]], pos: list[tuple[float, float]]) -> int:
+    """Connect each component to its nearest relay in the giant one; returns how many links that took."""
+    joined = 0
     while not _connected(n, edges):
         comp = _components(n, edges)
         main = max(set(comp), key=comp.count)
@@ -154,7 +173,105 @@ def _geo_edges(n: int, topo: Topology, rng: random.Random, pos: list[tuple[float
         v = min((w for w in range(n) if comp[w] == main),
                 key=lambda w: math.hypot(pos[w][0] - pos[u][0], pos[w][1] - pos[u][1]))
         edges.add((min(u, v), max(u, v)))
-    return edges
+        joined += 1
+    return joined
+
+
+def shape(n: int, edges: set[tuple[int, int]] | list[tuple[int, int]], *, sources: int = 0,
+          rng: random.Random | None = None) -> dict[str, float]:
+    """Mean shortest path (hops) and eccentricity of a mesh by BFS: from every relay, or from `sources`
+    relays drawn at random (then the eccentricity is the largest seen: a lower bound of the diameter).
+    Unreachable pairs are left out (`reachable` is the share of pairs that are connected)."""
+    adj: list[list[int]] = [[] for _ in range(n)]
+    for u, v in edges:
+        adj[u].append(v)
+        adj[v].append(u)
+    starts = list(range(n)) if not sources or sources >= n else (rng or random.Random(0)).sample(range(n), sources)
+    total = 0
+    pairs = 0
+    ecc_max = 0
+    ecc_sum = 0
+    for s in starts:
+        dist = [-1] * n
+        dist[s] = 0
+        frontier = [s]
+        d = 0
+        while frontier:
+            d += 1
+            nxt = []
+            for u in frontier:
+                for v in adj[u]:
+                    if dist[v] < 0:
+                        dist[v] = d
+                        nxt.append(v)
+            if nxt:
+                total += d * len(nxt)
+                pairs += len(nxt)
+            frontier = nxt
+        ecc = d - 1
+        ecc_max = max(ecc_max, ecc)
+        ecc_sum += ecc
+    degs = [len(a) for a in adj]
+    return {
+        "mean_path": round(total / pairs, 3) if pairs else 0.0,
+        "eccentricity_max": ecc_max,
+        "eccentricity_mean": round(ecc_sum / len(starts), 2),
+        "reachable": round(pairs / (len(starts) * (n - 1)), 4),
+        "degree_mean": round(sum(degs) / n, 3),
+        "degree_min": min(degs),
+        "degree_max": max(degs),
+    }
+
+
+def _repair_degrees(n: int, topo: Topology, rng: random.Random, edges: set[tuple[int, int]], deg: list[int]) -> None:
+    """Bring every relay up to min_degree: pair short relays at random (long links: the mesh stays a
+    small world), then link a short one to a relay with room, and as a last resort splice it into a
+    random link (x-y becomes x-u-y: x and y keep their degree). What cannot be honoured (min_degree ==
+    max_degree with an odd total) is left short and shows in the summary's `topology_degrees`."""
+    short = [u for u in range(n) if deg[u] < topo.min_degree]
+    if not short:
+        return
+    rng.shuffle(short)
+
+    elist = sorted(edges)  # for drawing a random link (entries removed from `edges` are skipped)
+
+    def link(u: int, v: int) -> None:
+        e = (min(u, v), max(u, v))
+        edges.add(e)
+        elist.append(e)
+        deg[u] += 1
+        deg[v] += 1
+
+    def adjacent(u: int, v: int) -> bool:
+        return (min(u, v), max(u, v)) in edges
+
+    for _ in range(4):
+        pending = [u for u in short if deg[u] < topo.min_degree]
+        rng.shuffle(pending)
+        for i in range(0, len(pending) - 1, 2):
+            u, v = pending[i], pending[i + 1]
+            if u != v and not adjacent(u, v) and deg[u] < topo.min_degree and deg[v] < topo.min_degree:
+                link(u, v)
+    room = [v for v in range(n) if deg[v] < topo.max_degree]
+    for u in short:
+        tries = 0
+        while deg[u] < topo.min_degree and tries < 64:
+            tries += 1
+            if room and deg[u] + 1 == topo.min_degree:  # one short: any relay with room
+                v = room[rng.randrange(len(room))]
+                if v != u and deg[v] < topo.max_degree and not adjacent(u, v):
+                    link(u, v)
+                    continue
+            if deg[u] + 2 > topo.max_degree:
+                break
+            x, y = elist[rng.randrange(len(elist))]
+            if (x, y) not in edges or u in (x, y) or adjacent(u, x) or adjacent(u, y):
+                continue
+            edges.discard((x, y))
+            deg[x] -= 1
+            deg[y] -= 1
+            link(u, x)
+            link(u, y)
 
 
 def _components(n: int, edges: set[tuple[int, int]]) -> list[int]:
@@ -171,16 +288,29 @@ def _components(n: int, edges: set[tuple[int, int]]) -> list[int]:
     return [find(u) for u in range(n)]
 
 
-def build(topo: Topology, rng: random.Random) -> Network:
-    """Build the scenario's network: connected, min..max degree, directed latencies, processing delays."""
+def build(topo: Topology, rng: random.Random, engine: EngineConfig | None = None) -> Network:
+    """Build the scenario's network: connected, min..max degree, directed latencies, processing delays.
+
+    kind "built": the shipped bootstrap ranking and membership form it (simulations/built.py) with the
+    scenario's `engine` settings; its degrees are the membership's (see `Network.degrees`)."""
     n = topo.relays
     positions = None
+    formation = None
     if topo.kind == "geographic":
         positions = [(rng.random(), rng.random()) for _ in range(n)]
         edges = _geo_edges(n, topo, rng, positions)
+    elif topo.kind == "built":
+        from simulations.built import built_edges
+
+        positions = [(rng.random(), rng.random()) for _ in range(n)]
+        edges, rep = built_edges(n, positions, engine or EngineConfig(), random.Random(rng.getrandbits(64)))
+        formation = rep.as_dict()
+        if not _connected(n, edges):  # as the geographic builder: join islands to their nearest relay
+            formation["islands_joined"] = _join_islands(n, edges, positions)
     else:
         edges = _random_edges(n, topo, rng)
-    net = Network(n, {}, [rng.uniform(topo.processing_min_s, topo.processing_max_s) for _ in range(n)], positions)
+    net = Network(n, {}, [rng.uniform(topo.processing_min_s, topo.processing_max_s) for _ in range(n)], positions,
+                  formation)
     for u, v in sorted(edges):
         a, b = net.link_latency(u, v, rng, topo)
         net.latency[(u, v)] = a

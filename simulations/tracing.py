@@ -13,7 +13,7 @@ SUMMARY_KINDS = frozenset(
         "reg_originated", "route_set", "reg_dropped", "push_injected", "push_refused", "push_forwarded",
         "push_fallback", "push_delivered", "push_duplicate", "push_dropped", "push_retry", "push_settled",
         "receipt_forwarded", "route_error", "peer_up", "peer_down", "relay_down", "relay_up", "push_excluded",
-        "peer_scored", "receipt_refused", "gossip_control",
+        "peer_scored", "receipt_refused", "gossip_control", "reg_reforwarded",
     }
 )
 

@@ -82,8 +82,10 @@ def analyse(
         .cache()
     )
     n_regs = regs.count()
-    # gossip_control: the tree scheme's announcements, grafts and graft answers (docs/trace-schema.md)
-    gossip = one_row(ev.filter(F.col("kind").isin("reg_originated", "route_set", "gossip_control")).agg(
+    # gossip_control: the tree scheme's announcements, grafts and graft answers (docs/trace-schema.md);
+    # reg_reforwarded: rule G3b's second copies
+    gossip = one_row(ev.filter(F.col("kind").isin("reg_originated", "route_set", "gossip_control",
+                                                   "reg_reforwarded")).agg(
         F.sum(F.coalesce(F.col("count"), F.lit(0))).alias("m"),
         F.sum(F.coalesce(F.col("count"), F.lit(0)) * F.coalesce(F.col("bytes"), F.lit(0))).alias("b"),
     ))

@@ -91,7 +91,7 @@ class LonelyService:
     def active_peers(self) -> list[str]:
         return self.neighbours
 
-    def add_candidates(self, peers: list[PeerInfo]) -> None:
+    def add_candidates(self, peers: list[PeerInfo], *, near: int = 0) -> None:
         pass
 
 

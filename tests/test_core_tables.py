@@ -4,13 +4,14 @@ and the hot-path builders readdress/make_send (inri.core.state)."""
 from __future__ import annotations
 
 import dataclasses
+import random
 
 import pytest
 
 from inri.core.api import Send
 from inri.core.budget import KeyedBuckets, TokenBucket
 from inri.core.state import make_send, readdress
-from inri.core.tables import Arrival, BoundedMap, RouteTable
+from inri.core.tables import UNKNOWN_DISTANCE, Arrival, BoundedMap, CompactRouteTable, RouteTable
 from inri.protocol.messages import ContentEncoding, Push, Registration, Urgency, WebPushMeta
 
 
@@ -95,3 +96,83 @@ def test_readdress_and_make_send_build_what_the_classes_build(webpush: WebPushMe
         got.ttl = 1  # type: ignore[misc]
     s = make_send("b", got, 0.5)
     assert type(s) is Send and s == Send("b", got, 0.5)
+
+
+Table = type[RouteTable | CompactRouteTable]
+
+
+def _model_table(seed: int, slots: int, ops: int, cls: Table = CompactRouteTable) -> None:
+    """A route table (the compact one by default) against a dict of flat tuples (the old table) under
+    random operations: the same entries, lookups, insertion order, expiry lists, purges and evictions."""
+    rng = random.Random(seed)
+    rids = [rng.randbytes(16) for _ in range(300)] + [b"short", b""]
+    peers = [f"p{i}" for i in range(9)]
+    table, model = cls(), {}  # type: ignore[var-annotated]
+    for _ in range(ops):
+        rid, peer = rng.choice(rids), rng.choice(peers)
+        op = rng.randrange(10)
+        entry = model.get(rid)
+        if op < 3:
+            expires = float(rng.randrange(1, 100))
+            table.set_first(rid, rng.randrange(2**32), expires, peer, rng.randrange(1, 34))
+            model[rid] = (table[rid][0], expires, table[rid][2], peer, table[rid][2])
+        elif op == 3:
+            table.originate(rid, 7, 50.0)
+            model[rid] = (7, 50.0, 0)
+        elif op == 4 and entry is not None and len(entry) < 3 + 2 * slots and peer not in entry:
+            table.add_backup(rid, entry, peer, 3)
+            model[rid] = (*entry, peer, 3)
+        elif op == 5 and entry is not None and len(entry) > 3:
+            victim = rng.choice(entry[3::2])
+            table.drop_next_hop(rid, entry, victim)
+            i = entry.index(victim)
+            model[rid] = entry[:i] + entry[i + 2:]
+        elif op == 6:
+            assert table.pop(rid, None) == model.pop(rid, None)
+        elif op == 7 and rng.random() < 0.1:
+            changed = sum(1 for e in model.values() if peer in e)
+            for r, e in list(model.items()):
+                if peer in e:
+                    i = e.index(peer)
+                    rest = e[3:i] + e[i + 2:]
+                    model[r] = (e[0], e[1], min(rest[1::2]) if rest else UNKNOWN_DISTANCE, *rest)
+            assert table.purge(peer) == changed
+        elif op == 8 and rng.random() < 0.05:
+            now = float(rng.randrange(100))
+            gone = [r for r, e in model.items() if e[1] <= now]
+            for r in gone:
+                del model[r]
+            assert table.expire(now) == gone
+        elif op == 9 and rng.random() < 0.05 and model:
+            victim = min(model, key=lambda r: model[r][1])
+            del model[victim]
+            assert table.evict_first_expiring() == victim
+        assert table.get(rid) == model.get(rid) and table.next_hops_of(rid) == (model[rid][3::2] if rid in model
+                                                                                   else ())
+    assert len(table) == len(model) and list(table.items()) == list(model.items())
+    assert table.routed_count() == sum(1 for e in model.values() if len(e) > 3)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("cls", [CompactRouteTable, RouteTable])
+def test_route_table_matches_a_dict_of_tuples(seed: int, cls: type[RouteTable | CompactRouteTable]) -> None:
+    _model_table(seed, 2, 6000, cls)
+
+
+def test_route_table_takes_more_next_hops_than_its_records_hold() -> None:
+    r = CompactRouteTable()
+    rid = bytes(range(16))
+    r.set_first(rid, 1, 9.0, "a", 5)
+    for peer, hops in (("b", 4), ("c", 3), ("d", 2)):
+        r.add_backup(rid, r[rid], peer, hops)  # past 2 slots: every record is re-encoded wider
+    assert r.vector(r[rid]) == [("a", 5), ("b", 4), ("c", 3), ("d", 2)] and r.next_hops_of(rid) == ("a", "b", "c", "d")
+    _model_table(4, 4, 3000)
+
+
+def test_route_table_grows_its_buckets_and_finds_every_route() -> None:
+    r = CompactRouteTable()
+    rids = [bytes([i % 256, i // 256]) * 8 for i in range(5000)]  # similar ids, shared byte runs
+    for i, rid in enumerate(rids):
+        r.set_first(rid, i, 100.0 + i, str(i % 7), 1 + i % 30)
+    assert len(r) == 5000 and all(r.epoch(r[rid]) == i for i, rid in enumerate(rids))
+    assert r.get(b"\xff" * 16) is None and r.keys() == rids

@@ -384,3 +384,11 @@ def test_simulations_import_neither_the_daemon_nor_private_names_of_the_engine()
                     found.append(f"{path.name}: {mod}")
             found += [f"{path.name}: {node.module}.{n}" for n in names if n.startswith("_")]
     assert found == []
+
+
+def test_scale_100k_is_the_size_issue_18_names() -> None:
+    """scale-100k (run by benchmarks/bench_scale.py, too big for a test): 100,000 relays, 1,000
+    registrations, 10,000 pushes, 5% churn."""
+    sc = load("scale-100k")
+    assert (sc.topology.relays, sc.workload.registrations, sc.workload.pushes, sc.churn.fail_fraction) == (
+        100_000, 1_000, 10_000, 0.05)

@@ -25,6 +25,7 @@ from typing import Annotated, Any, TypeVar
 import msgspec
 
 from inri.core.config import EngineConfig
+from inri.protocol import limits
 
 
 class ConfigError(ValueError):
@@ -44,8 +45,8 @@ ENGINE_RULES: dict[str, msgspec.Meta] = {
         "active_min", "active_max", "passive_max", "keepalive_misses", "gossip_ttl", "route_k", "route_max",
         "reg_budget_burst", "reg_budget_peer_burst", "push_ttl", "reverse_max", "custody_max",
         "custody_max_attempts", "push_seen_max", "push_budget_peer_burst")},
-    **{name: _NONNEG for name in ("outbound_min", "priority_join_below", "forward_jitter_s", "stem_hop_noise",
-                                   "tree_announce_delay_s")},
+    **{name: _NONNEG for name in ("outbound_min", "priority_join_below", "far_links", "forward_jitter_s",
+                                   "stem_hop_noise", "tree_announce_delay_s", "fallback_budget")},
     "stem_fluff_probability": msgspec.Meta(gt=0, le=1),
     **{name: msgspec.Meta(ge=0, le=1) for name in ("tree_eager_share", "tree_explore")},
     **{name: _POS for name in (
@@ -190,4 +191,10 @@ def engine_config(base: EngineConfig, settings: Mapping[str, Setting], *, where:
         raise error(f"{origin('active_min')}: must be <= active_max ({cfg.active_max})")
     if cfg.outbound_min > cfg.active_max:
         raise error(f"{origin('outbound_min')}: must be <= active_max ({cfg.active_max})")
+    if cfg.far_links > cfg.active_min:
+        raise error(f"{origin('far_links')}: must be <= active_min ({cfg.active_min})")
+    for key in ("gossip_ttl", "push_ttl"):  # the wire field's maximum: the encoder refuses more
+        if getattr(cfg, key) > limits.MAX_TTL:
+            raise error(f"{origin(key)}: {getattr(cfg, key)} is above the wire maximum {limits.MAX_TTL} "
+                        "(inri/protocol/limits.py MAX_TTL)")
     return cfg

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Literal
 
+from inri.protocol import limits
+
 
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
@@ -20,13 +22,19 @@ class EngineConfig:
     # A relay with fewer neighbours than this asks full relays to make room (HyParView priority join).
     # Not active_min: under churn every rejoining relay would then evict links all over the mesh.
     priority_join_below: int = 2
+    # Rule M5: of the links a relay dials, this many go to a random candidate not ranked near (a
+    # bootstrap's random half, peer exchange) while near candidates fill the rest: proximity keeps
+    # latency low, the far link keeps the mesh a small world. Only with proximity-ranked candidates.
+    far_links: int = 1
     keepalive_interval_s: float = 1.0  # AODV HELLO_INTERVAL
     keepalive_misses: int = 3  # AODV ALLOWED_HELLO_LOSS is 2; 3 tolerates a loaded host
     peer_exchange_interval_s: float = 30.0
     connect_timeout_s: float = 5.0
 
     # Registration gossip
-    gossip_ttl: int = 16  # > eccentricity of a 10k-relay 4-regular mesh (11) with churn margin
+    # The wire maximum: gossip reaches every relay of a connected mesh up to that many hops (limits.py);
+    # a relay forwards each (route, epoch) once, so a larger TTL costs nothing on a smaller mesh.
+    gossip_ttl: int = limits.MAX_TTL
     route_k: int = 2  # keep the first k arrivals from distinct neighbours
     seen_ttl_s: float = 120.0  # push seen-cache TTL (gossipsub: 120 s): longer than any propagation delay
     route_max: int = 1_000_000  # cached route ids; oldest-expiring evicted past this
@@ -40,6 +48,11 @@ class EngineConfig:
     # compact announcements, batched per neighbour, on the other links; they give the same backup next
     # hops and repair the tree (graft) when a full frame does not come within tree_graft_timeout_s.
     gossip_scheme: Literal["flood", "tree"] = "flood"
+    # Route table storage (inri/core/tables.py), the same entries either way: "compact" (about 60 B per
+    # route, the relay's default: memory decides how many devices a small machine serves) or "dict"
+    # (about 180 B per route, lookups about 10x cheaper in CPU: the simulator's default, which holds
+    # one table per relay of the mesh and is bound by CPU).
+    route_table: Literal["compact", "dict"] = "compact"
     tree_announce_delay_s: float = 0.05  # announcements wait this long to share a frame per neighbour
     tree_graft_timeout_s: float = 0.25  # an announced registration not received by then is grafted
     # A link gets full frames of a direction and distance while at least this share of those it got
@@ -56,7 +69,18 @@ class EngineConfig:
     stem_hop_noise: int = 4  # the flood starts at hops 2 + U{0..noise}: blurs distance for a lone observer
 
     # Pushes
+    # The radius of the custodian's last ring (after 1, 3, 5, 7), when the fallback budget allows it.
+    # Pushes following a route carry MAX_TTL - hops instead (docs/protocol.md, "TTLs").
     push_ttl: int = 24
+    # Ring messages one custodian may cause per push (docs/protocol.md, "Repair and fallback"): a ring of
+    # radius r costs at most active_max * sum((active_max - 1)^i, i < r) messages; a ring that would
+    # not fit what is left is not sent and the push is re-sent along routes instead; the last ring is as
+    # wide as the rest affords (up to push_ttl). 5,000: rings 1 to 7 with 4 neighbours (4,912), rings 1
+    # to 7 then 10 with 3 (498 + 3,069), never the full-TTL flood (with 3 neighbours and push_ttl 24:
+    # 50 million worst case; 3,290 messages per delivered push measured on a 5k geographic mesh).
+    # 1,000 (rings 1 to 5 with 4 neighbours) lost pushes on small partitioned meshes, where the worst
+    # case overstates a ring 7 (60 relays: at most 240 messages) twenty times.
+    fallback_budget: int = 5000
     reverse_ttl_s: float = 30.0  # reverse-path state (push id -> previous hop) lifetime
     reverse_max: int = 200_000
     custody_max: int = 100_000

@@ -35,6 +35,24 @@ PARK_FACTOR = 4  # parked custody (escalation exhausted) retries along the route
 _LOCAL = ReverseMark.LOCAL
 _LATE = ReverseMark.LATE
 
+def ring_cost(radius: int, degree: int) -> int:
+    """The most messages a ring copy of `radius` can cause on a mesh whose relays have at most `degree`
+    neighbours: the custodian sends `degree`, every relay within radius - 1 hops forwards to its other
+    degree - 1 (the seen-cache stops the rest). The fallback budget counts rings at this cost."""
+    if degree <= 2:
+        return degree * radius
+    cost: int = degree * ((degree - 1) ** radius - 1) // (degree - 2)
+    return cost
+
+
+def widest_ring(budget: int, degree: int, limit: int) -> int:
+    """The largest radius <= limit whose ring_cost fits budget (0: none)."""
+    r = 0
+    while r < limit and ring_cost(r + 1, degree) <= budget:
+        r += 1
+    return r
+
+
 class CustodyRules(EngineState):
     """C1-C3: pushes this relay accepted from home apps."""
 
@@ -149,12 +167,35 @@ class CustodyRules(EngineState):
             nh = self._next_hop(push.route_id, None, alternate=c.attempt == 1)
             if nh is not None:
                 c.routed = True
-                return [self._forward(readdress(push, cfg.push_ttl, 0, c.attempt, 0), nh, now)]
+                return [self._forward(readdress(push, limits.MAX_TTL, 0, c.attempt, 0), nh, now)]
         radii = limits.RING_RADII
-        ring = radii[c.ring_step] if c.ring_step < len(radii) else cfg.push_ttl
+        if c.ring_step < len(radii):
+            ring = radii[c.ring_step]
+        else:  # the last ring: as wide as what is left of the budget affords (at most push_ttl)
+            ring = widest_ring(cfg.fallback_budget - c.ring_spent, cfg.active_max, cfg.push_ttl)
+            if ring <= radii[-1]:
+                return self._over_budget(c, push, now)
+        cost = ring_cost(ring, cfg.active_max)
+        if c.ring_spent + cost > cfg.fallback_budget:
+            return self._over_budget(c, push, now)
+        c.ring_spent += cost
         c.ring_step += 1
         msg = readdress(push, cfg.push_ttl, 0, c.attempt, ring)
         return self._ring_flood(msg, None, now)
+
+    # Rule C2 (the fallback budget).
+    def _over_budget(self, c: Custody, push: Push, now: float) -> list[Effect]:
+        """The next ring would not fit the push's fallback budget: re-send along routes instead (any live
+        next hop, a low-scored one too: the ring was the alternative), never flood again."""
+        self._count("push_fallback_budget_exhausted")
+        if self._level:
+            self._trace(now, "push_retry", msg=push.push_id.hex(), route=push.route_id.hex(), count=c.attempt,
+                        reason="fallback_budget")
+        nh = self._next_hop(push.route_id, None, alternate=(c.attempt & 1) == 1, low_ok=True)
+        if nh is None:
+            return []  # no route here yet: the next retry looks again (gossip or a returning home brings it)
+        c.routed = True
+        return [self._forward(readdress(push, limits.MAX_TTL, 0, c.attempt, 0), nh, now)]
 
     # Rule C1.
     def _settle(self, pid: bytes, status: ReceiptStatus, hops: int, now: float) -> list[Effect]:
@@ -215,7 +256,7 @@ class CustodyRules(EngineState):
         push = self._aged(c, now)
         if self._level:
             self._trace(now, "push_retry", msg=pid.hex(), route=push.route_id.hex(), count=c.attempt)
-        return [self._forward(readdress(push, cfg.push_ttl, 0, c.attempt, 0), nh, now)]
+        return [self._forward(readdress(push, limits.MAX_TTL, 0, c.attempt, 0), nh, now)]
 
     # Rule C2.
     def _schedule(self, pid: bytes, when: float) -> None:

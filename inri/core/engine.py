@@ -104,6 +104,9 @@ Membership (HyParView-like)
       says so in a Hello ("low") on the links it dials. A full relay holds an
       inbound link on probation for PROBATION_S; a "low" Hello gets it in by
       dropping a random neighbour, anything else gets "full".
+  M5. Proximity with a far link: candidates a bootstrap ranked near (the      membership.py
+      first `near` of add_candidates) are dialled nearest first, while
+      far_links of the dialled links go to a random candidate not ranked near.
 
 Peer scoring (zero trust between relays)
   S1. Each neighbour has a score: undecodable frames, forged gossip, gossip    scoring.py (decay: _tick)
@@ -136,7 +139,7 @@ from inri.core.rtt import RttRules
 from inri.core.scoring import ScoringRules
 from inri.core.state import SWEEP_INTERVAL_S, Custody, Neighbour, ReverseMark, readdress
 from inri.core.stem import StemRules
-from inri.core.tables import BoundedMap, RouteTable
+from inri.core.tables import BoundedMap, CompactRouteTable, RouteTable
 from inri.core.tree import TREE_CACHE_MAX, TREE_MISSING_MAX, TreeRules
 from inri.protocol.codec import DecodeError, decode
 from inri.protocol.messages import (
@@ -159,6 +162,7 @@ from inri.protocol.messages import (
 __all__ = ["HOOKS", "Engine", "readdress"]
 
 _LOCAL = ReverseMark.LOCAL
+DEEP_MAX = 65536  # G3b entries kept (oldest evicted): only far-travelled (route, epoch)s are entered
 
 # The extension point for hostile relays (simulations/adversary.py): the methods a subclass may
 # override to change one behaviour, with what each receives. Renaming one breaks
@@ -198,11 +202,13 @@ class Engine(MembershipRules, GossipRules, StemRules, TreeRules, ForwardingRules
         self._rng = rng
         self._active: dict[str, Neighbour] = {}
         self._passive: dict[str, str] = {}  # node id -> addr, oldest first
+        self._near: dict[str, int] = {}  # candidates ranked near by a bootstrap -> rank (rule M5)
+        self._far: set[str] = set()  # peers dialled as the far link(s) (rule M5)
         self._connecting: dict[str, float] = {}  # node id -> give-up time
         # Former neighbours whose link was lost: re-dialled with exponential backoff while the active
         # view is below active_max, so a mesh torn by a partition or a crash knits itself back.
         self._lost: dict[str, list[Any]] = {}  # node id -> [addr, retry_at, failures]
-        self._routes = RouteTable()
+        self._routes = CompactRouteTable() if config.route_table == "compact" else RouteTable()
         self._origin_bucket: dict[bytes, TokenBucket] = {}  # route id -> refresh budget (rule G4)
         # (push id, attempt * 2 + ring mode) -> expiry
         self._push_seen: BoundedMap[tuple[bytes, int], float] = BoundedMap(config.push_seen_max)
@@ -223,7 +229,7 @@ class Engine(MembershipRules, GossipRules, StemRules, TreeRules, ForwardingRules
         # Pushes forwarded along a route, awaiting an answer: push id -> (next hop, deadline, sent,
         # route id), in send order, with a heap (deadline, push id) for expiry: the timeout shrinks
         # with the hops the copy has travelled (rule F6), so the relay nearest a black hole answers first.
-        # No answer by then scores the next hop as a black hole. Next hop "": a local repair (F3).
+        # No answer by then scores the next hop as a black hole (and reports the hole upstream, F6).
         # rtt.py (C4, C5): ... and the copy sent (its hops and attempt give round-trip samples; C5 re-sends it).
         self._await: BoundedMap[bytes, tuple[str, float, float, bytes, Push]] = BoundedMap(config.reverse_max)
         self._await_heap: list[tuple[float, bytes]] = []
@@ -248,6 +254,8 @@ class Engine(MembershipRules, GossipRules, StemRules, TreeRules, ForwardingRules
         self._stem_key = rng.randbytes(32) if config.stem else b""
         self._embargo: dict[tuple[bytes, int], tuple[float, Registration, str | None, str | None]] = {}
         self._homed: dict[bytes, Registration] = {}  # registrations homed here (announced on link up)
+        # G3b: (route id, epoch) whose first copy spent more than half its TTL here -> fewest hops forwarded.
+        self._deep: BoundedMap[tuple[bytes, int], int] = BoundedMap(DEEP_MAX)
         self._stem_held: dict[bytes, Registration] = {}  # stem routes held here (stem.py, announced on link up)
         self._announce: dict[str, list[bytes]] = {}  # neighbour -> homed route ids still to announce
         self._down_since: dict[str, float] = {}  # former neighbour -> when its link went down
@@ -376,6 +384,9 @@ class Engine(MembershipRules, GossipRules, StemRules, TreeRules, ForwardingRules
             st = self._active[p]
             if st.score:
                 st.score *= decay
+            if st.silences:
+                st.answers *= decay
+                st.silences *= decay
             if now - st.last_heard > dead_after:
                 out.append(Disconnect(p, DisconnectReason.KEEPALIVE_TIMEOUT))
                 out += self.peer_down(p, now, DisconnectReason.KEEPALIVE_TIMEOUT)

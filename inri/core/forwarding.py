@@ -20,6 +20,7 @@ from inri.core.state import (
     readdress,
 )
 from inri.core.tables import RouteTable
+from inri.protocol import limits
 from inri.protocol.keys import receipt_signed_bytes
 from inri.protocol.messages import (
     Push,
@@ -50,8 +51,14 @@ _FULL = TraceLevel.FULL
 
 
 def _onward(push: Push, ring: int) -> Push:
-    """The copy of push a relay forwards: one hop further, one TTL less, in ring mode `ring` (0: route)."""
-    return readdress(push, push.ttl - 1, push.hops + 1, push.attempt, ring)
+    """The copy of push a relay forwards: one hop further, in ring mode `ring` (0: route).
+
+    A ring copy has one TTL less. A route-mode copy carries MAX_TTL - hops (docs/protocol.md, "TTLs"):
+    a push following a route is never dropped for TTL while the route exists (a route is at most as
+    long as its gossip travelled, and gossip stops at MAX_TTL); the seen-cache is its loop guard.
+    """
+    hops = push.hops + 1
+    return readdress(push, limits.MAX_TTL - hops if not ring else push.ttl - 1, hops, push.attempt, ring)
 
 
 class ForwardingRules(EngineState):

@@ -162,7 +162,14 @@ class GossipRules(EngineState):
                 if arrival is _REPLAYED:  # it gave us this (route, epoch) before: honest relays forward once
                     if msg.hops == 0 and msg.ttl == 1:  # ...unless it is the home announcing it on a new link (G5)
                         return []
-                    return self._drop_reg(now, reg, peer, "replayed", cfg.score_replay)
+                    if not self._shorter_than_claimed(peer, msg, entry):  # ...or again with fewer hops (G3b)
+                        return self._drop_reg(now, reg, peer, "replayed", cfg.score_replay)
+                    return self._reforward(peer, msg, now)
+                if self._deep and (rid, epoch) in self._deep:  # G3b: a copy with more TTL left
+                    again = self._reforward(peer, msg, now)
+                    if arrival is _FEASIBLE:
+                        again += self._add_backup(peer, msg, entry, rid, now)
+                    return again
                 if arrival is _FEASIBLE:  # closer than our feasibility distance, and room: a backup
                     return self._add_backup(peer, msg, entry, rid, now)
                 if (msg.hops == 0 and msg.ttl == 1 and msg.hops < routes.distance(entry)
@@ -202,6 +209,8 @@ class GossipRules(EngineState):
         routes.set_first(rid, epoch, expires_at - off if off else expires_at, peer, hops)
         out: list[Effect] = []
         ttl = msg.ttl - 1
+        if hops > ttl:  # G3b: this copy spent more TTL than it has left; a later, shorter one goes on too
+            self._deep.put((rid, epoch), hops)
         if self._tree_on:  # G9 (tree.py)
             out = self._tree_first(reg, ttl, hops, peer, now, cfg.forward_jitter_s)
         elif ttl > 0:
@@ -219,6 +228,43 @@ class GossipRules(EngineState):
             else:
                 self._trace(now, "route_set", msg=label, route=route_hex, peer=peer, hops=hops,
                             ttl=msg.ttl, epoch=epoch, count=len(out), nbytes=nbytes)
+        return out
+
+    # Rule G3b.
+    @staticmethod
+    def _shorter_than_claimed(peer: str, msg: RegGossip, entry: RouteEntry) -> bool:
+        """peer, already a next hop for this (route, epoch), sends it again with fewer hops than it did,
+        and its first copy had spent more TTL than it had left (hops + ttl is the same on every copy
+        of one flood): a relay re-forwarding a shorter copy (G3b), not a replay."""
+        total = msg.hops + msg.ttl
+        return any(p == peer and msg.hops + 1 < h and 2 * (h - 1) > total for p, h in RouteTable.vector(entry))
+
+    # Rule G3b.
+    def _reforward(self, peer: str, msg: RegGossip, now: float) -> list[Effect]:
+        """Forward a later copy of a (route, epoch) whose first copy spent more than half its TTL here,
+        when this copy is shorter than any forwarded so far: latency-first flooding cannot then exhaust
+        the hop budget of relays a shorter path reaches (docs/protocol.md, "TTLs"). Each relay does this
+        at most once per hop saved, only for the few (route, epoch)s whose first copy came a long way."""
+        reg = msg.registration
+        key = (reg.route_id, reg.epoch)
+        hops = msg.hops + 1
+        ttl = msg.ttl - 1
+        best = self._deep.get(key)
+        if best is None or hops >= best or ttl <= 0:
+            return []
+        self._deep.put(key, hops)
+        self._count("reg_reforwarded")
+        fwd = RegGossip(reg, ttl, hops)
+        jitter = self.config.forward_jitter_s
+        out: list[Effect] = []
+        for p, st in self._active.items():
+            if p != peer:
+                st.last_sent = now
+                out.append(make_send(p, fwd, self._rng.random() * jitter if jitter else 0.0))
+        if self._level:  # summary level: its copies are gossip messages (docs/metrics.md)
+            label, route_hex, nbytes = _reg_trace(reg)
+            self._trace(now, "reg_reforwarded", msg=label, route=route_hex, peer=peer, hops=hops, ttl=msg.ttl,
+                        epoch=reg.epoch, count=len(out), nbytes=nbytes)
         return out
 
     # Rule G3.

@@ -1,4 +1,4 @@
-"""Membership, rules M1-M4 (HyParView-like): the active and passive views, links up and down,
+"""Membership, rules M1-M6 (HyParView-like): the active and passive views, links up and down,
 reconnection, the outbound quota, priority joins and peer exchange. Keepalive liveness (M2) is
 checked in the engine's timer (engine.Engine._tick)."""
 
@@ -46,16 +46,29 @@ class MembershipRules(EngineState):
     """M1-M4: who this relay is linked to."""
 
     # Rule M1.
-    def add_candidates(self, peers: list[PeerInfo], now: float) -> list[Effect]:
-        """Relays learned from a bootstrap list, a scenario or peer exchange: into the passive view."""
+    def add_candidates(self, peers: list[PeerInfo], now: float, *, near: int = 0) -> list[Effect]:
+        """Relays learned from a bootstrap list, a scenario or peer exchange: into the passive view.
+
+        `near`: the first `near` peers are proximity-ranked, nearest first (a bootstrap's answer lists
+        ceil(count/2) nearest, then random others: bootstrap_nodes/ranking.py). Rule M5 dials them first,
+        but keeps `far_links` dialled links to candidates not known to be near (the small world).
+        """
         banned = self._banned
-        for p in peers:
+        near_rank = self._near
+        for i, p in enumerate(peers):
             if p.node_id == self.relay_id or p.node_id in self._active or (banned and p.node_id in banned):
                 continue
             self._passive.pop(p.node_id, None)
             self._passive[p.node_id] = p.addr
+            if i < near:
+                near_rank.pop(p.node_id, None)
+                near_rank[p.node_id] = i
         while len(self._passive) > self.config.passive_max:
             del self._passive[next(iter(self._passive))]
+        if len(near_rank) > 2 * self.config.passive_max:  # bounded: forget the oldest flags
+            for peer in list(near_rank)[: len(near_rank) - 2 * self.config.passive_max]:
+                if peer not in self._passive:
+                    del near_rank[peer]
         return self._refill(now)
 
     # Rule M1.
@@ -84,10 +97,33 @@ class MembershipRules(EngineState):
             return out
         choices = [p for p in self._passive if p not in self._connecting]
         self._rng.shuffle(choices)
+        if self._near:
+            choices = self._proximity_order(choices)
         for peer in choices[:want]:
             self._connecting[peer] = now + self.config.connect_timeout_s
             out.append(Connect(peer, self._passive[peer]))
         return out
+
+    # Rule M5.
+    def _proximity_order(self, shuffled: list[str]) -> list[str]:
+        """Candidates to dial, best first: while fewer than far_links of our links (up or being dialled)
+        are far ones, a random candidate not known to be near first (it becomes a far link); then the
+        near ones, nearest first; then the rest at random.
+
+        Proximity alone builds a grid whose diameter grows with the square root of the mesh (the
+        issue-17 meshes: 13.5 hops at 5k relays, eccentricity 26); one random long link per relay
+        keeps it a small world (Kleinberg; HyParView's random walks), logarithmic in the relays.
+        """
+        near_rank = self._near
+        far = self._far
+        for p in [p for p in far if p not in self._active and p not in self._connecting]:
+            far.discard(p)
+        near = sorted((p for p in shuffled if p in near_rank), key=near_rank.__getitem__)
+        others = [p for p in shuffled if p not in near_rank]
+        if len(far) < self.config.far_links and others:
+            far.add(others[0])
+            return [others[0], *near, *others[1:]]
+        return near + others
 
     # Rules M1, M3, M4.
     def peer_up(self, peer: str, now: float, *, outbound: bool, addr: str = "") -> list[Effect]:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from inri.core.api import CustodyStatus, DisconnectReason, Effect, HomeStore, Send, Verifier
 from inri.core.budget import TokenBucket
 from inri.core.config import EngineConfig
-from inri.core.tables import BoundedMap, RouteTable
+from inri.core.tables import BoundedMap, CompactRouteTable, RouteTable
 from inri.protocol.messages import Announcement, Message, Push, Receipt, ReceiptStatus, RegGossip, Registration
 
 # Clock skew tolerated on a registration's issued_at (relays' clocks are not synchronised).
@@ -96,7 +96,7 @@ class Neighbour:
     """An active neighbour: its link, liveness, flood budgets (G4) and score (S1)."""
 
     __slots__ = ("addr", "outbound", "last_heard", "last_sent", "reg_budget", "nonce", "score", "push_budget",
-                 "congested_at", "answered_at", "answer_delay", "ka_sent")
+                 "congested_at", "answered_at", "answer_delay", "answers", "silences", "ka_sent")
 
     def __init__(self, addr: str, outbound: bool, now: float, burst: float, push_burst: float) -> None:
         self.addr = addr
@@ -112,13 +112,18 @@ class Neighbour:
         # route error), and the moving average of how long its answers took (late ones included).
         self.answered_at = -float("inf")
         self.answer_delay = 0.0
+        # Pushes forwarded to it that it answered, and that it was blamed for (no answer in time),
+        # decayed as the score is: a link is cut for missing answers only when it answers almost none
+        # (scoring.BLACK_HOLE_SHARE): loss and churn make honest relays miss some, a black hole all.
+        self.answers = 0.0
+        self.silences = 0.0
         self.ka_sent = -1.0  # when the keepalive numbered `nonce` left (rule C4: a link round trip)
 
 
 class Custody:
     """A push this relay accepted from a home app, kept until its receipt returns (C1-C3)."""
 
-    __slots__ = ("push", "attempt", "ring_step", "deadline", "next_retry", "home_down", "routed")
+    __slots__ = ("push", "attempt", "ring_step", "deadline", "next_retry", "home_down", "routed", "ring_spent")
 
     def __init__(self, push: Push, deadline: float) -> None:
         self.push = push
@@ -126,6 +131,7 @@ class Custody:
         self.ring_step = 0
         self.home_down = False  # a relay next to the home reported it unreachable
         self.routed = False  # some attempt left along a cached route
+        self.ring_spent = 0  # worst-case ring messages of the rings sent so far (fallback_budget)
         self.deadline = deadline
         self.next_retry = 0.0
 
@@ -147,9 +153,11 @@ class EngineState:
     _rng: random.Random
     _active: dict[str, Neighbour]
     _passive: dict[str, str]
+    _near: dict[str, int]  # candidates a proximity-ranked source called near -> rank (rule M5)
+    _far: set[str]  # peers dialled as far links (up or being dialled; rule M5)
     _connecting: dict[str, float]
     _lost: dict[str, list[Any]]
-    _routes: RouteTable
+    _routes: RouteTable | CompactRouteTable
     _origin_bucket: dict[bytes, TokenBucket]
     _push_seen: BoundedMap[tuple[bytes, int], float]
     _reverse: BoundedMap[bytes, tuple[str | ReverseMark, float, Registration | None]]
@@ -178,6 +186,7 @@ class EngineState:
     # new neighbour (gossip.py); route ids still to announce per neighbour (paced within its budget);
     # when each former neighbour's link went down (forwarding.py: a dead one-hop route).
     _homed: dict[bytes, Registration]
+    _deep: BoundedMap[tuple[bytes, int], int]
     _announce: dict[str, list[bytes]]
     _down_since: dict[str, float]
     _stem_key: bytes  # stem.py: this relay's secret for its successor choices (G6)
@@ -227,7 +236,7 @@ class EngineState:
 
     if TYPE_CHECKING:  # calls from one rule group into another (implemented in the module named)
         # membership.py
-        def add_candidates(self, peers: list[Any], now: float) -> list[Effect]: ...
+        def add_candidates(self, peers: list[Any], now: float, *, near: int = 0) -> list[Effect]: ...
         def peer_up(self, peer: str, now: float, *, outbound: bool, addr: str = "") -> list[Effect]: ...
         def peer_down(self, peer: str, now: float, reason: DisconnectReason) -> list[Effect]: ...
         def connect_failed(self, peer: str, now: float) -> list[Effect]: ...

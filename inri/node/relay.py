@@ -131,6 +131,7 @@ async def _serve_api(app: Any, cfg: RelayConfig, listener: socket.socket, shutdo
             delay = min(API_RESTART_MAX_S, delay * 2)
 
 
+PEERS_ASKED = 16  # candidates asked of a bootstrap per request
 PEERS_FIRST_RETRY_S = 2.0  # a relay below its active view asks again this soon, then backs off to peers_interval_s
 
 
@@ -186,9 +187,11 @@ class _BootstrapLoop:
             neighbours = active
             if active < self.cfg.engine.active_max:
                 try:
-                    peers = await self.client.fetch_peers(self.identity.node_id, cfg.geo or None, 16)
+                    peers = await self.client.fetch_peers(self.identity.node_id, cfg.geo or None, PEERS_ASKED)
                     if peers:
-                        self.service.add_candidates(peers)
+                        # The first answer lists its ceil(count/2) nearest first (bootstrap_nodes/ranking.py):
+                        # rule M5 dials those first and keeps one far link among the rest.
+                        self.service.add_candidates(peers, near=min(len(peers), (PEERS_ASKED + 1) // 2))
                 except BootstrapError as exc:
                     log.warning("peer list failed", error=str(exc))
                 except Exception:  # as above

@@ -372,8 +372,9 @@ class RelayService:
                 self._count("frames_pending_replayed")
                 self._handle_frame(peer, data)
 
-    def add_candidates(self, peers: list[PeerInfo]) -> None:
-        self._apply(self.engine.add_candidates(peers, self._now()))
+    def add_candidates(self, peers: list[PeerInfo], *, near: int = 0) -> None:
+        """Candidates into the engine's passive view; the first `near` are proximity-ranked (rule M5)."""
+        self._apply(self.engine.add_candidates(peers, self._now(), near=near))
 
     # -- the timer task ---------------------------------------------------------------------------
 

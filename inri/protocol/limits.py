@@ -8,9 +8,13 @@ MAX_FRAME_BYTES = 64 * 1024
 # Sealed payloads are "something new" signals (seed 003: minimal payloads), not content: 4 KiB is
 # more than Web Push's 4,096-byte record minus overhead, and keeps a mailbox of 1,000 under 5 MB.
 MAX_CIPHERTEXT_BYTES = 4096
-# Random 4-regular meshes of 10k relays have eccentricity up to 11 (measured: mean path 7.7 hops); 32 leaves
-# room for churned, stretched meshes while bounding how far any one frame can travel.
-MAX_TTL = 32
+# The TTL bound (docs/protocol.md, "TTLs"): how far any one frame can travel, not a guess at the mesh's
+# diameter. Registration gossip starts with it (each relay forwards a (route, epoch) once, so its cost
+# does not grow with the TTL) and a push following a route carries ttl = MAX_TTL - hops, so neither
+# stops short on any mesh whose paths are shorter. Random 4-regular meshes of 10k relays have
+# eccentricity up to 11; geographic 3-neighbour meshes of 5k relays up to 26, with latency-first
+# gossip paths up to ~45 hops. 127 keeps ttl and hops one-byte msgpack fixints.
+MAX_TTL = 127
 # Expanding-ring search radii (AODV style): 1, 3, 5, 7, then the full TTL.
 RING_RADII = (1, 3, 5, 7)
 ROUTE_ID_BYTES = 16  # blake2b-128 of the one-off route key: collision-free at any plausible scale

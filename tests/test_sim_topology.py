@@ -1,0 +1,135 @@
+"""Issue 17: meshes built by the shipped code (kind "built"), their small-world shape (rule M5), the
+geographic builder's degrees, and scenario validation through the CLI."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from inri.core.api import Connect
+from inri.core.config import EngineConfig
+from inri.core.engine import Engine
+from inri.core.home import MemoryHomeStore
+from inri.core.trace import NullTracer
+from inri.core.verify import CachingVerifier
+from inri.protocol import limits
+from inri.protocol.messages import PeerInfo
+from simulations.built import built_edges
+from simulations.scenario import Topology
+from simulations.topology import build, shape
+
+
+def _positions(n: int, seed: int) -> list[tuple[float, float]]:
+    rng = random.Random(seed)
+    return [(rng.random(), rng.random()) for _ in range(n)]
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_built_mesh_is_connected_with_the_membership_degrees(seed: int) -> None:
+    n = 200
+    net = build(Topology(kind="built", relays=n, min_degree=3, max_degree=4), random.Random(seed),
+                EngineConfig(active_min=3, active_max=4))
+    deg = [len(a) for a in net.neighbours()]
+    assert max(deg) <= 4  # active_max: the membership refuses more
+    assert sum(d < 3 for d in deg) <= n * 0.03  # nearly every relay reached active_min
+    assert shape(n, net.undirected_edges())["reachable"] == 1.0
+    assert net.formation is not None and net.formation["dials"] >= n * 3 // 2
+    assert net.positions is not None  # run-time links get geographic latencies
+
+
+@pytest.mark.parametrize(("n", "seed"), [(400, 4)])
+def test_the_far_link_keeps_a_built_mesh_a_small_world(n: int, seed: int) -> None:
+    """Proximity alone (far_links = 0) builds a grid-like mesh; rule M5's one far link per relay keeps
+    the mean shortest path within 1.25x of a random mesh of the same degrees."""
+    cfg = EngineConfig(active_min=3, active_max=4)
+    pos = _positions(n, seed)
+    m5, _ = built_edges(n, pos, cfg, random.Random(seed))
+    near_only, _ = built_edges(n, pos, replace(cfg, far_links=0), random.Random(seed))
+    rand = build(Topology(kind="random", relays=n, min_degree=3, max_degree=4), random.Random(seed))
+    path_m5 = shape(n, m5)["mean_path"]
+    path_near = shape(n, near_only)["mean_path"]
+    path_rand = shape(n, rand.undirected_edges())["mean_path"]
+    assert path_m5 <= 1.25 * path_rand
+    assert path_near >= 1.3 * path_m5
+
+
+def _engine(cfg: EngineConfig) -> Engine:
+    return Engine("me", cfg, verifier=CachingVerifier(), home=MemoryHomeStore(), tracer=NullTracer(),
+                  rng=random.Random(5), listen_addr="me")
+
+
+def test_ranked_candidates_dial_one_far_then_the_nearest() -> None:
+    eng = _engine(EngineConfig(active_min=3, active_max=4))
+    peers = [PeerInfo(f"n{i}", f"n{i}") for i in range(8)] + [PeerInfo(f"f{i}", f"f{i}") for i in range(8)]
+    dialled = [e.peer for e in eng.add_candidates(peers, 0.0, near=8) if isinstance(e, Connect)]
+    assert len(dialled) == 3
+    assert dialled[0].startswith("f") and dialled[1:] == ["n0", "n1"]
+
+
+def test_unranked_candidates_are_dialled_at_random_as_before() -> None:
+    picks = set()
+    for seed in range(6):
+        eng = Engine("me", EngineConfig(), verifier=CachingVerifier(), home=MemoryHomeStore(), tracer=NullTracer(),
+                     rng=random.Random(seed), listen_addr="me")
+        peers = [PeerInfo(f"p{i}", f"p{i}") for i in range(16)]
+        picks |= {e.peer for e in eng.add_candidates(peers, 0.0) if isinstance(e, Connect)}
+    assert len(picks) > 6  # not always the first ones
+
+
+def test_geographic_builder_honours_min_degree() -> None:
+    """Issue 17: the geographic builder left 4.6% of relays at degree 2 against min_degree = 3."""
+    for seed in (1, 2, 3):
+        net = build(Topology(kind="geographic", relays=500, min_degree=3, max_degree=3), random.Random(seed))
+        assert net.degrees() == {3: 500}
+
+
+def _run(tmp_path: Path, text: str) -> subprocess.CompletedProcess[str]:
+    path = tmp_path / "s.toml"
+    path.write_text(text)
+    return subprocess.run([sys.executable, "-m", "simulations.cli", "run", str(path), "--trace-level", "off"],
+                          capture_output=True, text=True, timeout=300)
+
+
+_SMALL = """name = "s"
+duration_s = 30.0
+[workload]
+registrations = 5
+pushes = 20
+push_start_s = 10.0
+push_end_s = 20.0
+"""
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(("text", "named"), [
+    (f"[engine]\ngossip_ttl = {limits.MAX_TTL + 1}\n", "[engine] gossip_ttl"),
+    (f"[engine]\npush_ttl = {limits.MAX_TTL + 1}\n", "[engine] push_ttl"),
+    ("[topology]\nrelays = 50\nmax_degree = 5\n", "[topology] max_degree = 5 contradicts [engine] active_max"),
+    ("[topology]\nrelays = 50\nmin_degree = 2\n", "[topology] min_degree = 2 contradicts [engine] active_min"),
+    ("[topology]\nkind = \"built\"\nrelays = 50\nmax_degree = 3\n",
+     "[topology] max_degree = 3 contradicts [engine] active_max = 4"),
+    ("[topology]\nrelays = 51\nmin_degree = 3\nmax_degree = 3\n[engine]\nactive_max = 3\n", "odd number of link ends"),
+    ("[topology]\nkind = \"ring\"\n", "[topology] kind must be one of random, geographic, built"),
+    ("[engine]\nfar_links = 4\n", "[engine] far_links"),
+])
+def test_the_cli_refuses_contradictions_naming_the_key(tmp_path: Path, text: str, named: str) -> None:
+    proc = _run(tmp_path, _SMALL + text)
+    assert proc.returncode == 2, proc.stdout[-300:]
+    assert named in proc.stderr
+
+
+@pytest.mark.integration
+def test_the_cli_runs_a_built_mesh_and_prints_the_degrees_built(tmp_path: Path) -> None:
+    proc = _run(tmp_path, _SMALL + "[topology]\nkind = \"built\"\nrelays = 120\n")
+    assert proc.returncode == 0, proc.stderr[-500:]
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert sum(summary["topology_degrees"].values()) == 120
+    assert summary["topology_formation"]["dials"] > 0
+    assert summary["delivery_ratio"] == 1.0
+    assert "of degree" in proc.stderr
