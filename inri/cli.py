@@ -46,7 +46,9 @@ def _mesh(args: argparse.Namespace) -> int:
 
     try:
         if args.mesh_cmd == "up":
-            print(json.dumps(up(args.dir, args.relays, args.bootstraps, timeout_s=args.timeout), indent=2))
+            print(json.dumps(up(args.dir, args.relays, args.bootstraps, timeout_s=args.timeout,
+                                link_delay_ms=args.link_delay_ms, link_jitter_ms=args.link_jitter_ms,
+                                link_loss=args.link_loss), indent=2))
         else:
             n = down(args.dir)
             print(json.dumps({"stopped": n}))
@@ -77,6 +79,12 @@ def main(argv: list[str] | None = None) -> int:
     mup.add_argument("--bootstraps", type=int, default=1)
     mup.add_argument("--dir", required=True, help="directory for the processes' data, logs and mesh.json")
     mup.add_argument("--timeout", type=float, default=60.0)
+    mup.add_argument("--link-delay-ms", type=float, default=0.0, metavar="MS",
+                     help="lab: one-way delay added to every relay-to-relay QUIC datagram (each direction)")
+    mup.add_argument("--link-jitter-ms", type=float, default=0.0, metavar="MS",
+                     help="lab: +- uniform jitter around --link-delay-ms")
+    mup.add_argument("--link-loss", type=float, default=0.0, metavar="SHARE",
+                     help="lab: share of relay-to-relay QUIC datagrams dropped, e.g. 0.02 (QUIC retransmits)")
     mdown = msub.add_parser("down", help="stop the mesh started in --dir")
     mdown.add_argument("--dir", required=True)
 

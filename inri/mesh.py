@@ -14,6 +14,11 @@ from B1..B(i-1) (their ports are known by then); relays announce to B1 first, so
 
 Lab settings: short timers (relay profile "test"), loopback/private addresses allowed at the
 bootstraps, full traces with one shared salt so `inri demo` can follow a push across relays.
+
+Impaired links (`--link-delay-ms`, `--link-jitter-ms`, `--link-loss`): every relay delays and drops
+the QUIC datagrams it sends (`[quic] link_delay_ms / link_jitter_ms / link_loss`, applied in the QUIC
+endpoint: inri/node/quic.py, LinkImpairment), so each direction of each relay link gets that one-way
+delay, jitter and loss. The kernel's netem is not needed (nor available on every lab machine).
 """
 
 from __future__ import annotations
@@ -97,14 +102,17 @@ def _wait(url: str, proc: subprocess.Popen[bytes], log: Path, deadline: float) -
 
 def relay_config(data_dir: Path, api_port: int, quic_port: int, bootstraps: list[str], salt: str,
                  trace_level: str = "full", profile: str = "test",
-                 engine: dict[str, Any] | None = None, lab_limits: bool = True) -> str:
-    """The TOML of one lab relay (engine: extra [engine] settings, e.g. {"active_max": 8}).
+                 engine: dict[str, Any] | None = None, lab_limits: bool = True,
+                 quic: dict[str, Any] | None = None) -> str:
+    """The TOML of one lab relay (engine: extra [engine] settings, e.g. {"active_max": 8}; quic: extra
+    [quic] settings, e.g. the link impairment {"link_delay_ms": 50.0}).
 
     Ports 0: the relay binds ephemeral ports and reports them in relay.json (see relay_ready).
     lab_limits: raise the API rate limits for load tests; False keeps the documented defaults.
     """
     boots = ", ".join(json.dumps(b) for b in bootstraps)
     extra = "".join(f"{k} = {json.dumps(v)}\n" for k, v in (engine or {}).items())
+    quic_extra = "".join(f"{k} = {json.dumps(v)}\n" for k, v in (quic or {}).items())
     return (
         "[relay]\n"
         f'data_dir = "{data_dir}"\napi = "127.0.0.1:{api_port}"\nquic = "127.0.0.1:{quic_port}"\n'
@@ -114,16 +122,23 @@ def relay_config(data_dir: Path, api_port: int, quic_port: int, bootstraps: list
            if lab_limits else "") +
         f'[trace]\nlevel = "{trace_level}"\nsalt = "{salt}"\n'
         + (f"[engine]\n{extra}" if extra else "")
+        + (f"[quic]\n{quic_extra}" if quic_extra else "")
     )
 
 
 def up(directory: str | Path, relays: int = 6, bootstraps: int = 1, *, timeout_s: float = 60.0,
        min_neighbours: int = 2, trace_level: str = "full", profile: str = "test",
-       engine: dict[str, dict[str, Any]] | None = None, lab_limits: bool = True) -> dict[str, Any]:
+       engine: dict[str, dict[str, Any]] | None = None, lab_limits: bool = True,
+       link_delay_ms: float = 0.0, link_jitter_ms: float = 0.0, link_loss: float = 0.0) -> dict[str, Any]:
     """Start the mesh; returns (and writes to DIR/mesh.json) its processes and URLs.
 
-    engine maps a relay name ("R3") to extra [engine] settings for that relay only.
+    engine maps a relay name ("R3") to extra [engine] settings for that relay only. link_*: impair
+    every relay link (module docstring): one-way delay and jitter in ms, loss as a share of datagrams.
     """
+    if not (link_delay_ms >= 0 and link_jitter_ms >= 0 and 0 <= link_loss < 1):
+        raise MeshError("link impairment needs --link-delay-ms >= 0, --link-jitter-ms >= 0, 0 <= --link-loss < 1")
+    impair = {k: float(v) for k, v in (("link_delay_ms", link_delay_ms), ("link_jitter_ms", link_jitter_ms),
+                                       ("link_loss", link_loss)) if v}
     d = Path(directory).resolve()
     if (d / MESH_FILE).exists():
         raise MeshError(f"{d / MESH_FILE} exists: a mesh is already up there (inri mesh down --dir {d})")
@@ -133,7 +148,8 @@ def up(directory: str | Path, relays: int = 6, bootstraps: int = 1, *, timeout_s
     py = sys.executable
     deadline = time.monotonic() + timeout_s
     salt = secrets.token_hex(8)
-    info: dict[str, Any] = {"dir": str(d), "trace_salt": salt, "bootstraps": [], "relays": []}
+    info: dict[str, Any] = {"dir": str(d), "trace_salt": salt, "bootstraps": [], "relays": [],
+                            "link_impairment": impair}
     procs: list[subprocess.Popen[bytes]] = []
     try:
         urls: list[str] = []
@@ -158,7 +174,7 @@ def up(directory: str | Path, relays: int = 6, bootstraps: int = 1, *, timeout_s
             rdir.mkdir(exist_ok=True)
             cfg = rdir / "relay.toml"
             cfg.write_text(relay_config(rdir, 0, 0, urls, salt, trace_level, profile,
-                                        (engine or {}).get(name), lab_limits))
+                                        (engine or {}).get(name), lab_limits, impair))
             log = d / f"{name.lower()}.log"
             proc = _spawn([py, "-m", "inri.cli", "relay", "--config", str(cfg)], log, {})
             procs.append(proc)
@@ -171,7 +187,8 @@ def up(directory: str | Path, relays: int = 6, bootstraps: int = 1, *, timeout_s
             # A restart keeps the addresses peers and clients know (see module docstring).
             api_port, quic_port = int(r["api"].rpartition(":")[2]), int(r["quic"].rpartition(":")[2])
             (rdir / "relay.toml").write_text(relay_config(rdir, api_port, quic_port, urls, salt, trace_level,
-                                                          profile, (engine or {}).get(r["name"]), lab_limits))
+                                                          profile, (engine or {}).get(r["name"]), lab_limits,
+                                                          impair))
         _write(d, info)
         want = min(min_neighbours, relays - 1)
         while want > 0:

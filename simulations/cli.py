@@ -1,4 +1,5 @@
-"""`inri-sim run SCENARIO.toml [--trace-dir DIR] [--seed N] [--trace-level L] [--unsigned-receipts]`.
+"""`inri-sim run SCENARIO.toml [--trace-dir DIR] [--seed N] [--trace-level L] [--unsigned-receipts]
+[--loss-model drop|quic]`.
 
 The LAST line of standard output is the run's summary as one JSON object (docs/metrics.md).
 """
@@ -27,6 +28,9 @@ def main(argv: list[str] | None = None) -> int:
                      help="hostile relays behave honestly and spammers stay silent: the comparison run")
     run.add_argument("--unsigned-receipts", action="store_true",
                      help="relays believe any receipt ([engine] receipt_signatures = false): the comparison run")
+    run.add_argument("--loss-model", choices=("drop", "quic"),
+                     help="override the scenario's [network] loss_model (drop: a lost frame is gone; quic: "
+                          "retransmitted one probe timeout later on a live link)")
     run.add_argument("--gossip-scheme", choices=("flood", "tree"),
                      help="override the scenario's [engine] gossip_scheme: the side-by-side comparison run")
     run.add_argument("--progress", choices=("auto", "on", "off"), default="auto",
@@ -61,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.unsigned_receipts:
         scenario = dataclasses.replace(scenario, engine=dataclasses.replace(scenario.engine, receipt_signatures=False))
+    if args.loss_model:
+        scenario = dataclasses.replace(scenario, loss_model=args.loss_model)
     if args.gossip_scheme:
         scenario = dataclasses.replace(scenario, engine=dataclasses.replace(scenario.engine,
                                                                             gossip_scheme=args.gossip_scheme))

@@ -21,7 +21,11 @@ processing_min_s = 0.0002     # per-relay processing delay added to each frame i
 processing_max_s = 0.002
 
 [network]
-loss = 0.0                    # probability that any one frame is lost
+loss = 0.0                    # probability that any one packet is lost on a link
+loss_model = "drop"           # drop: a lost frame is gone (recovered by custody retries only);
+                              # quic: on a live link a lost packet is retransmitted by QUIC one probe
+                              # timeout later (aioquic's PTO from the link RTT), frames behind it on the
+                              # link's stream wait for it; frames to a relay that is down are still lost
 
 [workload]
 registrations = 200
@@ -70,6 +74,8 @@ from inri.common.config import Setting, build, check_value, engine_config
 from inri.core.api import TraceLevel
 from inri.core.config import EngineConfig
 from simulations.adversary import KINDS, Adversary
+
+LOSS_MODELS = ("drop", "quic")
 
 
 class ScenarioError(ValueError):
@@ -135,6 +141,7 @@ class Scenario:
     coverage_after_s: float = 10.0
     trace_level: TraceLevel = TraceLevel.SUMMARY
     loss: float = 0.0
+    loss_model: str = "drop"  # LOSS_MODELS: what a lost packet costs (see the module docstring)
     topology: Topology = field(default_factory=Topology)
     workload: Workload = field(default_factory=Workload)
     churn: Churn = field(default_factory=Churn)
@@ -236,8 +243,8 @@ def from_dict(raw: dict[str, Any], default_name: str = "scenario") -> Scenario:
     settings = {k: Setting(v, f"[engine] {k}") for k, v in engine_raw.items()}
     engine = engine_config(EngineConfig(route_table="dict"), settings, where="[engine]", error=ScenarioError)
     network = raw.pop("network", {}) or {}
-    if not isinstance(network, dict) or set(network) - {"loss"}:
-        raise ScenarioError("[network] must be a table with only the key loss")
+    if not isinstance(network, dict) or set(network) - {"loss", "loss_model"}:
+        raise ScenarioError("[network] must be a table with only the keys loss and loss_model")
     parts = raw.pop("partitions", []) or []
     advs = raw.pop("adversaries", []) or []
     if not isinstance(parts, list) or not isinstance(advs, list):
@@ -250,6 +257,7 @@ def from_dict(raw: dict[str, Any], default_name: str = "scenario") -> Scenario:
         coverage_after_s=_top(raw, "coverage_after_s", 10.0, float),
         trace_level=parse_level(_top(raw, "trace_level", "summary", str)),
         loss=check_value(network.get("loss", 0.0), float, "[network] loss", error=ScenarioError),
+        loss_model=check_value(network.get("loss_model", "drop"), str, "[network] loss_model", error=ScenarioError),
         topology=_section(Topology, raw.pop("topology", None), "topology"),
         workload=_section(Workload, raw.pop("workload", None), "workload"),
         churn=_section(Churn, raw.pop("churn", None), "churn"),
@@ -271,6 +279,8 @@ def from_dict(raw: dict[str, Any], default_name: str = "scenario") -> Scenario:
     _check_degrees(t, sc.engine)
     if not 0.0 <= sc.loss < 1.0:
         raise ScenarioError("[network] loss must be in [0, 1)")
+    if sc.loss_model not in LOSS_MODELS:
+        raise ScenarioError(f"[network] loss_model must be one of {', '.join(LOSS_MODELS)}, not {sc.loss_model!r}")
     hostile = 0
     for a in sc.adversaries:
         if a.kind not in KINDS:

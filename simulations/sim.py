@@ -46,6 +46,7 @@ from simulations.adversary import make_engine, receipt_seed
 from simulations.components import ComponentTracker, ExclusionWindow
 from simulations.events import EventKind, EventQueue
 from simulations.ingress import Ingress, Source
+from simulations.linkmodel import retransmit_delay
 from simulations.metrics import Collector
 from simulations.progress import Progress
 from simulations.scenario import Partition, Scenario
@@ -84,14 +85,18 @@ class Simulator:
         trace_format: str = "parquet",
         progress: bool = False,
         adversaries: bool = True,
+        network: Network | None = None,
     ) -> None:
+        """network: run on this network instead of building the scenario's topology (simulations/lab.py:
+        the twin of a lab mesh of real relays)."""
         self.sc = scenario
         self.hostile_on = adversaries
         self.seed = scenario.seed if seed is None else seed
         self.level = scenario.trace_level if trace_level is None else trace_level
         self.progress = progress
         self.rng = Streams.from_seed(self.seed)
-        self.net: Network = build(scenario.topology, self.rng.topo, scenario.engine)
+        self.net: Network = (network if network is not None
+                             else build(scenario.topology, self.rng.topo, scenario.engine))
         n = self.net.n
         self.roles = Roles.plan(scenario, n, self.rng.adv)
         if self.hostile_on:
@@ -119,6 +124,10 @@ class Simulator:
         self.timer_at = [math.inf] * n
         self.events = 0
         self.lost = 0
+        # loss_model quic (linkmodel.py): per sender, link -> when its stream's last delayed frame arrives
+        self.quic = scenario.loss_model == "quic" and scenario.loss > 0
+        self.hol: list[dict[int, float]] = [{} for _ in range(n)]
+        self.retransmitted = 0
         self.now = 0.0
         self.work = Workload()
         self.window = ExclusionWindow(scenario.deadline_s, self.components, self._home_of, self._exclude)
@@ -214,6 +223,7 @@ class Simulator:
         cut = self.cut
         loss = self.sc.loss
         rand = self.rng.loss.random
+        quic = self.quic
         heappush, heappop = heapq.heappush, heapq.heappop
         events = 0
         bar = Progress(end, self.progress)
@@ -248,12 +258,19 @@ class Simulator:
                     if type(eff) is Send:
                         to = index[eff.peer]
                         la = lat[dst].get(to)
-                        if la is None or (cut and (dst, to) in cut) or (loss and rand() < loss):
+                        if la is None or (cut and (dst, to) in cut):
                             self.lost += 1
                             continue
+                        if quic:  # loss_model quic (linkmodel.py): retransmitted, in order
+                            at = self._quic_arrival(dst, to, t + eff.delay + la, la)
+                        elif loss and rand() < loss:
+                            self.lost += 1
+                            continue
+                        else:
+                            at = t + eff.delay + la
                         cal.seq += 1
                         # EventQueue.push, inlined (a frame is rarely due in the bucket being read)
-                        fe = (t + eff.delay + la + processing[to], cal.seq, _FRAME, dst, to, eff.msg)
+                        fe = (at + processing[to], cal.seq, _FRAME, dst, to, eff.msg)
                         k = int(fe[0] * inv)
                         b = buckets.get(k)
                         if b is not None:
@@ -429,10 +446,14 @@ class Simulator:
                 if lat is None or (src, dst) in self.cut:
                     self.lost += 1
                     continue
-                if self.sc.loss and self.rng.loss.random() < self.sc.loss:
+                if self.quic:
+                    at = self._quic_arrival(src, dst, self.now + eff.delay + lat, lat)
+                elif self.sc.loss and self.rng.loss.random() < self.sc.loss:
                     self.lost += 1
                     continue
-                self.q.schedule(self.now + eff.delay + lat + self.net.processing[dst], _FRAME, src, dst, eff.msg)
+                else:
+                    at = self.now + eff.delay + lat
+                self.q.schedule(at + self.net.processing[dst], _FRAME, src, dst, eff.msg)
                 continue
             match eff:
                 case Connect():
@@ -458,6 +479,28 @@ class Simulator:
                     pass  # for a driver with storage; the engine's trace rows already say it
                 case _:
                     assert_never(eff)
+
+    def _quic_arrival(self, src: int, dst: int, at: float, lat: float) -> float:
+        """loss_model quic: when a frame sent on the live link src -> dst, due at `at` without loss,
+        arrives. A lost packet costs a retransmission (linkmodel.py); later frames on the link's stream
+        wait for it (in-order delivery). Nothing is lost here: a frame to a relay that is down by
+        then is dropped on arrival, like every frame."""
+        hol = self.hol[src]
+        if self.rng.loss.random() < self.sc.loss:
+            self.retransmitted += 1
+            at += retransmit_delay(lat + self.lat[dst].get(src, lat), self.sc.loss, self.rng.loss.random)
+            held = hol.get(dst)
+            if held is not None and held > at:
+                at = held
+            hol[dst] = at
+            return at
+        if hol:
+            held = hol.get(dst)
+            if held is not None:
+                if held > at:
+                    return held  # behind a retransmission on the same stream
+                del hol[dst]
+        return at
 
     def _rearm(self, i: int) -> None:
         t = self.engines[i].get_timer()
@@ -504,6 +547,8 @@ class Simulator:
                 "events_per_s": round(self.events / wall, 1) if wall > 0 else None,
                 "wall_s": round(wall, 3),
                 "frames_lost": self.lost,
+                "frames_retransmitted": self.retransmitted,
+                "loss_model": self.sc.loss_model,
                 "signature_checks": self.verifier.checks,
                 "seed": self.seed,
                 "scenario": self.sc.name,

@@ -84,7 +84,12 @@ class EngineConfig:
     reverse_ttl_s: float = 30.0  # reverse-path state (push id -> previous hop) lifetime
     reverse_max: int = 200_000
     custody_max: int = 100_000
-    custody_retry_s: float = 2.0  # re-send with the same push id when no receipt came back
+    # Re-send with the same push id when no receipt came back: along a route after its measured round
+    # trip (rule C4, inri/core/rtt.py: route distance x per-link srtt + 4 rttvar), at least
+    # receipt_timeout_min_s and at most custody_retry_s; ring searches every custody_retry_s.
+    custody_retry_s: float = 2.0
+    receipt_timeout_min_s: float = 0.25  # floor: a loaded relay's processing jitter is not a lost push
+    adaptive_retry: bool = True  # false: fixed custody_retry_s periods, no re-send on link loss (C4, C5)
     custody_max_attempts: int = 7  # route, route via backups, rings 1, 3, 5, 7, then the full TTL
     custody_deadline_s: float = 300.0
     push_seen_max: int = 200_000

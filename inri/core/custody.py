@@ -148,7 +148,12 @@ class CustodyRules(EngineState):
         # Retry periods 1, 1, 2, 2, 3, 3 x custody_retry_s: every escalation step (route, backups,
         # rings, full TTL) gets its turn within 12 retry periods (24 s by default), so black holes
         # on the routes cost latency, not pushes, within a 30 s deadline.
-        c.next_retry = now + cfg.custody_retry_s * (1 + c.attempt // 2)
+        # Route attempts wait for the route's measured round trip (rule C4); rings, and re-sends to a
+        # home reported down (`home unreachable`: it will not be back within a round trip, and short
+        # periods would spend the whole escalation while it restarts), custody_retry_s.
+        period = (self._retry_period(push.route_id) if c.attempt < ROUTE_ATTEMPTS and not c.home_down
+                  else cfg.custody_retry_s)
+        c.next_retry = now + period * (1 + c.attempt // 2)
         self._schedule(pid, c.next_retry)
         self._mark_seen((pid, c.attempt * 2), now)
         self._mark_seen((pid, c.attempt * 2 + 1), now)

@@ -85,6 +85,12 @@ Custody
       PARK_FACTOR retry periods until the deadline, then released as expired
       or unreachable; a late receipt still corrects the status. A restarted
       relay re-adopts its custody from disk (restore_custody).
+  C4. Route attempts are re-sent after the route's measured round trip         rtt.py
+      (distance x per-link srtt + 4 rttvar from receipts and keepalives,
+      floor receipt_timeout_min_s, cap custody_retry_s); blame keeps
+      receipt_timeout_s, and the first next hop stays awaited.
+  C5. A relay whose link goes down re-sends the pushes still awaited from      rtt.py
+      that neighbour over another live next hop at once.
 
 Membership (HyParView-like)
   M1. Active view of active_min..active_max neighbours, passive view of        membership.py
@@ -129,6 +135,7 @@ from inri.core.custody import CustodyRules
 from inri.core.forwarding import ForwardingRules
 from inri.core.gossip import ANNOUNCE_SHARE, GossipRules
 from inri.core.membership import MembershipRules
+from inri.core.rtt import RttRules
 from inri.core.scoring import ScoringRules
 from inri.core.state import SWEEP_INTERVAL_S, Custody, Neighbour, ReverseMark, readdress
 from inri.core.stem import StemRules
@@ -167,7 +174,8 @@ HOOKS = {
 }
 
 
-class Engine(MembershipRules, GossipRules, StemRules, TreeRules, ForwardingRules, CustodyRules, ScoringRules):
+class Engine(MembershipRules, GossipRules, StemRules, TreeRules, ForwardingRules, CustodyRules, ScoringRules,
+             RttRules):
     """One relay's protocol state. Every method takes `now` and returns effects to carry out."""
 
     def __init__(
@@ -222,8 +230,12 @@ class Engine(MembershipRules, GossipRules, StemRules, TreeRules, ForwardingRules
         # route id), in send order, with a heap (deadline, push id) for expiry: the timeout shrinks
         # with the hops the copy has travelled (rule F6), so the relay nearest a black hole answers first.
         # No answer by then scores the next hop as a black hole (and reports the hole upstream, F6).
-        self._await: BoundedMap[bytes, tuple[str, float, float, bytes]] = BoundedMap(config.reverse_max)
+        # rtt.py (C4, C5): ... and the copy sent (its hops and attempt give round-trip samples; C5 re-sends it).
+        self._await: BoundedMap[bytes, tuple[str, float, float, bytes, Push]] = BoundedMap(config.reverse_max)
         self._await_heap: list[tuple[float, bytes]] = []
+        self._hop_srtt = 0.0  # rtt.py (C4)
+        self._hop_rttvar = 0.0
+        self._rtt_from_paths = False
         # Slow, not silent (rule S1, scoring.py): pushes past receipt_timeout_s whose next hop keeps
         # answering, slowly, get a longer grace: push id -> (next hop, sent, grace end), with a heap
         # (grace end, push id) for expiry; pushes blamed on a neighbour (push id -> (next hop, sent,
@@ -301,6 +313,7 @@ class Engine(MembershipRules, GossipRules, StemRules, TreeRules, ForwardingRules
                 if not msg.reply:
                     state.last_sent = now
                     return [Send(peer, Keepalive(msg.nonce, True))]
+                self._keepalive_answered(state, msg.nonce, now)  # rule C4: a link round trip
                 return []
             case PeerExchange():
                 return self.add_candidates(list(msg.peers), now)
@@ -379,7 +392,7 @@ class Engine(MembershipRules, GossipRules, StemRules, TreeRules, ForwardingRules
                 out += self.peer_down(p, now, DisconnectReason.KEEPALIVE_TIMEOUT)
             elif now - st.last_sent >= interval * 0.99:
                 st.nonce += 1
-                st.last_sent = now
+                st.last_sent = st.ka_sent = now
                 out.append(Send(p, Keepalive(st.nonce, False)))
         for p, give_up in list(self._connecting.items()):
             if now >= give_up:

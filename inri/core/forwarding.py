@@ -147,9 +147,11 @@ class ForwardingRules(EngineState):
     def _await_answer(self, msg: Push, nh: str, now: float) -> None:
         """Expect an answer for the copy msg (just sent to nh) within a timeout
         that shrinks with the hops it has travelled (rule F6)."""
+        if self._keep_awaiting(msg.push_id, nh, now):  # rtt.py (C4): the first next hop stays awaited
+            return
         timeout = self.config.receipt_timeout_s
         deadline = now + max(timeout / 4, timeout * (1 - ANSWER_STEP_SHARE * msg.hops))
-        self._await.put_last(msg.push_id, (nh, deadline, now, msg.route_id))
+        self._await.put_last(msg.push_id, (nh, deadline, now, msg.route_id, msg))
         heapq.heappush(self._await_heap, (deadline, msg.push_id))
 
     # Rules S1 (a black hole is blamed), F6 (and reported upstream).
@@ -373,6 +375,7 @@ class ForwardingRules(EngineState):
                 self._trace(now, "receipt_refused", msg=msg.push_id.hex(), peer=peer, hops=msg.hops,
                             reason=RECEIPT_STATUS[msg.status])
             return self._score(peer, self.config.score_bad_signature, now, "bad_receipt")
+        self._receipt_rtt(peer, msg, now)  # rtt.py (C4): a round-trip sample
         self._answered(peer, msg.push_id, now, any_peer=True)  # scoring.py: rises, never cuts
         if back is None:
             self._count("receipt_orphan")

@@ -205,7 +205,7 @@ class MembershipRules(EngineState):
             self._lost[peer] = [state.addr, now + RECONNECT_BASE_S, 0]
         if self._level:
             self._trace(now, "peer_down", peer=peer, reason=reason)
-        return self._refill(now)
+        return self._reroute_awaited(peer, now) + self._refill(now)  # rtt.py (C5)
 
     # Rule M1.
     def connect_failed(self, peer: str, now: float) -> list[Effect]:

@@ -18,7 +18,7 @@ from inri.core.api import CustodyStatus, DisconnectReason, Effect, HomeStore, Se
 from inri.core.budget import TokenBucket
 from inri.core.config import EngineConfig
 from inri.core.tables import BoundedMap, CompactRouteTable, RouteTable
-from inri.protocol.messages import Announcement, Message, Push, ReceiptStatus, RegGossip, Registration
+from inri.protocol.messages import Announcement, Message, Push, Receipt, ReceiptStatus, RegGossip, Registration
 
 # Clock skew tolerated on a registration's issued_at (relays' clocks are not synchronised).
 MAX_CLOCK_SKEW_S = 300
@@ -96,7 +96,7 @@ class Neighbour:
     """An active neighbour: its link, liveness, flood budgets (G4) and score (S1)."""
 
     __slots__ = ("addr", "outbound", "last_heard", "last_sent", "reg_budget", "nonce", "score", "push_budget",
-                 "congested_at", "answered_at", "answer_delay", "answers", "silences")
+                 "congested_at", "answered_at", "answer_delay", "answers", "silences", "ka_sent")
 
     def __init__(self, addr: str, outbound: bool, now: float, burst: float, push_burst: float) -> None:
         self.addr = addr
@@ -117,6 +117,7 @@ class Neighbour:
         # (scoring.BLACK_HOLE_SHARE): loss and churn make honest relays miss some, a black hole all.
         self.answers = 0.0
         self.silences = 0.0
+        self.ka_sent = -1.0  # when the keepalive numbered `nonce` left (rule C4: a link round trip)
 
 
 class Custody:
@@ -171,8 +172,12 @@ class EngineState:
     _next_make_room: float
     _started_at: float  # membership.py (M6): when start() ran
     _rejoined: set[str]  # former neighbours let back in since (M6)
-    _await: BoundedMap[bytes, tuple[str, float, float, bytes]]
+    # push id -> (next hop, deadline, sent, route id, the copy sent): rules S1, F6, C4 (round trips), C5
+    _await: BoundedMap[bytes, tuple[str, float, float, bytes, Push]]
     _await_heap: list[tuple[float, bytes]]
+    _hop_srtt: float  # rtt.py (C4): per-link round-trip estimate (0: no sample yet) and its variation
+    _hop_rttvar: float
+    _rtt_from_paths: bool  # rtt.py: a receipt sample came (keepalive samples are ignored from then on)
     _overdue: dict[bytes, tuple[str, float, float]]
     _overdue_heap: list[tuple[float, bytes]]
     _blamed: BoundedMap[bytes, tuple[str, float, float]]
@@ -271,6 +276,11 @@ class EngineState:
         def _tree_first(self, reg: Registration, ttl: int, hops: int, peer: str, now: float,
                         jitter: float) -> list[Effect]: ...
         def _tree_peer_down(self, peer: str) -> None: ...
+        # rtt.py
+        def _retry_period(self, rid: bytes) -> float: ...
+        def _receipt_rtt(self, peer: str, msg: Receipt, now: float) -> None: ...
+        def _reroute_awaited(self, peer: str, now: float) -> list[Effect]: ...
+        def _keep_awaiting(self, pid: bytes, nh: str, now: float) -> bool: ...
         # custody.py
         def _settle(self, pid: bytes, status: ReceiptStatus, hops: int, now: float) -> list[Effect]: ...
         def _retry(self, c: Custody, now: float) -> list[Effect]: ...

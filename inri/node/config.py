@@ -60,6 +60,12 @@ class QuicSection:
     # the link's queue (bounded by send_queue_max_bytes): a relay on a thin uplink forwards no more
     # than it can carry, and its upstream sees slow receipts (never a black hole) and backpressure.
     link_push_rate_per_s: Annotated[float, NonNegative] = 0.0
+    # Lab only (inri.node.quic.LinkImpairment, `inri mesh up --link-delay-ms ...`): every datagram this
+    # relay sends waits link_delay_ms +- link_jitter_ms (uniform) and a share link_loss of them is
+    # dropped, so a loopback mesh has impaired links without kernel netem. 0 (off) in production.
+    link_delay_ms: Annotated[float, NonNegative] = 0.0
+    link_jitter_ms: Annotated[float, NonNegative] = 0.0
+    link_loss: Annotated[float, Meta(ge=0, lt=1)] = 0.0
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,13 @@ connection task, once woken, yields one scheduling round so that every task made
 same round (each forwarding a push, answering a receipt) adds its frames, then hands them to aioquic
 in one stream write and asks for datagrams once: frames produced in one round leave in as few
 datagrams as QUIC packs them into (about 1,200 bytes each), not one datagram per frame.
+
+Lab impairment (`LinkImpairment`, `[quic] link_delay_ms / link_jitter_ms / link_loss`, `inri mesh up
+--link-delay-ms ...`): the endpoint itself delays every datagram it sends by delay +- jitter (uniform)
+and drops a share `loss` of them, so a mesh on loopback has links with a one-way delay, jitter and
+loss without the kernel's netem. Both ends impair what they send: each direction of every link gets
+the setting. QUIC sees a lossy path and recovers (retransmission after its probe timeout), as it would
+on a real one. Never for production relays: off (all 0) by default.
 """
 
 from __future__ import annotations
@@ -29,9 +36,11 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import math
+import random
 import ssl
 import struct
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import msgpack
@@ -59,6 +68,23 @@ RECV_QUEUE_BYTES = 16 * 1024 * 1024  # frames buffered per link, unread, before 
 _LEN = struct.Struct(">I")
 log = structlog.get_logger("inri.quic")
 _STREAM = 0  # the client's first bidirectional stream carries every frame
+
+
+@dataclass(frozen=True, slots=True)
+class LinkImpairment:
+    """Lab only: what the endpoint does to every datagram it sends (module docstring)."""
+
+    delay_s: float = 0.0  # one-way delay added to each datagram
+    jitter_s: float = 0.0  # +- uniform around delay_s (never below 0): datagrams may overtake each other
+    loss: float = 0.0  # share of datagrams dropped, independently
+
+    def __post_init__(self) -> None:
+        if not (self.delay_s >= 0 and self.jitter_s >= 0 and 0 <= self.loss < 1):
+            raise ValueError("link impairment needs delay >= 0, jitter >= 0 and 0 <= loss < 1")
+
+    @property
+    def active(self) -> bool:
+        return bool(self.delay_s or self.jitter_s or self.loss)
 
 
 class ConnectError(Exception):
@@ -368,8 +394,12 @@ class _Connection:
 class QuicEndpoint:
     """One UDP socket, every QUIC connection on it, and the key that authenticates them."""
 
-    def __init__(self, identity: NodeIdentity, *, idle_timeout_s: float = 30.0, listen_addr: str = "") -> None:
+    def __init__(self, identity: NodeIdentity, *, idle_timeout_s: float = 30.0, listen_addr: str = "",
+                 impairment: LinkImpairment | None = None, rng: random.Random | None = None) -> None:
         self.identity = identity
+        # Lab link impairment (module docstring); None or all 0: datagrams leave at once, as in production.
+        self.impairment = impairment if impairment is not None and impairment.active else None
+        self._rng = rng or random.Random()
         self.idle_timeout_s = idle_timeout_s
         self.listen_addr = listen_addr  # announced to peers we dial; set from bind() when empty
         self.cids: dict[bytes, _Connection] = {}
@@ -383,7 +413,8 @@ class QuicEndpoint:
         self._server_config.certificate = cert
         self._server_config.private_key = key
         self._client_config = self._config(is_client=True)
-        self.stats = {"datagrams_in": 0, "datagrams_out": 0, "bad_datagrams": 0, "refused": 0}
+        self.stats = {"datagrams_in": 0, "datagrams_out": 0, "bad_datagrams": 0, "refused": 0,
+                      "datagrams_impaired_lost": 0}
 
     def _config(self, *, is_client: bool) -> QuicConfiguration:
         cfg = QuicConfiguration(is_client=is_client, alpn_protocols=[ALPN], idle_timeout=self.idle_timeout_s)
@@ -501,12 +532,30 @@ class QuicEndpoint:
 
     async def transmit(self, conn: _Connection) -> None:
         assert self._sock is not None
+        imp = self.impairment
         for data, addr in conn.quic.datagrams_to_send(now=trio.current_time()):
-            try:
-                await self._sock.sendto(data, addr)
-                self.stats["datagrams_out"] += 1
-            except OSError:
-                pass  # unreachable right now: QUIC retransmits or times out
+            if imp is not None:
+                if imp.loss and self._rng.random() < imp.loss:
+                    self.stats["datagrams_impaired_lost"] += 1
+                    continue
+                delay = imp.delay_s + (self._rng.uniform(-imp.jitter_s, imp.jitter_s) if imp.jitter_s else 0.0)
+                if delay > 0 and self._nursery is not None:
+                    self._nursery.start_soon(self._send_later, data, addr, delay)
+                    continue
+            await self._sendto(data, addr)
+
+    async def _sendto(self, data: bytes, addr: tuple[Any, ...]) -> None:
+        assert self._sock is not None
+        try:
+            await self._sock.sendto(data, addr)
+            self.stats["datagrams_out"] += 1
+        except OSError:
+            pass  # unreachable right now (or the socket closed): QUIC retransmits or times out
+
+    async def _send_later(self, data: bytes, addr: tuple[Any, ...], delay: float) -> None:
+        """Lab impairment: one datagram, sent `delay` seconds from now."""
+        await trio.sleep(delay)
+        await self._sendto(data, addr)
 
     async def connect(
         self, addr: str, *, expect_node_id: str | None = None, timeout_s: float = 5.0, authenticate: bool = True

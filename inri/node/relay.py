@@ -32,7 +32,7 @@ from inri.node.bootstrap_client import Backoff, BootstrapClient, BootstrapError,
 from inri.node.config import RelayConfig
 from inri.node.http1 import serve as hyper_serve  # hypercorn's serve() interface, the lean h11 front (http1.py)
 from inri.node.links import LinkManager
-from inri.node.quic import QuicEndpoint
+from inri.node.quic import LinkImpairment, QuicEndpoint
 from inri.node.service import Backpressure, RelayService
 from inri.node.store import Store
 from inri.node.tracefile import TraceFile
@@ -212,7 +212,13 @@ async def run_relay(cfg: RelayConfig, *, shutdown: trio.Event | None = None) -> 
     ready = False
     try:
         qhost, qport = parse_addr(cfg.relay.quic)
-        endpoint = QuicEndpoint(identity, idle_timeout_s=cfg.quic.idle_timeout_s, listen_addr=cfg.relay.public_addr)
+        q = cfg.quic
+        impairment = LinkImpairment(q.link_delay_ms / 1000, q.link_jitter_ms / 1000, q.link_loss)
+        if impairment.active:
+            log.warning("lab link impairment on: every QUIC datagram is delayed or dropped", delay_ms=q.link_delay_ms,
+                        jitter_ms=q.link_jitter_ms, loss=q.link_loss)
+        endpoint = QuicEndpoint(identity, idle_timeout_s=q.idle_timeout_s, listen_addr=cfg.relay.public_addr,
+                                impairment=impairment)
         try:
             await endpoint.bind(qhost, qport)
         except OSError as exc:

@@ -1,0 +1,129 @@
+"""Round trips, rules C4-C5: retries that follow the path round trips a relay measures.
+
+C4. A custodian re-sends a push along its route when no receipt came back within the route's
+    expected round trip, not after a fixed period: retry period = clamp(d x (srtt + 4 x rttvar),
+    receipt_timeout_min_s, custody_retry_s), with d the route's distance (links to the home) and
+    srtt / rttvar a per-link round-trip estimate (RFC 6298's smoothing, alpha 1/8, beta 1/4) fed by
+      - every receipt that comes back through a neighbour this relay forwarded the push to: the delay
+        since the forward divided by the links still ahead then (receipt hops - hops at the forward),
+        first attempts only (Karn: a re-sent push's receipt may answer either copy);
+      - until the first such receipt, keepalive round trips on its own links (a prior for a relay that
+        never forwarded a push; its own links are not the path's, so receipts replace them).
+    Before the first sample the period is custody_retry_s (the fixed period of earlier versions). Ring
+    searches (attempts 2 and later) keep custody_retry_s periods: their paths are not known. So do
+    re-sends after `home unreachable`: a home that is down is not back within a round trip, and
+    short periods would spend the whole escalation while it restarts (seen with real relays).
+    Blame is not retimed: a forwarded push counts against its next hop only after receipt_timeout_s
+    (and a slow answering neighbour's longer grace, rule S1), however early the custodian re-sends.
+    A re-send is cheap (at most a duplicate the home answers `duplicate`), a blame can cut a link:
+    a shorter retry period must not make scoring cut honest slow neighbours. A re-send to another
+    next hop keeps the first next hop awaited, so a black hole is still blamed on time.
+C5. A relay whose link goes down re-sends, at once, every route-mode push it forwarded on that link
+    and still awaits an answer for, over another live next hop of the route (never back to the
+    relay it came from): the custodian need not wait for its retry.
+
+With `adaptive_retry = false` the custodian re-sends after custody_retry_s periods as before.
+"""
+
+from __future__ import annotations
+
+from inri.core.api import Effect, Send
+from inri.core.state import EngineState, Neighbour
+from inri.core.tables import RouteTable
+from inri.protocol.messages import Receipt
+
+RTT_ALPHA = 0.125  # RFC 6298 section 2: srtt gain
+RTT_BETA = 0.25  # RFC 6298 section 2: rttvar gain
+RTT_VAR_FACTOR = 4.0  # RFC 6298: RTO = SRTT + K x RTTVAR, K = 4
+# d x (srtt + 4 rttvar) is RFC 6298's RTO for a path of d links. Measured (quic loss model): on
+# loss-1k it re-sends 5% of the pushes while their receipt is on its way (+4% push messages); twice
+# that re-sends 0.6%, but puts most routes of churn-2k at the 2 s cap (latency p95 2.2 s, not 1.4 s).
+PATH_FACTOR = 1.0
+# A per-link sample larger than this is not a link's round trip (the longest terrestrial ones are
+# ~0.3 s) but a stall on the path (a host paused, a QUIC backoff, a relay that died): it would inflate
+# rttvar and keep every retry at the cap for a long while. Such pushes are S1's business.
+MAX_LINK_SAMPLE_S = 0.5
+
+
+class RttRules(EngineState):
+    """C4-C5: a per-link round-trip estimate, the retry period it gives, re-sends on link loss."""
+
+    # Rule C4 (estimate).
+    def _rtt_sample(self, per_link: float, path: bool) -> None:
+        """Feed one per-link round-trip sample (seconds) into srtt / rttvar; path: from a receipt."""
+        if not 0.0 < per_link <= MAX_LINK_SAMPLE_S:
+            return
+        if path and not self._rtt_from_paths:
+            self._rtt_from_paths = True
+            self._hop_srtt = 0.0  # the keepalive prior goes
+        elif not path and self._rtt_from_paths:
+            return
+        if self._hop_srtt <= 0.0:
+            self._hop_srtt = per_link
+            self._hop_rttvar = per_link / 2
+        else:
+            self._hop_rttvar += RTT_BETA * (abs(self._hop_srtt - per_link) - self._hop_rttvar)
+            self._hop_srtt += RTT_ALPHA * (per_link - self._hop_srtt)
+
+    # Rule C4 (keepalive samples).
+    def _keepalive_answered(self, state: Neighbour, nonce: int, now: float) -> None:
+        """A keepalive reply: one link round trip, if it answers the last keepalive we sent."""
+        if nonce == state.nonce and state.ka_sent >= 0.0:
+            self._rtt_sample(now - state.ka_sent, False)
+            state.ka_sent = -1.0  # one sample per keepalive
+
+    # Rule C4 (receipt samples).
+    def _receipt_rtt(self, peer: str, msg: Receipt, now: float) -> None:
+        """A receipt from peer: a sample of the round trip over the links ahead of our forward."""
+        waited = self._await.get(msg.push_id)
+        if waited is None or waited[0] != peer:
+            return
+        sent_msg = waited[4]
+        ahead = msg.hops - sent_msg.hops
+        if sent_msg.attempt or ahead <= 0:
+            return  # Karn: which copy answered is unknown; or a receipt that cannot be ours
+        self._rtt_sample((now - waited[2]) / ahead, True)
+
+    # Rule C4 (period).
+    def _retry_period(self, rid: bytes) -> float:
+        """How long a custodian waits for the receipt of a push sent along rid's route."""
+        cfg = self.config
+        cap = cfg.custody_retry_s
+        if not cfg.adaptive_retry or self._hop_srtt <= 0.0:
+            return cap
+        entry = self._routes.get(rid)
+        if entry is None:
+            return cap
+        d = RouteTable.distance(entry)
+        if d <= 0:
+            return cap
+        expected = PATH_FACTOR * d * (self._hop_srtt + RTT_VAR_FACTOR * self._hop_rttvar)
+        return min(cap, max(cfg.receipt_timeout_min_s, expected))
+
+    # Rule C5.
+    def _reroute_awaited(self, peer: str, now: float) -> list[Effect]:
+        """peer's link went down: re-send the route-mode pushes still awaited from it over another
+        live next hop of their routes (peer is no longer active, so it is never chosen)."""
+        if not self.config.adaptive_retry or not self._await:
+            return []
+        stranded = [(pid, w[4]) for pid, w in self._await.items() if w[0] == peer and w[1] > now]
+        out: list[Effect] = []
+        for pid, msg in stranded:
+            back = self._reverse.get(pid)
+            prev = back[0] if back is not None and isinstance(back[0], str) else None
+            nh = self._next_hop(msg.route_id, prev, alternate=(msg.attempt & 1) == 1)
+            if nh is None:
+                continue  # the custodian's retry (or a route error's) takes it from here
+            del self._await[pid]
+            self._count("push_rerouted_link_down")
+            send: Send = self._forward(msg, nh, now)
+            out.append(send)
+        return out
+
+    # Rule C4 (a re-send keeps the first next hop awaited).
+    def _keep_awaiting(self, pid: bytes, nh: str, now: float) -> bool:
+        """True when push pid, about to be awaited from nh, is still awaited from another next hop:
+        that one keeps its wait (forwarding.py, _await_answer). A copy re-sent early (C4) to another
+        next hop must not let the first next hop off: a black hole is still blamed on time."""
+        waited = self._await.get(pid)
+        return (waited is not None and waited[0] != nh and waited[1] > now and self.config.adaptive_retry)

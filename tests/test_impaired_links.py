@@ -1,0 +1,166 @@
+"""Lossy links: the simulator's loss models (`[network] loss_model`), the lab's impaired QUIC endpoint,
+and real relays over impaired links set beside the simulator's `quic` model on the same topology."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import trio
+
+from inri.common.config import ConfigError
+from inri.node.config import load_config
+from inri.node.identity import NodeIdentity
+from inri.node.quic import Link, LinkImpairment, QuicEndpoint
+from simulations.linkmodel import probe_timeout, retransmit_delay
+from simulations.scenario import ScenarioError, from_dict, load
+from simulations.sim import run_scenario
+
+TINY = {"name": "lossy", "seed": 4, "duration_s": 40.0, "topology": {"relays": 60},
+        "workload": {"registrations": 10, "pushes": 120, "push_start_s": 10.0, "push_end_s": 25.0,
+                     "tokens_per_registration": 20}}
+
+
+def lossy(model: str | None, loss: float = 0.05, **extra: object) -> dict[str, object]:
+    net: dict[str, object] = {"loss": loss}
+    if model is not None:
+        net["loss_model"] = model
+    return {**TINY, "network": net, **extra}
+
+
+def test_loss_model_is_validated_and_defaults_to_drop() -> None:
+    assert from_dict(lossy(None)).loss_model == "drop"
+    assert from_dict(lossy("quic")).loss_model == "quic"
+    with pytest.raises(ScenarioError, match="loss_model must be one of drop, quic"):
+        from_dict(lossy("tcp"))
+    with pytest.raises(ScenarioError, match="loss_model"):
+        from_dict(lossy(None) | {"network": {"loss": 0.1, "loss_model": 3}})
+    with pytest.raises(ScenarioError, match="only the keys loss and loss_model"):
+        from_dict(lossy(None) | {"network": {"loss": 0.1, "jitter": 0.1}})
+
+
+def test_drop_is_the_old_model_and_quic_delays_instead_of_losing() -> None:
+    """drop: figures identical to a file without the key (today's simulator); quic: nothing is lost on
+    live links, lost packets come late, so fewer pushes need custody's recovery and the tail is short."""
+    plain = run_scenario(from_dict(lossy(None))).summary
+    drop = run_scenario(from_dict(lossy("drop"))).summary
+    quic = run_scenario(from_dict(lossy("quic"))).summary
+    for key in ("delivered", "events", "frames_lost", "latency_p95_s", "messages_per_delivered_push"):
+        assert plain[key] == drop[key], key
+    assert drop["frames_lost"] > 100 and drop["frames_retransmitted"] == 0
+    assert quic["frames_lost"] == 0 and quic["frames_retransmitted"] > 100
+    assert quic["delivery_ratio"] == 1.0
+    assert quic["recovery_share"] < drop["recovery_share"]
+    assert quic["latency_p95_s"] < drop["latency_p95_s"]
+    assert quic["loss_model"] == "quic" and drop["loss_model"] == "drop"
+
+
+def test_quic_model_still_loses_frames_to_relays_that_are_down() -> None:
+    """The model must not hide failures: with relays failing, pushes still need recovery."""
+    sc = from_dict(lossy("quic", churn={"fail_fraction": 0.2, "rejoin_fraction": 0.0, "start_s": 10.0,
+                                        "end_s": 25.0}))
+    s = run_scenario(sc).summary
+    assert s["recovery_share"] > 0  # custody re-sent pushes that died with a relay
+    assert s["frames_lost"] == 0  # no loss on live links, cut links: only arrivals at dead relays vanish
+
+
+def test_retransmission_costs_one_probe_timeout_doubled_per_repeat() -> None:
+    """aioquic's PTO: RTT + max(4 x rttvar, 1 ms) + 25 ms max ACK delay; repeats double it."""
+    assert probe_timeout(0.1) == pytest.approx(0.126)
+    draws = iter([0.5])  # the retransmission gets through
+    assert retransmit_delay(0.1, 0.02, lambda: next(draws)) == pytest.approx(0.126)
+    draws = iter([0.0, 0.0, 0.5])  # lost twice more: + 2 PTO + 4 PTO
+    assert retransmit_delay(0.1, 0.02, lambda: next(draws)) == pytest.approx(0.126 * 7)
+
+
+def test_loss_models_on_a_packaged_scenario_via_the_cli_flag() -> None:
+    sc = load("tiny-50")
+    assert dataclasses.replace(sc, loss_model="quic").loss_model == "quic"
+
+
+def test_link_impairment_settings_are_validated() -> None:
+    with pytest.raises(ValueError):
+        LinkImpairment(loss=1.0)
+    with pytest.raises(ValueError):
+        LinkImpairment(delay_s=-0.1)
+    assert not LinkImpairment().active and LinkImpairment(loss=0.1).active
+    with pytest.raises(ConfigError, match="link_loss"):
+        load_config(None, env={}, overrides={"quic": {"link_loss": 1.5}})
+    cfg = load_config(None, env={}, overrides={"quic": {"link_delay_ms": 50.0, "link_loss": 0.02}})
+    assert cfg.quic.link_delay_ms == 50.0 and cfg.quic.link_loss == 0.02 and cfg.quic.link_jitter_ms == 0.0
+
+
+async def test_an_impaired_endpoint_delays_and_drops_datagrams_and_quic_recovers() -> None:
+    """50 ms each way on both ends: an echo takes >= 100 ms; 20% of datagrams dropped: every frame
+    still arrives (QUIC retransmits), and the endpoint counted what it dropped."""
+
+    async def echo(link: Link) -> None:
+        while True:
+            await link.send(b"echo:" + await link.receive())
+
+    imp = LinkImpairment(delay_s=0.05, loss=0.2)
+    with trio.fail_after(60):
+        async with trio.open_nursery() as n:
+            ea = QuicEndpoint(NodeIdentity.generate(), idle_timeout_s=10.0, impairment=imp, rng=random.Random(1))
+            await ea.bind("127.0.0.2", 0)
+            await n.start(ea.serve, echo)
+            eb = QuicEndpoint(NodeIdentity.generate(), idle_timeout_s=10.0, impairment=imp, rng=random.Random(2))
+            await eb.bind("127.0.0.3", 0)
+            await n.start(eb.serve, None)
+            link = await eb.connect(ea.listen_addr, expect_node_id=ea.identity.node_id, timeout_s=20.0)
+            rtts = []
+            for i in range(30):
+                t0 = trio.current_time()
+                await link.send(b"%d" % i)
+                assert await link.receive() == b"echo:%d" % i
+                rtts.append(trio.current_time() - t0)
+            assert min(rtts) >= 0.1
+            assert max(rtts) > 0.2  # some frame waited for a retransmission
+            assert ea.stats["datagrams_impaired_lost"] + eb.stats["datagrams_impaired_lost"] > 0
+            n.cancel_scope.cancel()
+
+
+@pytest.mark.integration
+def test_real_relays_over_impaired_links_agree_with_the_quic_model() -> None:
+    """8 real relays (`inri mesh up --link-delay-ms 50 --link-loss 0.02`), 240 pushes through their HTTP
+    APIs, latency from their traces; the simulator's `quic` model on the links they chose, with the same
+    pushes, each entering two or more links from its device's home. Delivery agrees and latency p50
+    agrees within 25%. p95 is printed, not asserted: the real relays' p95 on this shared host was 0.8-2.4x
+    the model's over 4 runs (real retransmitted pushes are more frequent and slower than one aioquic
+    PTO on a settled link predicts, and the host adds its own tail); tail15-note.md lists the runs.
+    The full run (400 pushes, the `drop` model beside it, all ratios) is
+    benchmarks/bench_impaired_links.py."""
+    from benchmarks.bench_impaired_links import run_lab
+
+    with tempfile.TemporaryDirectory(prefix="inri-lab-") as d:
+        t0 = time.monotonic()
+        out = run_lab(d, pushes=240, delay_ms=50.0, loss=0.02, seed=2)
+    print(f"\nimpaired links ({time.monotonic() - t0:.0f} s): real {out['real']}  sim quic {out['sim_quic']}  "
+          f"sim drop {out['sim_drop']}  links {out['links']}")
+    real, sim = out["real"], out["sim_quic"]
+    assert real["delivery"] == sim["delivery"] == 1.0
+    assert 0.75 <= sim["p50_s"] / real["p50_s"] <= 1.25, (real, sim)
+    print(f"p95 sim quic / real: {sim['p95_s'] / real['p95_s']:.2f} (target 0.75-1.25, not asserted: see docstring)")
+
+
+def test_mesh_up_refuses_a_bad_link_impairment_before_starting_anything(capsys: pytest.CaptureFixture[str]) -> None:
+    from inri.cli import main
+
+    with tempfile.TemporaryDirectory() as d:
+        assert main(["mesh", "up", "--dir", d, "--relays", "2", "--link-delay-ms", "50", "--link-loss", "1.5"]) == 1
+        assert "--link-loss" in capsys.readouterr().err
+        assert main(["mesh", "up", "--dir", d, "--link-delay-ms", "-1"]) == 1
+
+
+def test_mesh_relays_get_the_impairment_in_their_config(tmp_path: Path) -> None:
+    from inri import mesh
+
+    toml = mesh.relay_config(tmp_path, 0, 0, ["http://127.0.0.1:1"], "salt",
+                             quic={"link_delay_ms": 50.0, "link_loss": 0.02})
+    (tmp_path / "relay.toml").write_text(toml)
+    cfg = load_config(tmp_path / "relay.toml", env={})
+    assert cfg.quic.link_delay_ms == 50.0 and cfg.quic.link_loss == 0.02
