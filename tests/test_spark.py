@@ -177,7 +177,7 @@ relays = 80
 [network]
 loss = 0.02
 [workload]
-registrations = 12
+registrations = 24  # enough for the tree scheme to graft on any seed tried (5-7)
 registration_end_s = 4.0
 tokens_per_registration = 10
 pushes = 100
