@@ -33,7 +33,8 @@ class TrustAll:
 
 
 def main() -> None:
-    cfg = EngineConfig(route_max=ROUTES + 1, reg_budget_per_peer_per_s=1e12, reg_budget_peer_burst=10**12)
+    cfg = EngineConfig(route_max=ROUTES + 1, reg_budget_per_peer_per_s=1e12, reg_budget_peer_burst=10**12,
+                       route_table="compact")  # the dict table is the "old layout" row below
     eng = Engine("me", cfg, verifier=TrustAll(), home=MemoryHomeStore(), tracer=NullTracer(), rng=random.Random(1))
     eng.peer_up("a", 0.0, outbound=True)
     eng.peer_up("b", 0.0, outbound=True)

@@ -238,10 +238,8 @@ def from_dict(raw: dict[str, Any], default_name: str = "scenario") -> Scenario:
     engine_raw = raw.pop("engine", {}) or {}
     if not isinstance(engine_raw, dict):
         raise ScenarioError("[engine] must be a table")
-    # The simulator's route tables default to "dict": the same entries as the relay's "compact" ones
-    # (tests/test_core_tables.py), at a fraction of the CPU per lookup; a scenario may set either.
     settings = {k: Setting(v, f"[engine] {k}") for k, v in engine_raw.items()}
-    engine = engine_config(EngineConfig(route_table="dict"), settings, where="[engine]", error=ScenarioError)
+    engine = engine_config(EngineConfig(), settings, where="[engine]", error=ScenarioError)
     network = raw.pop("network", {}) or {}
     if not isinstance(network, dict) or set(network) - {"loss", "loss_model"}:
         raise ScenarioError("[network] must be a table with only the keys loss and loss_model")

@@ -185,7 +185,7 @@ class EntryReaders:
 
 class RouteTable(EntryReaders, dict[bytes, RouteEntry]):
     """route id -> route entry, plus the earliest expiry (sweeps skip the scan until then): a dict of
-    flat tuples (`[engine] route_table = "dict"`, the simulator's default: the fastest lookups; the
+    flat tuples (`[engine] route_table = "dict"`, the default: the fastest lookups; the
     compact table below holds the same entries in a third of the memory).
 
     Reading an entry: `epoch`, `expires`, `distance` (feasibility distance), `next_hops`, `vector`,
@@ -268,7 +268,7 @@ class RouteTable(EntryReaders, dict[bytes, RouteEntry]):
 
 
 class CompactRouteTable(EntryReaders):
-    """RouteTable's twin stored compactly (`[engine] route_table = "compact"`, the relay's default):
+    """RouteTable's twin stored compactly (`[engine] route_table = "compact"`, opt-in):
     about 60 B per route against about 180 B, at about 10x the CPU per lookup in pure Python.
 
     A mapping with the dict methods the engine uses (get, [], []=, pop, del, in, len, iteration in
