@@ -222,11 +222,8 @@ def _keepalive_from(f: list[Any]) -> Keepalive:
 
 def _peer_exchange_from(f: list[Any]) -> PeerExchange:
     _fields(f, 1, "peer_exchange")
-    peers = f[0]
-    if type(peers) is not list or len(peers) > L.MAX_PEERS_IN_EXCHANGE:
-        raise DecodeError("malformed", f"peers: expected at most {L.MAX_PEERS_IN_EXCHANGE} entries")
     out = []
-    for p in peers:
+    for p in _bounded_list(f[0], L.MAX_PEERS_IN_EXCHANGE, "peers"):
         if type(p) is not list or len(p) != 2:
             raise DecodeError("malformed", "peer: expected [node_id, addr]")
         out.append(PeerInfo(_str(p[0], L.MAX_NODE_ID_CHARS, "node_id"), _str(p[1], L.MAX_ADDR_CHARS, "addr")))
@@ -238,6 +235,12 @@ def _error_from(f: list[Any]) -> ErrorFrame:
     return ErrorFrame(
         code=_enum(ErrorCode, f[0], "code"), detail=_str(f[1], L.MAX_ERROR_DETAIL_CHARS, "detail")
     )
+
+
+def _bounded_list(raw: object, limit: int, name: str) -> list[Any]:
+    if type(raw) is not list or len(raw) > limit:
+        raise DecodeError("malformed", f"{name}: expected at most {limit} entries")
+    return raw
 
 
 def _route_ids(raw: object, name: str) -> tuple[bytes, ...]:
@@ -253,11 +256,8 @@ def _announce_from(f: list[Any]) -> RegAnnounce:
         raise DecodeError("malformed", f"reg_announce: expected 1 to 3 fields, got {len(f)}")
     if len(f) > 1 and f[-1] == []:
         raise DecodeError("malformed", "reg_announce: a trailing empty list must be left out")
-    raw = f[0]
-    if type(raw) is not list or len(raw) > L.MAX_ANNOUNCEMENTS:
-        raise DecodeError("malformed", f"announcements: expected at most {L.MAX_ANNOUNCEMENTS} entries")
     entries = []
-    for e in raw:
+    for e in _bounded_list(f[0], L.MAX_ANNOUNCEMENTS, "announcements"):
         if type(e) is not list or len(e) != 3:
             raise DecodeError("malformed", "announcement: expected [route_id, epoch, hops]")
         entries.append(Announcement(_bytes(e[0], L.ROUTE_ID_BYTES, "route_id"), _uint(e[1], L.MAX_EPOCH, "epoch"),
