@@ -144,7 +144,7 @@ class CustodyRules(EngineState):
         if status is not None:
             return self._deliver_local(pid, push, status, now) + self._settle(pid, status, 0, now)
         cfg = self.config
-        self._reverse.put(pid, (_LOCAL, now + cfg.reverse_ttl_s, None))
+        self._reverse.put(pid, (_LOCAL, now + cfg.reverse_ttl_s, None, -1))
         # Retry periods 1, 1, 2, 2, 3, 3 x custody_retry_s: every escalation step (route, backups,
         # rings, full TTL) gets its turn within 12 retry periods (24 s by default), so black holes
         # on the routes cost latency, not pushes, within a 30 s deadline.
@@ -214,7 +214,7 @@ class CustodyRules(EngineState):
         if now >= c.deadline:
             self._custody.pop(pid, None)
             # A late receipt still corrects the status, once it verifies against the push's receipt key.
-            self._reverse.put(pid, (_LATE, now + self.config.reverse_ttl_s, c.push.registration))
+            self._reverse.put(pid, (_LATE, now + self.config.reverse_ttl_s, c.push.registration, -1))
             # expired: routes existed but no receipt came back in time; unreachable: no relay on our
             # side ever had a route to the device.
             final = CustodyStatus.EXPIRED if c.routed else CustodyStatus.UNREACHABLE
@@ -251,7 +251,7 @@ class CustodyRules(EngineState):
         if nh is None:
             return []
         c.routed = True
-        self._reverse.put(pid, (_LOCAL, now + cfg.reverse_ttl_s, None))
+        self._reverse.put(pid, (_LOCAL, now + cfg.reverse_ttl_s, None, -1))
         self._mark_seen((pid, c.attempt * 2), now)
         push = self._aged(c, now)
         if self._level:

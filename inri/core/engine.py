@@ -213,7 +213,7 @@ class Engine(MembershipRules, GossipRules, StemRules, TreeRules, ForwardingRules
         # (push id, attempt * 2 + ring mode) -> expiry
         self._push_seen: BoundedMap[tuple[bytes, int], float] = BoundedMap(config.push_seen_max)
         # push id -> (previous hop, expiry, the push's registration: whose receipt key its receipt needs)
-        self._reverse: BoundedMap[bytes, tuple[str | ReverseMark, float, Registration | None]] = BoundedMap(
+        self._reverse: BoundedMap[bytes, tuple[str | ReverseMark, float, Registration | None, int]] = BoundedMap(
             config.reverse_max)
         self._custody: dict[bytes, Custody] = {}
         self._timers: list[tuple[float, int, bytes]] = []  # (when, seq, push id) custody retries

@@ -253,10 +253,18 @@ class ForwardingRules(EngineState):
         if pid not in self._custody:  # a custodian keeps its own LOCAL reverse marker
             # The carried registration (when it is the route's) says which receipt key the answer must
             # be signed with; it is checked only if a receipt comes back (rule F5).
-            reg = msg.registration
-            if self._reverse.put(pid, (peer, now + cfg.reverse_ttl_s, reg if reg is not None and
-                                       reg.route_id == rid else None)):
-                self._count("reverse_evicted")
+            # Rule F6b: a later copy (another attempt, a ring copy) takes the reverse path only when it
+            # came over fewer hops than the copy that set it (or that one's link is down): every
+            # reverse pointer then leads to a relay with a smaller hop count, so reverse paths never
+            # form a cycle for an answer to go round.
+            old = self._reverse.get(pid)
+            if old is None or msg.hops < old[3] or old[0] not in self._active:
+                reg = msg.registration
+                if self._reverse.put(pid, (peer, now + cfg.reverse_ttl_s, reg if reg is not None and
+                                           reg.route_id == rid else None, msg.hops)):
+                    self._count("reverse_evicted")
+            else:
+                self._count("reverse_kept")
         status = self._accept_at_home(msg, now)
         if status is not None:
             out = self._deliver_local(pid, msg, status, now, hops=msg.hops + 1)
@@ -452,7 +460,16 @@ class ForwardingRules(EngineState):
             return self._retry(c, now)
         if prev not in self._active:
             return []
-        if msg.reason == RouteErrorReason.NO_ROUTE:
+        if home_down or hole:
+            # Rule F6b: these keep the reverse path, so one relay passes each of them on at most once
+            # per push within receipt_timeout_s: an answer never circles (a later attempt's error,
+            # seconds later, still gets through).
+            guard = (msg.push_id, -1 - int(msg.reason))
+            if self._push_seen.get(guard, 0.0) > now:
+                self._count("route_error_repeat_dropped")
+                return []
+            self._push_seen.put(guard, now + self.config.receipt_timeout_s)
+        elif msg.reason == RouteErrorReason.NO_ROUTE:
             # F6: the next hop that reported it was dropped here; relays further upstream keep their
             # routes (an answer, not a fault). Were this relay left without a route, its next push for
             # the route searches its neighbourhood (F3), and a search that finds nothing is reported

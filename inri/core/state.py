@@ -160,7 +160,7 @@ class EngineState:
     _routes: RouteTable | CompactRouteTable
     _origin_bucket: dict[bytes, TokenBucket]
     _push_seen: BoundedMap[tuple[bytes, int], float]
-    _reverse: BoundedMap[bytes, tuple[str | ReverseMark, float, Registration | None]]
+    _reverse: BoundedMap[bytes, tuple[str | ReverseMark, float, Registration | None, int]]
     _custody: dict[bytes, Custody]
     _timers: list[tuple[float, int, bytes]]
     _seq: int
