@@ -280,12 +280,15 @@ class ForwardingRules(EngineState):
                 return self._push_drop(peer, msg, now, "bad_registration", None)
             nh = self._next_hop(rid, peer, alternate=(msg.attempt & 1) == 1)
             if nh is not None:  # a route is known here: leave the ring, follow the route (once)
+                # EXPERIMENT: the ring goes on past relays holding a route (a stale route must not
+                # capture the whole search)
+                more = self._ring_flood(_onward(msg, msg.ring - 1), peer, now) if msg.ring > 1 else []
                 route_key = (pid, msg.attempt * 2)
                 if route_key in self._push_seen:
                     self._count("push_seen_dropped")
-                    return []
+                    return more
                 self._mark_seen(route_key, now)
-                return [self._forward(_onward(msg, 0), nh, now)]
+                return [self._forward(_onward(msg, 0), nh, now)] + more
             if self._home_adjacent(rid):  # tell the custodian: widening the ring cannot help
                 return self._push_drop(peer, msg, now, "home_unreachable", RouteErrorReason.HOME_UNREACHABLE)
             if msg.ring <= 1:
@@ -353,7 +356,7 @@ class ForwardingRules(EngineState):
         return []
 
     # Rule F5.
-    def _receipt_forged(self, msg: Receipt, prev: str | ReverseMark, reg: Registration | None) -> bool:
+    def _receipt_forged(self, msg: Receipt, prev: str | ReverseMark, reg: Registration | None) -> bool | None:
         """True when the receipt does not carry the home relay's signature for this push (rule F5).
 
         The key is the receipt key of the push's registration: the custodian's own (verified when the
@@ -362,7 +365,7 @@ class ForwardingRules(EngineState):
         registration has no receipt key, or none known here, cannot be judged: its receipt passes.
         """
         if not self.config.receipt_signatures:
-            return False
+            return None
         if prev is _LOCAL:
             c = self._custody.get(msg.push_id)
             if c is not None:
@@ -370,19 +373,51 @@ class ForwardingRules(EngineState):
         elif reg is not None and not self._verifier.verify_registration(reg):
             return False
         if reg is None or reg.receipt_key is None:
-            return False
+            return None  # cannot be judged here: passed on, but teaches no route (F7)
         return not self._verifier.verify_receipt(reg.receipt_key, reg.route_id, msg)
+
+    # Rule F7.
+    def _learn_from_receipt(self, peer: str, msg: Receipt,
+                            back: tuple[str | ReverseMark, float, Registration | None, int], now: float) -> None:
+        """A receipt signed by the home came back through peer: peer reached the home for this push's
+        route, so it becomes the route's primary next hop (a search that found the home after a
+        route broke repairs the route for every later push, on every relay the receipt passes).
+        Distance: the receipt's hops less the hops this relay's copy had travelled."""
+        prev = back[0]
+        rid: bytes | None = None
+        if prev is _LOCAL:
+            c = self._custody.get(msg.push_id)
+            rid = None if c is None else c.push.route_id
+        else:
+            waited = self._await.get(msg.push_id)
+            if waited is not None:
+                rid = waited[3]
+            elif back[2] is not None:
+                rid = back[2].route_id
+        if rid is None:
+            return
+        entry = self._routes.get(rid)
+        if entry is None or RouteTable.primary(entry) == peer or RouteTable.distance(entry) == 0:
+            return
+        hops = max(1, min(limits.MAX_TTL, msg.hops - back[3] - 1))
+        self._routes[rid] = RouteTable.lead(entry, peer, hops, self.config.route_k)
+        self._count("route_learnt_receipt")
+        if self._level >= _FULL:
+            self._trace(now, "route_learnt", route=rid.hex(), peer=peer, hops=hops)
 
     # Rules F1 (receipts travel back), F5 (signed receipts), S1 (an answer).
     def _on_receipt(self, peer: str, msg: Receipt, now: float) -> list[Effect]:
         back = self._reverse.get(msg.push_id)
-        if back is not None and self._receipt_forged(msg, back[0], back[2]):
+        forged = None if back is None else self._receipt_forged(msg, back[0], back[2])
+        if forged:
             # Ignored (custody and reverse state stay for the real answer) and its sender scored down.
             self._count("receipt_refused")
             if self._level:
                 self._trace(now, "receipt_refused", msg=msg.push_id.hex(), peer=peer, hops=msg.hops,
                             reason=RECEIPT_STATUS[msg.status])
             return self._score(peer, self.config.score_bad_signature, now, "bad_receipt")
+        if forged is not None and back is not None:
+            self._learn_from_receipt(peer, msg, back, now)
         self._receipt_rtt(peer, msg, now)  # rtt.py (C4): a round-trip sample
         self._answered(peer, msg.push_id, now, any_peer=True)  # scoring.py: rises, never cuts
         if back is None:

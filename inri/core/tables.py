@@ -162,6 +162,17 @@ class EntryReaders:
         return entry[:i] + entry[i + 2:] + entry[i:i + 2]
 
     @staticmethod
+    def lead(entry: RouteEntry, peer: str, hops: int, route_k: int) -> RouteEntry:
+        """The entry with peer as its primary next hop at distance hops (moved up if it was a backup;
+        the last next hop dropped past route_k), the feasibility distance lowered to hops if larger."""
+        rest = list(entry[_FIRST_HOP:])
+        if peer in rest:
+            i = rest.index(peer)
+            del rest[i:i + 2]
+        rest = [peer, hops, *rest][:2 * max(route_k, 1)]
+        return (entry[0], entry[1], min(entry[2], hops), *rest)
+
+    @staticmethod
     def has_room(entry: RouteEntry, route_k: int) -> bool:
         """Fewer than route_k next hops."""
         return len(entry) < _FIRST_HOP + 2 * route_k
