@@ -279,9 +279,11 @@ class ForwardingRules(EngineState):
             ):
                 return self._push_drop(peer, msg, now, "bad_registration", None)
             nh = self._next_hop(rid, peer, alternate=(msg.attempt & 1) == 1)
-            if nh is not None:  # a route is known here: leave the ring, follow the route (once)
-                # EXPERIMENT: the ring goes on past relays holding a route (a stale route must not
-                # capture the whole search)
+            if nh is not None:  # a route is known here: follow the route (once per attempt)...
+                # ...and (rule F4b) the ring goes on to its radius: routes broken by churn are not
+                # withdrawn, so every relay near the custodian may hold a route into the same dead end,
+                # and a ring that stopped at the first route would never search past them. The ring's
+                # worst case is what the fallback budget (C2) already charges.
                 more = self._ring_flood(_onward(msg, msg.ring - 1), peer, now) if msg.ring > 1 else []
                 route_key = (pid, msg.attempt * 2)
                 if route_key in self._push_seen:
@@ -397,10 +399,20 @@ class ForwardingRules(EngineState):
         if rid is None:
             return
         entry = self._routes.get(rid)
-        if entry is None or RouteTable.primary(entry) == peer or RouteTable.distance(entry) == 0:
-            return
         hops = max(1, min(limits.MAX_TTL, msg.hops - back[3] - 1))
-        self._routes[rid] = RouteTable.lead(entry, peer, hops, self.config.route_k)
+        if entry is None:
+            # No route here (a relay back with empty state): the push's registration makes one.
+            reg = back[2]
+            if reg is None or reg.route_id != rid or len(self._routes) >= self.config.route_max:
+                return
+            expires = self._local_expiry(reg.expires_at)
+            if expires <= now:
+                return
+            self._routes.set_first(rid, reg.epoch, expires, peer, hops)
+        elif RouteTable.primary(entry) == peer or RouteTable.distance(entry) == 0:
+            return
+        else:
+            self._routes[rid] = RouteTable.lead(entry, peer, hops, self.config.route_k)
         self._count("route_learnt_receipt")
         if self._level >= _FULL:
             self._trace(now, "route_learnt", route=rid.hex(), peer=peer, hops=hops)
