@@ -330,10 +330,9 @@ class ForwardingRules(EngineState):
                         hops=msg.hops + 1, ttl=msg.ttl, reason=reason)
         if error is None:  # ring copies die quietly: other copies are still searching
             return []
-        if error != RouteErrorReason.HOME_UNREACHABLE:
-            # The reverse path stays after `home unreachable`: a search (or the home, back) may still
-            # answer, and its receipt must find the way back (it expires with reverse_ttl_s).
-            self._reverse.pop(msg.push_id, None)
+        # The reverse path stays: a search (local repair, a ring going on: F4b), or the home back, may
+        # still answer, and its receipt must find the way back (it expires with reverse_ttl_s; F6b
+        # keeps route errors from circling).
         if self._level:
             self._trace(now, "route_error", msg=msg.push_id.hex(), route=msg.route_id.hex(), peer=peer,
                         reason=reason, count=1)
@@ -474,10 +473,9 @@ class ForwardingRules(EngineState):
         hole = msg.reason == RouteErrorReason.NEXT_HOP_DOWN
         self._answered(peer, msg.push_id, now, reward=not hole)
         home_down = msg.reason == RouteErrorReason.HOME_UNREACHABLE
-        # After `home unreachable` or `next hop down` the reverse path stays (see _push_drop,
-        # _report_hole): a late receipt still gets back.
-        back = (self._reverse.get(msg.push_id) if home_down or hole
-                else self._reverse.pop(msg.push_id, None))
+        # The reverse path stays (see _push_drop, _report_hole): a late receipt still gets back (a
+        # search that went on after `no route` may still find the home: F4b, F7).
+        back = self._reverse.get(msg.push_id)
         if back is None:
             return []
         prev = back[0]
@@ -507,16 +505,15 @@ class ForwardingRules(EngineState):
             return self._retry(c, now)
         if prev not in self._active:
             return []
-        if home_down or hole:
-            # Rule F6b: these keep the reverse path, so one relay passes each of them on at most once
-            # per push within receipt_timeout_s: an answer never circles (a later attempt's error,
-            # seconds later, still gets through).
-            guard = (msg.push_id, -1 - int(msg.reason))
-            if self._push_seen.get(guard, 0.0) > now:
-                self._count("route_error_repeat_dropped")
-                return []
-            self._push_seen.put(guard, now + self.config.receipt_timeout_s)
-        elif msg.reason == RouteErrorReason.NO_ROUTE:
+        # Rule F6b: route errors keep the reverse path, so one relay passes each kind on at most once
+        # per push within receipt_timeout_s: an answer never circles (a later attempt's error, seconds
+        # later, still gets through).
+        guard = (msg.push_id, -1 - int(msg.reason))
+        if self._push_seen.get(guard, 0.0) > now:
+            self._count("route_error_repeat_dropped")
+            return []
+        self._push_seen.put(guard, now + self.config.receipt_timeout_s)
+        if msg.reason == RouteErrorReason.NO_ROUTE:
             # F6: the next hop that reported it was dropped here; relays further upstream keep their
             # routes (an answer, not a fault). Were this relay left without a route, its next push for
             # the route searches its neighbourhood (F3), and a search that finds nothing is reported
