@@ -48,6 +48,9 @@ ANSWER_STEP_SHARE = 0.06
 _LOCAL = ReverseMark.LOCAL
 _LATE = ReverseMark.LATE
 _FULL = TraceLevel.FULL
+# Rule F6b: the push seen-cache key (push id, _ERROR_PASSED) marks a route error passed on for the last
+# copy received (seen keys of copies are attempt * 2 + mode >= 0).
+_ERROR_PASSED = -1
 
 
 def _onward(push: Push, ring: int) -> Push:
@@ -245,6 +248,7 @@ class ForwardingRules(EngineState):
                             reason="duplicate", count=1)
             return [Send(peer, RouteError(pid, msg.route_id, RouteErrorReason.DUPLICATE))]
         self._push_seen.put(key, now + cfg.seen_ttl_s)
+        self._push_seen.pop((pid, _ERROR_PASSED), None)  # F6b: this copy may be answered by an error again
         if self._level >= _FULL:
             # Trace hops = links crossed to reach this relay, as in push_delivered (docs/trace-schema.md);
             # the frame's own counter stops one short (the sender counts the link it sends on).
@@ -505,14 +509,13 @@ class ForwardingRules(EngineState):
             return self._retry(c, now)
         if prev not in self._active:
             return []
-        # Rule F6b: route errors keep the reverse path, so one relay passes each kind on at most once
-        # per push within receipt_timeout_s: an answer never circles (a later attempt's error, seconds
-        # later, still gets through).
-        guard = (msg.push_id, -1 - int(msg.reason))
-        if self._push_seen.get(guard, 0.0) > now:
+        # Rule F6b: route errors keep the reverse path, so a relay passes on one route error per copy of
+        # the push it received (a new copy clears the mark, in _on_push): an answer never circles.
+        guard = (msg.push_id, _ERROR_PASSED)
+        if guard in self._push_seen:
             self._count("route_error_repeat_dropped")
             return []
-        self._push_seen.put(guard, now + self.config.receipt_timeout_s)
+        self._push_seen.put(guard, now + self.config.reverse_ttl_s)
         if msg.reason == RouteErrorReason.NO_ROUTE:
             # F6: the next hop that reported it was dropped here; relays further upstream keep their
             # routes (an answer, not a fault). Were this relay left without a route, its next push for
