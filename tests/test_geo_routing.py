@@ -5,6 +5,7 @@ that are not captured by stale routes (F4b), and receipts that repair the route 
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 from inri.core.api import Send, TraceLevel
 from inri.core.config import EngineConfig
@@ -33,13 +34,13 @@ def _reg() -> Registration:
     return make_registration(KEY, 1, 0, 3600, receipt_public_key(SECRET))
 
 
-def _stale_branch_net() -> tuple[MiniNet, bytes, bytes]:
+def _stale_branch_net(config: EngineConfig | None = None) -> tuple[MiniNet, bytes, bytes]:
     latency: dict[tuple[int, int], float] = {}
     for a, b in FAST:
         latency[(a, b)] = latency[(b, a)] = 0.001
     for a, b in SLOW:
         latency[(a, b)] = latency[(b, a)] = 0.3 if (a, b) == (15, 7) else 0.05
-    net = MiniNet(16, FAST + SLOW, latency=latency)
+    net = MiniNet(16, FAST + SLOW, latency=latency, config=config)
     reg = _reg()
     net.homes[0].add_registration(reg, TOKENS, SECRET)
     net.apply("0", net.engines[0].register(reg, net.now))
@@ -59,8 +60,9 @@ def test_a_ring_search_goes_past_relays_whose_routes_run_into_the_same_dead_end(
     """F4b. Every relay within 2 hops of the custodian 6 holds a route into the broken branch; the ring
     copies that meet those routes follow them and also go on to the ring's radius, where relay 15's
     route along the detour delivers: the custodian's ring of radius 3 (attempt 3) finds the home. A ring
-    that stopped at the first route never got past relay 7: radius 5 delivered, 4 s later."""
-    net, rid, pid = _stale_branch_net()
+    that stopped at the first route never got past relay 7 (`ring_past_routes = false`, the default):
+    radius 5 delivered, 4 s later."""
+    net, rid, pid = _stale_branch_net(replace(EngineConfig(), ring_past_routes=True))
     t0 = net.now
     net.run_until(60.0)
     assert net.custody[pid] == "delivered"
@@ -74,8 +76,9 @@ def test_a_ring_search_goes_past_relays_whose_routes_run_into_the_same_dead_end(
 
 
 def test_a_receipt_repairs_the_route_it_came_back_along() -> None:
-    """F7. After the search's receipt came back 15 -> 7 -> 6, the custodian routes through 7: the next
-    push from 6 goes straight along the detour (before, 6 tried its old primary 5 first)."""
+    """F7. After the search's receipt came back 15 -> 7 -> 6 (the default search: ring 5), the custodian
+    routes through 7: the next push from 6 goes straight along the detour (before, 6 tried its old primary
+    5 first)."""
     net, rid, pid = _stale_branch_net()
     net.run_until(60.0)
     assert net.custody[pid] == "delivered"

@@ -82,6 +82,10 @@ class EngineConfig:
     # 1,000 (rings 1 to 5 with 4 neighbours) lost pushes on small partitioned meshes, where the worst
     # case overstates a ring 7 (60 relays: at most 240 messages) twenty times.
     fallback_budget: int = 5000
+    # Rule F4b: a ring copy that meets a route follows it and also goes on to its radius. Off by default:
+    # on sparse meshes under churn (geo-5k-3n) it rescues pushes that stale routes near the custodian
+    # capture (delivery 0.97 -> 0.998), but it makes every ring cost its worst case (churn-2k: 3x messages).
+    ring_past_routes: bool = False
     reverse_ttl_s: float = 30.0  # reverse-path state (push id -> previous hop) lifetime
     reverse_max: int = 200_000
     custody_max: int = 100_000
