@@ -276,7 +276,7 @@ class CustodyRules(EngineState):
         c.ring_spent += cost
         pid = c.push.push_id
         self._count("custody_parked_search")
-        self._reverse.put(pid, (_LOCAL, now + cfg.reverse_ttl_s, None))
+        self._reverse.put(pid, (_LOCAL, now + cfg.reverse_ttl_s, None, -1))
         self._mark_seen((pid, c.attempt * 2 + 1), now)
         push = self._aged(c, now)
         if self._level:

@@ -314,11 +314,13 @@ class ForwardingRules(EngineState):
                 return self._push_drop(peer, msg, now, "bad_registration", None)
             nh = self._next_hop(rid, peer, alternate=(msg.attempt & 1) == 1)
             if nh is not None:  # a route is known here: follow the route (once per attempt)...
-                # ...and (rule F4b, `ring_past_routes`) the ring goes on to its radius: routes broken by churn are not
-                # withdrawn, so every relay near the custodian may hold a route into the same dead end,
+                # ...and (rule F4b, `ring_past_routes`) the ring goes on to its radius: routes broken by
+                # churn are not withdrawn, so every relay near the custodian may hold a route into the
+                # same dead end,
                 # and a ring that stopped at the first route would never search past them. The ring's
                 # worst case is what the fallback budget (C2) already charges.
-                more = self._ring_flood(_onward(msg, msg.ring - 1), peer, now) if msg.ring > 1 and self.config.ring_past_routes else []
+                go_on = msg.ring > 1 and self.config.ring_past_routes
+                more = self._ring_flood(_onward(msg, msg.ring - 1), peer, now) if go_on else []
                 route_key = (pid, msg.attempt * 2)
                 if route_key in self._push_seen:
                     self._count("push_seen_dropped")
