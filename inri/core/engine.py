@@ -67,11 +67,18 @@ Push forwarding
       moves it last and keeps the reverse path (a late receipt gets back).
   F4. A ring copy (expanding-ring search) is verified, flooded within its      forwarding.py
       radius, and switched back to route mode by any relay holding a route.
+  F4b. ([engine] ring_past_routes, off by default) ...and goes on to its       forwarding.py
+      radius there too: stale routes cannot capture the search.
   F5. Receipts are signed by the home relay with the registration's receipt   forwarding.py
       key (over push id, route id, status). Every relay on the way back checks
       it against the push's (verified) registration; a receipt that does not
       verify is ignored (custody and reverse state stay) and its sender is
       scored down (bad_receipt).
+  F6b. Reverse paths never cycle: a later copy takes a relay's reverse entry   forwarding.py
+      only over fewer hops; route errors keep reverse paths, and a relay
+      passes on one route error per copy of the push it received.
+  F7. A verified receipt makes the neighbour it came from the route's primary  forwarding.py
+      next hop (a search's find repairs the route for later pushes).
 
 Custody
   C1. A home app injects at any relay with a push credential's signed          custody.py
