@@ -198,8 +198,15 @@ class ForwardingRules(EngineState):
         prev = back[0]
         if isinstance(prev, ReverseMark) or prev not in self._active:
             return []
+        if self._stem_held and entry is not None and self._stem_keeps(rid, entry, nh):
+            # G7: a stem relay keeps its stem route (stem.py), so upstream keeps using it while it is up.
+            kept = RouteErrorReason.NEXT_HOP_DOWN if nh in self._active else RouteErrorReason.NO_ROUTE
+            return self._send_hole(pid, rid, prev, kept, now)
         left = self._next_hop(rid, prev)
         reason = RouteErrorReason.NEXT_HOP_DOWN if left is not None and left != nh else RouteErrorReason.NO_ROUTE
+        return self._send_hole(pid, rid, prev, reason, now)
+
+    def _send_hole(self, pid: bytes, rid: bytes, prev: str, reason: RouteErrorReason, now: float) -> list[Effect]:
         self._count("hole_reported")
         self._active[prev].last_sent = now
         if self._level:
@@ -432,7 +439,9 @@ class ForwardingRules(EngineState):
         # next hop is only tried last (a backup, e.g. a link to the home that came back, goes first).
         entry = self._routes.get(msg.route_id)
         if entry is not None and RouteTable.claims(entry, peer):
-            if not home_down and not hole:
+            if self._stem_held and self._stem_keeps(msg.route_id, entry, peer):
+                pass  # G7: a stem relay's only way to the home (stem.py)
+            elif not home_down and not hole:
                 self._routes.drop_next_hop(msg.route_id, entry, peer)
             elif len(RouteTable.next_hops(entry)) > 1:
                 # F6: behind `next hop down` the route was repaired, but it just lost a push: a backup

@@ -151,6 +151,18 @@ class StemRules(EngineState):
             self._trace_stem(now, reg, peer, 1)
         return [self._stem_send(succ, reg, now)]
 
+    # Rule G7 (a stem route is the only way to the home: kept through route errors).
+    def _stem_keeps(self, rid: bytes, entry: RouteEntry, peer: str) -> bool:
+        """peer is this stem relay's stem next hop (its predecessor) for rid: its only next hop (G7), and
+        the only way to the home there is. A `no route` or an unanswered push from it (a frame lost on
+        the way, or a break further down the stem) then demotes nothing and drops nothing: dropping it
+        left the stem relay, and with it the route's whole flood, with no route until the next refresh,
+        for one lost frame (churn-2k: 7 of 35 lost pushes). Loop-free as before: a stem route never
+        passes a flood relay."""
+        held = self._stem_held.get(rid)
+        return (held is not None and held.epoch == RouteTable.epoch(entry)
+                and RouteTable.distance(entry) == STEM_DISTANCE and RouteTable.primary(entry) == peer)
+
     # Rule G5 with the stem on.
     def _stem_announcement(self, rid: bytes, homed: Registration | None, now: float) -> RegGossip | None:
         """The link-up announcement of rid (G5) with the stem on: a stem frame, sent alike by the home and
