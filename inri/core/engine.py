@@ -38,8 +38,8 @@ Registration gossip
       Successor and coin are keyed pseudo-random per (relay, period, route id):
       refreshes of a route id retrace its path.
   G7. A stem relay's route is the reverse path (next hop = predecessor,       stem.py
-      distance 2, no backups); a looping stem, or one at a dead end, is
-      bounced, its sender fluffs.
+      distance 2, no backups), kept through `no route` answers; a looping
+      stem, or one at a dead end, is bounced, its sender fluffs.
   G8. Fail-safe: a stem relay (the home too) that does not get the flood back  stem.py
       within its embargo timer floods the registration itself. Its first flood
       copy it forwards like any relay (its route stays the stem).

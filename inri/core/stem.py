@@ -19,7 +19,8 @@ relay at distance 2 + noise. The stem length L is geometric: P(L = k) = (1 - q)^
   and takes no backup from the flood (a flood copy, hops >= 2, is never feasible against distance 2,
   rule G3), so pushes reach the home only through the stem and routes stay loop-free: every flood
   route ends at the fluff relay, every stem route at the home. A stem that comes back to a relay
-  already on it (a loop) is bounced back to its sender, which fluffs.
+  already on it (a loop) is bounced back to its sender, which fluffs. The predecessor being the only
+  way to the home, a `no route` answer or an unanswered push from it drops nothing (`_stem_keeps`).
 - G8. Fail-safe (Dandelion++ embargo): every stem relay, the home included, arms a timer of
   stem_embargo_s x (1 + U[0, 1)); the flood of its (route id, epoch) coming back cancels it; if it
   expires first (a stem relay dropped the frame, or crashed) the relay fluffs itself. The first flood
