@@ -83,8 +83,18 @@ class Router:
 
     def __init__(self, routes: Iterable[Route]) -> None:
         self.routes = list(routes)
+        # (method, path) of routes without parameters that no earlier route of that method matches:
+        # the answer of the scan below, found without running every pattern (the push endpoint is hot).
+        self._static: dict[tuple[str, str], Route] = {}
+        for i, route in enumerate(self.routes):
+            if "{" not in route.template and not any(r.method == route.method and r.pattern.fullmatch(route.template)
+                                                     for r in self.routes[:i]):
+                self._static.setdefault((route.method, route.template), route)
 
     def match(self, method: str, path: str) -> tuple[Route, dict[str, str]]:
+        route = self._static.get((method, path))
+        if route is not None:
+            return route, {}
         allowed: list[str] = []
         for route in self.routes:
             m = route.pattern.fullmatch(path)

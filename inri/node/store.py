@@ -539,9 +539,10 @@ class Store:
         """Custody ended: drop the push from disk and record its final status."""
         new = self._custody_new.pop(push_id, None)
         if new is not None:  # taken in this very batch: its custody row was never written
-            with self._write():
-                self._db.execute("INSERT OR REPLACE INTO push_status VALUES (?, ?, ?, ?, ?)",
-                                 (push_id, status, hops, new[3], now))
+            # One statement (atomic by itself): into the open batch without a savepoint around it.
+            self._open_batch()
+            self._db.execute("INSERT OR REPLACE INTO push_status VALUES (?, ?, ?, ?, ?)",
+                             (push_id, status, hops, new[3], now))
             return
         with self._write():
             row = self._db.execute("SELECT accepted_at FROM custody WHERE push_id=?", (push_id,)).fetchone()
