@@ -105,6 +105,7 @@ MAX_PULL = 1000  # messages per pull (the `limit` query parameter's range is 1..
 # limit: the ack route reads up to 64 bytes per id, room for any whitespace a JSON encoder adds.
 ACK_MAX_BODY_BYTES = 64 * MAX_ACK_IDS
 SECRET_BYTES = 32
+DECODED_CACHE_MAX = 4096  # registrations kept decoded (RelayApi._decoded; the oldest goes first)
 _DUMMY_HASH = secret_hash(bytes(SECRET_BYTES))  # compared against when there is no stored hash
 
 TITLES = {
@@ -239,6 +240,10 @@ class RelayApi:
         self.service.store.stream_open = lambda rid: self.streams.get(rid, 0) > 0
         self.ws_route = next(r for r in self.router.routes if r.handler == self.stream_over_http)
         self.registry = relay_registry(service, self)
+        # Registrations as decoded from their base64url text (an app sends one push credential's
+        # registration with every push of that device): decoded and validated once, then the same
+        # (immutable) object, whose signature check the verifier then finds by identity.
+        self._decoded: dict[str, Registration] = {}
 
     # -- ASGI plumbing ----------------------------------------------------------------------------
 
@@ -304,11 +309,24 @@ class RelayApi:
         return route_id
 
     def _registration(self, body: dict[str, Any]) -> Any:
-        raw = b64d(body.get("registration"), "registration", max_size=1024)
+        text = body.get("registration")
+        reg = self._decoded.get(text) if isinstance(text, str) else None
+        if reg is not None:
+            return reg
+        raw = b64d(text, "registration", max_size=1024)
         try:
-            return decode_registration(raw)
+            reg = decode_registration(raw)
         except DecodeError as exc:
             raise Problem(400, "bad_registration", f"registration: {exc.detail}") from None
+        assert isinstance(text, str)  # b64d refused anything else
+        self._remember(self._decoded, text, reg)
+        return reg
+
+    @staticmethod
+    def _remember(cache: dict[str, Any], key: str, value: Any) -> None:
+        if len(cache) >= DECODED_CACHE_MAX:
+            del cache[next(iter(cache))]
+        cache[key] = value
 
     def _receipt_secret(self, body: dict[str, Any]) -> bytes | None:
         """The optional `receipt_secret`: the 32-byte seed of the device's receipt key (kept at this home)."""
@@ -527,7 +545,10 @@ class RelayApi:
     async def _webpush(self, req: Request, reg_b64: str, endpoint_b64: str) -> tuple[Any, ...]:
         wp = self.config.webpush
         try:  # a broken registration or endpoint token: unknown endpoint, decided here (no mesh search)
-            reg = decode_registration(b64url.b64d(reg_b64, "registration", max_size=1024))
+            reg = self._decoded.get(reg_b64)
+            if reg is None:
+                reg = decode_registration(b64url.b64d(reg_b64, "registration", max_size=1024))
+                self._remember(self._decoded, reg_b64, reg)
             tok = EndpointToken.decode(b64url.b64d(endpoint_b64, "endpoint", max_size=128))
         except (ValueError, DecodeError):
             raise Problem(404, "not_found", "no such Web Push endpoint") from None
