@@ -197,6 +197,13 @@ class Link:
         self._conn.queued -= len(frame)
         return frame
 
+    def deliver_to(self, handler: Callable[[bytes], None]) -> None:
+        """From now on, hand every frame to handler as soon as it arrives (frames already queued first),
+        in the task that reads the datagrams; `receive` then only waits for the link to close."""
+        while (frame := self.receive_nowait()) is not None:
+            handler(frame)
+        self._conn.on_frame = handler
+
     async def receive(self) -> bytes:
         """The next frame from the peer."""
         try:
@@ -238,6 +245,9 @@ class _Connection:
         self.tx: list[bytes] = []  # frames (length prefix, frame, ...) queued since the last flush
         self.tx_bytes = 0
         self.pending_close: tuple[int, str] | None = None  # (error code, reason) for the next round
+        # Set by Link.deliver_to: frames go to this callback as they are parsed, not through frames_rx
+        # (no task switch per frame batch).
+        self.on_frame: Callable[[bytes], None] | None = None
 
     # -- driving aioquic --------------------------------------------------------------------------
 
@@ -364,6 +374,11 @@ class _Connection:
                 pos += 4 + n
                 if self.authed is None:
                     self._handle_auth(frame)
+                elif self.on_frame is not None:
+                    try:
+                        self.on_frame(frame)
+                    except Exception:  # noqa: BLE001 - the handler's bug must not break the connection
+                        log.exception("frame handler failed", size=n)
                 else:
                     if self.queued + n > RECV_QUEUE_BYTES:
                         self.close("receive queue overloaded", error_code=3)
