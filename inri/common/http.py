@@ -198,11 +198,16 @@ async def respond(send: Send, counts: StatusCounts, status: int, payload: Any, *
     await send({"type": "http.response.body", "body": body})
 
 
+def problem_body(problem: Problem, instance: str, titles: dict[str, str]) -> dict[str, Any]:
+    """A Problem as its RFC 9457 object (type, title, status, detail, code, instance)."""
+    return {"type": PROBLEM_BASE + problem.code, "title": titles.get(problem.code, problem.code),
+            "status": problem.status, "detail": problem.detail, "code": problem.code, "instance": instance}
+
+
 async def respond_problem(send: Send, counts: StatusCounts, problem: Problem, instance: str,
                           titles: dict[str, str]) -> None:
     """Answer a Problem as application/problem+json (type, title, status, detail, code, instance)."""
-    body = {"type": PROBLEM_BASE + problem.code, "title": titles.get(problem.code, problem.code),
-            "status": problem.status, "detail": problem.detail, "code": problem.code, "instance": instance}
+    body = problem_body(problem, instance, titles)
     hdrs = list(problem.headers)
     if problem.retry_after is not None:
         hdrs.append((b"retry-after", str(problem.retry_after).encode()))

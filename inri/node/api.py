@@ -44,6 +44,7 @@ from inri.common.http import (
     Send,
     StatusCounts,
     metrics_answer,
+    problem_body,
     respond,
     respond_problem,
     serve_lifespan,
@@ -105,6 +106,7 @@ MAX_PULL = 1000  # messages per pull (the `limit` query parameter's range is 1..
 # limit: the ack route reads up to 64 bytes per id, room for any whitespace a JSON encoder adds.
 ACK_MAX_BODY_BYTES = 64 * MAX_ACK_IDS
 SECRET_BYTES = 32
+PUSH_BATCH_MAX = 100  # pushes per POST /v1/push/batch
 DECODED_CACHE_MAX = 4096  # registrations kept decoded (RelayApi._decoded; the oldest goes first)
 _DUMMY_HASH = secret_hash(bytes(SECRET_BYTES))  # compared against when there is no stored hash
 
@@ -216,6 +218,7 @@ class RelayApi:
             Route("GET", dev + "/endpoints", self.list_endpoints),
             Route("DELETE", dev + "/endpoints/{endpoint_id}", self.revoke_endpoint),
             Route("POST", "/v1/push", self.push, body),
+            Route("POST", "/v1/push/batch", self.push_batch, body * PUSH_BATCH_MAX),
             Route("POST", "/wp/v1/{reg}/{endpoint}", self.webpush, limits.MAX_CIPHERTEXT_BYTES),
             Route("GET", "/_matrix/push/v1/notify", self.matrix_discovery),
             Route("POST", "/_matrix/push/v1/notify", self.matrix_notify, body),
@@ -452,7 +455,46 @@ class RelayApi:
         return 204, None
 
     async def push(self, req: Request) -> tuple[int, Any]:
+        push_id = self._inject(await req.json())
+        await self.service.store.durable()  # 202 only once custody is committed (grouped per round)
+        return 202, {"push_id": push_id.hex(), "status": "pending"}
+
+    async def push_batch(self, req: Request) -> tuple[int, Any]:
+        """Many pushes in one request (docs/api.md "Push batch"): each checked, limited and accepted exactly
+        as POST /v1/push would, with its own result; the 202s only once all accepted ones are durable."""
         body = await req.json()
+        items = body.get("pushes")
+        if not isinstance(items, list) or not 1 <= len(items) <= PUSH_BATCH_MAX:
+            raise Problem(422, "invalid_field", f"pushes: expected a list of 1 to {PUSH_BATCH_MAX} push objects")
+        client = client_key(req.scope)
+        results: list[dict[str, Any]] = []
+        accepted = 0
+        for i, item in enumerate(items):
+            try:
+                # The request took one of the client's tokens (as a single push does): each further
+                # push takes one more, so a batch is limited like the same pushes sent one by one.
+                wait = self.rate.take(client) if i else 0.0
+                if wait:
+                    raise Problem(429, "rate_limited", "rate limit exceeded for this client",
+                                  retry_after=max(1, math.ceil(wait)))
+                if not isinstance(item, dict):
+                    raise Problem(422, "invalid_field", "request body must be a JSON object")
+                push_id = self._inject(item)
+            except Problem as p:
+                result = problem_body(p, f"{req.path}#{i}", TITLES)
+                if p.retry_after is not None:
+                    result["retry_after"] = p.retry_after
+                results.append(result)
+                continue
+            accepted += 1
+            results.append({"status": 202, "push_id": push_id.hex(), "push_status": "pending"})
+        if accepted:
+            await self.service.store.durable()  # every 202 in the answer is committed (one group commit)
+        return 200, {"accepted": accepted, "results": results}
+
+    def _inject(self, body: dict[str, Any]) -> bytes:
+        """One push (a POST /v1/push body) verified, limited and taken into custody: its push id, or the
+        Problem to answer. Not durable yet: the caller awaits store.durable() before answering."""
         reg = self._registration(body)
         token = b64d(body.get("token"), "token", size=limits.TOKEN_BYTES)
         ciphertext = b64d(body.get("ciphertext"), "ciphertext", max_size=limits.MAX_CIPHERTEXT_BYTES)
@@ -465,8 +507,7 @@ class RelayApi:
         result = self.service.inject_push(reg, token, ciphertext)
         if result.outcome == InjectOutcome.ACCEPTED:
             assert result.push_id is not None
-            await self.service.store.durable()  # 202 only once custody is committed (grouped per round)
-            return 202, {"push_id": result.push_id.hex(), "status": "pending"}
+            return result.push_id
         if result.outcome == InjectOutcome.OVERLOADED:
             # Backpressure (docs/api.md): custody beyond what the path drains; the app slows down.
             raise Problem(429, "overloaded", "relay overloaded: more pushes in custody than the path drains; "
