@@ -377,7 +377,7 @@ class _Connection:
                 elif self.on_frame is not None:
                     try:
                         self.on_frame(frame)
-                    except Exception:  # noqa: BLE001 - the handler's bug must not break the connection
+                    except Exception:  # the handler's bug must not break the connection
                         log.exception("frame handler failed", size=n)
                 else:
                     if self.queued + n > RECV_QUEUE_BYTES:
