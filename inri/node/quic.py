@@ -66,6 +66,11 @@ ALPN = "inri/1"
 AUTH_CONTEXT = b"inri/link-auth/v1\x00"
 AUTH_TIMEOUT_S = 5.0  # an inbound connection that has not proved its key by then is dropped
 MAX_CONNECTIONS = 512  # per endpoint: bounds memory a flood of handshakes can take
+# How long aioquic waits before acknowledging a packet (its default: 1 ms, below any round trip, so
+# each packet got an ACK-only datagram of its own). 10 ms, within the 25 ms max_ack_delay it
+# advertises: one ACK covers the packets of 10 ms, and it rides on the answer (a receipt back on the
+# link a push came in on) when one leaves in time. Data is never delayed: only acknowledgements.
+ACK_DELAY_S = 0.010
 RECV_BATCH = 64  # datagrams read back to back (no yield between them) before the receive loop yields
 RECV_QUEUE_BYTES = 16 * 1024 * 1024  # frames buffered per link, unread, before it is closed as overloaded
 _LEN = struct.Struct(">I")
@@ -536,6 +541,7 @@ class QuicEndpoint:
         conn.poke()
 
     def _add(self, quic: QuicConnection, addr: tuple[Any, ...], outbound: bool) -> _Connection:
+        quic._ack_delay = ACK_DELAY_S  # noqa: SLF001 - aioquic has no setting for it (see ACK_DELAY_S)
         conn = _Connection(self, quic, addr, outbound)
         self._conns.add(conn)
         self.cids[quic.host_cid] = conn

@@ -364,15 +364,19 @@ class Store:
             return ReceiptStatus.UNKNOWN_TOKEN
         db = self._db
         with self._write():
-            row = db.execute("SELECT spent_by FROM tokens WHERE route_id=? AND token=?", (route_id, token)).fetchone()
-            if row is None:
-                return ReceiptStatus.UNKNOWN_TOKEN
-            if row[0] is not None:
-                return ReceiptStatus.DUPLICATE if bytes(row[0]) == push_id else ReceiptStatus.SPENT
             n = self._box_count(route_id)
-            if n >= self.mailbox_max:
+            # The common case in one statement: an unspent token, spent now, and room in the mailbox.
+            # Anything else (no such token, spent already, mailbox full) is told apart by the SELECT.
+            if n >= self.mailbox_max or not db.execute(
+                    "UPDATE tokens SET spent_by=? WHERE route_id=? AND token=? AND spent_by IS NULL",
+                    (push_id, route_id, token)).rowcount:
+                row = db.execute("SELECT spent_by FROM tokens WHERE route_id=? AND token=?",
+                                 (route_id, token)).fetchone()
+                if row is None:
+                    return ReceiptStatus.UNKNOWN_TOKEN
+                if row[0] is not None:
+                    return ReceiptStatus.DUPLICATE if bytes(row[0]) == push_id else ReceiptStatus.SPENT
                 return ReceiptStatus.MAILBOX_FULL
-            db.execute("UPDATE tokens SET spent_by=? WHERE route_id=? AND token=?", (push_id, route_id, token))
             # A push id reused with another token replaces its message (as MemoryHomeStore does).
             cur = db.execute("INSERT OR IGNORE INTO mailbox VALUES (?, ?, ?, ?)", (push_id, route_id, ciphertext, now))
             if cur.rowcount:
