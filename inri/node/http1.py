@@ -11,6 +11,16 @@ operations.md). Every route is the same ASGI app as before, so the documented AP
 bodies, limits and metrics do not change; `serve()` takes hypercorn's Config and has hypercorn's
 serve() signature, so the relay (and the tests) switch servers without other changes.
 
+The fast path (`_Connection._serve_fast`): even h11's event objects and state machine cost more
+than the relay's push handler, so the common request is parsed here, on h11's own grammar (its
+request-line and header-field expressions): HTTP/1.1, exactly one Host, a Content-Length body up to
+FAST_BODY_MAX (or none), no Transfer-Encoding, Expect, Upgrade or Connection other than keep-alive.
+The socket is read and written on its file descriptor (trio's stream yields to the scheduler on
+every call; these wait only when there is nothing to read or no room to write), and connections that
+wait too long are closed by one sweeper task per server instead of a deadline moved per read. A
+request that does not fit, and anything malformed, goes to h11 from its first byte for the rest of
+the connection, so every answer to unusual or bad input is h11's, as before.
+
 What it does: HTTP/1.1 keep-alive and pipelining (h11 parses the next request only after the answer
 to the one before), request heads bounded by `h11_max_incomplete_size`, bodies bounded by each
 route (the app's `Request`), idle connections closed after `keep_alive_timeout`, a request whose head

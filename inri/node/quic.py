@@ -21,7 +21,12 @@ Coalescing (issue 16): frames queued on a link are collected, not written to aio
 connection task, once woken, yields one scheduling round so that every task made runnable in the
 same round (each forwarding a push, answering a receipt) adds its frames, then hands them to aioquic
 in one stream write and asks for datagrams once: frames produced in one round leave in as few
-datagrams as QUIC packs them into (about 1,200 bytes each), not one datagram per frame.
+datagrams as QUIC packs them into (about 1,200 bytes each), not one datagram per frame. The receive
+loop reads every datagram waiting on the socket (up to RECV_BATCH) before it yields, and hands the
+frames they complete straight to the link's handler (Link.deliver_to), so what they make us send is
+flushed together too; datagrams are read and sent without a trio yield each (a non-blocking dup of
+the socket). Acknowledgements wait ACK_DELAY_S (10 ms, not aioquic's 1 ms) so that one ACK covers
+many packets and rides on the data going back when it can.
 
 Lab impairment (`LinkImpairment`, `[quic] link_delay_ms / link_jitter_ms / link_loss`, `inri mesh up
 --link-delay-ms ...`): the endpoint itself delays every datagram it sends by delay +- jitter (uniform)
