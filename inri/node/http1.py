@@ -121,6 +121,7 @@ class _Connection:
         self.idle = False  # waiting for the next request (the server's stop closes such connections)
         self.send_lock = trio.Lock()  # a WebSocket app sends from two tasks
         self.close_after = False  # fast path: the answer said the connection closes
+        self.waited = False  # fast path: _recv waited on the socket since the last request was counted
         self.fd = sock.fileno()
         self.buf = b""  # fast path: bytes received and not parsed yet
         # Fast path: while waiting on the socket, the trio time after which the server's sweeper closes
@@ -169,7 +170,6 @@ class _Connection:
                         if len(buf) > max_head:
                             return self._to_h11(buf)
                         data = await self._recv(config.keep_alive_timeout)
-                        served = 0
                         if not data:
                             if buf:
                                 return self._to_h11(buf, eof=True)
@@ -218,7 +218,10 @@ class _Connection:
             if self.close_after:
                 return False
             served += 1
-            if served >= FAST_YIELD_EVERY:  # pipelined requests: let the other tasks run now and then
+            if self.waited:  # the socket was waited on (a yield) since the last count
+                self.waited = False
+                served = 0
+            elif served >= FAST_YIELD_EVERY:  # requests that never wait: let the other tasks run now and then
                 served = 0
                 await trio.lowlevel.checkpoint()
 
@@ -239,6 +242,7 @@ class _Connection:
             except BlockingIOError:
                 pass
             self.wait_until = trio.current_time() + timeout
+            self.waited = True
             try:
                 await trio.lowlevel.wait_readable(fd)
             finally:
