@@ -71,6 +71,22 @@ async def test_wrong_node_id_and_dead_address_refused() -> None:
             n.cancel_scope.cancel()
 
 
+async def test_a_dial_after_the_endpoint_stopped_is_a_connect_error_not_a_crash() -> None:
+    """A relay shutting down (SIGTERM) stops its endpoint while the link manager may still dial: that
+    dial fails as a ConnectError (which the link manager handles), not a RuntimeError out of a nursery
+    that ended the relay with a traceback (seen in the relays' logs of the kill -9 test)."""
+    a = NodeIdentity.generate()
+    with trio.fail_after(20):
+        async with trio.open_nursery() as n:
+            ea = await _endpoint(n, "127.0.0.2", a, _echo)
+            async with trio.open_nursery() as inner:
+                eb = await _endpoint(inner, "127.0.0.3", NodeIdentity.generate())
+                inner.cancel_scope.cancel()
+            with pytest.raises(ConnectError, match="not serving"):
+                await eb.connect(ea.listen_addr, expect_node_id=a.node_id, timeout_s=1.0)
+            n.cancel_scope.cancel()
+
+
 async def test_probe_proves_the_key_without_opening_a_link() -> None:
     a = NodeIdentity.generate()
     links: list[Link] = []

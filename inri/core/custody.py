@@ -14,6 +14,7 @@ from inri.core.api import (
     InjectOutcome,
     InjectResult,
 )
+from inri.core.forwarding import LOCAL_REPAIR_RADIUS
 from inri.core.state import (
     MAX_CLOCK_SKEW_S,
     RECEIPT_STATUS,
@@ -249,7 +250,7 @@ class CustodyRules(EngineState):
         self._schedule(pid, c.next_retry)
         nh = self._next_hop(c.push.route_id, None, low_ok=True)
         if nh is None:
-            return []
+            return self._parked_search(c, now)
         c.routed = True
         self._reverse.put(pid, (_LOCAL, now + cfg.reverse_ttl_s, None))
         self._mark_seen((pid, c.attempt * 2), now)
@@ -257,6 +258,31 @@ class CustodyRules(EngineState):
         if self._level:
             self._trace(now, "push_retry", msg=pid.hex(), route=push.route_id.hex(), count=c.attempt)
         return [self._forward(readdress(push, limits.MAX_TTL, 0, c.attempt, 0), nh, now)]
+
+    # Rule C3.
+    def _parked_search(self, c: Custody, now: float) -> list[Effect]:
+        """A parked push whose route is known here but has no live next hop (route errors and a lost
+        link took them all):
+        ask the neighbourhood (radius LOCAL_REPAIR_RADIUS), within the push's fallback budget. The
+        routes that came back with a restarted home (its link-up announcements reach its neighbours,
+        which kept their routes) are then used, where waiting would keep the push until its deadline
+        (seen with real relays: a custodian whose next hops had answered `no route` while the home
+        restarted)."""
+        cfg = self.config
+        cost = ring_cost(LOCAL_REPAIR_RADIUS, cfg.active_max)
+        if (not self._active or c.ring_spent + cost > cfg.fallback_budget
+                or c.push.route_id not in self._routes):  # a route never known here: searched already
+            return []
+        c.ring_spent += cost
+        pid = c.push.push_id
+        self._count("custody_parked_search")
+        self._reverse.put(pid, (_LOCAL, now + cfg.reverse_ttl_s, None))
+        self._mark_seen((pid, c.attempt * 2 + 1), now)
+        push = self._aged(c, now)
+        if self._level:
+            self._trace(now, "push_fallback", msg=pid.hex(), route=push.route_id.hex(), ttl=LOCAL_REPAIR_RADIUS,
+                        count=c.attempt)
+        return self._ring_flood(readdress(push, cfg.push_ttl, 0, c.attempt, LOCAL_REPAIR_RADIUS), None, now)
 
     # Rule C2.
     def _schedule(self, pid: bytes, when: float) -> None:

@@ -450,6 +450,42 @@ class Engine(MembershipRules, GossipRules, StemRules, TreeRules, ForwardingRules
         entry = self._routes.get(route_id)
         return [] if entry is None else RouteTable.vector(entry)
 
+    def export_routes(self) -> list[tuple[bytes, int, float, tuple[tuple[str, int], ...]]]:
+        """Learned routes, to be kept across a restart: [(route id, epoch, wall-clock expiry, ((next hop,
+        distance), ...)), ...]. Routes homed here (the store keeps their registrations) and routes with
+        no next hop left are not included."""
+        off = self.wall_offset
+        out = []
+        for rid, entry in self._routes.items():
+            hops = RouteTable.vector(entry)
+            if hops and RouteTable.distance(entry) > 0:
+                out.append((rid, RouteTable.epoch(entry), RouteTable.expires(entry) + off, tuple(hops)))
+        return out
+
+    def restore_routes(self, rows: list[tuple[bytes, int, float, tuple[tuple[str, int], ...]]], now: float) -> int:
+        """Routes this relay had learned before a restart (export_routes), verified then: a restarted
+        relay has them again as its links come up (their next hops are used once active), instead of
+        searching for every route until each device refreshes (rule G2). Known or expired routes, and
+        rows beyond route_max, are skipped. Returns how many were restored."""
+        routes = self._routes
+        off = self.wall_offset
+        n = 0
+        for rid, epoch, wall_expiry, hops in rows:
+            if len(routes) >= self.config.route_max:
+                break
+            expires = wall_expiry - off
+            if expires <= now or not hops or rid in routes:
+                continue
+            (peer, distance), *backups = hops
+            routes.set_first(rid, epoch, expires, peer, distance)
+            for p, d in backups[: max(0, self.config.route_k - 1)]:
+                entry = routes.get(rid)
+                if entry is not None and not RouteTable.claims(entry, p):
+                    routes.add_backup(rid, entry, p, d)
+            n += 1
+        self._count("routes_restored", n)
+        return n
+
     def routes_with_next_hops(self, route_ids: list[bytes], k: int) -> int:
         """How many of route_ids have a route with at least k next hops here."""
         hops_of = self._routes.next_hops_of

@@ -175,9 +175,39 @@ class ForwardingRules(EngineState):
             if st is None or st.last_heard <= w[2]:
                 # Silent since the push left: more likely down (keepalives will tell, and its routes go
                 # with it) than a hole; reporting these cost 40% more messages under churn (churn-2k).
+                out += self._report_home_silent(pid, nh, now, w[3])
                 continue
             out += self._report_hole(pid, nh, now, w[3])
         return out
+
+    # Rule F6.
+    def _report_home_silent(self, pid: bytes, nh: str, now: float, rid: bytes) -> list[Effect]:
+        """The next hop that did not answer is the home relay itself (distance 1 here) and has been
+        silent since the push left: most likely the home went down (kill -9, restart). Tell the relay
+        upstream `home unreachable` now, as after the keepalive timeout: its custodian keeps custody
+        and retries later along the same route, and no relay upstream tears its route down for a home
+        that is merely restarting (a `no route` from the next relay back would: every relay between
+        the custodian and the home then lost the route until the device refreshed it)."""
+        entry = self._routes.get(rid)
+        if entry is None or (nh, 1) not in RouteTable.vector(entry):
+            return []
+        back = self._reverse.get(pid)
+        if back is None:
+            return []
+        prev = back[0]
+        if isinstance(prev, ReverseMark):
+            c = self._custody.get(pid)
+            if c is not None:
+                c.home_down = True  # the home is our neighbour and silent: retry later, never widen
+            return []
+        if prev not in self._active:
+            return []
+        self._count("home_silent_reported")
+        self._active[prev].last_sent = now
+        if self._level:
+            self._trace(now, "route_error", msg=pid.hex(), route=rid.hex(), peer=prev,
+                        reason="home_unreachable", count=1)
+        return [Send(prev, RouteError(pid, rid, RouteErrorReason.HOME_UNREACHABLE))]
 
     # Rule F6.
     def _report_hole(self, pid: bytes, nh: str, now: float, rid: bytes) -> list[Effect]:

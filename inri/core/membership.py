@@ -144,6 +144,13 @@ class MembershipRules(EngineState):
             dialled = sum(1 for st in self._active.values() if st.outbound)
             inbound = sorted(p for p, st in self._active.items() if not st.outbound)
             if not (outbound and dialled < self.config.outbound_min and inbound):
+                if not outbound and peer in self._lost and now >= self._next_make_room:
+                    # M6 (the other side): a neighbour we lost to a link failure dials us back before
+                    # our own re-dial reached it (it restarted: it does not know us, so no "back" in
+                    # its Hello). Holding it on probation would swallow our re-dial too (the link
+                    # exists), and a home kept out so would stay unreachable from here. One such
+                    # eviction per MAKE_ROOM_INTERVAL_S, as for "low" relays.
+                    return self._rejoin(peer, now, addr)
                 if not outbound and peer not in self._probation:
                     # M4: wait for the dialler's Hello: a relay below active_min gets in anyway.
                     self._probation[peer] = (now + PROBATION_S, addr)
@@ -220,6 +227,20 @@ class MembershipRules(EngineState):
             else:
                 lost[1] = now + min(RECONNECT_MAX_S, RECONNECT_BASE_S * 2 ** lost[2])
         return self._refill(now)
+
+    # Rule M6.
+    def _rejoin(self, peer: str, now: float, addr: str) -> list[Effect]:
+        """Let the lost neighbour peer back in, in place of a random neighbour (made room for)."""
+        self._next_make_room = now + MAKE_ROOM_INTERVAL_S
+        victim = self._rng.choice(sorted(self._active))
+        victim_addr = self._active[victim].addr
+        self._count("peer_rejoined")
+        out: list[Effect] = [Disconnect(victim, DisconnectReason.MAKE_ROOM),
+                             *self.peer_down(victim, now, DisconnectReason.MAKE_ROOM)]
+        out += self.peer_up(peer, now, outbound=False, addr=addr)
+        if victim_addr:
+            self._passive[victim] = victim_addr
+        return out
 
     # Rule M4.
     def _on_probation_hello(self, peer: str, msg: Hello, now: float) -> list[Effect]:

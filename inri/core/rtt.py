@@ -113,7 +113,14 @@ class RttRules(EngineState):
             prev = back[0] if back is not None and isinstance(back[0], str) else None
             nh = self._next_hop(msg.route_id, prev, alternate=(msg.attempt & 1) == 1)
             if nh is None:
-                continue  # the custodian's retry (or a route error's) takes it from here
+                # No other way from here. The link that went was the home's own: say so upstream now
+                # (its custodian keeps custody and retries when the home is back; nobody upstream
+                # tears down its route). Otherwise the custodian's retry takes it from here.
+                got = self._report_home_silent(pid, peer, now, msg.route_id)
+                if got:
+                    self._await.pop(pid, None)
+                out += got
+                continue
             del self._await[pid]
             self._count("push_rerouted_link_down")
             send: Send = self._forward(msg, nh, now)

@@ -123,9 +123,12 @@ class MiniNet:
         self._seq += 1
         heapq.heappush(self._q, (t, self._seq, kind, a + "|" + b, payload))
 
-    def kill(self, i: int) -> None:
-        """Relay i fails: its neighbours see their links drop."""
+    def kill(self, i: int, *, silent: bool = False) -> None:
+        """Relay i fails: its neighbours see their links drop (silent: they do not, as after a kill -9
+        of a relay whose QUIC links then just stop answering; their keepalives find out)."""
         self.alive[i] = False
+        if silent:
+            return
         for (a, b) in list(self.links):
             if a == str(i) and self.alive[int(b)]:
                 self.apply(b, self.engines[int(b)].peer_down(a, self.now, DisconnectReason.LINK_LOST))

@@ -47,6 +47,9 @@ class RelaySection:
     log_format: Literal["auto", "json", "console"] = "auto"  # auto: pretty on a terminal, JSON otherwise
     log_level: str = "info"
     shutdown_grace_s: Annotated[float, NonNegative] = 5.0  # time given to in-flight requests on SIGINT/SIGTERM
+    # Learned routes are written to routes.msgpack in data_dir this often and on shutdown, and read back
+    # at startup, so a restarted relay routes again as its links come up (routesnap.py); 0: off.
+    route_snapshot_s: Annotated[float, NonNegative] = 30.0
 
 
 @dataclass(frozen=True)

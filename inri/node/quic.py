@@ -498,10 +498,10 @@ class QuicEndpoint:
 
     def _add(self, quic: QuicConnection, addr: tuple[Any, ...], outbound: bool) -> _Connection:
         conn = _Connection(self, quic, addr, outbound)
+        assert self._nursery is not None
+        self._nursery.start_soon(conn.run)  # RuntimeError once serve() has ended: nothing registered then
         self._conns.add(conn)
         self.cids[quic.host_cid] = conn
-        assert self._nursery is not None
-        self._nursery.start_soon(conn.run)
         return conn
 
     async def _expire_unauthed(self, conn: _Connection) -> None:
@@ -562,7 +562,7 @@ class QuicEndpoint:
     ) -> Link:
         """Dial addr; with authenticate=False only the TLS handshake runs (a probe), and no link is opened."""
         if self._nursery is None:
-            raise RuntimeError("serve() must be running to connect")
+            raise ConnectError(f"{addr}: the endpoint is not serving (not started, or shutting down)")
         try:
             host, port = parse_addr(addr)
             ipaddress.ip_address(host)
@@ -574,7 +574,10 @@ class QuicEndpoint:
         quic = QuicConnection(configuration=self._client_config)
         remote = (host, port)
         quic.connect(remote, now=trio.current_time())
-        conn = self._add(quic, remote, outbound=True)
+        try:
+            conn = self._add(quic, remote, outbound=True)
+        except RuntimeError:  # the endpoint stopped serving (relay shutdown) while a dial was on its way
+            raise ConnectError(f"{addr}: the endpoint is shutting down") from None
         conn.poke()
         try:
             with trio.fail_after(timeout_s):

@@ -27,6 +27,7 @@ from hypercorn.trio import serve as hypercorn_serve
 
 from inri.common.addr import format_addr, parse_addr
 from inri.common.identity import NodeIdentity
+from inri.node import routesnap
 from inri.node.api import create_app
 from inri.node.bootstrap_client import Backoff, BootstrapClient, BootstrapError, load_seed_list, make_record
 from inri.node.config import RelayConfig
@@ -244,11 +245,18 @@ async def run_relay(cfg: RelayConfig, *, shutdown: trio.Event | None = None) -> 
         app = create_app(service, config=cfg, neighbours=links.neighbours)
         log.info("relay starting", node_id=identity.node_id, quic=endpoint.listen_addr, api=cfg.relay.api,
                  data_dir=str(data))
+        snapshot_s = cfg.relay.route_snapshot_s
+        if snapshot_s > 0:  # learned routes from before a restart (routesnap.py), before any link is up
+            restored = service.restore_routes(routesnap.load(data))
+            if restored:
+                log.info("routes restored", routes=restored)
         try:
             async with trio.open_nursery() as nursery:
                 await nursery.start(store.run)  # group commit (store.py): before anything writes
                 await nursery.start(links.run)
                 await nursery.start(service.run)
+                if snapshot_s > 0:
+                    nursery.start_soon(_route_snapshots, service, data, snapshot_s)
                 binds = await nursery.start(_serve_api, app, cfg, listener, shutdown)
                 api_url = binds[0] if binds else _api_url(*parse_addr(cfg.relay.api), bool(cfg.api.tls_cert))
                 boot = _BootstrapLoop(cfg, identity, service, endpoint.listen_addr)
@@ -269,6 +277,11 @@ async def run_relay(cfg: RelayConfig, *, shutdown: trio.Event | None = None) -> 
                         await trio.sleep(0.05)
                 nursery.cancel_scope.cancel()
         finally:
+            if ready and snapshot_s > 0:
+                try:
+                    routesnap.save_now(data, service.export_routes())
+                except OSError as exc:
+                    log.warning("route snapshot not written", error=str(exc))
             tracer.close()
             (data / READY_FILE).unlink(missing_ok=True)
             log.info("relay stopped", node_id=identity.node_id)
@@ -281,6 +294,16 @@ async def run_relay(cfg: RelayConfig, *, shutdown: trio.Event | None = None) -> 
     finally:
         store.close()
         listener.close()
+
+
+async def _route_snapshots(service: RelayService, data: Path, interval_s: float) -> None:
+    """Write the learned routes every interval_s (routesnap.py); a failed write is logged, never fatal."""
+    while True:
+        await trio.sleep(interval_s)
+        try:
+            await routesnap.save(data, service.export_routes())
+        except OSError as exc:
+            log.warning("route snapshot not written", error=str(exc))
 
 
 def _first_leaf(exc: BaseException) -> BaseException:

@@ -376,6 +376,17 @@ class RelayService:
         """Candidates into the engine's passive view; the first `near` are proximity-ranked (rule M5)."""
         self._apply(self.engine.add_candidates(peers, self._now(), near=near))
 
+    # -- learned routes across restarts (routesnap.py) ---------------------------------------------
+
+    def restore_routes(self, rows: list[tuple[bytes, int, float, tuple[tuple[str, int], ...]]]) -> int:
+        """Routes learned before a restart, back in the engine (before its links come up)."""
+        return self.engine.restore_routes(rows, self._now())
+
+    def export_routes(self) -> list[tuple[bytes, int, float, tuple[tuple[str, int], ...]]]:
+        """The learned routes to keep across a restart."""
+        self._now()  # wall_offset up to date: expiries are written as wall-clock times
+        return self.engine.export_routes()
+
     # -- the timer task ---------------------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:

@@ -1,0 +1,99 @@
+"""Learned routes kept across a restart (`[relay] route_snapshot_s`).
+
+A relay learns its routes from registration gossip, which every device sends once per refresh. A
+relay that restarts (an upgrade, a crash, a kill -9) would have none until each device refreshed, and
+every push entered there or passing through would search its neighbourhood instead (20 pushes cost 471
+frames instead of about 1.6 each, measured with real relays). So the relay writes the routes it
+learned to `routes.msgpack` in its data directory every route_snapshot_s seconds and when it stops,
+and reads them back at startup, before any link is up: a route's next hops are used again as their
+links come back (rules M6, G2). The routes were verified when learned; the data directory is the
+relay's own. Stale routes are repaired as any route is (route errors, rule F6; newer epochs win).
+
+The file is written to a temporary name, flushed to disk and renamed (atomic on POSIX) in a worker
+thread; a torn or unreadable file is logged and ignored (the relay then learns its routes as before).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import structlog
+import trio
+
+log = structlog.get_logger("inri.routes")
+
+SNAPSHOT_FILE = "routes.msgpack"
+FORMAT_VERSION = 1
+
+Row = tuple[bytes, int, float, tuple[tuple[str, int], ...]]
+
+
+def encode_rows(rows: list[Row]) -> bytes:
+    body = [[rid, epoch, exp, [list(h) for h in hops]] for rid, epoch, exp, hops in rows]
+    data: bytes = msgpack.packb([FORMAT_VERSION, body], use_bin_type=True)
+    return data
+
+
+def decode_rows(data: bytes) -> list[Row]:
+    """Rows of a snapshot; ValueError for anything that is not one (never a crash on a bad file)."""
+    try:
+        obj: Any = msgpack.unpackb(data, raw=False, strict_map_key=True)
+    except Exception as exc:  # noqa: BLE001 - msgpack raises several types for bad input
+        raise ValueError(f"not a route snapshot: {exc}") from None
+    if not (isinstance(obj, list) and len(obj) == 2 and obj[0] == FORMAT_VERSION and isinstance(obj[1], list)):
+        raise ValueError("not a route snapshot (version or shape)")
+    rows: list[Row] = []
+    for item in obj[1]:
+        if not (isinstance(item, list) and len(item) == 4):
+            raise ValueError("bad route row")
+        rid, epoch, exp, hops = item
+        if (not isinstance(rid, bytes) or not isinstance(epoch, int) or not isinstance(exp, (int, float))
+                or not isinstance(hops, list)):
+            raise ValueError("bad route row")
+        vec = []
+        for h in hops:
+            if not (isinstance(h, list) and len(h) == 2 and isinstance(h[0], str) and isinstance(h[1], int)):
+                raise ValueError("bad next hop")
+            vec.append((h[0], h[1]))
+        rows.append((rid, epoch, float(exp), tuple(vec)))
+    return rows
+
+
+def load(data_dir: str | Path) -> list[Row]:
+    """The snapshot's rows ([] when there is none, or it cannot be read: logged)."""
+    path = Path(data_dir) / SNAPSHOT_FILE
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        log.warning("route snapshot unreadable", path=str(path), error=str(exc))
+        return []
+    try:
+        return decode_rows(data)
+    except ValueError as exc:
+        log.warning("route snapshot ignored", path=str(path), error=str(exc))
+        return []
+
+
+def _write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+async def save(data_dir: str | Path, rows: list[Row]) -> None:
+    """Write the snapshot (encoding and the disk work in a worker thread)."""
+    path = Path(data_dir) / SNAPSHOT_FILE
+    await trio.to_thread.run_sync(lambda: _write(path, encode_rows(rows)))
+
+
+def save_now(data_dir: str | Path, rows: list[Row]) -> None:
+    """Write the snapshot from synchronous code (at shutdown, after the event loop's tasks stopped)."""
+    _write(Path(data_dir) / SNAPSHOT_FILE, encode_rows(rows))

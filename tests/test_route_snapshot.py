@@ -1,0 +1,131 @@
+"""A restarted relay routes again as its links come up (issue 15 item 2): learned routes are kept in
+routes.msgpack (inri.node.routesnap) and read back at startup. Before, a relay that restarted had no
+route until each device refreshed, and every push it entered searched its neighbourhood."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import trio
+from hypothesis import given
+from hypothesis import strategies as st
+
+from inri import mesh
+from inri.client import DeviceClient, HomeAppClient
+from inri.core.engine import Engine
+from inri.core.testing import MiniNet
+from inri.node import routesnap
+from inri.node.metrics import parse_metrics
+from inri.protocol.codec import make_registration
+from inri.protocol.keys import new_signing_key
+
+
+def _learned(n: int = 4) -> tuple[MiniNet, bytes]:
+    net = MiniNet(n, [(i, i + 1) for i in range(n - 1)])
+    net.run_until(1.0)
+    reg = make_registration(new_signing_key(), 1, 0, 3600)
+    net.homes[n - 1].add_registration(reg, [os.urandom(16)])
+    net.apply(str(n - 1), net.engines[n - 1].register(reg, net.now))
+    net.run_until(3.0)
+    return net, reg.route_id
+
+
+def test_exported_routes_come_back_in_a_fresh_engine_and_through_the_file(tmp_path: Path) -> None:
+    net, rid = _learned()
+    rows = net.engines[0].export_routes()
+    assert [(r[0], r[3]) for r in rows] == [(rid, (("1", 3),))]
+    assert net.engines[3].export_routes() == []  # the home keeps its registrations in its store
+    routesnap.save_now(tmp_path, rows)
+    fresh = Engine("0", net.config, verifier=net.verifier, home=net.homes[0], tracer=net.tracer,
+                   rng=random.Random(1), listen_addr="addr-0")
+    assert fresh.restore_routes(routesnap.load(tmp_path), 5.0) == 1
+    assert fresh.next_hops(rid) == [("1", 3)]
+    # Expired routes stay out (the expiry is wall-clock time: 3600 s after the registration's issue).
+    late = Engine("0", net.config, verifier=net.verifier, home=net.homes[0], tracer=net.tracer,
+                  rng=random.Random(1), listen_addr="addr-0")
+    assert late.restore_routes(rows, 4000.0) == 0
+
+
+@given(st.binary(max_size=300))
+def test_a_damaged_snapshot_is_refused_with_value_error_never_a_crash(data: bytes) -> None:
+    try:
+        rows = routesnap.decode_rows(data)
+    except ValueError:
+        return
+    assert isinstance(rows, list)
+
+
+def test_an_unreadable_snapshot_is_ignored(tmp_path: Path) -> None:
+    (tmp_path / routesnap.SNAPSHOT_FILE).write_bytes(b"\x92\x01\x91\x94garbage")
+    assert routesnap.load(tmp_path) == []
+    assert routesnap.load(tmp_path / "nowhere") == []
+
+
+def _pushes_out(metrics: dict[str, float]) -> float:
+    return sum(v for k, v in metrics.items() if k.startswith("inri_pushes_out"))
+
+
+async def _mesh_pushes_out(c: httpx.AsyncClient, relays: list[dict[str, Any]]) -> float:
+    return sum([_pushes_out(parse_metrics((await c.get(r["api"] + "/metrics")).text)) for r in relays])
+
+
+@pytest.mark.integration
+async def test_a_restarted_relay_routes_its_pushes_without_a_device_refresh(tmp_path: Path) -> None:
+    """6 real relays; a device homed at R1; the relay farthest from it is stopped and started again on its
+    data directory; 20 pushes entered there follow the route (push frames per push about the path length)
+    with no device refresh and no search."""
+    info = await trio.to_thread.run_sync(lambda: mesh.up(tmp_path, relays=6, bootstraps=1, timeout_s=120,
+                                                         min_neighbours=2, trace_level="off"))
+    try:
+        by_name = {r["name"]: r for r in info["relays"]}
+        home = by_name["R1"]
+        dev = DeviceClient(home["api"])
+        await dev.register(tokens=20)
+        cred = dev.export_credential(20)
+        async with httpx.AsyncClient(timeout=5) as c:
+            status = {}
+            with trio.fail_after(60):
+                while True:
+                    status = {r["name"]: (await c.get(r["api"] + "/v1/status")).json() for r in info["relays"]}
+                    if all(s["routes"] >= 1 for name, s in status.items() if name != "R1"):
+                        break
+                    await trio.sleep(0.1)
+            # A relay that is not the home's neighbour (the home's own link-up announcements would give
+            # it the route back anyway, rule G5).
+            far = next(r for r in info["relays"] if r is not home and home["node_id"] not in
+                       {n["node_id"] for n in status[r["name"]]["neighbours"]})
+            os.kill(far["pid"], signal.SIGTERM)  # an upgrade: stopped, started again on its data directory
+            with trio.fail_after(30):
+                await trio.to_thread.run_sync(os.waitpid, far["pid"], 0)  # our child: reaped here
+            await trio.to_thread.run_sync(lambda: mesh.restart_relay(info, far))
+            # Up again: the route is known before any device refresh, and before a link to the home
+            # (if it gets one) could announce it (rule G5).
+            assert (await c.get(far["api"] + "/v1/status")).json()["routes"] >= 1
+            with trio.fail_after(60):
+                while len((await c.get(far["api"] + "/v1/status")).json()["neighbours"]) < 2:
+                    await trio.sleep(0.1)
+            assert (await c.get(far["api"] + "/v1/status")).json()["routes"] >= 1
+            before = await _mesh_pushes_out(c, info["relays"])
+            app = HomeAppClient([far["api"]])
+            pids = [(await app.push(cred, f"p{k}".encode())).push_id for k in range(20)]
+            with trio.fail_after(60):
+                for pid in pids:
+                    while (await app.status(pid, far["api"]))["status"] == "pending":
+                        await trio.sleep(0.1)
+            statuses = [(await app.status(pid, far["api"]))["status"] for pid in pids]
+            after = await _mesh_pushes_out(c, info["relays"])
+            await app.aclose()
+        got = {m.id for m in await dev.pull(limit=100)}
+        await dev.aclose()
+        per_push = (after - before) / len(pids)
+        print(f"push frames per push after the restart: {per_push:.2f}")
+        assert statuses == ["delivered"] * len(pids) and set(pids) <= got
+        assert per_push <= 6, per_push  # a search costs tens of frames per push; a route its length
+    finally:
+        await trio.to_thread.run_sync(lambda: mesh.down(tmp_path))
