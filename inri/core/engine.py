@@ -241,6 +241,8 @@ class Engine(MembershipRules, GossipRules, StemRules, TreeRules, ForwardingRules
         # (grace end, push id) for expiry; pushes blamed on a neighbour (push id -> (next hop, sent,
         # expiry)) are remembered so a late answer gives the penalty back.
         self._overdue: dict[bytes, tuple[str, float, float]] = {}
+        # (next hop, route id) -> when it first left a push of the route unanswered (rule F6)
+        self._hole_suspects: BoundedMap[tuple[str, bytes], float] = BoundedMap(4096)
         self._overdue_heap: list[tuple[float, bytes]] = []
         self._blamed: BoundedMap[bytes, tuple[str, float, float]] = BoundedMap(config.reverse_max)
         self._score_decay = 0.5 ** (config.keepalive_interval_s / config.score_half_life_s)

@@ -179,6 +179,7 @@ class EngineState:
     _hop_rttvar: float
     _rtt_from_paths: bool  # rtt.py: a receipt sample came (keepalive samples are ignored from then on)
     _overdue: dict[bytes, tuple[str, float, float]]
+    _hole_suspects: BoundedMap[tuple[str, bytes], float]
     _overdue_heap: list[tuple[float, bytes]]
     _blamed: BoundedMap[bytes, tuple[str, float, float]]
     _score_decay: float
