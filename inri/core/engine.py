@@ -296,6 +296,8 @@ class Engine(MembershipRules, GossipRules, StemRules, TreeRules, ForwardingRules
             self._count("frames_from_stranger")
             return []
         state.last_heard = now
+        if type(msg) is RegGossip:  # most frames: one type check, not a class pattern (3x the cost on 3.11)
+            return self._on_gossip(peer, state, msg, now)
         # Most frequent first: gossip, then pushes. A message type added to protocol.messages.Message
         # and not handled here fails type checking (assert_never).
         match msg:
