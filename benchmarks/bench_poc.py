@@ -7,7 +7,9 @@
    medians over BENCH_POC_ROUNDS rounds and their ratios, and the relay's CPU per push (utime+stime
    from /proc/<pid>/stat over the round, divided by the pushes it accepted).
    BENCH_COMPARE_TREE=/path/to/another/checkout adds a relay run from that tree's code (e.g. main)
-   to the rounds, so old and new are compared in the same run.
+   to the rounds, so old and new are compared in the same run. BENCH_POC_BATCH=N (default 20, 0: off)
+   adds rounds of the same pushes sent N per `POST /v1/push/batch` request to this tree's relay:
+   pushes/s and CPU per push, printed apart (the 3x target is for single pushes).
 2. The same HTTP load on a bare ASGI 202 endpoint served by hypercorn and by the relay's front
    (inri/node/http1.py): the HTTP server's own ceiling, the measurement behind choosing the front.
 3. A 3-hop line (entry - forwarder - forwarder - home, four relays, one bootstrap per link): wrk at
@@ -60,6 +62,9 @@ ROUNDS = int(os.environ.get("BENCH_POC_ROUNDS", "3"))
 TOKENS = int(os.environ.get("BENCH_POC_TOKENS", "40000"))  # fresh tokens per round (more than wrk can send)
 LINE_SECONDS = int(os.environ.get("BENCH_LINE_SECONDS", "5"))
 COMPARE_TREE = os.environ.get("BENCH_COMPARE_TREE", "")
+# Pushes per POST /v1/push/batch request in the batch rounds (this tree's relay only; 0: none). Reported
+# apart: the 3x target is for single pushes under the PoC's load.
+BATCH = int(os.environ.get("BENCH_POC_BATCH", "20"))
 TICK = os.sysconf("SC_CLK_TCK")
 # Relays for load: the API's per-address limits far above what one wrk client sends.
 LOAD_ENV = {"INRI_API_RATE_PER_S": "1000000", "INRI_API_RATE_BURST": "1000000",
@@ -202,6 +207,17 @@ def poc_bodies(url: str, n: int) -> list[str]:
     return [json.dumps({"token": t, "payload": {"msg": "y" * 64}}) for t in tokens]
 
 
+def batched(bodies: list[str], n: int) -> list[str]:
+    """Push bodies grouped n per POST /v1/push/batch body."""
+    return [json.dumps({"pushes": [json.loads(b) for b in bodies[i:i + n]]}) for i in range(0, len(bodies) - n + 1, n)]
+
+
+def accepted_total(api: str) -> float:
+    """The relay's inri_pushes_accepted_total."""
+    text = httpx.get(api + "/metrics", timeout=10).text
+    return float(next((ln.split()[-1] for ln in text.splitlines() if ln.startswith("inri_pushes_accepted_total ")), 0))
+
+
 def start_relay(d: Path, tree: str | None = None) -> dict[str, Any]:
     """One relay (and its bootstrap), load limits, traces off; tree: run another checkout's code."""
     old, cwd = dict(os.environ), os.getcwd()
@@ -225,15 +241,30 @@ def one_relay_rounds(d: Path, poc_url: str, poc_pids: list[int]) -> dict[str, di
     relays = {"relay": start_relay(d / "relay")}
     if COMPARE_TREE:
         relays["compare"] = start_relay(d / "compare", COMPARE_TREE)
-    results: dict[str, dict[str, list[float]]] = {k: {} for k in ["poc", *relays]}
+    results: dict[str, dict[str, list[float]]] = {k: {} for k in ["poc", *relays, *(["batch"] if BATCH else [])]}
     try:
         for rnd in range(ROUNDS):
-            order = ["poc", *relays]
+            order = ["poc", *relays, *(["batch"] if BATCH else [])]
             order = order[rnd % len(order):] + order[:rnd % len(order)]  # interleaved, rotating who goes first
             for name in order:
                 if name == "poc":
                     bodies = poc_bodies(poc_url, min(TOKENS, 30000))
                     url, pids = poc_url + "/push", poc_pids
+                elif name == "batch":  # this tree's relay, the same pushes BATCH per request
+                    api = relays["relay"]["relays"][0]["api"]
+                    bodies = batched(trio.run(inri_bodies, api, TOKENS), BATCH)
+                    url, pids = api + "/v1/push/batch", [relays["relay"]["relays"][0]["pid"]]
+                    c0, a0 = sum(cpu_s(p) for p in pids), accepted_total(api)
+                    r = wrk(url, bodies, d, SECONDS, reuse=True)
+                    pushes = accepted_total(api) - a0
+                    r["cpu_ms"] = (sum(cpu_s(p) for p in pids) - c0) * 1000 / max(1.0, pushes)
+                    r["rps"] = pushes / SECONDS
+                    print(f"  round {rnd + 1} {name:8s} {r['rps']:8,.0f} pushes/s ({BATCH} per request)  "
+                          f"p50 {r['p50'] * 1000:6.1f} ms  p99 {r['p99'] * 1000:6.1f} ms  non-2xx {r['bad']:.0f}  "
+                          f"CPU/push {r['cpu_ms']:.3f} ms", flush=True)
+                    for k, v in r.items():
+                        results[name].setdefault(k, []).append(v)
+                    continue
                 else:
                     api = relays[name]["relays"][0]["api"]
                     bodies = trio.run(inri_bodies, api, TOKENS)
@@ -406,11 +437,16 @@ def main() -> None:
     poc_rps = med["poc"]["rps"]
     print()
     print(f"{'':24s}{'2xx/s':>10s}{'ratio':>8s}{'p50 ms':>9s}{'p99 ms':>9s}{'CPU/push ms':>13s}")
+    batch = med.pop("batch", None)
     for name, m in med.items():
         label = {"poc": "seed PoC", "relay": "INRI relay (this tree)", "compare": f"INRI relay ({COMPARE_TREE})"}[name]
         print(f"{label[:24]:24s}{m['rps']:10,.0f}{m['rps'] / poc_rps:8.2f}{m['p50'] * 1000:9.1f}{m['p99'] * 1000:9.1f}"
               f"{m['cpu_ms'] if name != 'poc' else float('nan'):13.3f}")
     print(f"(PoC CPU/push, uvicorn + RabbitMQ: {med['poc']['cpu_ms']:.3f} ms)")
+    if batch is not None:
+        print(f"POST /v1/push/batch, {BATCH} per request (this tree; not the 3x figure): {batch['rps']:,.0f} "
+              f"pushes/s ({batch['rps'] / poc_rps:.2f}x the PoC's single pushes), request p99 "
+              f"{batch['p99'] * 1000:.1f} ms, CPU/push {batch['cpu_ms']:.3f} ms")
     for name, m in bare.items():
         print(f"bare 202 under {name:10s} {m['rps']:10,.0f}/s  p99 {m['p99'] * 1000:.1f} ms  CPU/request "
               f"{m['cpu_ms']:.3f} ms")
@@ -432,6 +468,10 @@ def main() -> None:
         {"metric": "bare 202: http1 vs hypercorn", "value": round(bare["http1"]["rps"] / bare["hypercorn"]["rps"], 2),
          "unit": "x", "note": f"{bare['http1']['rps']:,.0f}/s vs {bare['hypercorn']['rps']:,.0f}/s"},
     ]
+    if batch is not None:
+        figures.append({"metric": f"one relay, push batch of {BATCH}, vs seed PoC", "value":
+                        round(batch["rps"] / poc_rps, 2), "unit": "x",
+                        "note": f"{batch['rps']:,.0f} pushes/s, CPU/push {batch['cpu_ms']:.3f} ms"})
     if "compare" in med:
         figures.append({"metric": "one relay vs compare tree", "value": round(relay["rps"] / med["compare"]["rps"], 2),
                         "unit": "x", "note": f"{COMPARE_TREE}: {med['compare']['rps']:,.0f}/s"})

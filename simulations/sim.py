@@ -253,11 +253,12 @@ class Simulator:
                     continue
                 eng = engines[dst]
                 effects = eng.receive_message(names[a], ev[5], t)  # type: ignore[arg-type]
+                lat_dst = lat[dst]
                 for eff in effects:
                     # Sends inline (nearly every effect of a frame is one); the rest through _apply
                     if type(eff) is Send:
                         to = index[eff.peer]
-                        la = lat[dst].get(to)
+                        la = lat_dst.get(to)
                         if la is None or (cut and (dst, to) in cut):
                             self.lost += 1
                             continue

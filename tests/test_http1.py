@@ -55,3 +55,92 @@ async def test_websocket_refused_before_accept_is_an_http_403(tmp_path: Path) ->
                    b"Sec-WebSocket-Version: 13\r\n\r\n")
             answer = await _exchange(url, raw, b"\r\n\r\n")
     assert answer.startswith(b"HTTP/1.1 403 "), answer
+
+
+async def _echo_app(scope: dict, receive, send) -> None:  # type: ignore[no-untyped-def, type-arg]
+    """Answers 200 with the request body, its method and path (what the server handed the app)."""
+    if scope["type"] != "http":
+        return
+    body = b""
+    while True:
+        msg = await receive()
+        body += msg.get("body", b"")
+        if not msg.get("more_body"):
+            break
+    out = b"%s %s %s" % (scope["method"].encode(), scope["path"].encode(), body)
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"%d" % len(out))]})
+    await send({"type": "http.response.body", "body": out})
+
+
+async def _echo_server(nursery: trio.Nursery, keep_alive_s: float = 30.0) -> tuple[str, trio.Event]:
+    from hypercorn.config import Config
+
+    from inri.node.http1 import serve
+
+    cfg = Config()
+    cfg.bind = ["127.0.0.1:0"]
+    cfg.keep_alive_timeout = keep_alive_s
+    stop = trio.Event()
+    urls = await nursery.start(lambda task_status: serve(_echo_app, cfg, shutdown_trigger=stop.wait,
+                                                         task_status=task_status))
+    return urls[0], stop
+
+
+async def test_requests_the_fast_path_leaves_to_h11_are_answered_the_same(tmp_path: Path) -> None:
+    """Chunked bodies, Expect, Connection: close, a missing Host, a malformed header: each handed to h11."""
+    with trio.fail_after(30):
+        async with trio.open_nursery() as n:
+            url, stop = await _echo_server(n)
+            chunked = await _exchange(url, b"POST /a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                                           b"3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n", b"POST /a abcde")
+            assert chunked.startswith(b"HTTP/1.1 200 ") and chunked.endswith(b"POST /a abcde"), chunked
+            cont = await _exchange(url, b"POST /b HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nExpect: 100-continue"
+                                        b"\r\n\r\nhi", b"POST /b hi")
+            assert cont.startswith(b"HTTP/1.1 100 ") and cont.endswith(b"POST /b hi"), cont
+            close = await _exchange(url, b"GET /c HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", b"GET /c ")
+            assert b"connection: close" in close.lower(), close
+            no_host = await _exchange(url, b"GET /d HTTP/1.1\r\n\r\n", b"\r\n\r\n")
+            assert no_host.startswith(b"HTTP/1.1 400 "), no_host
+            bad = await _exchange(url, b"GET /e HTTP/1.1\r\nHost: x\r\nBad Header: y\r\n\r\n", b"\r\n\r\n")
+            assert bad.startswith(b"HTTP/1.1 400 "), bad
+            old = await _exchange(url, b"GET /f HTTP/1.0\r\n\r\n", b"GET /f ")
+            assert old.startswith(b"HTTP/1.1 200 ") and b"connection: close" in old.lower(), old
+            stop.set()
+
+
+async def test_a_request_in_pieces_and_pipelined_ones_on_the_fast_path(tmp_path: Path) -> None:
+    with trio.fail_after(30):
+        async with trio.open_nursery() as n:
+            url, stop = await _echo_server(n)
+            host, port = url.removeprefix("http://").rsplit(":", 1)
+            stream = await trio.open_tcp_stream(host, int(port))
+            raw = b"POST /p%20q HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello"
+            for i in range(0, len(raw), 7):  # the head and the body in pieces, with pauses between
+                await stream.send_all(raw[i:i + 7])
+                await trio.sleep(0.01)
+            two = b"GET /1 HTTP/1.1\r\nHost: x\r\n\r\nGET /2 HTTP/1.1\r\nHost: x\r\n\r\n"
+            await stream.send_all(two)
+            answer = b""
+            while answer.count(b"HTTP/1.1 200 ") < 3 or not answer.endswith(b"GET /2 "):
+                answer += await stream.receive_some(65536)
+            assert answer.count(b"HTTP/1.1 200 ") == 3
+            assert b"POST /p q hello" in answer and answer.index(b"GET /1 ") < answer.index(b"GET /2 ")
+            assert b"connection: close" not in answer.lower()
+            await stream.aclose()
+            stop.set()
+
+
+async def test_an_idle_connection_is_closed_after_keep_alive_timeout(tmp_path: Path) -> None:
+    with trio.fail_after(30):
+        async with trio.open_nursery() as n:
+            url, stop = await _echo_server(n, keep_alive_s=0.4)
+            host, port = url.removeprefix("http://").rsplit(":", 1)
+            stream = await trio.open_tcp_stream(host, int(port))
+            await stream.send_all(b"GET /k HTTP/1.1\r\nHost: x\r\n\r\n")
+            answer = await stream.receive_some(65536)
+            assert answer.startswith(b"HTTP/1.1 200 ")
+            t0 = trio.current_time()
+            assert await stream.receive_some(65536) == b""  # the server closed the idle connection
+            assert 0.3 <= trio.current_time() - t0 < 3.0
+            await stream.aclose()
+            stop.set()

@@ -396,6 +396,7 @@ def test_documented_push_statuses_are_the_ones_the_relay_produces() -> None:
                 "unknown_endpoint", "gone", "rate_limited"}  # the last three: Web Push pushes
     enum = openapi_document("0", {k: 1 for k in ("POST /v1/devices", "POST /v1/devices/{device_id}/registration",
                                                  "POST /v1/devices/{device_id}/tokens", "POST /v1/push",
+                                                 "POST /v1/push/batch",
                                                  "POST /v1/devices/{device_id}/ack",
                                                  "POST /v1/devices/{device_id}/endpoints",
                                                  "POST /wp/v1/{reg}/{endpoint}",

@@ -130,11 +130,25 @@ def test_an_announcement_that_comes_before_the_full_frame_is_kept_and_the_announ
     assert eng.next_hops(reg.route_id) == []
     out = sends(eng.receive_message("a", RegGossip(reg, 16, 3), 0.05))
     assert [p for p, m in out if isinstance(m, RegGossip)] == ["b"]  # c has it: no full frame
-    assert eng.next_hops(reg.route_id) == [("a", 4), ("c", 2)]
+    # c's path was faster (its announcement came first) and shorter: c is the primary, a the backup
+    assert eng.next_hops(reg.route_id) == [("c", 2), ("a", 4)]
     flushed = sends(eng.handle_timer(eng.get_timer() or 0.0))
     # c was faster than our full frame: it is asked for full frames (eager) and gets no announcement
     # (our hops 4 are not below its 1: we are no next hop for it)
     assert flushed == [("c", RegAnnounce((), (), (reg.route_id,)))]
+
+
+def test_the_first_announcer_is_the_primary_only_when_feasible_and_not_the_full_frame_sender() -> None:
+    reg = reg_for(5)
+    eng = engine()
+    eng.receive_message("c", RegAnnounce((Announcement(reg.route_id, 1, 5),)), 0.0)  # first, but 5 !< 4
+    eng.receive_message("a", RegGossip(reg, 16, 3), 0.05)
+    assert eng.next_hops(reg.route_id) == [("a", 4)]  # not feasible: no next hop, so not the primary
+    reg2 = reg_for(6)
+    eng.receive_message("a", RegAnnounce((Announcement(reg2.route_id, 1, 2),)), 0.1)
+    eng.receive_message("b", RegAnnounce((Announcement(reg2.route_id, 1, 1),)), 0.11)
+    eng.receive_message("a", RegGossip(reg2, 16, 2), 0.2)  # the first announcer sent the full frame too
+    assert eng.next_hops(reg2.route_id) == [("a", 3), ("b", 2)]
 
 
 def test_a_registration_only_announced_is_grafted_from_the_closest_announcer_then_the_next() -> None:

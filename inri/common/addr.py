@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 
 
@@ -26,6 +27,7 @@ def format_addr(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+@functools.lru_cache(maxsize=4096)  # called per request with the client's address
 def rate_key(host: str) -> str:
     """Rate-limit key of a client address: the IPv4 address, or the IPv6 /64.
 

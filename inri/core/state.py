@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from inri.core.api import CustodyStatus, DisconnectReason, Effect, HomeStore, Send, Verifier
 from inri.core.budget import TokenBucket
 from inri.core.config import EngineConfig
-from inri.core.tables import BoundedMap, CompactRouteTable, RouteTable
+from inri.core.tables import BoundedMap, CompactRouteTable, RouteEntry, RouteTable
 from inri.protocol.messages import Announcement, Message, Push, Receipt, ReceiptStatus, RegGossip, Registration
 
 # Clock skew tolerated on a registration's issued_at (relays' clocks are not synchronised).
@@ -179,6 +179,7 @@ class EngineState:
     _hop_rttvar: float
     _rtt_from_paths: bool  # rtt.py: a receipt sample came (keepalive samples are ignored from then on)
     _overdue: dict[bytes, tuple[str, float, float]]
+    _hole_suspects: BoundedMap[tuple[str, bytes], float]
     _overdue_heap: list[tuple[float, bytes]]
     _blamed: BoundedMap[bytes, tuple[str, float, float]]
     _score_decay: float
@@ -270,6 +271,7 @@ class EngineState:
         def _stem_embargo(self, now: float) -> list[Effect]: ...
         def _stem_flood_back(self, peer: str, msg: RegGossip, now: float) -> list[Effect]: ...
         def _stem_announcement(self, rid: bytes, homed: Registration | None, now: float) -> RegGossip | None: ...
+        def _stem_keeps(self, rid: bytes, entry: RouteEntry, peer: str) -> bool: ...
         # tree.py
         def _tree_forward(self, reg: Registration, ttl: int, hops: int, exclude: str | None, now: float,
                           jitter: float) -> list[Effect]: ...

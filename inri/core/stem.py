@@ -19,7 +19,8 @@ relay at distance 2 + noise. The stem length L is geometric: P(L = k) = (1 - q)^
   and takes no backup from the flood (a flood copy, hops >= 2, is never feasible against distance 2,
   rule G3), so pushes reach the home only through the stem and routes stay loop-free: every flood
   route ends at the fluff relay, every stem route at the home. A stem that comes back to a relay
-  already on it (a loop) is bounced back to its sender, which fluffs.
+  already on it (a loop) is bounced back to its sender, which fluffs. The predecessor being the only
+  way to the home, a `no route` answer or an unanswered push from it drops nothing (`_stem_keeps`).
 - G8. Fail-safe (Dandelion++ embargo): every stem relay, the home included, arms a timer of
   stem_embargo_s x (1 + U[0, 1)); the flood of its (route id, epoch) coming back cancels it; if it
   expires first (a stem relay dropped the frame, or crashed) the relay fluffs itself. The first flood
@@ -150,6 +151,18 @@ class StemRules(EngineState):
         if self._level:
             self._trace_stem(now, reg, peer, 1)
         return [self._stem_send(succ, reg, now)]
+
+    # Rule G7 (a stem route is the only way to the home: kept through route errors).
+    def _stem_keeps(self, rid: bytes, entry: RouteEntry, peer: str) -> bool:
+        """peer is this stem relay's stem next hop (its predecessor) for rid: its only next hop (G7), and
+        the only way to the home there is. A `no route` or an unanswered push from it (a frame lost on
+        the way, or a break further down the stem) then demotes nothing and drops nothing: dropping it
+        left the stem relay, and with it the route's whole flood, with no route until the next refresh,
+        for one lost frame (churn-2k: 7 of 35 lost pushes). Loop-free as before: a stem route never
+        passes a flood relay."""
+        held = self._stem_held.get(rid)
+        return (held is not None and held.epoch == RouteTable.epoch(entry)
+                and RouteTable.distance(entry) == STEM_DISTANCE and RouteTable.primary(entry) == peer)
 
     # Rule G5 with the stem on.
     def _stem_announcement(self, rid: bytes, homed: Registration | None, now: float) -> RegGossip | None:

@@ -95,6 +95,12 @@ class TreeRules(EngineState):
         """The first full frame of (route, epoch) came from peer and set the route (G2): announcements
         that came before it are backup candidates (G3), then forward (ttl left: hops and TTL as G2's)."""
         has = self._tree_arrived(reg.route_id, reg.epoch, now) if self._tree_missing else None
+        if has:  # the first announcer's path was faster than the full frame's: it becomes the primary
+            first = next(iter(has))
+            routes = self._routes
+            entry = routes.get(reg.route_id)
+            if first != peer and entry is not None and RouteTable.claims(entry, first):
+                routes[reg.route_id] = RouteTable.demote(entry, peer)
         return self._tree_forward(reg, ttl, hops, peer, now, jitter, has) if ttl > 0 else []
 
     def _tree_forward(self, reg: Registration, ttl: int, hops: int, exclude: str | None, now: float,

@@ -44,6 +44,7 @@ from inri.common.http import (
     Send,
     StatusCounts,
     metrics_answer,
+    problem_body,
     respond,
     respond_problem,
     serve_lifespan,
@@ -105,6 +106,8 @@ MAX_PULL = 1000  # messages per pull (the `limit` query parameter's range is 1..
 # limit: the ack route reads up to 64 bytes per id, room for any whitespace a JSON encoder adds.
 ACK_MAX_BODY_BYTES = 64 * MAX_ACK_IDS
 SECRET_BYTES = 32
+PUSH_BATCH_MAX = 100  # pushes per POST /v1/push/batch
+DECODED_CACHE_MAX = 4096  # registrations kept decoded (RelayApi._decoded; the oldest goes first)
 _DUMMY_HASH = secret_hash(bytes(SECRET_BYTES))  # compared against when there is no stored hash
 
 TITLES = {
@@ -215,6 +218,7 @@ class RelayApi:
             Route("GET", dev + "/endpoints", self.list_endpoints),
             Route("DELETE", dev + "/endpoints/{endpoint_id}", self.revoke_endpoint),
             Route("POST", "/v1/push", self.push, body),
+            Route("POST", "/v1/push/batch", self.push_batch, body * PUSH_BATCH_MAX),
             Route("POST", "/wp/v1/{reg}/{endpoint}", self.webpush, limits.MAX_CIPHERTEXT_BYTES),
             Route("GET", "/_matrix/push/v1/notify", self.matrix_discovery),
             Route("POST", "/_matrix/push/v1/notify", self.matrix_notify, body),
@@ -239,6 +243,10 @@ class RelayApi:
         self.service.store.stream_open = lambda rid: self.streams.get(rid, 0) > 0
         self.ws_route = next(r for r in self.router.routes if r.handler == self.stream_over_http)
         self.registry = relay_registry(service, self)
+        # Registrations as decoded from their base64url text (an app sends one push credential's
+        # registration with every push of that device): decoded and validated once, then the same
+        # (immutable) object, whose signature check the verifier then finds by identity.
+        self._decoded: dict[str, Registration] = {}
 
     # -- ASGI plumbing ----------------------------------------------------------------------------
 
@@ -304,11 +312,24 @@ class RelayApi:
         return route_id
 
     def _registration(self, body: dict[str, Any]) -> Any:
-        raw = b64d(body.get("registration"), "registration", max_size=1024)
+        text = body.get("registration")
+        reg = self._decoded.get(text) if isinstance(text, str) else None
+        if reg is not None:
+            return reg
+        raw = b64d(text, "registration", max_size=1024)
         try:
-            return decode_registration(raw)
+            reg = decode_registration(raw)
         except DecodeError as exc:
             raise Problem(400, "bad_registration", f"registration: {exc.detail}") from None
+        assert isinstance(text, str)  # b64d refused anything else
+        self._remember(self._decoded, text, reg)
+        return reg
+
+    @staticmethod
+    def _remember(cache: dict[str, Any], key: str, value: Any) -> None:
+        if len(cache) >= DECODED_CACHE_MAX:
+            del cache[next(iter(cache))]
+        cache[key] = value
 
     def _receipt_secret(self, body: dict[str, Any]) -> bytes | None:
         """The optional `receipt_secret`: the 32-byte seed of the device's receipt key (kept at this home)."""
@@ -434,7 +455,46 @@ class RelayApi:
         return 204, None
 
     async def push(self, req: Request) -> tuple[int, Any]:
+        push_id = self._inject(await req.json())
+        await self.service.store.durable()  # 202 only once custody is committed (grouped per round)
+        return 202, {"push_id": push_id.hex(), "status": "pending"}
+
+    async def push_batch(self, req: Request) -> tuple[int, Any]:
+        """Many pushes in one request (docs/api.md "Push batch"): each checked, limited and accepted exactly
+        as POST /v1/push would, with its own result; the 202s only once all accepted ones are durable."""
         body = await req.json()
+        items = body.get("pushes")
+        if not isinstance(items, list) or not 1 <= len(items) <= PUSH_BATCH_MAX:
+            raise Problem(422, "invalid_field", f"pushes: expected a list of 1 to {PUSH_BATCH_MAX} push objects")
+        client = client_key(req.scope)
+        results: list[dict[str, Any]] = []
+        accepted = 0
+        for i, item in enumerate(items):
+            try:
+                # The request took one of the client's tokens (as a single push does): each further
+                # push takes one more, so a batch is limited like the same pushes sent one by one.
+                wait = self.rate.take(client) if i else 0.0
+                if wait:
+                    raise Problem(429, "rate_limited", "rate limit exceeded for this client",
+                                  retry_after=max(1, math.ceil(wait)))
+                if not isinstance(item, dict):
+                    raise Problem(422, "invalid_field", "request body must be a JSON object")
+                push_id = self._inject(item)
+            except Problem as p:
+                result = problem_body(p, f"{req.path}#{i}", TITLES)
+                if p.retry_after is not None:
+                    result["retry_after"] = p.retry_after
+                results.append(result)
+                continue
+            accepted += 1
+            results.append({"status": 202, "push_id": push_id.hex(), "push_status": "pending"})
+        if accepted:
+            await self.service.store.durable()  # every 202 in the answer is committed (one group commit)
+        return 200, {"accepted": accepted, "results": results}
+
+    def _inject(self, body: dict[str, Any]) -> bytes:
+        """One push (a POST /v1/push body) verified, limited and taken into custody: its push id, or the
+        Problem to answer. Not durable yet: the caller awaits store.durable() before answering."""
         reg = self._registration(body)
         token = b64d(body.get("token"), "token", size=limits.TOKEN_BYTES)
         ciphertext = b64d(body.get("ciphertext"), "ciphertext", max_size=limits.MAX_CIPHERTEXT_BYTES)
@@ -447,8 +507,7 @@ class RelayApi:
         result = self.service.inject_push(reg, token, ciphertext)
         if result.outcome == InjectOutcome.ACCEPTED:
             assert result.push_id is not None
-            await self.service.store.durable()  # 202 only once custody is committed (grouped per round)
-            return 202, {"push_id": result.push_id.hex(), "status": "pending"}
+            return result.push_id
         if result.outcome == InjectOutcome.OVERLOADED:
             # Backpressure (docs/api.md): custody beyond what the path drains; the app slows down.
             raise Problem(429, "overloaded", "relay overloaded: more pushes in custody than the path drains; "
@@ -527,7 +586,10 @@ class RelayApi:
     async def _webpush(self, req: Request, reg_b64: str, endpoint_b64: str) -> tuple[Any, ...]:
         wp = self.config.webpush
         try:  # a broken registration or endpoint token: unknown endpoint, decided here (no mesh search)
-            reg = decode_registration(b64url.b64d(reg_b64, "registration", max_size=1024))
+            reg = self._decoded.get(reg_b64)
+            if reg is None:
+                reg = decode_registration(b64url.b64d(reg_b64, "registration", max_size=1024))
+                self._remember(self._decoded, reg_b64, reg)
             tok = EndpointToken.decode(b64url.b64d(endpoint_b64, "endpoint", max_size=128))
         except (ValueError, DecodeError):
             raise Problem(404, "not_found", "no such Web Push endpoint") from None

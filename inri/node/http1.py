@@ -11,6 +11,16 @@ operations.md). Every route is the same ASGI app as before, so the documented AP
 bodies, limits and metrics do not change; `serve()` takes hypercorn's Config and has hypercorn's
 serve() signature, so the relay (and the tests) switch servers without other changes.
 
+The fast path (`_Connection._serve_fast`): even h11's event objects and state machine cost more
+than the relay's push handler, so the common request is parsed here, on h11's own grammar (its
+request-line and header-field expressions): HTTP/1.1, exactly one Host, a Content-Length body up to
+FAST_BODY_MAX (or none), no Transfer-Encoding, Expect, Upgrade or Connection other than keep-alive.
+The socket is read and written on its file descriptor (trio's stream yields to the scheduler on
+every call; these wait only when there is nothing to read or no room to write), and connections that
+wait too long are closed by one sweeper task per server instead of a deadline moved per read. A
+request that does not fit, and anything malformed, goes to h11 from its first byte for the rest of
+the connection, so every answer to unusual or bad input is h11's, as before.
+
 What it does: HTTP/1.1 keep-alive and pipelining (h11 parses the next request only after the answer
 to the one before), request heads bounded by `h11_max_incomplete_size`, bodies bounded by each
 route (the app's `Request`), idle connections closed after `keep_alive_timeout`, a request whose head
@@ -28,6 +38,8 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import os
+import re
 import socket
 import time
 from collections.abc import Awaitable, Callable
@@ -62,6 +74,13 @@ RECEIVE_BYTES = 65536
 LISTEN_BACKLOG = 1024
 DRAIN_MAX_BYTES = 256 * 1024  # unread body the server reads and drops to keep a connection (413, 404 ...)
 WS_MAX_MESSAGE_BYTES = 1024 * 1024  # the device stream's messages are acks (~17.5 KB at most)
+# The fast path (see _Connection._serve_fast): requests it parses itself, h11's grammar (h11/_abnf.py).
+FAST_BODY_MAX = 64 * 1024  # a body up to this size is read whole before the app runs; larger ones go to h11
+FAST_YIELD_EVERY = 16  # requests served back to back without waiting on the socket before we yield once
+_REQUEST_LINE = re.compile(rb"([-!#$%&'*+.^_`|~0-9a-zA-Z]+) ([\x21-\x7e]+) HTTP/1\.1")
+_HEADER = re.compile(rb"([-!#$%&'*+.^_`|~0-9a-zA-Z]+):[ \t]*((?:[^\x00\s]+(?:[ \t]+[^\x00\s]+)*)?)[ \t]*")
+# Request headers the fast path leaves to h11 (framing, upgrades, continue, close semantics).
+_H11_HEADERS = frozenset((b"transfer-encoding", b"expect", b"upgrade", b"connection", b"content-length", b"host"))
 _REASONS = {400: b"Bad Request", 408: b"Request Timeout", 413: b"Payload Too Large",
             431: b"Request Header Fields Too Large", 500: b"Internal Server Error", 501: b"Not Implemented"}
 
@@ -101,6 +120,13 @@ class _Connection:
         self.deadline = trio.CancelScope()  # its deadline is moved while we wait for the peer (not a scope per read)
         self.idle = False  # waiting for the next request (the server's stop closes such connections)
         self.send_lock = trio.Lock()  # a WebSocket app sends from two tasks
+        self.close_after = False  # fast path: the answer said the connection closes
+        self.waited = False  # fast path: _recv waited on the socket since the last request was counted
+        self.fd = sock.fileno()
+        self.buf = b""  # fast path: bytes received and not parsed yet
+        # Fast path: while waiting on the socket, the trio time after which the server's sweeper closes
+        # the connection (no deadline moved per read: one sweeper per server checks them all).
+        self.wait_until = math.inf
 
     async def run(self) -> None:
         try:
@@ -116,6 +142,147 @@ class _Connection:
                 await self.stream.aclose()
 
     async def _serve(self) -> None:
+        if await self._serve_fast():
+            await self._serve_h11()
+
+    async def _serve_fast(self) -> bool:
+        """Requests h11 would parse the same way, parsed here (most of hypercorn's and h11's per-request
+        cost was event objects and state machines, not parsing): HTTP/1.1 with one Host, a
+        Content-Length body (or none) up to FAST_BODY_MAX, no Transfer-Encoding, Expect, Upgrade or
+        Connection header. Anything else (and anything malformed) from its first byte on goes to h11
+        for the rest of the connection: True to hand over, False when the connection is done.
+
+        Socket calls go straight to the file descriptor: a read that finds data or a write that fits
+        the socket buffer does not pass through trio's scheduler (trio's stream yields on each)."""
+        server = self.server
+        config = server.config
+        max_head = config.h11_max_incomplete_size
+        served = 0
+        while True:
+            if server.closing:
+                return False
+            buf = self.buf
+            end = buf.find(b"\r\n\r\n")
+            if end < 0:
+                self.idle = True
+                try:
+                    while end < 0:
+                        if len(buf) > max_head:
+                            return self._to_h11(buf)
+                        data = await self._recv(config.keep_alive_timeout)
+                        if not data:
+                            if buf:
+                                return self._to_h11(buf, eof=True)
+                            return False
+                        buf += data
+                        end = buf.find(b"\r\n\r\n", max(0, len(buf) - len(data) - 3))
+                finally:
+                    self.idle = False
+            if end > max_head:
+                return self._to_h11(buf)
+            lines = buf[:end].split(b"\r\n")
+            m = _REQUEST_LINE.fullmatch(lines[0])
+            if m is None:
+                return self._to_h11(buf)
+            method, target = m.groups()
+            if method == b"HEAD" or method == b"CONNECT":
+                return self._to_h11(buf)
+            headers: list[tuple[bytes, bytes]] = []
+            hosts = 0
+            length = -1
+            for line in lines[1:]:
+                h = _HEADER.fullmatch(line)
+                if h is None:
+                    return self._to_h11(buf)
+                name, value = h.groups()
+                name = name.lower()
+                if name in _H11_HEADERS:
+                    if name == b"host":
+                        hosts += 1
+                    elif name == b"content-length" and value.isdigit() and len(value) < 10 and length < 0:
+                        length = int(value)
+                    elif name != b"connection" or value.lower() != b"keep-alive":
+                        return self._to_h11(buf)
+                headers.append((name, value))
+            if hosts != 1 or length > FAST_BODY_MAX:
+                return self._to_h11(buf)
+            length = max(length, 0)
+            start = end + 4
+            while len(buf) - start < length:  # the rest of the body (usually in the same read)
+                data = await self._recv(READ_TIMEOUT_S)
+                if not data:
+                    return False
+                buf += data
+            self.buf = buf[start + length:]
+            await self._fast_request(method, target, headers, buf[start:start + length])
+            if self.close_after:
+                return False
+            served += 1
+            if self.waited:  # the socket was waited on (a yield) since the last count
+                self.waited = False
+                served = 0
+            elif served >= FAST_YIELD_EVERY:  # requests that never wait: let the other tasks run now and then
+                served = 0
+                await trio.lowlevel.checkpoint()
+
+    def _to_h11(self, buf: bytes, *, eof: bool = False) -> bool:
+        """Hand what is buffered to h11 (which parses it from the start of a request)."""
+        self.buf = b""
+        self.conn.receive_data(buf)
+        if eof:
+            self.conn.receive_data(b"")
+        return True
+
+    async def _recv(self, timeout: float) -> bytes:
+        """Bytes from the socket (b"" at its end); the sweeper closes the connection after timeout s."""
+        fd = self.fd
+        while True:
+            try:
+                return os.read(fd, RECEIVE_BYTES)
+            except BlockingIOError:
+                pass
+            self.wait_until = trio.current_time() + timeout
+            self.waited = True
+            try:
+                await trio.lowlevel.wait_readable(fd)
+            finally:
+                self.wait_until = math.inf
+
+    async def send_raw(self, data: bytes) -> None:
+        """Write all of data to the socket, waiting only when its buffer is full."""
+        fd = self.fd
+        view = memoryview(data)
+        while view:
+            try:
+                n = os.write(fd, view)
+            except BlockingIOError:
+                await trio.lowlevel.wait_writable(fd)
+                continue
+            view = view[n:]
+
+    async def _fast_request(self, method: bytes, target: bytes, headers: list[tuple[bytes, bytes]],
+                            body: bytes) -> None:
+        raw_path, _, query = target.partition(b"?")
+        scope: Scope = {
+            "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
+            "method": method.decode("ascii"), "scheme": "http", "path": unquote(raw_path.decode("ascii")),
+            "raw_path": raw_path, "query_string": query, "root_path": "", "headers": headers,
+            "client": self.client, "server": self.local, "extensions": {},
+        }
+        exchange = _FastExchange(self, body)
+        try:
+            await self.server.app(scope, exchange.receive, exchange.send)
+        except (_Closed, trio.BrokenResourceError, trio.ClosedResourceError):
+            raise
+        except Exception:  # noqa: BLE001 - an app failure is a 500, never a dropped server
+            self.server.log_error("Error in ASGI application", exc_info=True)
+            if not exchange.sent:
+                await exchange.answer(500, [(b"content-length", b"0")], b"")
+            raise _Closed from None
+        if not exchange.sent:  # the app returned without answering
+            await exchange.answer(500, [(b"content-length", b"0")], b"")
+
+    async def _serve_h11(self) -> None:
         conn = self.conn
         while True:
             self.idle = True
@@ -199,6 +366,62 @@ class _Connection:
             raise _Closed from None
         if self.conn.our_state is h11.SEND_RESPONSE:  # the app returned without answering
             await exchange.answer(500, [(b"content-length", b"0")], b"")
+
+
+class _FastExchange:
+    """ASGI receive/send for one request of the fast path: the body is read already, the answer goes
+    out in one write once complete (with the Content-Length the app gave, or its length)."""
+
+    def __init__(self, connection: _Connection, body: bytes) -> None:
+        self.c = connection
+        self.body: bytes | None = body
+        self.status = 0
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.chunks: list[bytes] = []
+        self.sent = False
+
+    async def receive(self) -> dict[str, Any]:
+        body, self.body = self.body, None
+        if body is None:
+            # ASGI: after the body, receive() waits for the disconnect; the app does not ask for it.
+            await trio.sleep_forever()
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def send(self, message: dict[str, Any]) -> None:
+        kind = message["type"]
+        if kind == "http.response.start":
+            self.status = int(message["status"])
+            self.headers = list(message.get("headers", []))
+        elif kind == "http.response.body":
+            if not self.status:
+                raise RuntimeError("ASGI: response body before its start")
+            if self.sent:
+                raise RuntimeError("ASGI: response body after its end")
+            self.chunks.append(bytes(message.get("body", b"")))
+            if not message.get("more_body", False):
+                await self.answer(self.status, self.headers, b"".join(self.chunks))
+
+    async def answer(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        c = self.c
+        self.sent = True
+        out = [b"HTTP/1.1 %d \r\n" % status]
+        sized = False
+        for name, value in headers:
+            lower = name.lower()
+            if lower == b"content-length":
+                sized = True
+            elif lower == b"connection" and b"close" in value.lower():
+                c.close_after = True
+            out.append(b"%s: %s\r\n" % (name, value))
+        if not sized:
+            out.append(b"content-length: %d\r\n" % len(body))
+        out.append(b"date: %s\r\n" % _DATE.header())
+        if c.server.closing and not c.close_after:
+            c.close_after = True
+            out.append(b"connection: close\r\n")
+        out.append(b"\r\n")
+        out.append(body)
+        await c.send_raw(b"".join(out))
 
 
 class _Exchange:
@@ -462,7 +685,27 @@ async def serve(app: ASGIApp, config: Config, *, shutdown_trigger: Callable[[], 
     for sock in socks:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         listeners.append(trio.SocketListener(trio.socket.from_stdlib_socket(sock)))
-    urls = [f"http://{format_addr(*sock.getsockname()[:2])}" for sock in socks]
+    async with trio.open_nursery() as sweeper:
+        sweeper.start_soon(_sweep, server)
+        await _serve_connections(server, config, listeners, shutdown_trigger, task_status)
+        sweeper.cancel_scope.cancel()
+
+
+async def _sweep(server: _Server) -> None:
+    """Close connections of the fast path that waited on their socket longer than allowed."""
+    interval = max(0.05, min(1.0, server.config.keep_alive_timeout / 4, READ_TIMEOUT_S / 4))
+    while True:
+        await trio.sleep(interval)
+        now = trio.current_time()
+        for connection in list(server.connections):
+            if connection.wait_until < now:
+                connection.deadline.cancel()
+
+
+async def _serve_connections(server: _Server, config: Config, listeners: list[trio.SocketListener],
+                             shutdown_trigger: Callable[[], Awaitable[Any]],
+                             task_status: trio.TaskStatus[list[str]]) -> None:
+    urls = [f"http://{format_addr(*listener.socket.getsockname()[:2])}" for listener in listeners]
     async with trio.open_nursery() as conns:
         async with trio.open_nursery() as accept:
             for listener in listeners:

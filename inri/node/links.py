@@ -229,16 +229,18 @@ class LinkManager:
             if self.events is not None:
                 self.events.peer_up(peer, outbound=link.outbound, addr=addr)
         reason = "closed"
+
+        def on_frame(frame: bytes) -> None:
+            self.stats["frames_in"] += 1
+            if self.events is not None:
+                self.events.receive_frame(peer, frame)
+
         try:
-            while True:
-                frame: bytes | None = await link.receive()
-                # Then every frame already here, without yielding between them: the frames they make
-                # us send are flushed together (quic.py, coalescing).
-                while frame is not None:
-                    self.stats["frames_in"] += 1
-                    if self.events is not None:
-                        self.events.receive_frame(peer, frame)
-                    frame = link.receive_nowait()
+            # Frames are handled as the endpoint's receive loop parses them, every datagram waiting
+            # in one go: the frames they make us send are flushed together (quic.py, coalescing).
+            link.deliver_to(on_frame)
+            while True:  # nothing is queued any more: this waits for the link to close
+                on_frame(await link.receive())
         except LinkClosed as exc:
             reason = str(exc) or "closed"
         finally:

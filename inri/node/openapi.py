@@ -177,6 +177,24 @@ def openapi_document(version: str, body_limits: dict[str, int]) -> dict[str, Any
                                  "accepted and durably in custody"),
                     "400": _problem_ref("malformed_json", "bad_registration"), "413": _problem_ref("too_large"),
                     "422": _problem_ref("invalid_field"), "429": _problem_ref("rate_limited", "overloaded")}}},
+            "/v1/push/batch": {"post": {
+                "summary": "Up to 100 pushes in one request, each checked and accepted as POST /v1/push would be",
+                "requestBody": _body("POST /v1/push/batch", {
+                    "type": "object", "required": ["pushes"],
+                    "properties": {"pushes": {"type": "array", "minItems": 1, "maxItems": 100, "items": {
+                        "type": "object", "required": ["registration", "token", "ciphertext"],
+                        "properties": {"registration": B64, "token": B64, "ciphertext": B64}}}}}),
+                "responses": {
+                    "200": _json({"type": "object", "properties": {
+                        "accepted": {"type": "integer"},
+                        "results": {"type": "array", "items": {"oneOf": [
+                            {"type": "object", "properties": {"status": {"const": 202}, "push_id": HEX_ID,
+                                                              "push_status": {"const": "pending"}}},
+                            {"$ref": "#/components/schemas/Problem"}]}}}},
+                        "one result per push, in order: 202 (accepted and durably in custody) or the "
+                        "problem POST /v1/push would have answered (with retry_after for a 429)"),
+                    "400": _problem_ref("malformed_json"), "413": _problem_ref("too_large"),
+                    "422": _problem_ref("invalid_field"), "429": _problem_ref("rate_limited")}}},
             "/v1/push/{push_id}": {"get": {
                 "summary": "Status of a push accepted by this relay",
                 "parameters": [{"name": "push_id", "in": "path", "required": True, "schema": HEX_ID}],

@@ -21,7 +21,12 @@ Coalescing (issue 16): frames queued on a link are collected, not written to aio
 connection task, once woken, yields one scheduling round so that every task made runnable in the
 same round (each forwarding a push, answering a receipt) adds its frames, then hands them to aioquic
 in one stream write and asks for datagrams once: frames produced in one round leave in as few
-datagrams as QUIC packs them into (about 1,200 bytes each), not one datagram per frame.
+datagrams as QUIC packs them into (about 1,200 bytes each), not one datagram per frame. The receive
+loop reads every datagram waiting on the socket (up to RECV_BATCH) before it yields, and hands the
+frames they complete straight to the link's handler (Link.deliver_to), so what they make us send is
+flushed together too; datagrams are read and sent without a trio yield each (a non-blocking dup of
+the socket). Acknowledgements wait ACK_DELAY_S (10 ms, not aioquic's 1 ms) so that one ACK covers
+many packets and rides on the data going back when it can.
 
 Lab impairment (`LinkImpairment`, `[quic] link_delay_ms / link_jitter_ms / link_loss`, `inri mesh up
 --link-delay-ms ...`): the endpoint itself delays every datagram it sends by delay +- jitter (uniform)
@@ -36,7 +41,9 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import math
+import os
 import random
+import socket
 import ssl
 import struct
 from collections.abc import Awaitable, Callable
@@ -64,6 +71,12 @@ ALPN = "inri/1"
 AUTH_CONTEXT = b"inri/link-auth/v1\x00"
 AUTH_TIMEOUT_S = 5.0  # an inbound connection that has not proved its key by then is dropped
 MAX_CONNECTIONS = 512  # per endpoint: bounds memory a flood of handshakes can take
+# How long aioquic waits before acknowledging a packet (its default: 1 ms, below any round trip, so
+# each packet got an ACK-only datagram of its own). 10 ms, within the 25 ms max_ack_delay it
+# advertises: one ACK covers the packets of 10 ms, and it rides on the answer (a receipt back on the
+# link a push came in on) when one leaves in time. Data is never delayed: only acknowledgements.
+ACK_DELAY_S = 0.010
+RECV_BATCH = 64  # datagrams read back to back (no yield between them) before the receive loop yields
 RECV_QUEUE_BYTES = 16 * 1024 * 1024  # frames buffered per link, unread, before it is closed as overloaded
 _LEN = struct.Struct(">I")
 log = structlog.get_logger("inri.quic")
@@ -194,6 +207,13 @@ class Link:
         self._conn.queued -= len(frame)
         return frame
 
+    def deliver_to(self, handler: Callable[[bytes], None]) -> None:
+        """From now on, hand every frame to handler as soon as it arrives (frames already queued first),
+        in the task that reads the datagrams; `receive` then only waits for the link to close."""
+        while (frame := self.receive_nowait()) is not None:
+            handler(frame)
+        self._conn.on_frame = handler
+
     async def receive(self) -> bytes:
         """The next frame from the peer."""
         try:
@@ -235,6 +255,9 @@ class _Connection:
         self.tx: list[bytes] = []  # frames (length prefix, frame, ...) queued since the last flush
         self.tx_bytes = 0
         self.pending_close: tuple[int, str] | None = None  # (error code, reason) for the next round
+        # Set by Link.deliver_to: frames go to this callback as they are parsed, not through frames_rx
+        # (no task switch per frame batch).
+        self.on_frame: Callable[[bytes], None] | None = None
 
     # -- driving aioquic --------------------------------------------------------------------------
 
@@ -361,6 +384,11 @@ class _Connection:
                 pos += 4 + n
                 if self.authed is None:
                     self._handle_auth(frame)
+                elif self.on_frame is not None:
+                    try:
+                        self.on_frame(frame)
+                    except Exception:  # the handler's bug must not break the connection
+                        log.exception("frame handler failed", size=n)
                 else:
                     if self.queued + n > RECV_QUEUE_BYTES:
                         self.close("receive queue overloaded", error_code=3)
@@ -405,6 +433,10 @@ class QuicEndpoint:
         self.cids: dict[bytes, _Connection] = {}
         self._conns: set[_Connection] = set()
         self._sock: trio.socket.SocketType | None = None
+        # The same UDP socket (a dup of its descriptor, non-blocking) for reads and writes that do not
+        # pass through trio's scheduler: trio's socket methods yield once per datagram; these wait
+        # (wait_readable / wait_writable) only when the socket has nothing to read or no room.
+        self._raw: socket.socket | None = None
         self._nursery: trio.Nursery | None = None
         self._on_link: Callable[[Link], Awaitable[None]] | None = None
         self.local_addr: tuple[str, int] = ("", 0)
@@ -428,6 +460,8 @@ class QuicEndpoint:
         sock = trio.socket.socket(family, trio.socket.SOCK_DGRAM)
         await sock.bind((host, port))
         self._sock = sock
+        self._raw = socket.socket(fileno=os.dup(sock.fileno()))
+        self._raw.setblocking(False)
         self.local_addr = sock.getsockname()[:2]
         if not self.listen_addr:
             self.listen_addr = format_addr(*self.local_addr)
@@ -455,48 +489,64 @@ class QuicEndpoint:
             for conn in list(self._conns):
                 conn.close("endpoint closed")
             self._sock.close()
+            if self._raw is not None:
+                self._raw.close()
 
     async def _receive_loop(self) -> None:
-        assert self._sock is not None
+        """Read datagrams: every one that is waiting (up to RECV_BATCH) before yielding, each handed to
+        its connection at once; the connections transmit what they answer once per round (coalescing)."""
+        raw = self._raw
+        assert raw is not None
         while True:
-            try:
-                data, addr = await self._sock.recvfrom(65536)
-            except ConnectionResetError:
-                continue  # an ICMP port-unreachable from an earlier send: not fatal on UDP
-            self.stats["datagrams_in"] += 1
-            try:
-                header = pull_quic_header(Buffer(data=data), host_cid_length=8)
-            except ValueError:
-                self.stats["bad_datagrams"] += 1
-                continue
-            conn = self.cids.get(header.destination_cid)
-            if conn is None:
-                if (
-                    self._on_link is None
-                    or header.packet_type != PACKET_TYPE_INITIAL
-                    or header.version not in self._server_config.supported_versions
-                    or len(data) < 1200
-                    or len(self._conns) >= MAX_CONNECTIONS
-                ):
-                    self.stats["refused"] += 1
-                    continue
-                quic = QuicConnection(
-                    configuration=self._server_config, original_destination_connection_id=header.destination_cid
-                )
-                conn = self._add(quic, addr, outbound=False)
-                self.cids[header.destination_cid] = conn
-                assert self._nursery is not None
-                self._nursery.start_soon(self._expire_unauthed, conn)
-            try:
-                conn.quic.receive_datagram(data, addr, trio.current_time())
-                conn.process_events()
-            except Exception as exc:  # noqa: BLE001 - one bad datagram must never end the endpoint
-                self.stats["bad_datagrams"] += 1
-                log.warning("datagram broke a connection", error=repr(exc)[:200])
-                conn.quic.close(error_code=0x1, reason_phrase="internal error")
-            conn.poke()
+            await trio.lowlevel.wait_readable(raw)
+            for _ in range(RECV_BATCH):
+                try:
+                    data, addr = raw.recvfrom(65536)
+                except BlockingIOError:
+                    break
+                except ConnectionResetError:
+                    continue  # an ICMP port-unreachable from an earlier send: not fatal on UDP
+                self._datagram(data, addr)
+            else:
+                await trio.lowlevel.checkpoint()  # more are waiting: the other tasks run first
+
+    def _datagram(self, data: bytes, addr: Any) -> None:
+        """One datagram from addr: to its connection (a new one for a valid Initial packet)."""
+        self.stats["datagrams_in"] += 1
+        try:
+            header = pull_quic_header(Buffer(data=data), host_cid_length=8)
+        except ValueError:
+            self.stats["bad_datagrams"] += 1
+            return
+        conn = self.cids.get(header.destination_cid)
+        if conn is None:
+            if (
+                self._on_link is None
+                or header.packet_type != PACKET_TYPE_INITIAL
+                or header.version not in self._server_config.supported_versions
+                or len(data) < 1200
+                or len(self._conns) >= MAX_CONNECTIONS
+            ):
+                self.stats["refused"] += 1
+                return
+            quic = QuicConnection(
+                configuration=self._server_config, original_destination_connection_id=header.destination_cid
+            )
+            conn = self._add(quic, addr, outbound=False)
+            self.cids[header.destination_cid] = conn
+            assert self._nursery is not None
+            self._nursery.start_soon(self._expire_unauthed, conn)
+        try:
+            conn.quic.receive_datagram(data, addr, trio.current_time())
+            conn.process_events()
+        except Exception as exc:  # noqa: BLE001 - one bad datagram must never end the endpoint
+            self.stats["bad_datagrams"] += 1
+            log.warning("datagram broke a connection", error=repr(exc)[:200])
+            conn.quic.close(error_code=0x1, reason_phrase="internal error")
+        conn.poke()
 
     def _add(self, quic: QuicConnection, addr: tuple[Any, ...], outbound: bool) -> _Connection:
+        quic._ack_delay = ACK_DELAY_S  # noqa: SLF001 - aioquic has no setting for it (see ACK_DELAY_S)
         conn = _Connection(self, quic, addr, outbound)
         assert self._nursery is not None
         self._nursery.start_soon(conn.run)  # RuntimeError once serve() has ended: nothing registered then
@@ -545,12 +595,17 @@ class QuicEndpoint:
             await self._sendto(data, addr)
 
     async def _sendto(self, data: bytes, addr: tuple[Any, ...]) -> None:
-        assert self._sock is not None
-        try:
-            await self._sock.sendto(data, addr)
-            self.stats["datagrams_out"] += 1
-        except OSError:
-            pass  # unreachable right now (or the socket closed): QUIC retransmits or times out
+        raw = self._raw
+        assert raw is not None
+        while True:
+            try:
+                raw.sendto(data, addr)
+                self.stats["datagrams_out"] += 1
+                return
+            except BlockingIOError:
+                await trio.lowlevel.wait_writable(raw)  # the socket's buffer is full: wait for room
+            except OSError:
+                return  # unreachable right now (or the socket closed): QUIC retransmits or times out
 
     async def _send_later(self, data: bytes, addr: tuple[Any, ...], delay: float) -> None:
         """Lab impairment: one datagram, sent `delay` seconds from now."""

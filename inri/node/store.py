@@ -41,7 +41,7 @@ from nacl.signing import SigningKey
 
 from inri.core.budget import KeyedBuckets
 from inri.core.home import ENDPOINT_BURST, ENDPOINT_RATE_PER_S, TTL0_GRACE_S, tag_ok
-from inri.protocol.codec import DecodeError, decode, decode_registration, encode, encode_registration
+from inri.protocol.codec import DecodeError, decode, decode_registration, encode_registration, encode_unchecked
 from inri.protocol.messages import ContentEncoding, Push, ReceiptStatus, Registration, Urgency
 from inri.protocol.webpush import EndpointToken
 
@@ -192,8 +192,10 @@ class Store:
         """Commit the open batch, then wake what waited on it and run its after-commit actions, in order."""
         if self._db.in_transaction:
             if self._custody_new:
+                # encode_unchecked: the engine built these pushes from ones the API or the decoder
+                # validated (the frames sent for them are encoded the same way: service._UNCHECKED).
                 self._db.executemany("INSERT OR REPLACE INTO custody VALUES (?, ?, ?, ?, ?)",
-                                     [(pid, encode(push), deadline, attempt, now)
+                                     [(pid, encode_unchecked(push), deadline, attempt, now)
                                       for pid, (push, deadline, attempt, now) in self._custody_new.items()])
                 self._custody_new.clear()
             self._db.execute("COMMIT")
@@ -364,15 +366,19 @@ class Store:
             return ReceiptStatus.UNKNOWN_TOKEN
         db = self._db
         with self._write():
-            row = db.execute("SELECT spent_by FROM tokens WHERE route_id=? AND token=?", (route_id, token)).fetchone()
-            if row is None:
-                return ReceiptStatus.UNKNOWN_TOKEN
-            if row[0] is not None:
-                return ReceiptStatus.DUPLICATE if bytes(row[0]) == push_id else ReceiptStatus.SPENT
             n = self._box_count(route_id)
-            if n >= self.mailbox_max:
+            # The common case in one statement: an unspent token, spent now, and room in the mailbox.
+            # Anything else (no such token, spent already, mailbox full) is told apart by the SELECT.
+            if n >= self.mailbox_max or not db.execute(
+                    "UPDATE tokens SET spent_by=? WHERE route_id=? AND token=? AND spent_by IS NULL",
+                    (push_id, route_id, token)).rowcount:
+                row = db.execute("SELECT spent_by FROM tokens WHERE route_id=? AND token=?",
+                                 (route_id, token)).fetchone()
+                if row is None:
+                    return ReceiptStatus.UNKNOWN_TOKEN
+                if row[0] is not None:
+                    return ReceiptStatus.DUPLICATE if bytes(row[0]) == push_id else ReceiptStatus.SPENT
                 return ReceiptStatus.MAILBOX_FULL
-            db.execute("UPDATE tokens SET spent_by=? WHERE route_id=? AND token=?", (push_id, route_id, token))
             # A push id reused with another token replaces its message (as MemoryHomeStore does).
             cur = db.execute("INSERT OR IGNORE INTO mailbox VALUES (?, ?, ?, ?)", (push_id, route_id, ciphertext, now))
             if cur.rowcount:
@@ -524,7 +530,7 @@ class Store:
             return
         with self._write():
             self._db.execute("INSERT OR REPLACE INTO custody VALUES (?, ?, ?, ?, ?)",
-                             (push.push_id, encode(push), deadline, push.attempt, now))
+                             (push.push_id, encode_unchecked(push), deadline, push.attempt, now))
 
     def update_attempts(self, attempts: list[tuple[bytes, int]]) -> None:
         """Record custody attempt numbers (a restarted relay continues from them)."""
@@ -539,14 +545,16 @@ class Store:
         """Custody ended: drop the push from disk and record its final status."""
         new = self._custody_new.pop(push_id, None)
         if new is not None:  # taken in this very batch: its custody row was never written
-            with self._write():
-                self._db.execute("INSERT OR REPLACE INTO push_status VALUES (?, ?, ?, ?, ?)",
-                                 (push_id, status, hops, new[3], now))
+            # One statement (atomic by itself): into the open batch without a savepoint around it.
+            self._open_batch()
+            self._db.execute("INSERT OR REPLACE INTO push_status VALUES (?, ?, ?, ?, ?)",
+                             (push_id, status, hops, new[3], now))
             return
         with self._write():
-            row = self._db.execute("SELECT accepted_at FROM custody WHERE push_id=?", (push_id,)).fetchone()
+            # fetchall: the statement runs to its end (no write statement left open in the batch).
+            rows = self._db.execute("DELETE FROM custody WHERE push_id=? RETURNING accepted_at", (push_id,)).fetchall()
+            row = rows[0] if rows else None
             if row is not None:
-                self._db.execute("DELETE FROM custody WHERE push_id=?", (push_id,))
                 self._db.execute("INSERT OR REPLACE INTO push_status VALUES (?, ?, ?, ?, ?)",
                                  (push_id, status, hops, row[0], now))
             else:  # a late receipt correcting a settled push (or a push this relay never held)

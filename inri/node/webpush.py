@@ -13,6 +13,7 @@ import re
 import struct
 import time
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit
 
 from cryptography.exceptions import InvalidSignature
@@ -138,9 +139,31 @@ def vapid_credentials(authorization: str | None, crypto_key: str | None) -> tupl
     return jwt, raw
 
 
+# (JWT, key) -> its claims, for JWTs whose signature verified: an application server signs one JWT and
+# reuses it for many pushes (up to its exp), so the ECDSA check runs once per JWT; aud and exp are
+# checked on every push. Bounded (the oldest entry goes first).
+_VAPID_VERIFIED: dict[tuple[str, bytes], dict[str, Any]] = {}
+VAPID_CACHE_MAX = 4096
+
+
 def verify_vapid(jwt: str, key: bytes, origins: frozenset[str], now: float | None = None) -> None:
     """RFC 8292: ES256 signature by key, `aud` one of origins, `exp` in (now, now + 24 h]."""
     now = time.time() if now is None else now
+    claims = _VAPID_VERIFIED.get((jwt, key))
+    if claims is None:
+        claims = _verify_vapid_signature(jwt, key)
+        if len(_VAPID_VERIFIED) >= VAPID_CACHE_MAX:
+            del _VAPID_VERIFIED[next(iter(_VAPID_VERIFIED))]
+        _VAPID_VERIFIED[(jwt, key)] = claims
+    aud, exp = claims.get("aud"), claims.get("exp")
+    if not isinstance(aud, str) or normalise_origin(aud) not in origins:
+        raise WebPushError(401, "bad_vapid", "VAPID aud is not this relay's origin")
+    if not isinstance(exp, int) or isinstance(exp, bool) or exp <= now or exp > now + VAPID_MAX_AHEAD_S:
+        raise WebPushError(401, "bad_vapid", "VAPID exp must be in the future and at most 24 h ahead")
+
+
+def _verify_vapid_signature(jwt: str, key: bytes) -> dict[str, Any]:
+    """The claims of an ES256 JWT signed by key; WebPushError when it is malformed or does not verify."""
     try:
         head_b64, claims_b64, sig_b64 = jwt.split(".")
         header = json.loads(b64url.b64d(head_b64, "header"))
@@ -156,8 +179,4 @@ def verify_vapid(jwt: str, key: bytes, origins: frozenset[str], now: float | Non
         pub.verify(der, f"{head_b64}.{claims_b64}".encode(), ec.ECDSA(hashes.SHA256()))
     except InvalidSignature:
         raise WebPushError(401, "bad_vapid", "VAPID signature does not verify") from None
-    aud, exp = claims.get("aud"), claims.get("exp")
-    if not isinstance(aud, str) or normalise_origin(aud) not in origins:
-        raise WebPushError(401, "bad_vapid", "VAPID aud is not this relay's origin")
-    if not isinstance(exp, int) or isinstance(exp, bool) or exp <= now or exp > now + VAPID_MAX_AHEAD_S:
-        raise WebPushError(401, "bad_vapid", "VAPID exp must be in the future and at most 24 h ahead")
+    return claims
