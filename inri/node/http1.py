@@ -260,27 +260,37 @@ class _Connection:
                 continue
             view = view[n:]
 
-    async def _fast_request(self, method: bytes, target: bytes, headers: list[tuple[bytes, bytes]],
-                            body: bytes) -> None:
+    def _scope(self, method: bytes, target: bytes, headers: list[tuple[bytes, bytes]]) -> Scope:
+        """The ASGI scope of an HTTP/1.1 request (both paths: fast and h11)."""
         raw_path, _, query = target.partition(b"?")
-        scope: Scope = {
+        return {
             "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
             "method": method.decode("ascii"), "scheme": "http", "path": unquote(raw_path.decode("ascii")),
             "raw_path": raw_path, "query_string": query, "root_path": "", "headers": headers,
             "client": self.client, "server": self.local, "extensions": {},
         }
-        exchange = _FastExchange(self, body)
+
+    async def _call_app(self, scope: Scope, exchange: _FastExchange | _Exchange,
+                        started: Callable[[], bool], answered: Callable[[], bool]) -> None:
+        """Run the app for one request; a failure before any answer started, or an app that returns
+        without answering, is a 500 (never a dropped server)."""
         try:
             await self.server.app(scope, exchange.receive, exchange.send)
         except (_Closed, trio.BrokenResourceError, trio.ClosedResourceError):
             raise
         except Exception:  # noqa: BLE001 - an app failure is a 500, never a dropped server
             self.server.log_error("Error in ASGI application", exc_info=True)
-            if not exchange.sent:
+            if not started():
                 await exchange.answer(500, [(b"content-length", b"0")], b"")
             raise _Closed from None
-        if not exchange.sent:  # the app returned without answering
+        if not answered():  # the app returned without answering
             await exchange.answer(500, [(b"content-length", b"0")], b"")
+
+    async def _fast_request(self, method: bytes, target: bytes, headers: list[tuple[bytes, bytes]],
+                            body: bytes) -> None:
+        exchange = _FastExchange(self, body)
+        await self._call_app(self._scope(method, target, headers), exchange, lambda: exchange.sent,
+                             lambda: exchange.sent)
 
     async def _serve_h11(self) -> None:
         conn = self.conn
@@ -346,26 +356,10 @@ class _Connection:
         return conn.their_state is h11.DONE and conn.our_state is h11.DONE
 
     async def _request(self, req: h11.Request) -> None:
-        target = bytes(req.target)
-        raw_path, _, query = target.partition(b"?")
-        scope: Scope = {
-            "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
-            "method": req.method.decode("ascii"), "scheme": "http", "path": unquote(raw_path.decode("ascii")),
-            "raw_path": raw_path, "query_string": query, "root_path": "", "headers": list(req.headers),
-            "client": self.client, "server": self.local, "extensions": {},
-        }
         exchange = _Exchange(self)
-        try:
-            await self.server.app(scope, exchange.receive, exchange.send)
-        except (_Closed, trio.BrokenResourceError, trio.ClosedResourceError):
-            raise
-        except Exception:  # noqa: BLE001 - an app failure is a 500, never a dropped server
-            self.server.log_error("Error in ASGI application", exc_info=True)
-            if exchange.status is None:
-                await exchange.answer(500, [(b"content-length", b"0")], b"")
-            raise _Closed from None
-        if self.conn.our_state is h11.SEND_RESPONSE:  # the app returned without answering
-            await exchange.answer(500, [(b"content-length", b"0")], b"")
+        await self._call_app(self._scope(req.method, bytes(req.target), list(req.headers)), exchange,
+                             lambda: exchange.status is not None,
+                             lambda: self.conn.our_state is not h11.SEND_RESPONSE)
 
 
 class _FastExchange:
