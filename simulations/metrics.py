@@ -284,7 +284,9 @@ class Collector:
         convergence.sort()
         reach.sort()
         loss: dict[str, int] = {}
+        late = 0
         for p in sorted(pushes - excluded - delivered):
+            late += p in self.delivered
             reason = self.dropped.get(p)
             if reason is None:
                 reason = "late" if p in self.delivered else "unknown"
@@ -329,6 +331,10 @@ class Collector:
             "convergence_p90_s": nearest_rank(convergence, 0.9),
             "unconverged_registrations": unconverged,
             "loss_by_reason": loss,
+            # Counted pushes not delivered on time: those never delivered at all, and those delivered
+            # after the deadline (loss_by_reason names the last drop of either kind).
+            "pushes_never_delivered": counted - len(delivered) - late,
+            "pushes_late": late,
         }
 
 

@@ -256,6 +256,10 @@ def analyse(
     )
     loss_rows = lost.groupBy("loss_reason").count().orderBy("loss_reason").collect()
     loss_by_reason = {r["loss_reason"]: int(r["count"]) for r in loss_rows}
+    late_row = lost.agg(F.sum(F.when(F.col("t_del").isNotNull(), 1).otherwise(0)).alias("late"),
+                        F.count(F.lit(1)).alias("lost")).first()
+    n_late = int(late_row["late"] or 0) if late_row else 0
+    n_never = (int(late_row["lost"] or 0) if late_row else 0) - n_late
 
     per_reg_overhead = (
         ev.filter(F.col("kind").isin("reg_originated", "route_set"))
@@ -301,6 +305,8 @@ def analyse(
         "convergence_p90_s": conv_p90,
         "unconverged_registrations": unconverged,
         "loss_by_reason": loss_by_reason,
+        "pushes_never_delivered": n_never,
+        "pushes_late": n_late,
         "malformed_lines": trace.malformed,
         "events_read": ev.count(),
         "stretch_basis": "latency" if trace.topology else ("hops" if stretch_df is not None else None),

@@ -28,7 +28,7 @@ REQUIRED_KEYS = {
     "messages_per_delivered_push", "convergence_p50_s", "convergence_p90_s", "loss_by_reason",
     "latency_p50_s", "latency_p95_s", "latency_p99_s", "path_stretch_median", "path_stretch_p95", "recovery_share",
     "overlay_penalty_median", "overlay_penalty_p95", "reach_p50", "reach_p10", "hops_p95", "hops_max",
-    "excluded_old_rule", "delivery_ratio_old_rule",
+    "excluded_old_rule", "delivery_ratio_old_rule", "pushes_never_delivered", "pushes_late",
 }
 
 

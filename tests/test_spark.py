@@ -129,6 +129,8 @@ EXPECTED = {
     "convergence_p90_s": 0.03,
     "unconverged_registrations": 1,
     "loss_by_reason": {"late": 1, "ring_end": 1},
+    "pushes_late": 1,  # the `late` one: delivered after the deadline
+    "pushes_never_delivered": 1,  # the ring_end one
     "stretch_median": 1.0,  # P6: 0.03 s over 0.03 s; P1: 0.06 s over the 0.03 s shortest path
     "stretch_p95": 2.0,
     "path_stretch_median": None,  # no links.csv: no live graph
