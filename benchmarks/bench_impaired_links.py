@@ -9,8 +9,8 @@ that took custody, push_delivered at the home: one monotonic clock on one machin
 The simulator then runs the same workload on the links the relays had chosen, along the routes the
 relays had learned (simulations/lab.py, `routes`): every link 50 ms each way, 2% loss with
 `loss_model = "quic"`, the relays' engine configuration (the "test" profile), and what the host adds
-to a hop as measured on the frames that crossed a link untouched (`host`: per-hop time and its share
-of aioquic's RTT, which sets the probe timeout; _host_share). The twin's figures pool SIM_SEEDS runs.
+to a hop (`host`, _host_share: the per-hop time of the push frames that crossed a link untouched, and
+the relays' own QUIC RTT estimates, which set the probe timeout). The twin's figures pool SIM_SEEDS runs.
 Printed: delivery and latency p50/p95 of both, and their ratios (target: within 25%); for contrast the
 `drop` model, the twin learning its own routes, and the twin whose probe timeout has no host share.
 Env: BENCH_LAB_PUSHES (default 800, 40 a second), BENCH_LAB_DELAY_MS (50), BENCH_LAB_LOSS (0.02), BENCH_LAB_SEED (1).
@@ -40,6 +40,7 @@ from inri.client.credential import PushCredential  # noqa: E402
 from inri.core.config import EngineConfig  # noqa: E402
 from inri.node import routesnap  # noqa: E402
 from inri.node.tracefile import read_trace  # noqa: E402
+from simulations import linkmodel  # noqa: E402
 from simulations.lab import LabPush, percentile, replay  # noqa: E402
 
 RELAYS = 8
@@ -82,9 +83,10 @@ def _settled_links(info: dict[str, Any], index: dict[str, int], timeout_s: float
 
 
 async def _drive(info: dict[str, Any], homes: list[int], plan: list[LabPush],
-                 timeout_s: float) -> tuple[list[str | None], list[bytes]]:
+                 timeout_s: float) -> tuple[list[str | None], list[bytes], list[dict[str, float]]]:
     """Register the devices, wait for their routes everywhere, push on schedule; push ids (None:
-    refused) and each device's route id."""
+    refused), each device's route id, and the relays' QUIC RTT estimates of their links as the last
+    push has gone in (/v1/status neighbours' rtt_ms)."""
     relays = info["relays"]
     creds: list[PushCredential] = []
     for d, home in enumerate(homes):
@@ -116,7 +118,12 @@ async def _drive(info: dict[str, Any], homes: list[int], plan: list[LabPush],
             nursery.start_soon(one, i, p)
     for app in apps:
         await app.aclose()
-    return ids, [c.registration.route_id for c in creds]
+    rtts = []
+    async with httpx.AsyncClient(timeout=5) as c:
+        for r in relays:
+            status = (await c.get(r["api"] + "/v1/status")).json()
+            rtts += [n["rtt_ms"] for n in status["neighbours"] if n.get("rtt_ms")]
+    return ids, [c.registration.route_id for c in creds], rtts
 
 
 def _learned_routes(info: dict[str, Any], index: dict[str, int],
@@ -130,6 +137,25 @@ def _learned_routes(info: dict[str, Any], index: dict[str, int],
         rows = routesnap.decode_rows(path.read_bytes()) if path.exists() else []
         out[i] = {device[rid]: [(index[p], k) for p, k in hops if p in index]
                   for rid, _, _, hops in rows if rid in device}
+    return out
+
+
+def _traced_routes(info: dict[str, Any], index: dict[str, int],
+                   homes: list[int]) -> dict[int, dict[int, list[tuple[int, int]]]]:
+    """Each relay's routes to the devices as it first learned them, from the traces (route_set: the
+    primary next hop, route_backup: the others, in order); a device's route is known by the label of
+    its reg_originated row at its home."""
+    traces = [read_trace(Path(r["data_dir"]) / "traces") for r in info["relays"]]
+    device = {row["route"]: homes.index(i) for i, rows in enumerate(traces) if i in homes
+              for row in rows if row["kind"] == "reg_originated"}
+    out: dict[int, dict[int, list[tuple[int, int]]]] = {}
+    for i, rows in enumerate(traces):
+        mine = out.setdefault(i, {})
+        for row in rows:
+            if row["kind"] in ("route_set", "route_backup") and row["route"] in device and row["peer"] in index:
+                hops = mine.setdefault(device[row["route"]], [])
+                if row["kind"] == "route_set" and not hops or row["kind"] == "route_backup" and hops:
+                    hops.append((index[str(row["peer"])], int(row["hops"])))  # type: ignore[call-overload]
     return out
 
 
@@ -165,14 +191,15 @@ def _latencies(info: dict[str, Any], ids: list[str | None], deadline_s: float) -
     return out
 
 
-def _host_share(info: dict[str, Any], delay_s: float) -> dict[str, float]:
-    """What the host adds to the lab's links, from the relays' traces: each push frame's time over one
-    link (sender's push_forwarded to receiver's push_received) beyond the link's delay, for frames that
-    were not retransmitted (less than 50 ms over; a retransmission costs a probe timeout, over 100 ms).
-    Its median is the twin's per-hop processing; a QUIC RTT sample holds two such shares (the packet's
-    and its acknowledgement's), so the mean and the mean deviation of the sum of two are the host's
-    share of aioquic's smoothed RTT and RTT variance (linkmodel.py). Inputs of the twin measured on
-    frames that crossed a link untouched, not the figures the twin is compared on."""
+def _host_share(info: dict[str, Any], delay_s: float, rtts: list[dict[str, float]]) -> dict[str, Any]:
+    """What the host adds to the lab's links. `hop_s`: the median time a push frame took over one link
+    (sender's push_forwarded to receiver's push_received in the traces) beyond the link's delay, over
+    the frames that were not retransmitted (less than 50 ms over; a retransmission costs a probe
+    timeout, over 100 ms): the twin's per-hop processing. `rtt_s`, `rttvar_s`: the relays' own QUIC
+    estimates (aioquic's smoothed RTT and RTT variance of every link, from both ends, as the pushes
+    ended; mean over links) beyond the path's round trip and the relays' ACK delay, which the model
+    counts already: they set the twin's probe timeout to the relays' (linkmodel.py). Inputs of the twin
+    measured on the relays, not the figures the twin is compared on."""
     rows = [(i, row) for i, r in enumerate(info["relays"]) for row in read_trace(Path(r["data_dir"]) / "traces")]
     ids = [r["node_id"] for r in info["relays"]]
     sent: dict[tuple[object, int, str], float] = {}
@@ -185,13 +212,15 @@ def _host_share(info: dict[str, Any], delay_s: float) -> dict[str, float]:
             t0 = sent.get((row["msg"], ids.index(row["peer"]), ids[i]))
             if t0 is not None and float(row["t"]) - t0 - delay_s < 0.05:  # type: ignore[arg-type]
                 over.append(max(0.0, float(row["t"]) - t0 - delay_s))  # type: ignore[arg-type]
-    if not over:
-        return {"hop_s": 0.0, "rtt_s": 0.0, "rttvar_s": 0.0, "frames": 0}
-    rng = random.Random(0)
-    pairs = [rng.choice(over) + rng.choice(over) for _ in range(20_000)]
-    mean = sum(pairs) / len(pairs)
-    return {"hop_s": percentile(over, 0.5), "rtt_s": mean,
-            "rttvar_s": sum(abs(x - mean) for x in pairs) / len(pairs), "frames": len(over)}
+    out: dict[str, Any] = {"hop_s": percentile(over, 0.5) if over else 0.0, "frames": len(over), "links": len(rtts),
+           "rtt_s": 0.0, "rttvar_s": 0.0, "relay_srtt_ms": None, "relay_pto_ms": None}
+    if rtts:
+        srtt = sum(r["smoothed"] for r in rtts) / len(rtts) / 1000
+        out.update(rtt_s=srtt - 2 * delay_s - linkmodel.ACK_DELAY_S,
+                   rttvar_s=sum(r["variance"] for r in rtts) / len(rtts) / 1000,
+                   relay_srtt_ms=round(srtt * 1000, 1),
+                   relay_pto_ms=round(sum(r["pto"] for r in rtts) / len(rtts), 1))
+    return out
 
 
 def _figures(lat: list[float | None]) -> dict[str, float | None]:
@@ -240,7 +269,7 @@ def run_lab(directory: str | Path, *, pushes: int = 800, delay_ms: float = 50.0,
         index = {r["node_id"]: i for i, r in enumerate(info["relays"])}
         links = _settled_links(info, index)
         plan = _plan(links, homes, pushes, rng, interval_s)
-        ids, route_ids = trio.run(_drive, info, homes, plan, 60.0)
+        ids, route_ids, rtts = trio.run(_drive, info, homes, plan, 60.0)
         # Let the last pushes arrive (and the traces flush): up to drain_s, less when all are in.
         end = time.monotonic() + drain_s
         while True:
@@ -252,13 +281,23 @@ def run_lab(directory: str | Path, *, pushes: int = 800, delay_ms: float = 50.0,
     finally:
         mesh.down(directory)  # the relays write routes.msgpack as they stop
     routes = _learned_routes(info, index, route_ids)
-    host = _host_share(info, delay_ms / 1000)
+    # A relay whose snapshot lacks a device's route (none left when it stopped, or no snapshot): the
+    # route it first learned, from its traces.
+    traced = _traced_routes(info, index, homes)
+    missing = 0
+    for i, by_device in traced.items():
+        for d, hops in by_device.items():
+            if d not in routes.setdefault(i, {}) and i != homes[d]:
+                routes[i][d] = hops
+                missing += 1
+    host = _host_share(info, delay_ms / 1000, rtts)
     engine = EngineConfig().test_profile()
     # The simulated pushes enter on the lab's schedule, once the routes have converged (5 s).
     sim_plan = [LabPush(5.0 + p.t, p.inject, p.device) for p in plan]
     out: dict[str, Any] = {"relays": RELAYS, "links": links, "links_changed": links != links_after,
-                           "homes": homes, "pushes": pushes, "interval_s": interval_s, "delay_ms": delay_ms, "loss": loss,
-                           "pushes_by_route_length": _path_lengths(routes, plan),
+                           "homes": homes, "pushes": pushes, "interval_s": interval_s, "delay_ms": delay_ms,
+                           "loss": loss,
+                           "pushes_by_route_length": _path_lengths(routes, plan), "routes_from_traces": missing,
                            "host": host, "real": _figures(real)}
 
     def twin(model: str, learned: dict[int, dict[int, list[tuple[int, int]]]] | None,
@@ -268,7 +307,8 @@ def run_lab(directory: str | Path, *, pushes: int = 800, delay_ms: float = 50.0,
         for k in range(SIM_SEEDS):
             lat += replay(RELAYS, links, homes, sim_plan, delay_s=delay_ms / 1000, loss=loss, engine=engine,
                           processing_s=host["hop_s"], loss_model=model, deadline_s=DEADLINE_S,
-                          seed=seed * 1000 + k, routes=learned, host_rtt_s=host["rtt_s"] if host_in_pto else 0.0,
+                          seed=seed * 1000 + k, routes=learned,
+                          host_rtt_s=host["rtt_s"] if host_in_pto else 0.0,
                           host_rttvar_s=host["rttvar_s"] if host_in_pto else 0.0)
         return _figures(lat)
 

@@ -23,10 +23,10 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from inri.core.config import EngineConfig
 from inri.core.api import Effect, Send
-from inri.protocol.messages import Registration
+from inri.core.config import EngineConfig
 from inri.protocol.keys import new_signing_key
+from inri.protocol.messages import Registration
 from simulations.events import EventKind
 from simulations.scenario import Scenario, Topology, Workload
 from simulations.sim import Simulator
@@ -109,7 +109,7 @@ def _seed_routes(sim: Simulator, home: int, device: int, routes: dict[int, dict[
     register = eng.register
 
     def register_quietly(reg: Registration, now: float) -> list[Effect]:
-        effects = [e for e in register(reg, now) if not isinstance(e, Send)]
+        effects: list[Effect] = [e for e in register(reg, now) if not isinstance(e, Send)]
         for relay, by_device in routes.items():
             hops = by_device.get(device)
             other = sim.engines[relay]
@@ -118,7 +118,7 @@ def _seed_routes(sim: Simulator, home: int, device: int, routes: dict[int, dict[
                 other.restore_routes([(reg.route_id, reg.epoch, far, tuple((sim.names[r], k) for r, k in hops))], now)
         return effects
 
-    eng.register = register_quietly  # type: ignore[method-assign]
+    eng.register = register_quietly  # type: ignore[method-assign,assignment]
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -127,6 +127,11 @@ async def test_an_impaired_endpoint_delays_and_drops_datagrams_and_quic_recovers
             assert min(rtts) >= 0.1
             assert max(rtts) > 0.2  # some frame waited for a retransmission
             assert ea.stats["datagrams_impaired_lost"] + eb.stats["datagrams_impaired_lost"] > 0
+            # aioquic's estimate, as /v1/status shows it (neighbours' rtt_ms): at least the 100 ms path; the
+            # PTO adds 4 x variance (at least 1 ms) and the 25 ms max ACK delay to the smoothed RTT
+            est = link.rtt
+            assert est is not None and est["min"] >= 100 and est["smoothed"] >= est["min"] - 1
+            assert est["pto"] == pytest.approx(est["smoothed"] + max(4 * est["variance"], 1.0) + 25.0, abs=0.05)
             n.cancel_scope.cancel()
 
 
