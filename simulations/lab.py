@@ -35,6 +35,17 @@ from simulations.topology import Network
 from simulations.workload import PushPlan
 
 
+@dataclass
+class _LabNetwork(Network):
+    """The lab's links; a link a twin relay opens during the run (as real relays may) has the lab's
+    delay too, not the scenario topology's default latency."""
+
+    delay_s: float = 0.0
+
+    def link_latency(self, u: int, v: int, rng: random.Random, topo: Topology) -> tuple[float, float]:
+        return self.delay_s, self.delay_s
+
+
 @dataclass(frozen=True)
 class LabPush:
     """One push of a lab run: seconds after the run's start, the relay it entered at, its device."""
@@ -68,8 +79,9 @@ def replay(
     at `registered_at`, push times are on the same clock. processing_s: per frame a relay handles.
     routes[relay][device]: that relay's next hops (relay, distance) for the device, primary first
     (module docstring); None: the twin learns its routes by gossip, as the relays did.
-    host_rtt_s, host_rttvar_s: the host's share of the relays' QUIC RTT samples, mean and mean deviation
-    (both ends getting to a datagram): they lengthen aioquic's probe timeout (linkmodel.py).
+    host_rtt_s, host_rttvar_s: what the relays' QUIC RTT estimates hold beyond the path's round trip and
+    the ACK delay (the host getting to each datagram at both ends), and their RTT variance: they set the
+    twin's probe timeout to the relays' (linkmodel.py).
     """
     end = max((p.t for p in pushes), default=0.0) + deadline_s + 5.0
     sc = Scenario(name="lab-twin", seed=seed, duration_s=end, deadline_s=deadline_s, loss=loss, loss_model=loss_model,
@@ -77,7 +89,7 @@ def replay(
     latency = {}
     for u, v in links:
         latency[(u, v)] = latency[(v, u)] = delay_s
-    sim = Simulator(sc, seed=seed, network=Network(relays, latency, [processing_s] * relays))
+    sim = Simulator(sc, seed=seed, network=_LabNetwork(relays, latency, [processing_s] * relays, delay_s=delay_s))
     sim.host_rtt_s, sim.host_rttvar_s = host_rtt_s, host_rttvar_s
     rng = random.Random(seed)
     work, q = sim.work, sim.q

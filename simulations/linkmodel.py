@@ -14,7 +14,8 @@ plus the relays' own acknowledgement delay (inri/node/quic.py ACK_DELAY_S, 10 ms
 reported ACK delay from an RTT sample only when the sample stays above min_rtt + that delay, and its
 min_rtt already holds the delay (every packet of a one-way flow is acknowledged ACK_DELAY_S late), so
 it never does. Measured on two impaired endpoints (50 ms each way): min_rtt 112 ms, smoothed RTT 115
-to 117 ms, PTO 148 to 163 ms, a retransmitted frame 150 to 170 ms late (docs/metrics.md). A simulated
+to 117 ms, PTO 148 to 163 ms, a retransmitted frame 150 to 170 ms late; on 8 lab relays (their
+/v1/status rtt_ms): smoothed RTT 110 to 115 ms, PTO 158 to 176 ms (docs/metrics.md). A simulated
 link has a constant latency, so its RTT variance settles near 0: PTO = RTT + 10 ms + 1 ms + 25 ms.
 Real relays' RTT samples also hold the time their host takes to get to each datagram (both ends), and
 vary with it: the lab twin (simulations/lab.py) passes that share, measured from the lab's traces, as

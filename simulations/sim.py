@@ -129,7 +129,7 @@ class Simulator:
         self.hol: list[dict[int, float]] = [{} for _ in range(n)]
         self.retransmitted = 0
         # The host's share of a QUIC RTT sample (mean, mean deviation): 0 in scenarios; the lab twin sets
-        # them from the lab's traces (simulations/lab.py, linkmodel.py).
+        # them from the relays' own QUIC estimates (simulations/lab.py, linkmodel.py).
         self.host_rtt_s = 0.0
         self.host_rttvar_s = 0.0
         self.now = 0.0
