@@ -128,6 +128,10 @@ class Simulator:
         self.quic = scenario.loss_model == "quic" and scenario.loss > 0
         self.hol: list[dict[int, float]] = [{} for _ in range(n)]
         self.retransmitted = 0
+        # The host's share of a QUIC RTT sample (mean, mean deviation): 0 in scenarios; the lab twin sets
+        # them from the relays' own QUIC estimates (simulations/lab.py, linkmodel.py).
+        self.host_rtt_s = 0.0
+        self.host_rttvar_s = 0.0
         self.now = 0.0
         self.work = Workload()
         self.window = ExclusionWindow(scenario.deadline_s, self.components, self._home_of, self._exclude)
@@ -489,7 +493,8 @@ class Simulator:
         hol = self.hol[src]
         if self.rng.loss.random() < self.sc.loss:
             self.retransmitted += 1
-            at += retransmit_delay(lat + self.lat[dst].get(src, lat), self.sc.loss, self.rng.loss.random)
+            at += retransmit_delay(lat + self.lat[dst].get(src, lat) + self.host_rtt_s, self.sc.loss,
+                                   self.rng.loss.random, self.host_rttvar_s)
             held = hol.get(dst)
             if held is not None and held > at:
                 at = held

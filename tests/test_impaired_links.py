@@ -4,10 +4,12 @@ and real relays over impaired links set beside the simulator's `quic` model on t
 from __future__ import annotations
 
 import dataclasses
+import os
 import random
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -16,6 +18,7 @@ from inri.common.config import ConfigError
 from inri.node.config import load_config
 from inri.node.identity import NodeIdentity
 from inri.node.quic import Link, LinkImpairment, QuicEndpoint
+from simulations import linkmodel
 from simulations.linkmodel import probe_timeout, retransmit_delay
 from simulations.scenario import ScenarioError, from_dict, load
 from simulations.sim import run_scenario
@@ -69,12 +72,48 @@ def test_quic_model_still_loses_frames_to_relays_that_are_down() -> None:
 
 
 def test_retransmission_costs_one_probe_timeout_doubled_per_repeat() -> None:
-    """aioquic's PTO: RTT + max(4 x rttvar, 1 ms) + 25 ms max ACK delay; repeats double it."""
-    assert probe_timeout(0.1) == pytest.approx(0.126)
+    """aioquic's PTO: smoothed RTT (the path's RTT + the relays' 10 ms ACK delay, which aioquic's min_rtt
+    holds, so it is never subtracted) + max(4 x rttvar, 1 ms) + 25 ms max ACK delay; repeats double it."""
+    from inri.node import quic
+
+    assert linkmodel.ACK_DELAY_S == quic.ACK_DELAY_S  # the model's constant is the daemon's
+    assert probe_timeout(0.1) == pytest.approx(0.136)
     draws = iter([0.5])  # the retransmission gets through
-    assert retransmit_delay(0.1, 0.02, lambda: next(draws)) == pytest.approx(0.126)
+    assert retransmit_delay(0.1, 0.02, lambda: next(draws)) == pytest.approx(0.136)
     draws = iter([0.0, 0.0, 0.5])  # lost twice more: + 2 PTO + 4 PTO
-    assert retransmit_delay(0.1, 0.02, lambda: next(draws)) == pytest.approx(0.126 * 7)
+    assert retransmit_delay(0.1, 0.02, lambda: next(draws)) == pytest.approx(0.136 * 7)
+
+
+def test_the_lab_twin_follows_the_routes_the_relays_had_learned() -> None:
+    """replay(routes=...): the twin's pushes take the real relays' routes (here a 3-link one where a
+    2-link one exists), not the ones its own gossip would pick; without them, the shortest."""
+    from inri.core.config import EngineConfig
+    from simulations.lab import LabPush, replay
+
+    links = [(0, 1), (1, 2), (0, 3), (3, 4), (4, 2)]
+    pushes = [LabPush(5.0 + i * 0.1, 0, 0) for i in range(5)]
+    kw: dict[str, Any] = {"delay_s": 0.05, "loss": 0.0, "engine": EngineConfig().test_profile(), "processing_s": 0.002}
+    own = replay(5, links, [2], pushes, **kw)
+    learned = {0: {0: [(3, 3)]}, 3: {0: [(4, 2)]}, 4: {0: [(2, 1)]}, 1: {0: [(2, 1)]}}
+    real = replay(5, links, [2], pushes, routes=learned, **kw)
+    assert own == [pytest.approx(2 * 0.052)] * 5
+    assert real == [pytest.approx(3 * 0.052)] * 5
+
+
+def test_the_twins_probe_timeout_takes_the_relays_rtt_estimate() -> None:
+    """The lab twin's host share (the relays' RTT beyond the path and ACK delay, and their RTT variance)
+    lengthens a lost frame's retransmission to the relays' PTO; scenarios (share 0) keep the model's."""
+    from simulations.sim import Simulator
+    from simulations.topology import Network
+
+    assert probe_timeout(0.1, rttvar=0.008) == pytest.approx(0.1 + 0.010 + 0.032 + 0.025)
+    sc = from_dict(lossy("quic", loss=0.05))
+    for host_rtt, rttvar in ((0.0, 0.0), (0.005, 0.008)):
+        sim = Simulator(sc, network=Network(2, {(0, 1): 0.05, (1, 0): 0.05}, [0.0, 0.0]))
+        sim.host_rtt_s, sim.host_rttvar_s = host_rtt, rttvar
+        # The frame's packet is lost once, its retransmission gets through.
+        sim.rng.loss.random = iter([0.0, 0.5]).__next__  # type: ignore[method-assign]
+        assert sim._quic_arrival(0, 1, 1.0, 0.05) == pytest.approx(1.0 + probe_timeout(0.1 + host_rtt, rttvar))
 
 
 def test_loss_models_on_a_packaged_scenario_via_the_cli_flag() -> None:
@@ -121,30 +160,42 @@ async def test_an_impaired_endpoint_delays_and_drops_datagrams_and_quic_recovers
             assert min(rtts) >= 0.1
             assert max(rtts) > 0.2  # some frame waited for a retransmission
             assert ea.stats["datagrams_impaired_lost"] + eb.stats["datagrams_impaired_lost"] > 0
+            # aioquic's estimate, as /v1/status shows it (neighbours' rtt_ms): at least the 100 ms path; the
+            # PTO adds 4 x variance (at least 1 ms) and the 25 ms max ACK delay to the smoothed RTT
+            est = link.rtt
+            assert est is not None and est["min"] >= 100 and est["smoothed"] >= est["min"] - 1
+            assert est["pto"] == pytest.approx(est["smoothed"] + max(4 * est["variance"], 1.0) + 25.0, abs=0.05)
             n.cancel_scope.cancel()
 
 
 @pytest.mark.integration
 def test_real_relays_over_impaired_links_agree_with_the_quic_model() -> None:
-    """8 real relays (`inri mesh up --link-delay-ms 50 --link-loss 0.02`), 240 pushes through their HTTP
-    APIs, latency from their traces; the simulator's `quic` model on the links they chose, with the same
-    pushes, each entering two or more links from its device's home. Delivery agrees and latency p50
-    agrees within 25%. p95 is printed, not asserted: the real relays' p95 on this shared host was 0.8-2.4x
-    the model's over 4 runs (real retransmitted pushes are more frequent and slower than one aioquic
-    PTO on a settled link predicts, and the host adds its own tail); tail15-note.md lists the runs.
-    The full run (400 pushes, the `drop` model beside it, all ratios) is
+    """8 real relays (`inri mesh up --link-delay-ms 50 --link-loss 0.02`), 600 pushes (40/s) through their
+    HTTP APIs, latency from their traces; the simulator's `quic` model on the links they chose and along
+    the routes they had learned, with the same pushes (each entering two or more links from its
+    device's home), the host's per-hop time measured on frames that crossed a link untouched and the
+    relays' own QUIC probe timeout (/v1/status rtt_ms). Delivery is 1.0 on both sides and latency p50
+    agrees within 25% on every run; p95 within 25%, with one more run on a fresh mesh when the first
+    misses: p95 sits in the tail of pushes that waited for a retransmission (about 8% of them), and on
+    a loaded 2-core host one run's tail can be spread by a stall of the host (1 of 9 runs at load 9 to
+    13: 0.71, docs/metrics.md). A model off by more than 25% misses both. The full run, with contrasts, is
     benchmarks/bench_impaired_links.py."""
     from benchmarks.bench_impaired_links import run_lab
 
-    with tempfile.TemporaryDirectory(prefix="inri-lab-") as d:
-        t0 = time.monotonic()
-        out = run_lab(d, pushes=240, delay_ms=50.0, loss=0.02, seed=2)
-    print(f"\nimpaired links ({time.monotonic() - t0:.0f} s): real {out['real']}  sim quic {out['sim_quic']}  "
-          f"sim drop {out['sim_drop']}  links {out['links']}")
-    real, sim = out["real"], out["sim_quic"]
-    assert real["delivery"] == sim["delivery"] == 1.0
-    assert 0.75 <= sim["p50_s"] / real["p50_s"] <= 1.25, (real, sim)
-    print(f"p95 sim quic / real: {sim['p95_s'] / real['p95_s']:.2f} (target 0.75-1.25, not asserted: see docstring)")
+    for attempt, seed in enumerate((2, 3)):
+        with tempfile.TemporaryDirectory(prefix="inri-lab-") as d:
+            t0 = time.monotonic()
+            out = run_lab(d, pushes=600, delay_ms=50.0, loss=0.02, seed=seed, contrast=False)
+        ratio = out["ratio_sim_quic_to_real"]
+        print(f"\nimpaired links, run {attempt + 1} ({time.monotonic() - t0:.0f} s, load {os.getloadavg()[0]:.1f}): "
+              f"real {out['real']}  sim quic {out['sim_quic']}  ratio sim/real {ratio}  host {out['host']}  "
+              f"links {out['links']}  pushes by route length {out['pushes_by_route_length']}")
+        real, sim = out["real"], out["sim_quic"]
+        assert real["delivery"] == sim["delivery"] == 1.0
+        assert 0.75 <= ratio["p50_s"] <= 1.25, (real, sim)
+        if 0.75 <= ratio["p95_s"] <= 1.25:
+            return
+    raise AssertionError(f"p95 sim/real outside 0.75-1.25 on two runs; last: real {real}, sim {sim}")
 
 
 def test_mesh_up_refuses_a_bad_link_impairment_before_starting_anything(capsys: pytest.CaptureFixture[str]) -> None:

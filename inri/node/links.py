@@ -191,7 +191,7 @@ class LinkManager:
     @staticmethod
     def _describe(peer: str, link: Link) -> dict[str, object]:
         return {"node_id": peer, "addr": link.listen_addr or link.remote_addr, "outbound": link.outbound,
-                "send_backlog_bytes": link.send_backlog}
+                "send_backlog_bytes": link.send_backlog, "rtt_ms": link.rtt}
 
     async def _dial(self, peer: str, addr: str) -> None:
         try:

@@ -196,6 +196,16 @@ class Link:
         """Bytes queued to the peer and not yet acknowledged by it (what a send queue bound limits)."""
         return self._conn.send_backlog()
 
+    @property
+    def rtt(self) -> dict[str, float] | None:
+        """aioquic's round-trip estimate of this link in ms (RFC 9002: `smoothed`, `variance`, `min`, and
+        `pto`, its probe timeout: how late a lost packet's data arrives), None before its first sample."""
+        loss = self._conn.quic._loss  # noqa: SLF001 - aioquic has no public accessor for its RTT estimate
+        if not loss._rtt_initialized:  # noqa: SLF001 - see above
+            return None
+        return {"smoothed": round(loss._rtt_smoothed * 1000, 2), "variance": round(loss._rtt_variance * 1000, 2),  # noqa: SLF001
+                "min": round(loss._rtt_min * 1000, 2), "pto": round(loss.get_probe_timeout() * 1000, 2)}  # noqa: SLF001
+
     def receive_nowait(self) -> bytes | None:
         """The next frame if one has arrived (None: none yet); raises LinkClosed once the link is gone."""
         try:
