@@ -145,7 +145,7 @@ def test_a_home_killed_silently_leaves_the_routes_upstream_in_place() -> None:
 
 
 def test_a_custodian_told_the_home_is_down_re_sends_along_the_route_and_never_floods() -> None:
-    """Rule C7: rings cannot reach a home that is down (on churn-2k they were a third of all push
+    """Rule C6: rings cannot reach a home that is down (on churn-2k they were a third of all push
     messages, spent on pushes whose home was down). Once the home's neighbour answers `home
     unreachable`, every later attempt follows the route; the push is delivered when the home is back."""
     cfg = replace(MiniNet(1, []).config, custody_retry_s=0.5)
@@ -172,7 +172,7 @@ def test_a_custodian_told_the_home_is_down_re_sends_along_the_route_and_never_fl
     retries = [r for r in net.tracer.of_kind("push_retry") if r[3] == pid and r[1] == "0"]
     assert len(retries) >= 5  # it kept trying...
     rings = [r for r in net.tracer.of_kind("push_fallback") if r[3] == pid]
-    assert rings == []  # ...along the route only (before C7 an unanswered attempt widened the ring again),
+    assert rings == []  # ...along the route only (before C6 an unanswered attempt widened the ring again),
     # so relay 5 (off the route) never saw it
     assert not [r for r in net.tracer.of_kind("push_received") if r[3] == pid and r[1] == "5"]
     net.restart(4)

@@ -163,7 +163,7 @@ class CustodyRules(EngineState):
         # The first two attempts follow the route when there is one (the second prefers backups all
         # along the way); every later attempt (no receipt in time, or a route error) widens the ring:
         # 1, 3, 5, 7, then the full TTL.
-        # Rule C7: once a relay next to the home said `home unreachable`, the push is not ringed again
+        # Rule C6: once a relay next to the home said `home unreachable`, the push is not ringed again
         # (the flag stays): every later attempt re-sends along the route, a backup first on odd attempts
         # (a relay lying about the home cannot hold every path), and the home's neighbours search for a
         # home that came back elsewhere (HOME_SEARCH_AFTER_S). Rings cannot reach a home that is down:

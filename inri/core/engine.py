@@ -98,7 +98,7 @@ Custody
       receipt_timeout_s, and the first next hop stays awaited.
   C5. A relay whose link goes down re-sends the pushes still awaited from      rtt.py
       that neighbour over another live next hop at once.
-  C7. Once a relay next to the home answered `home unreachable`, the          custody.py
+  C6. Once a relay next to the home answered `home unreachable`, the          custody.py
       custodian never rings that push again: route re-sends only.
 
 Membership (HyParView-like)
