@@ -163,13 +163,9 @@ class CustodyRules(EngineState):
         # The first two attempts follow the route when there is one (the second prefers backups all
         # along the way); every later attempt (no receipt in time, or a route error) widens the ring:
         # 1, 3, 5, 7, then the full TTL.
-        # Rule C6: once a relay next to the home said `home unreachable`, the push is not ringed again
-        # (the flag stays): every later attempt re-sends along the route, a backup first on odd attempts
-        # (a relay lying about the home cannot hold every path), and the home's neighbours search for a
-        # home that came back elsewhere (HOME_SEARCH_AFTER_S). Rings cannot reach a home that is down:
-        # on churn-2k they were a third of all push messages, spent on pushes whose home was down.
         if c.attempt < ROUTE_ATTEMPTS or c.home_down:
-            nh = self._next_hop(push.route_id, None, alternate=(c.attempt & 1) == 1)
+            c.home_down = False
+            nh = self._next_hop(push.route_id, None, alternate=c.attempt == 1)
             if nh is not None:
                 c.routed = True
                 return [self._forward(readdress(push, limits.MAX_TTL, 0, c.attempt, 0), nh, now)]

@@ -98,8 +98,6 @@ Custody
       receipt_timeout_s, and the first next hop stays awaited.
   C5. A relay whose link goes down re-sends the pushes still awaited from      rtt.py
       that neighbour over another live next hop at once.
-  C6. Once a relay next to the home answered `home unreachable`, the          custody.py
-      custodian never rings that push again: route re-sends only.
 
 Membership (HyParView-like)
   M1. Active view of active_min..active_max neighbours, passive view of        membership.py
