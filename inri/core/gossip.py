@@ -149,6 +149,11 @@ class GossipRules(EngineState):
         epoch = reg.epoch
         routes = self._routes
         entry = routes.get(rid)
+        if entry is not None and (msg.generation or self._gen):  # G10: a route generation (stem.py)
+            done = self._generation_arrival(peer, msg, entry, now)
+            if done is not None:
+                return done
+            entry = routes.get(rid)  # None when a higher generation replaced the route
         if entry is not None:
             arrival = routes.arrival(entry, epoch, peer, msg.hops, cfg.route_k)  # one call per frame
             if arrival is not _NEWER:
@@ -194,6 +199,8 @@ class GossipRules(EngineState):
             return self._drop_reg(now, reg, peer, "future")
         if not self._verifier.verify_registration(reg):
             return self._drop_reg(now, reg, peer, "bad_signature", cfg.score_bad_signature)
+        if msg.generation and not self._generation_valid(msg):  # G10: only the home issues generations
+            return self._drop_reg(now, reg, peer, "bad_signature", cfg.score_bad_signature)
         if entry is not None:  # a refresh (newer epoch) of a known route id: per-origin budget
             bucket = self._origin_bucket.get(rid)
             if bucket is None:
@@ -207,6 +214,8 @@ class GossipRules(EngineState):
         # engine's monotonic clock: a wall-clock step later neither shortens nor stretches it.
         # (_local_expiry inline: once per new (route, epoch); offset 0 keeps the shared int.)
         routes.set_first(rid, epoch, expires_at - off if off else expires_at, peer, hops)
+        if msg.generation or self._gen:
+            self._set_generation(rid, msg)
         out: list[Effect] = []
         ttl = msg.ttl - 1
         if hops > ttl:  # G3b: this copy spent more TTL than it has left; a later, shorter one goes on too
@@ -214,7 +223,8 @@ class GossipRules(EngineState):
         if self._tree_on:  # G9 (tree.py)
             out = self._tree_first(reg, ttl, hops, peer, now, cfg.forward_jitter_s)
         elif ttl > 0:
-            fwd = RegGossip(reg, ttl, hops)
+            fwd = RegGossip(reg, ttl, hops, False, msg.generation, msg.generation_sig) if msg.generation else \
+                RegGossip(reg, ttl, hops)
             jitter = cfg.forward_jitter_s
             for p, st in self._active.items():
                 if p != peer:
@@ -254,7 +264,7 @@ class GossipRules(EngineState):
             return []
         self._deep.put(key, hops)
         self._count("reg_reforwarded")
-        fwd = RegGossip(reg, ttl, hops)
+        fwd = RegGossip(reg, ttl, hops, False, msg.generation, msg.generation_sig)
         jitter = self.config.forward_jitter_s
         out: list[Effect] = []
         for p, st in self._active.items():
