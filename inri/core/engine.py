@@ -43,6 +43,11 @@ Registration gossip
   G8. Fail-safe: a stem relay (the home too) that does not get the flood back  stem.py
       within its embargo timer floods the registration itself. Its first flood
       copy it forwards like any relay (its route stays the stem).
+  G10. Re-stem (stem on): a relay whose stem successor's link drops asks its  stem.py
+      predecessor (StemRepair, back along the stem); the home re-stems the
+      registration at generation + 1, signed with the registration's receipt
+      key; a higher generation replaces every route of the epoch, a lower one
+      is dropped, and one not signed by the home costs its sender.
   G9. Tree gossip (with [engine] gossip_scheme = "tree"): G2's forward sends   tree.py
       full frames only on links eager for the registration's direction (the
       neighbour it came from) and distance, measured by prunes, and batched

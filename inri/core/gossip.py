@@ -95,6 +95,7 @@ class GossipRules(EngineState):
         self._routes.pop(route_id, None)
         self._origin_bucket.pop(route_id, None)
         self._homed.pop(route_id, None)
+        self._forget_generation(route_id)
         return []
 
     # Rule G5.
@@ -293,6 +294,8 @@ class GossipRules(EngineState):
     def _evict_route(self, now: float) -> None:
         # Table full: drop the entry that expires first (bounded memory; traced as a drop).
         victim = self._routes.evict_first_expiring()
+        if self._gen or self._stem_next or self._restem_at:  # G10 state of the route evicted
+            self._forget_generation(victim)
         self._count("routes_evicted")
         if self._level >= _FULL:
             self._trace(now, "route_expired", route=victim.hex(), reason="evicted")
@@ -302,5 +305,7 @@ class GossipRules(EngineState):
         for r in self._routes.expire(now):
             self._origin_bucket.pop(r, None)
             self._stem_held.pop(r, None)
+            if self._gen or self._stem_next or self._restem_at:  # G10 state of a route gone
+                self._forget_generation(r)
             if self._level >= _FULL:
                 self._trace(now, "route_expired", route=r.hex(), reason="lifetime")

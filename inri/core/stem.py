@@ -300,6 +300,14 @@ class StemRules(EngineState):
         g = self._gen.get(rid)
         return g[1] if g is not None and g[0] == epoch else 0
 
+    def _forget_generation(self, rid: bytes) -> None:
+        """rid's route is gone (expired, evicted, unregistered): so is its G10 state."""
+        self._gen.pop(rid, None)
+        self._stem_next.pop(rid, None)
+        self._repair_asked.pop(rid, None)
+        self._restem_at.pop(rid, None)
+        self._restem_due.pop(rid, None)
+
     def _generation_valid(self, msg: RegGossip) -> bool:
         """The frame's generation carries the home's signature under the registration's receipt key."""
         reg = msg.registration
@@ -412,7 +420,9 @@ class StemRules(EngineState):
             self._restem_due[rid] = last + gap
             return []
         self._restem_due.pop(rid, None)
-        generation = self._generation_of(rid, reg.epoch) + 1
+        # The next generation: at least the seconds since the registration was issued (wall clock), so a
+        # home that restarted, and forgot the generations it issued, still issues a higher one.
+        generation = max(self._generation_of(rid, reg.epoch) + 1, int(now + self.wall_offset) - reg.issued_at)
         sig = self._home.sign_receipt(rid, generation_signed_bytes(rid, reg.epoch, generation))
         if sig is None:  # a registration without a receipt key: it waits for the device's refresh
             self._count("stem_restem_unsigned")
