@@ -489,3 +489,26 @@ def test_without_a_receipt_key_the_home_cannot_re_stem_and_the_route_waits_for_a
     net.run_until(10.0)
     assert net.engines[0].stats().get("stem_restem_unsigned") == 1
     assert not net.engines[0].stats().get("stem_restemmed")
+
+
+def test_the_fluff_relay_floods_its_predecessor_too_so_the_flood_walks_back_down_the_stem() -> None:
+    # A line of 9 relays, the home in the middle: the stem walks to one side. The fluff relay's flood
+    # goes to its predecessor too, and each stem relay passes it on once (G8), down to the home and past
+    # it, at once: a push entered on the other side goes straight to the home, never via the fluff relay.
+    home = 4
+    net = MiniNet(9, [(i, i + 1) for i in range(8)], config=STEM, wire=True)
+    reg = register(net, home, 0)
+    net.run_until(1.0)
+    path = stem_path(net, reg)
+    fluff = path[-1][1]
+    assert fluff != str(home)
+    side = 0 if int(path[0][1]) > home else 8
+    assert all(net.engines[i].route_epoch(reg.route_id) == 1 for i in range(9))  # long before any embargo
+    res = net.engines[side].inject_push(reg, TOKENS[0], b"sealed", net.now)
+    assert res.push_id is not None
+    net.apply(str(side), res.effects)
+    net.run_until(1.5)
+    assert net.delivered == [(str(home), res.push_id)]
+    relays = {r[1] for r in net.tracer.of_kind("push_forwarded") if r[3] == res.push_id.hex()}
+    assert fluff not in relays and not net.tracer.of_kind("push_fallback")
+    assert not any(net.engines[i].stats().get("stem_embargo_fired") for i in range(9))

@@ -23,9 +23,23 @@ relay at distance 2 + noise. The stem length L is geometric: P(L = k) = (1 - q)^
   way to the home, a `no route` answer or an unanswered push from it drops nothing (`_stem_keeps`).
 - G8. Fail-safe (Dandelion++ embargo): every stem relay, the home included, arms a timer of
   stem_embargo_s x (1 + U[0, 1)); the flood of its (route id, epoch) coming back cancels it; if it
-  expires first (a stem relay dropped the frame, or crashed) the relay fluffs itself. The first flood
-  copy to reach a stem relay (or the home) is forwarded on like any relay's (G2): relays beyond it then
-  route to it directly, not via the fluff relay and back down the stem.
+  expires first (a stem relay dropped the frame, or crashed) the relay fluffs itself. The fluff relay
+  floods to every neighbour, its predecessor included, and the first flood copy to reach a stem relay
+  (or the home) is forwarded on like any relay's (G2): so the flood walks back down the stem at once,
+  and relays nearer a stem relay or the home than the fluff relay route to it directly, not via the
+  fluff relay and back down the stem. The flood is then an ordinary flood from the fluff relay over the
+  whole mesh (the hop counts grow from it), and the stem's length costs pushes little stretch.
+- G10. Re-stem. A relay whose stem successor's link goes down (the home, or a stem relay: the
+  successor, or the fluff relay, failed) cannot re-root the routes below the break within the epoch
+  (feasibility distances never grow; G7 keeps no backup). The home can: it re-stems the registration
+  at route generation g + 1 (at least the seconds since the registration was issued), signed with the
+  registration's receipt key, whose private half only the home holds; a stem relay asks for it with a
+  StemRepair frame to its predecessor, passed back along the stem (each relay accepts one only from its
+  own stem successor, once per generation; the home re-stems at most once per stem_embargo_s). The new
+  stem takes the same keyed draws (G6), so it retraces the stem up to the break and goes around the
+  failed relay; its flood replaces every route of an older generation of the epoch, and frames of an
+  older generation are dropped. A relay cannot forge a generation (it would redirect a route id's
+  routes mesh-wide), and a registration without a receipt key is not re-stemmed.
 - G5 with the stem on: link-up announcements are stem frames, from the home and from every stem relay
   whose stem route works, so they do not single the home out; a flood relay takes the sender as a
   next hop at distance 2 (a stem route never passes a flood relay: loop-free).
@@ -127,7 +141,7 @@ class StemRules(EngineState):
                 self._count("stem_loop")
                 del self._embargo[key]
                 self._stem_next.pop(rid, None)
-                return self._stem_fluff(reg, waiting[2], now)
+                return self._stem_fluff(reg, None, now)
             if reg.epoch < known:
                 return self._drop_reg(now, reg, peer, "stale_epoch", cfg.score_replay)
         if not state.reg_budget.take(now, cfg.reg_budget_per_peer_per_s, cfg.reg_budget_peer_burst):
@@ -167,7 +181,7 @@ class StemRules(EngineState):
         if succ is None:  # fluff
             if self._level:
                 self._trace_stem(now, reg, peer, 0)
-            return self._stem_fluff(reg, peer, now)
+            return self._stem_fluff(reg, None, now)  # to the predecessor too (G8: the flood walks back down the stem)
         self._arm_embargo(reg, peer, succ, now)
         self._stem_next[rid] = succ  # G10
         if self._level:
