@@ -29,7 +29,7 @@ from simulations.scenario import from_dict
 
 KEYS = [new_signing_key(bytes([i]) * 32) for i in range(1, 9)]
 TOKENS = [bytes([i]) * 16 for i in range(1, 30)]
-STEM = replace(EngineConfig(), stem=True, stem_embargo_s=5.0)
+STEM = replace(EngineConfig(), stem=True, stem_embargo_s=5.0, stem_fluff_probability=0.5)
 
 
 def ring_lattice(n: int) -> list[tuple[int, int]]:
@@ -196,9 +196,9 @@ def test_random_meshes_route_every_push_home_with_the_stem_on() -> None:
 
 def test_stem_is_an_engine_key_of_relay_config_files_and_scenarios(tmp_path: Path) -> None:
     cfg = tmp_path / "relay.toml"
-    cfg.write_text(f'[relay]\ndata_dir = "{tmp_path}"\n[engine]\nstem = true\nstem_fluff_probability = 0.4\n')
+    cfg.write_text(f'[relay]\ndata_dir = "{tmp_path}"\n[engine]\nstem = true\nstem_fluff_probability = 0.3\n')
     loaded = load_config(cfg, env={})
-    assert loaded.engine.stem and loaded.engine.stem_fluff_probability == 0.4
+    assert loaded.engine.stem and loaded.engine.stem_fluff_probability == 0.3
     cfg.write_text(f'[relay]\ndata_dir = "{tmp_path}"\n[engine]\nstem = "yes"\n')
     with pytest.raises(ConfigError, match="stem"):
         load_config(cfg, env={})
@@ -512,3 +512,35 @@ def test_the_fluff_relay_floods_its_predecessor_too_so_the_flood_walks_back_down
     relays = {r[1] for r in net.tracer.of_kind("push_forwarded") if r[3] == res.push_id.hex()}
     assert fluff not in relays and not net.tracer.of_kind("push_fallback")
     assert not any(net.engines[i].stats().get("stem_embargo_fired") for i in range(9))
+
+
+def test_a_home_restarted_next_to_its_own_stem_re_stems_at_a_new_generation_and_is_found() -> None:
+    # The home comes back linked to relay 3 only, which still holds this epoch's stem route towards the
+    # home's old link (4 -> 5 -> dead): a stem frame of the same generation would change nothing there
+    # (G7, G5). The restarted home re-registers a registration issued long ago: it goes out at a new
+    # route generation signed with its receipt key (G10), whose flood replaces the stale routes.
+    for seed in range(1, 40):
+        net = MiniNet(7, CHAIN, config=replace(STEM, stem_fluff_probability=0.3), seed=seed)
+        net.run_until(1.0)
+        secret = RECEIPT_SECRETS[0]
+        reg = make_registration(KEYS[0], 1, 0, 3600, receipt_public_key(secret))
+        net.homes[HOME].add_registration(reg, TOKENS, secret)
+        net.apply(str(HOME), net.engines[HOME].register(reg, net.now))
+        net.run_until(3.0)
+        if "3" in {b for _, b in stem_path(net, reg)}:
+            break
+    else:
+        pytest.fail("no seed took the stem past relay 3")
+    net.kill(HOME)
+    for a, b in ((5, HOME), (HOME, 5)):
+        net.links.pop((str(a), str(b)), None)
+    net.links[("3", str(HOME))] = net.links[(str(HOME), "3")] = 0.01
+    net.run_until(20.0)
+    res = net.engines[0].inject_push(reg, TOKENS[0], b"after restart", net.now)
+    assert res.push_id is not None
+    net.apply("0", res.effects)
+    net.restart(HOME)
+    net.run_until(60.0)
+    assert net.custody.get(res.push_id) == "delivered"
+    assert net.engines[HOME].stats().get("stem_restemmed") == 1
+    assert net.engines[3].next_hops(reg.route_id)[0][0] == str(HOME)

@@ -74,7 +74,7 @@ class GossipRules(EngineState):
         if homed is None or registration.epoch >= homed.epoch:
             self._homed[rid] = registration  # announced to every neighbour whose link comes up later (G5)
         if self.config.stem:  # G6: a stem before the flood (stem.py); G5 then announces with stem frames
-            return self._stem_originate(registration, now)
+            return self._stem_register(registration, now)
         out: list[Effect] = []
         if self._tree_on:  # G9: full frames along the eager links, announcements on the others (tree.py)
             out = self._tree_forward(registration, self.config.gossip_ttl, 0, None, now, 0.0)

@@ -97,6 +97,21 @@ class StemRules(EngineState):
             return []
         return [self._stem_send(succ, registration, now)]
 
+    # Rules G6, G10 (at the home: rule G2 with a stem in front).
+    def _stem_register(self, registration: Registration, now: float) -> list[Effect]:
+        """A registration homed here registered or refreshed. One that is not fresh (issued at least
+        stem_embargo_s ago: a home back from a restart re-registers what its store kept) may have routes
+        of its epoch along a stem that no longer leads here, which a stem frame of the same generation
+        would not replace (relays keep the first arrival of an epoch): it goes out at a new route
+        generation (G10) when the registration has a receipt key."""
+        rid = registration.route_id
+        if (registration.receipt_key is not None
+                and int(now + self.wall_offset) - registration.issued_at >= self.config.stem_embargo_s):
+            out = self._restem(rid, now)
+            if self._generation_of(rid, registration.epoch):
+                return out
+        return self._stem_originate(registration, now)
+
     def _stem_send(self, peer: str, registration: Registration, now: float) -> Send:
         self._active[peer].last_sent = now
         return Send(peer, self._gossip(registration, self.config.gossip_ttl, 0, True))
