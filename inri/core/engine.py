@@ -41,8 +41,10 @@ Registration gossip
       distance 2, no backups), kept through `no route` answers; a looping
       stem, or one at a dead end, is bounced, its sender fluffs.
   G8. Fail-safe: a stem relay (the home too) that does not get the flood back  stem.py
-      within its embargo timer floods the registration itself. Its first flood
-      copy it forwards like any relay (its route stays the stem).
+      within its embargo timer floods the registration itself. The fluff relay
+      floods its predecessor too, and a stem relay forwards its first flood
+      copy like any relay (its route stays the stem): the flood walks back
+      down the stem, and pushes enter it where their path meets it.
   G10. Re-stem (stem on): a relay whose stem successor's link drops asks its  stem.py
       predecessor (StemRepair, back along the stem); the home re-stems the
       registration at generation + 1, signed with the registration's receipt
