@@ -62,8 +62,10 @@ class GossipRules(EngineState):
     """G1-G4: the route table, built from registration gossip."""
 
     # Rules G2 (at distance 0: this relay is the home).
-    def register(self, registration: Registration, now: float) -> list[Effect]:
-        """A device homed here registered or refreshed: originate its gossip (rule G2 at distance 0)."""
+    def register(self, registration: Registration, now: float, *, restart: bool = False) -> list[Effect]:
+        """A device homed here registered or refreshed: originate its gossip (rule G2 at distance 0).
+        restart: the home relay re-registers, as it starts, a registration its store kept (with the stem
+        on it then goes out at a new route generation, G10)."""
         rid = registration.route_id
         old = self._routes.get(rid)
         if old is not None and RouteTable.epoch(old) >= registration.epoch:
@@ -74,7 +76,7 @@ class GossipRules(EngineState):
         if homed is None or registration.epoch >= homed.epoch:
             self._homed[rid] = registration  # announced to every neighbour whose link comes up later (G5)
         if self.config.stem:  # G6: a stem before the flood (stem.py); G5 then announces with stem frames
-            return self._stem_register(registration, now)
+            return self._stem_register(registration, now, restart)
         out: list[Effect] = []
         if self._tree_on:  # G9: full frames along the eager links, announcements on the others (tree.py)
             out = self._tree_forward(registration, self.config.gossip_ttl, 0, None, now, 0.0)

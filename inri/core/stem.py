@@ -98,15 +98,13 @@ class StemRules(EngineState):
         return [self._stem_send(succ, registration, now)]
 
     # Rules G6, G10 (at the home: rule G2 with a stem in front).
-    def _stem_register(self, registration: Registration, now: float) -> list[Effect]:
-        """A registration homed here registered or refreshed. One that is not fresh (issued at least
-        stem_embargo_s ago: a home back from a restart re-registers what its store kept) may have routes
-        of its epoch along a stem that no longer leads here, which a stem frame of the same generation
-        would not replace (relays keep the first arrival of an epoch): it goes out at a new route
-        generation (G10) when the registration has a receipt key."""
+    def _stem_register(self, registration: Registration, now: float, restart: bool = False) -> list[Effect]:
+        """A registration homed here registered or refreshed. One re-registered as the home starts
+        (restart) may have routes of its epoch along a stem that no longer leads here, which a stem
+        frame of the same generation would not replace (relays keep the first arrival of an epoch): it
+        goes out at a new route generation (G10) when the registration has a receipt key."""
         rid = registration.route_id
-        if (registration.receipt_key is not None
-                and int(now + self.wall_offset) - registration.issued_at >= self.config.stem_embargo_s):
+        if restart and registration.receipt_key is not None:
             out = self._restem(rid, now)
             if self._generation_of(rid, registration.epoch):
                 return out
@@ -451,7 +449,7 @@ class StemRules(EngineState):
         self._restem_due.pop(rid, None)
         # The next generation: at least the seconds since the registration was issued (wall clock), so a
         # home that restarted, and forgot the generations it issued, still issues a higher one.
-        generation = max(self._generation_of(rid, reg.epoch) + 1, int(now + self.wall_offset) - reg.issued_at)
+        generation = max(self._generation_of(rid, reg.epoch) + 1, int(now + self.wall_offset) - reg.issued_at, 1)
         sig = self._home.sign_receipt(rid, generation_signed_bytes(rid, reg.epoch, generation))
         if sig is None:  # a registration without a receipt key: it waits for the device's refresh
             self._count("stem_restem_unsigned")

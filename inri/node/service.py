@@ -404,7 +404,7 @@ class RelayService:
         self._apply(self.engine.start(now))
         for reg in self.store.homed():
             if reg.expires_at > now + self.engine.wall_offset:
-                self._apply(self.engine.register(reg, now))
+                self._apply(self.engine.register(reg, now, restart=True))
         if restored:
             log.info("custody restored", pushes=restored)
         task_status.started()
