@@ -43,6 +43,7 @@ from inri.protocol.messages import (
     Registration,
     RouteError,
     RouteErrorReason,
+    StemRepair,
 )
 
 KEY = new_signing_key(b"\x01" * 32)
@@ -77,6 +78,11 @@ messages = st.one_of(
     st.builds(PeerExchange, peers=st.lists(st.builds(PeerInfo, short_text, short_text),
                                            max_size=L.MAX_PEERS_IN_EXCHANGE).map(tuple)),
     st.builds(ErrorFrame, code=st.sampled_from(ErrorCode), detail=short_text),
+    # Rule G10: a route generation (a flood or stem frame of a re-stem) and a stem repair request.
+    st.builds(RegGossip, registration=registrations, ttl=st.integers(0, L.MAX_TTL), hops=st.integers(0, 255),
+              stem=st.booleans(), generation=st.integers(1, L.MAX_EPOCH), generation_sig=blob(L.SIGNATURE_BYTES)),
+    st.builds(StemRepair, route_id=blob(L.ROUTE_ID_BYTES), epoch=st.integers(0, L.MAX_EPOCH),
+              generation=st.integers(0, L.MAX_EPOCH)),
 )
 
 
@@ -127,20 +133,28 @@ SPEC: dict[int, list[Check]] = {
     MessageType.PEER_EXCHANGE: [lambda v: type(v) is list and len(v) <= L.MAX_PEERS_IN_EXCHANGE and all(
         fields([text(L.MAX_NODE_ID_CHARS), text(L.MAX_ADDR_CHARS)])(p) for p in v)],
     MessageType.ERROR: [enum(ErrorCode), text(L.MAX_ERROR_DETAIL_CHARS)],
+    MessageType.STEM_REPAIR: [exact_bytes(L.ROUTE_ID_BYTES), uint(L.MAX_EPOCH), uint(L.MAX_EPOCH)],
 }
+# RegGossip's other shapes: a stem frame (a 4th field, always true) and a route generation (G10:
+# stem flag, generation >= 1, the home's 64-byte signature).
+GOSSIP_STEM = [*SPEC[MessageType.REG_GOSSIP], lambda v: v is True]
+GOSSIP_GENERATION = [*SPEC[MessageType.REG_GOSSIP], lambda v: type(v) is bool,
+                     lambda v: uint(L.MAX_EPOCH)(v) and v >= 1, exact_bytes(L.SIGNATURE_BYTES)]
 # frame position (after type and version) -> maximum, for every integer field with a range
 INT_FIELDS: dict[int, dict[int, int]] = {
     MessageType.HELLO: {0: 2**16}, MessageType.REG_GOSSIP: {1: L.MAX_TTL, 2: 255},
     MessageType.PUSH: {4: L.MAX_TTL, 5: 255, 6: 255, 7: L.MAX_TTL}, MessageType.RECEIPT: {2: 255},
-    MessageType.KEEPALIVE: {0: L.MAX_NONCE},
+    MessageType.KEEPALIVE: {0: L.MAX_NONCE}, MessageType.STEM_REPAIR: {1: L.MAX_EPOCH, 2: L.MAX_EPOCH},
 }
 
 
 def within_spec(frame: bytes) -> bool:
     """The frame's array has exactly its type's fields, each of the right type and in range."""
     raw = msgpack.unpackb(frame, raw=False)
-    return (type(raw) is list and len(raw) >= 2 and raw[0] in SPEC and raw[1] == L.PROTOCOL_VERSION
-            and fields(SPEC[raw[0]])(raw[2:]))
+    if not (type(raw) is list and len(raw) >= 2 and raw[0] in SPEC and raw[1] == L.PROTOCOL_VERSION):
+        return False
+    shapes = [SPEC[raw[0]]] + ([GOSSIP_STEM, GOSSIP_GENERATION] if raw[0] == MessageType.REG_GOSSIP else [])
+    return any(fields(shape)(raw[2:]) for shape in shapes)
 
 
 def decodes_only_within_spec(frame: bytes) -> None:
@@ -316,3 +330,33 @@ def test_caching_verifier_checks_each_distinct_registration_once() -> None:
     bad = Registration(reg.route_key, 2, 0, 60, reg.signature)
     assert [cv.verify_registration(r) for r in (reg, reg, bad, bad, reg)] == [True, True, False, False, True]
     assert cv.checks == 2
+
+
+@given(registrations, st.booleans(), st.integers(1, L.MAX_EPOCH), blob(L.SIGNATURE_BYTES), st.data())
+def test_a_route_generation_has_one_encoding_and_its_fields_are_checked(
+    reg: Registration, stem: bool, generation: int, sig: bytes, data: st.DataObject
+) -> None:
+    msg = RegGossip(reg, 5, 2, stem, generation, sig)
+    raw = raw_fields(msg)
+    assert len(raw) == 8 and raw[5:] == [stem, generation, sig]
+    assert decode(encode(msg)) == msg
+    # Generation 0 is a plain flood or stem frame, never a 6-field one; the flag must be a boolean; the
+    # signature exactly 64 bytes; the generation within u32.
+    wrong = data.draw(st.sampled_from([(6, 0), (5, 1), (5, None), (7, sig[:63]), (7, None), (7, sig + b"x"),
+                                       (6, L.MAX_EPOCH + 1), (6, -1)]))
+    bad = list(raw)
+    bad[wrong[0]] = wrong[1]
+    with pytest.raises(DecodeError) as err:
+        decode(msgpack.packb(bad, use_bin_type=True))
+    assert err.value.code == "malformed"
+    with pytest.raises(EncodeError):
+        encode(RegGossip(reg, 5, 2, stem, 0, sig))
+    with pytest.raises(EncodeError):
+        encode(RegGossip(reg, 5, 2, stem, generation, None))
+
+
+def test_frames_without_a_generation_keep_their_old_encoding() -> None:
+    reg = make_registration(new_signing_key(b"g" * 32), 1, 1000, 3600)
+    assert len(msgpack.unpackb(encode(RegGossip(reg, 5, 2)), raw=False)) == 5
+    assert msgpack.unpackb(encode(RegGossip(reg, 5, 0, True)), raw=False)[5] is True
+    assert decode(encode(RegGossip(reg, 5, 0, True))) == RegGossip(reg, 5, 0, True, 0, None)

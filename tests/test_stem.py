@@ -23,13 +23,13 @@ from inri.core.testing import MiniNet
 from inri.node.config import load_config
 from inri.node.tracefile import read_trace
 from inri.protocol.codec import DecodeError, decode, encode, make_registration
-from inri.protocol.keys import new_signing_key
-from inri.protocol.messages import Push, RegGossip, Registration, RouteError, RouteErrorReason
+from inri.protocol.keys import generation_signed_bytes, new_signing_key, receipt_public_key, sign
+from inri.protocol.messages import Push, RegGossip, Registration, RouteError, RouteErrorReason, StemRepair
 from simulations.scenario import from_dict
 
 KEYS = [new_signing_key(bytes([i]) * 32) for i in range(1, 9)]
 TOKENS = [bytes([i]) * 16 for i in range(1, 30)]
-STEM = replace(EngineConfig(), stem=True, stem_embargo_s=5.0)
+STEM = replace(EngineConfig(), stem=True, stem_embargo_s=5.0, stem_fluff_probability=0.5)
 
 
 def ring_lattice(n: int) -> list[tuple[int, int]]:
@@ -196,9 +196,9 @@ def test_random_meshes_route_every_push_home_with_the_stem_on() -> None:
 
 def test_stem_is_an_engine_key_of_relay_config_files_and_scenarios(tmp_path: Path) -> None:
     cfg = tmp_path / "relay.toml"
-    cfg.write_text(f'[relay]\ndata_dir = "{tmp_path}"\n[engine]\nstem = true\nstem_fluff_probability = 0.4\n')
+    cfg.write_text(f'[relay]\ndata_dir = "{tmp_path}"\n[engine]\nstem = true\nstem_fluff_probability = 0.3\n')
     loaded = load_config(cfg, env={})
-    assert loaded.engine.stem and loaded.engine.stem_fluff_probability == 0.4
+    assert loaded.engine.stem and loaded.engine.stem_fluff_probability == 0.3
     cfg.write_text(f'[relay]\ndata_dir = "{tmp_path}"\n[engine]\nstem = "yes"\n')
     with pytest.raises(ConfigError, match="stem"):
         load_config(cfg, env={})
@@ -395,3 +395,152 @@ def test_a_stem_relay_keeps_its_stem_route_through_a_no_route_answer_from_its_pr
     assert net.engines[int(s2)].next_hops(rid) == [(s1, 2)]  # the stem route stays ...
     assert net.delivered == [("0", res.push_id)]  # ... and the re-sent push walks it home
     assert not net.tracer.of_kind("push_fallback")  # no neighbourhood search was needed
+
+
+# -- G10: route generations (the home re-stems a registration whose stem broke) ---------------------
+
+RECEIPT_SECRETS = [bytes([0x40 + i]) * 32 for i in range(8)]
+
+
+def register_signed(net: MiniNet, home: int, key_index: int, epoch: int = 1) -> Registration:
+    """A registration with a receipt key, whose private half the home holds (what lets it re-stem)."""
+    secret = RECEIPT_SECRETS[key_index]
+    reg = make_registration(KEYS[key_index], epoch, int(net.now), 3600, receipt_public_key(secret))
+    net.homes[home].add_registration(reg, TOKENS, secret)
+    net.apply(str(home), net.engines[home].register(reg, net.now))
+    return reg
+
+
+def signed_stem(min_len: int, home: int = 0) -> tuple[MiniNet, Registration, list[tuple[str, str]]]:
+    """A 24-relay ring lattice whose registration took a stem of at least min_len distinct relays."""
+    for seed in range(1, 60):
+        net = stem_net(seed=seed)
+        reg = register_signed(net, home, 0)
+        net.run_until(2.0)
+        path = stem_path(net, reg)
+        relays = [b for _, b in path]
+        if len(path) >= min_len and len(set(relays)) == len(relays) and str(home) not in relays:
+            return net, reg, path
+    raise AssertionError(f"no seed gave a stem of {min_len} relays")
+
+
+def push_from_far(net: MiniNet, reg: Registration, path: list[tuple[str, str]]) -> bytes:
+    far = next(i for i in (12, 13, 11, 14, 10, 15) if str(i) not in {b for _, b in path})
+    res = net.engines[far].inject_push(reg, TOKENS[0], b"sealed", net.now)
+    assert res.push_id is not None
+    net.apply(str(far), res.effects)
+    return res.push_id
+
+
+@pytest.mark.parametrize("broken", [0, 1])
+def test_a_failed_stem_relay_is_routed_around_by_a_re_stem_the_home_signs(broken: int) -> None:
+    # broken 0: the home's own stem successor fails (the home sees its link drop); 1: the next stem relay
+    # fails, and the home's successor asks the home, back along the stem, to re-stem (StemRepair).
+    net, reg, path = signed_stem(broken + 2)
+    dead = path[broken][1]
+    net.kill(int(dead))
+    net.run_until(3.0)
+    pid = push_from_far(net, reg, path)
+    net.run_until(20.0)
+    assert net.delivered == [("0", pid)] and net.custody[pid] == "delivered"  # no device refresh
+    home = net.engines[0].stats()
+    assert home.get("stem_restemmed") == 1
+    repairs = [(a, b) for a, b, m in net.sent if isinstance(m, StemRepair)]
+    assert repairs == ([] if broken == 0 else [(path[0][1], "0")])
+    # The new generation's stem walks the same draws up to the break, then around it; its flood
+    # replaced the routes of generation 0 everywhere (nobody routes into the failed relay any more)
+    restem = [(a, b, m) for a, b, m in net.sent if isinstance(m, RegGossip) and m.stem and m.generation >= 1]
+    assert [(a, b) for a, b, _ in restem][:broken] == path[:broken]
+    assert dead not in {b for _, b, _ in restem}
+    alive = [i for i in range(len(net.engines)) if str(i) != dead]
+    assert all(net.engines[i].route_epoch(reg.route_id) == 1 for i in alive)
+    assert all(dead not in {p for p, _ in net.engines[i].next_hops(reg.route_id)} for i in alive)
+
+
+def test_a_generation_not_signed_by_the_home_is_refused_and_a_stranger_cannot_ask_for_a_re_stem() -> None:
+    net, reg, path = signed_stem(1)
+    rid = reg.route_id
+    liar = next(i for i in range(1, 24) if str(i) not in {b for _, b in path} and i not in (1, 2, 22, 23))
+    victim = str(next(iter(net.engines[liar].active_peers())))
+    before = net.engines[int(victim)].next_hops(rid)
+    # A relay forges generation 5 with its own key: the victim keeps its route and scores the liar.
+    forged = sign(new_signing_key(b"x" * 32), generation_signed_bytes(rid, reg.epoch, 5))
+    net.apply(str(liar), [Send(victim, RegGossip(reg, 8, 0, False, 5, forged))])
+    net.run_until(3.0)
+    assert net.engines[int(victim)].next_hops(rid) == before
+    assert net.engines[int(victim)].stats().get("reg_dropped_bad_signature") == 1
+    # Anyone but the home's stem successor asking the home to re-stem is ignored.
+    home_peers = [p for p in net.engines[0].active_peers() if p != path[0][1]]
+    net.apply(home_peers[0], [Send("0", StemRepair(rid, reg.epoch, 0))])
+    net.run_until(4.0)
+    assert not net.engines[0].stats().get("stem_restemmed")
+    assert net.engines[0].stats().get("stem_repair_ignored") == 1
+
+
+def test_without_a_receipt_key_the_home_cannot_re_stem_and_the_route_waits_for_a_refresh() -> None:
+    for seed in range(1, 30):
+        net = stem_net(seed=seed)
+        reg = register(net, 0, 0)  # no receipt key
+        net.run_until(2.0)
+        path = stem_path(net, reg)
+        if path and path[0][1] != "0":
+            break
+    net.kill(int(path[0][1]))
+    net.run_until(10.0)
+    assert net.engines[0].stats().get("stem_restem_unsigned") == 1
+    assert not net.engines[0].stats().get("stem_restemmed")
+
+
+def test_the_fluff_relay_floods_its_predecessor_too_so_the_flood_walks_back_down_the_stem() -> None:
+    # A line of 9 relays, the home in the middle: the stem walks to one side. The fluff relay's flood
+    # goes to its predecessor too, and each stem relay passes it on once (G8), down to the home and past
+    # it, at once: a push entered on the other side goes straight to the home, never via the fluff relay.
+    home = 4
+    net = MiniNet(9, [(i, i + 1) for i in range(8)], config=STEM, wire=True)
+    reg = register(net, home, 0)
+    net.run_until(1.0)
+    path = stem_path(net, reg)
+    fluff = path[-1][1]
+    assert fluff != str(home)
+    side = 0 if int(path[0][1]) > home else 8
+    assert all(net.engines[i].route_epoch(reg.route_id) == 1 for i in range(9))  # long before any embargo
+    res = net.engines[side].inject_push(reg, TOKENS[0], b"sealed", net.now)
+    assert res.push_id is not None
+    net.apply(str(side), res.effects)
+    net.run_until(1.5)
+    assert net.delivered == [(str(home), res.push_id)]
+    relays = {r[1] for r in net.tracer.of_kind("push_forwarded") if r[3] == res.push_id.hex()}
+    assert fluff not in relays and not net.tracer.of_kind("push_fallback")
+    assert not any(net.engines[i].stats().get("stem_embargo_fired") for i in range(9))
+
+
+def test_a_home_restarted_next_to_its_own_stem_re_stems_at_a_new_generation_and_is_found() -> None:
+    # The home comes back linked to relay 3 only, which still holds this epoch's stem route towards the
+    # home's old link (4 -> 5 -> dead): a stem frame of the same generation would change nothing there
+    # (G7, G5). The restarted home re-registers a registration issued long ago: it goes out at a new
+    # route generation signed with its receipt key (G10), whose flood replaces the stale routes.
+    for seed in range(1, 40):
+        net = MiniNet(7, CHAIN, config=replace(STEM, stem_fluff_probability=0.3), seed=seed)
+        net.run_until(1.0)
+        secret = RECEIPT_SECRETS[0]
+        reg = make_registration(KEYS[0], 1, 0, 3600, receipt_public_key(secret))
+        net.homes[HOME].add_registration(reg, TOKENS, secret)
+        net.apply(str(HOME), net.engines[HOME].register(reg, net.now))
+        net.run_until(3.0)
+        if "3" in {b for _, b in stem_path(net, reg)}:
+            break
+    else:
+        pytest.fail("no seed took the stem past relay 3")
+    net.kill(HOME)
+    for a, b in ((5, HOME), (HOME, 5)):
+        net.links.pop((str(a), str(b)), None)
+    net.links[("3", str(HOME))] = net.links[(str(HOME), "3")] = 0.01
+    net.run_until(20.0)
+    res = net.engines[0].inject_push(reg, TOKENS[0], b"after restart", net.now)
+    assert res.push_id is not None
+    net.apply("0", res.effects)
+    net.restart(HOME)
+    net.run_until(60.0)
+    assert net.custody.get(res.push_id) == "delivered"
+    assert net.engines[HOME].stats().get("stem_restemmed") == 1
+    assert net.engines[3].next_hops(reg.route_id)[0][0] == str(HOME)

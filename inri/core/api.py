@@ -67,6 +67,11 @@ class Verifier(Protocol):
         """True when receipt's signature is the home relay's, under receipt_key, for this route id."""
         ...
 
+    def verify_generation(self, receipt_key: bytes, route_id: bytes, epoch: int, generation: int,
+                          signature: bytes) -> bool:
+        """True when signature is the home relay's, under receipt_key, over this route generation (G10)."""
+        ...
+
 
 class HomeStore(Protocol):
     """The home relay's view of its own registrations: tokens, spends, mailboxes.

@@ -41,8 +41,15 @@ Registration gossip
       distance 2, no backups), kept through `no route` answers; a looping
       stem, or one at a dead end, is bounced, its sender fluffs.
   G8. Fail-safe: a stem relay (the home too) that does not get the flood back  stem.py
-      within its embargo timer floods the registration itself. Its first flood
-      copy it forwards like any relay (its route stays the stem).
+      within its embargo timer floods the registration itself. The fluff relay
+      floods its predecessor too, and a stem relay forwards its first flood
+      copy like any relay (its route stays the stem): the flood walks back
+      down the stem, and pushes enter it where their path meets it.
+  G10. Re-stem (stem on): a relay whose stem successor's link drops asks its  stem.py
+      predecessor (StemRepair, back along the stem); the home re-stems the
+      registration at generation + 1, signed with the registration's receipt
+      key; a higher generation replaces every route of the epoch, a lower one
+      is dropped, and one not signed by the home costs its sender.
   G9. Tree gossip (with [engine] gossip_scheme = "tree"): G2's forward sends   tree.py
       full frames only on links eager for the registration's direction (the
       neighbour it came from) and distance, measured by prunes, and batched
@@ -164,6 +171,7 @@ from inri.protocol.messages import (
     RegGraft,
     Registration,
     RouteError,
+    StemRepair,
 )
 
 __all__ = ["HOOKS", "Engine", "readdress"]
@@ -266,6 +274,12 @@ class Engine(MembershipRules, GossipRules, StemRules, TreeRules, ForwardingRules
         # G3b: (route id, epoch) whose first copy spent more than half its TTL here -> fewest hops forwarded.
         self._deep: BoundedMap[tuple[bytes, int], int] = BoundedMap(DEEP_MAX)
         self._stem_held: dict[bytes, Registration] = {}  # stem routes held here (stem.py, announced on link up)
+        # Route generations and stem repair (stem.py, G10); empty unless a stem broke (or stem is off).
+        self._gen: dict[bytes, tuple[int, int, bytes]] = {}
+        self._stem_next: dict[bytes, str] = {}
+        self._restem_at: dict[bytes, float] = {}
+        self._restem_due: dict[bytes, float] = {}
+        self._repair_asked: dict[bytes, tuple[int, int]] = {}
         self._announce: dict[str, list[bytes]] = {}  # neighbour -> homed route ids still to announce
         self._down_since: dict[str, float] = {}  # former neighbour -> when its link went down
         # Tree gossip (tree.py, rule G9); the tables stay empty with gossip_scheme "flood".
@@ -320,6 +334,8 @@ class Engine(MembershipRules, GossipRules, StemRules, TreeRules, ForwardingRules
                 return self._on_announce(peer, state, msg, now)
             case RegGraft():
                 return self._on_graft(peer, state, msg, now)
+            case StemRepair():
+                return self._on_stem_repair(peer, msg, now)
             case Keepalive():
                 if not msg.reply:
                     state.last_sent = now
@@ -415,6 +431,8 @@ class Engine(MembershipRules, GossipRules, StemRules, TreeRules, ForwardingRules
                 out.append(Disconnect(p, DisconnectReason.FULL))
         if self._embargo:  # G8
             out += self._stem_embargo(now)
+        if self._restem_due:  # G10
+            out += self._restem_due_now(now)
         if len(self._active) + len(self._connecting) < cfg.active_max:
             out += self._refill(now)
         if now >= self._next_exchange and self._active:

@@ -62,8 +62,10 @@ class GossipRules(EngineState):
     """G1-G4: the route table, built from registration gossip."""
 
     # Rules G2 (at distance 0: this relay is the home).
-    def register(self, registration: Registration, now: float) -> list[Effect]:
-        """A device homed here registered or refreshed: originate its gossip (rule G2 at distance 0)."""
+    def register(self, registration: Registration, now: float, *, restart: bool = False) -> list[Effect]:
+        """A device homed here registered or refreshed: originate its gossip (rule G2 at distance 0).
+        restart: the home relay re-registers, as it starts, a registration its store kept (with the stem
+        on it then goes out at a new route generation, G10)."""
         rid = registration.route_id
         old = self._routes.get(rid)
         if old is not None and RouteTable.epoch(old) >= registration.epoch:
@@ -74,7 +76,7 @@ class GossipRules(EngineState):
         if homed is None or registration.epoch >= homed.epoch:
             self._homed[rid] = registration  # announced to every neighbour whose link comes up later (G5)
         if self.config.stem:  # G6: a stem before the flood (stem.py); G5 then announces with stem frames
-            return self._stem_originate(registration, now)
+            return self._stem_register(registration, now, restart)
         out: list[Effect] = []
         if self._tree_on:  # G9: full frames along the eager links, announcements on the others (tree.py)
             out = self._tree_forward(registration, self.config.gossip_ttl, 0, None, now, 0.0)
@@ -95,6 +97,7 @@ class GossipRules(EngineState):
         self._routes.pop(route_id, None)
         self._origin_bucket.pop(route_id, None)
         self._homed.pop(route_id, None)
+        self._forget_generation(route_id)
         return []
 
     # Rule G5.
@@ -149,6 +152,11 @@ class GossipRules(EngineState):
         epoch = reg.epoch
         routes = self._routes
         entry = routes.get(rid)
+        if entry is not None and (msg.generation or self._gen):  # G10: a route generation (stem.py)
+            done = self._generation_arrival(peer, msg, entry, now)
+            if done is not None:
+                return done
+            entry = routes.get(rid)  # None when a higher generation replaced the route
         if entry is not None:
             arrival = routes.arrival(entry, epoch, peer, msg.hops, cfg.route_k)  # one call per frame
             if arrival is not _NEWER:
@@ -194,6 +202,8 @@ class GossipRules(EngineState):
             return self._drop_reg(now, reg, peer, "future")
         if not self._verifier.verify_registration(reg):
             return self._drop_reg(now, reg, peer, "bad_signature", cfg.score_bad_signature)
+        if msg.generation and not self._generation_valid(msg):  # G10: only the home issues generations
+            return self._drop_reg(now, reg, peer, "bad_signature", cfg.score_bad_signature)
         if entry is not None:  # a refresh (newer epoch) of a known route id: per-origin budget
             bucket = self._origin_bucket.get(rid)
             if bucket is None:
@@ -207,6 +217,8 @@ class GossipRules(EngineState):
         # engine's monotonic clock: a wall-clock step later neither shortens nor stretches it.
         # (_local_expiry inline: once per new (route, epoch); offset 0 keeps the shared int.)
         routes.set_first(rid, epoch, expires_at - off if off else expires_at, peer, hops)
+        if msg.generation or self._gen:
+            self._set_generation(rid, msg)
         out: list[Effect] = []
         ttl = msg.ttl - 1
         if hops > ttl:  # G3b: this copy spent more TTL than it has left; a later, shorter one goes on too
@@ -214,7 +226,8 @@ class GossipRules(EngineState):
         if self._tree_on:  # G9 (tree.py)
             out = self._tree_first(reg, ttl, hops, peer, now, cfg.forward_jitter_s)
         elif ttl > 0:
-            fwd = RegGossip(reg, ttl, hops)
+            fwd = RegGossip(reg, ttl, hops, False, msg.generation, msg.generation_sig) if msg.generation else \
+                RegGossip(reg, ttl, hops)
             jitter = cfg.forward_jitter_s
             for p, st in self._active.items():
                 if p != peer:
@@ -254,7 +267,7 @@ class GossipRules(EngineState):
             return []
         self._deep.put(key, hops)
         self._count("reg_reforwarded")
-        fwd = RegGossip(reg, ttl, hops)
+        fwd = RegGossip(reg, ttl, hops, False, msg.generation, msg.generation_sig)
         jitter = self.config.forward_jitter_s
         out: list[Effect] = []
         for p, st in self._active.items():
@@ -283,6 +296,8 @@ class GossipRules(EngineState):
     def _evict_route(self, now: float) -> None:
         # Table full: drop the entry that expires first (bounded memory; traced as a drop).
         victim = self._routes.evict_first_expiring()
+        if self._gen or self._stem_next or self._restem_at:  # G10 state of the route evicted
+            self._forget_generation(victim)
         self._count("routes_evicted")
         if self._level >= _FULL:
             self._trace(now, "route_expired", route=victim.hex(), reason="evicted")
@@ -292,5 +307,7 @@ class GossipRules(EngineState):
         for r in self._routes.expire(now):
             self._origin_bucket.pop(r, None)
             self._stem_held.pop(r, None)
+            if self._gen or self._stem_next or self._restem_at:  # G10 state of a route gone
+                self._forget_generation(r)
             if self._level >= _FULL:
                 self._trace(now, "route_expired", route=r.hex(), reason="lifetime")

@@ -212,7 +212,10 @@ class MembershipRules(EngineState):
             self._lost[peer] = [state.addr, now + RECONNECT_BASE_S, 0]
         if self._level:
             self._trace(now, "peer_down", peer=peer, reason=reason)
-        return self._reroute_awaited(peer, now) + self._refill(now)  # rtt.py (C5)
+        out = self._reroute_awaited(peer, now) + self._refill(now)  # rtt.py (C5)
+        if self._stem_next:  # G10: a stem successor lost: re-stem (home) or ask the home to (stem.py)
+            out += self._stem_successor_down(peer, now)
+        return out
 
     # Rule M1.
     def connect_failed(self, peer: str, now: float) -> list[Effect]:

@@ -23,9 +23,23 @@ relay at distance 2 + noise. The stem length L is geometric: P(L = k) = (1 - q)^
   way to the home, a `no route` answer or an unanswered push from it drops nothing (`_stem_keeps`).
 - G8. Fail-safe (Dandelion++ embargo): every stem relay, the home included, arms a timer of
   stem_embargo_s x (1 + U[0, 1)); the flood of its (route id, epoch) coming back cancels it; if it
-  expires first (a stem relay dropped the frame, or crashed) the relay fluffs itself. The first flood
-  copy to reach a stem relay (or the home) is forwarded on like any relay's (G2): relays beyond it then
-  route to it directly, not via the fluff relay and back down the stem.
+  expires first (a stem relay dropped the frame, or crashed) the relay fluffs itself. The fluff relay
+  floods to every neighbour, its predecessor included, and the first flood copy to reach a stem relay
+  (or the home) is forwarded on like any relay's (G2): so the flood walks back down the stem at once,
+  and relays nearer a stem relay or the home than the fluff relay route to it directly, not via the
+  fluff relay and back down the stem. The flood is then an ordinary flood from the fluff relay over the
+  whole mesh (the hop counts grow from it), and the stem's length costs pushes little stretch.
+- G10. Re-stem. A relay whose stem successor's link goes down (the home, or a stem relay: the
+  successor, or the fluff relay, failed) cannot re-root the routes below the break within the epoch
+  (feasibility distances never grow; G7 keeps no backup). The home can: it re-stems the registration
+  at route generation g + 1 (at least the seconds since the registration was issued), signed with the
+  registration's receipt key, whose private half only the home holds; a stem relay asks for it with a
+  StemRepair frame to its predecessor, passed back along the stem (each relay accepts one only from its
+  own stem successor, once per generation; the home re-stems at most once per stem_embargo_s). The new
+  stem takes the same keyed draws (G6), so it retraces the stem up to the break and goes around the
+  failed relay; its flood replaces every route of an older generation of the epoch, and frames of an
+  older generation are dropped. A relay cannot forge a generation (it would redirect a route id's
+  routes mesh-wide), and a registration without a receipt key is not re-stemmed.
 - G5 with the stem on: link-up announcements are stem frames, from the home and from every stem relay
   whose stem route works, so they do not single the home out; a flood relay takes the sender as a
   next hop at distance 2 (a stem route never passes a flood relay: loop-free).
@@ -39,7 +53,8 @@ from inri.core.api import Effect, Send, TraceLevel
 from inri.core.budget import TokenBucket
 from inri.core.state import MAX_CLOCK_SKEW_S, EngineState, Neighbour
 from inri.core.tables import RouteEntry, RouteTable
-from inri.protocol.messages import RegGossip, Registration
+from inri.protocol.keys import generation_signed_bytes
+from inri.protocol.messages import RegGossip, Registration, StemRepair
 
 # A stem relay's feasibility distance (rule G7). The flood starts at hops >= STEM_DISTANCE, so no flood
 # copy ever becomes a backup at a stem relay. Not 1: distance 1 means "the home is my neighbour" to
@@ -64,25 +79,47 @@ class StemRules(EngineState):
         return options[draw % len(options)] if options else None
 
     # Rules G6, G8 (at the home: rule G2 with a stem in front).
-    def _stem_originate(self, registration: Registration, now: float) -> list[Effect]:
+    def _stem_originate(self, registration: Registration, now: float, reason: str = "stem") -> list[Effect]:
         """The home relay's first step: the registration goes to one neighbour as a stem frame."""
         _, draw = self._stem_draw(registration.route_id, now)
         succ = self._stem_successor(registration.route_id, None, draw)
         if succ is not None:
             self._arm_embargo(registration, None, succ, now)
+            self._stem_next[registration.route_id] = succ  # G10: its link going down re-stems
         if self._level:
             self._trace(now, "reg_originated", msg=f"{registration.route_id.hex()}:{registration.epoch}",
                         route=registration.route_id.hex(), epoch=registration.epoch, ttl=self.config.gossip_ttl,
-                        hops=0, count=int(succ is not None), peer=succ, reason="stem")
+                        hops=0, count=int(succ is not None), peer=succ,
+                        reason=reason)
         if succ is None:
             # No neighbour yet (a home starting up): the link-up announcements (G5) take it to the first
             # neighbours as stem frames. No embargo: a home that floods would name itself.
             return []
         return [self._stem_send(succ, registration, now)]
 
+    # Rules G6, G10 (at the home: rule G2 with a stem in front).
+    def _stem_register(self, registration: Registration, now: float, restart: bool = False) -> list[Effect]:
+        """A registration homed here registered or refreshed. One re-registered as the home starts
+        (restart) may have routes of its epoch along a stem that no longer leads here, which a stem
+        frame of the same generation would not replace (relays keep the first arrival of an epoch): it
+        goes out at a new route generation (G10) when the registration has a receipt key."""
+        rid = registration.route_id
+        if restart and registration.receipt_key is not None:
+            out = self._restem(rid, now)
+            if self._generation_of(rid, registration.epoch):
+                return out
+        return self._stem_originate(registration, now)
+
     def _stem_send(self, peer: str, registration: Registration, now: float) -> Send:
         self._active[peer].last_sent = now
-        return Send(peer, RegGossip(registration, self.config.gossip_ttl, 0, True))
+        return Send(peer, self._gossip(registration, self.config.gossip_ttl, 0, True))
+
+    def _gossip(self, reg: Registration, ttl: int, hops: int, stem: bool = False) -> RegGossip:
+        """A gossip frame of reg at this relay's generation of its (route id, epoch) (G10)."""
+        g = self._gen.get(reg.route_id) if self._gen else None
+        if g is not None and g[0] == reg.epoch:
+            return RegGossip(reg, ttl, hops, stem, g[1], g[2])
+        return RegGossip(reg, ttl, hops, stem)
 
     def _arm_embargo(self, registration: Registration, pred: str | None, succ: str | None, now: float) -> None:
         until = now + self.config.stem_embargo_s * (1.0 + self._rng.random())
@@ -97,6 +134,11 @@ class StemRules(EngineState):
         key = (rid, reg.epoch)
         routes = self._routes
         entry = routes.get(rid)
+        if entry is not None and (msg.generation or self._gen):  # G10
+            done = self._generation_arrival(peer, msg, entry, now)
+            if done is not None:
+                return done
+            entry = routes.get(rid)
         if entry is not None:
             known = routes.epoch(entry)
             if reg.epoch == known:
@@ -111,7 +153,8 @@ class StemRules(EngineState):
                     return [self._stem_send(peer, reg, now)]
                 self._count("stem_loop")
                 del self._embargo[key]
-                return self._stem_fluff(reg, waiting[2], now)
+                self._stem_next.pop(rid, None)
+                return self._stem_fluff(reg, None, now)
             if reg.epoch < known:
                 return self._drop_reg(now, reg, peer, "stale_epoch", cfg.score_replay)
         if not state.reg_budget.take(now, cfg.reg_budget_per_peer_per_s, cfg.reg_budget_peer_burst):
@@ -123,6 +166,8 @@ class StemRules(EngineState):
             return self._drop_reg(now, reg, peer, "future")
         if not self._verifier.verify_registration(reg):
             return self._drop_reg(now, reg, peer, "bad_signature", cfg.score_bad_signature)
+        if msg.generation and not self._generation_valid(msg):
+            return self._drop_reg(now, reg, peer, "bad_signature", cfg.score_bad_signature)
         if entry is not None:
             bucket = self._origin_bucket.get(rid)
             if bucket is None:
@@ -132,6 +177,9 @@ class StemRules(EngineState):
         elif len(routes) >= cfg.route_max:
             self._evict_route(now)
         routes.set_first(rid, reg.epoch, self._local_expiry(reg.expires_at), peer, STEM_DISTANCE)
+        if msg.generation or self._gen:
+            self._set_generation(rid, msg)
+        self._stem_next.pop(rid, None)
         self._stem_held[rid] = reg  # announced to new neighbours while the stem route lives (G5)
         coin, draw = self._stem_draw(rid, now)
         if not any(p != peer for p in self._active):
@@ -146,8 +194,9 @@ class StemRules(EngineState):
         if succ is None:  # fluff
             if self._level:
                 self._trace_stem(now, reg, peer, 0)
-            return self._stem_fluff(reg, peer, now)
+            return self._stem_fluff(reg, None, now)  # to the predecessor too (G8: the flood walks back down the stem)
         self._arm_embargo(reg, peer, succ, now)
+        self._stem_next[rid] = succ  # G10
         if self._level:
             self._trace_stem(now, reg, peer, 1)
         return [self._stem_send(succ, reg, now)]
@@ -182,7 +231,7 @@ class StemRules(EngineState):
             return None
         if distance and not (distance == STEM_DISTANCE and RouteTable.primary(entry) in self._active):
             return None  # a broken stem route: announcing it would draw pushes into a dead end
-        return RegGossip(reg, self.config.gossip_ttl, 0, True)
+        return self._gossip(reg, self.config.gossip_ttl, 0, True)
 
     def _stem_offer(self, peer: str, reg: Registration, entry: RouteEntry, now: float) -> list[Effect]:
         """A stem frame of a (route id, epoch) whose flood is out: peer announces a stem route (G5). A
@@ -221,7 +270,8 @@ class StemRules(EngineState):
         lone observer."""
         cfg = self.config
         hops = STEM_DISTANCE + (self._rng.randint(0, cfg.stem_hop_noise) if cfg.stem_hop_noise else 0)
-        gossip = RegGossip(reg, cfg.gossip_ttl, hops)
+        gossip = self._gossip(reg, cfg.gossip_ttl, hops)
+        self._stem_next.pop(reg.route_id, None)
         out: list[Effect] = []
         for p, st in self._active.items():
             if p != skip:
@@ -246,7 +296,7 @@ class StemRules(EngineState):
         ttl = msg.ttl - 1
         if ttl <= 0:
             return []
-        fwd = RegGossip(reg, ttl, msg.hops + 1)
+        fwd = RegGossip(reg, ttl, msg.hops + 1, False, msg.generation, msg.generation_sig)
         out: list[Effect] = []
         for p, st in self._active.items():
             if p != peer and p != waiting[3]:
@@ -270,4 +320,150 @@ class StemRules(EngineState):
                 continue
             self._count("stem_embargo_fired")
             out += self._stem_fluff(reg, succ, now)  # not to the successor: its route points here
+        return out
+
+    # Rule G10: route generations, issued by the home to re-stem a registration whose stem broke.
+    def _generation_of(self, rid: bytes, epoch: int) -> int:
+        g = self._gen.get(rid)
+        return g[1] if g is not None and g[0] == epoch else 0
+
+    def _forget_generation(self, rid: bytes) -> None:
+        """rid's route is gone (expired, evicted, unregistered): so is its G10 state."""
+        self._gen.pop(rid, None)
+        self._stem_next.pop(rid, None)
+        self._repair_asked.pop(rid, None)
+        self._restem_at.pop(rid, None)
+        self._restem_due.pop(rid, None)
+
+    def _generation_valid(self, msg: RegGossip) -> bool:
+        """The frame's generation carries the home's signature under the registration's receipt key."""
+        reg = msg.registration
+        return (reg.receipt_key is not None and msg.generation_sig is not None
+                and self._verifier.verify_generation(reg.receipt_key, reg.route_id, reg.epoch, msg.generation,
+                                                     msg.generation_sig))
+
+    def _set_generation(self, rid: bytes, msg: RegGossip) -> None:
+        """The route of rid was just set from msg (a first arrival of its epoch or generation)."""
+        if msg.generation and msg.generation_sig is not None:
+            self._gen[rid] = (msg.registration.epoch, msg.generation, msg.generation_sig)
+        else:
+            self._gen.pop(rid, None)
+
+    def _generation_arrival(self, peer: str, msg: RegGossip, entry: RouteEntry, now: float) -> list[Effect] | None:
+        """A gossip frame (flood or stem) of the epoch held here, at another generation than ours. A lower
+        one is a copy from before a re-stem: dropped (no fault: it was in flight). A higher one, signed by
+        the home, replaces this relay's route of that epoch (and its stem state) and is then handled as a
+        first arrival. None: go on with the ordinary rules (re-read the route: it may be gone);
+        a list: the frame is done with."""
+        reg = msg.registration
+        rid = reg.route_id
+        epoch = RouteTable.epoch(entry)
+        if epoch != reg.epoch:
+            return None  # another epoch: G1 decides
+        known = self._generation_of(rid, epoch)
+        if msg.generation == known:
+            return None
+        if msg.generation < known:
+            self._count("reg_stale_generation")
+            return []
+        cfg = self.config
+        if not self._verifier.verify_registration(reg) or not self._generation_valid(msg):
+            return self._drop_reg(now, reg, peer, "bad_signature", cfg.score_bad_signature)
+        if RouteTable.distance(entry) == 0:  # the home itself (restarted since it issued it): adopt it
+            self._set_generation(rid, msg)
+            return None
+        bucket = self._origin_bucket.get(rid)  # G4: a generation costs what a refresh costs
+        if bucket is None:
+            bucket = self._origin_bucket[rid] = TokenBucket(float(cfg.reg_budget_burst), now)
+        if not bucket.take(now, cfg.reg_budget_per_origin_per_s, float(cfg.reg_budget_burst)):
+            return self._drop_reg(now, reg, peer, "budget_origin")
+        self._routes.pop(rid, None)
+        self._stem_held.pop(rid, None)
+        self._stem_next.pop(rid, None)
+        self._embargo.pop((rid, epoch), None)
+        self._deep.pop((rid, epoch), None)
+        self._count("route_regenerated")
+        return None
+
+    def _stem_successor_down(self, peer: str, now: float) -> list[Effect]:
+        """The link to peer went down: for every route id this relay passed on its stem to peer, the home
+        re-stems it, and a stem relay asks its predecessor to have the home do so."""
+        out: list[Effect] = []
+        for rid in [r for r, s in self._stem_next.items() if s == peer]:
+            del self._stem_next[rid]
+            entry = self._routes.get(rid)
+            if entry is None:
+                continue
+            if RouteTable.distance(entry) == 0:
+                out += self._restem(rid, now)
+            else:
+                out += self._ask_repair(rid, entry, now)
+        return out
+
+    def _ask_repair(self, rid: bytes, entry: RouteEntry, now: float) -> list[Effect]:
+        """A stem relay whose stem broke below it: one StemRepair per (epoch, generation) to its predecessor."""
+        epoch = RouteTable.epoch(entry)
+        held = self._stem_held.get(rid)
+        pred = RouteTable.primary(entry)
+        if (held is None or held.epoch != epoch or RouteTable.distance(entry) != STEM_DISTANCE
+                or pred is None or pred not in self._active):
+            return []
+        asked = (epoch, self._generation_of(rid, epoch))
+        if self._repair_asked.get(rid) == asked:
+            return []
+        if len(self._repair_asked) >= self.config.route_max:
+            self._repair_asked.clear()
+        self._repair_asked[rid] = asked
+        self._count("stem_repair_sent")
+        self._active[pred].last_sent = now
+        return [Send(pred, StemRepair(rid, epoch, asked[1]))]
+
+    def _on_stem_repair(self, peer: str, msg: StemRepair, now: float) -> list[Effect]:
+        """G10: peer, to which this relay passed the stem of (route id, epoch, generation), says the stem
+        broke below it. Only the current successor may say so, once per generation on each relay: a
+        stranger cannot make the home re-stem, and the home re-stems at most once per stem_embargo_s."""
+        rid = msg.route_id
+        entry = self._routes.get(rid)
+        if (entry is None or RouteTable.epoch(entry) != msg.epoch or self._stem_next.get(rid) != peer
+                or self._generation_of(rid, msg.epoch) != msg.generation):
+            self._count("stem_repair_ignored")
+            return []
+        if RouteTable.distance(entry) == 0:
+            return self._restem(rid, now)
+        return self._ask_repair(rid, entry, now)
+
+    def _restem(self, rid: bytes, now: float) -> list[Effect]:
+        """The home relay re-stems a registration homed here at the next generation, signed with the
+        registration's receipt key: the stem frame takes the same successor draws as before (G6) around
+        the failed relay, and its flood replaces every route of the older generation."""
+        reg = self._homed.get(rid)
+        entry = self._routes.get(rid)
+        if (reg is None or entry is None or RouteTable.distance(entry) != 0 or RouteTable.epoch(entry) != reg.epoch
+                or reg.expires_at <= now + self.wall_offset):
+            return []
+        last = self._restem_at.get(rid)
+        gap = self.config.stem_embargo_s
+        if last is not None and now - last < gap:  # paced: one generation per stem_embargo_s
+            self._restem_due[rid] = last + gap
+            return []
+        self._restem_due.pop(rid, None)
+        # The next generation: at least the seconds since the registration was issued (wall clock), so a
+        # home that restarted, and forgot the generations it issued, still issues a higher one.
+        generation = max(self._generation_of(rid, reg.epoch) + 1, int(now + self.wall_offset) - reg.issued_at, 1)
+        sig = self._home.sign_receipt(rid, generation_signed_bytes(rid, reg.epoch, generation))
+        if sig is None:  # a registration without a receipt key: it waits for the device's refresh
+            self._count("stem_restem_unsigned")
+            return []
+        self._restem_at[rid] = now
+        self._gen[rid] = (reg.epoch, generation, sig)
+        self._embargo.pop((rid, reg.epoch), None)
+        self._count("stem_restemmed")
+        return self._stem_originate(reg, now, "restem")
+
+    def _restem_due_now(self, now: float) -> list[Effect]:
+        out: list[Effect] = []
+        for rid, due in list(self._restem_due.items()):
+            if due <= now:
+                del self._restem_due[rid]
+                out += self._restem(rid, now)
         return out

@@ -144,7 +144,7 @@ class MiniNet:
         self.apply(str(i), eng.add_candidates([PeerInfo(p, f"addr-{p}") for p in peers], self.now))
         self.apply(str(i), eng.start(self.now))
         for reg in self.homes[i].homed():  # as the daemon does at startup, before any link is up
-            self.apply(str(i), eng.register(reg, self.now))
+            self.apply(str(i), eng.register(reg, self.now, restart=True))
 
     def run_until(self, t_end: float) -> None:
         """Advance the clock to t_end, delivering frames and firing timers in time order."""

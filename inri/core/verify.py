@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from inri.protocol.keys import receipt_signed_bytes, registration_signed_bytes, verify
+from inri.protocol.keys import generation_signed_bytes, receipt_signed_bytes, registration_signed_bytes, verify
 from inri.protocol.messages import Receipt, Registration
 
 DEFAULT_MAX_ENTRIES = 16_384  # distinct registrations remembered (about 6 MB at most in a daemon)
@@ -32,6 +32,11 @@ class SignatureVerifier:
         if sig is None:
             return False
         return verify(receipt_key, receipt_signed_bytes(receipt.push_id, route_id, receipt.status), sig)
+
+    def verify_generation(self, receipt_key: bytes, route_id: bytes, epoch: int, generation: int,
+                          signature: bytes) -> bool:
+        """True when signature is the home relay's (the receipt key's) over this route generation (G10)."""
+        return verify(receipt_key, generation_signed_bytes(route_id, epoch, generation), signature)
 
 
 class CachingVerifier(SignatureVerifier):
@@ -63,6 +68,8 @@ class CachingVerifier(SignatureVerifier):
         # Receipts: every relay on the reverse path checks the same receipt; in the simulator they share
         # this verifier, so each receipt is checked once. Keyed on everything the check depends on.
         self._receipts: OrderedDict[tuple[bytes, bytes, Receipt], bool] = OrderedDict()
+        # Route generations (G10): every relay a re-stem reaches checks the same signature.
+        self._generations: OrderedDict[tuple[bytes, bytes, int, int, bytes], bool] = OrderedDict()
 
     def __len__(self) -> int:
         """Registrations remembered (at most max_entries)."""
@@ -85,6 +92,19 @@ class CachingVerifier(SignatureVerifier):
         if len(self._by_id) >= self._id_max:
             self._by_id.clear()
         self._by_id[id(registration)] = (registration, hit)
+        return hit
+
+    def verify_generation(self, receipt_key: bytes, route_id: bytes, epoch: int, generation: int,
+                          signature: bytes) -> bool:
+        gkey = (receipt_key, route_id, epoch, generation, signature)
+        cache = self._generations
+        hit = cache.get(gkey)
+        if hit is None:
+            self.checks += 1
+            hit = super().verify_generation(receipt_key, route_id, epoch, generation, signature)
+            cache[gkey] = hit
+            if len(cache) > self._max:
+                cache.popitem(last=False)
         return hit
 
     def verify_receipt(self, receipt_key: bytes, route_id: bytes, receipt: Receipt) -> bool:

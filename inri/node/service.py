@@ -59,6 +59,7 @@ from inri.protocol.messages import (
     RegGraft,
     Registration,
     RouteError,
+    StemRepair,
     WebPushMeta,
 )
 
@@ -68,7 +69,8 @@ _OUT_NAMES = {cls: "frames_out_" + t.name.lower() for cls, t in (
     (Hello, MessageType.HELLO), (RegGossip, MessageType.REG_GOSSIP), (Push, MessageType.PUSH),
     (Receipt, MessageType.RECEIPT), (RouteError, MessageType.ROUTE_ERROR), (Keepalive, MessageType.KEEPALIVE),
     (PeerExchange, MessageType.PEER_EXCHANGE), (ErrorFrame, MessageType.ERROR),
-    (RegAnnounce, MessageType.REG_ANNOUNCE), (RegGraft, MessageType.REG_GRAFT))}
+    (RegAnnounce, MessageType.REG_ANNOUNCE), (RegGraft, MessageType.REG_GRAFT),
+    (StemRepair, MessageType.STEM_REPAIR))}
 _IN_NAMES = {int(t): "frames_in_" + t.name.lower() for t in MessageType}
 # The per-push frames the engine builds from frames it decoded (and so validated) or from pushes the
 # API verified: encoded without codec.encode's re-decode (issue 16: no re-validation of frames we
@@ -402,7 +404,7 @@ class RelayService:
         self._apply(self.engine.start(now))
         for reg in self.store.homed():
             if reg.expires_at > now + self.engine.wall_offset:
-                self._apply(self.engine.register(reg, now))
+                self._apply(self.engine.register(reg, now, restart=True))
         if restored:
             log.info("custody restored", pushes=restored)
         task_status.started()

@@ -35,6 +35,7 @@ from inri.protocol.messages import (
     Registration,
     RouteError,
     RouteErrorReason,
+    StemRepair,
     Urgency,
     WebPushMeta,
 )
@@ -131,8 +132,23 @@ def _hello_from(f: list[Any]) -> Hello:
 
 
 def _gossip_from(f: list[Any]) -> RegGossip:
-    # 3 fields, or 4 with the stem flag; the flag is only ever `true` (a flood frame omits it), so
-    # each message has one encoding.
+    # 3 fields (flood), 4 with the stem flag (then only ever `true`: a flood frame omits it), or 6 for a
+    # route generation >= 1 (rule G10): [registration, ttl, hops, stem (bool), generation, signature].
+    # Each message has one encoding: generation 0 is never written out.
+    if len(f) == 6:
+        if type(f[3]) is not bool:
+            raise DecodeError("malformed", "reg_gossip: field 4 (stem) must be a boolean")
+        generation = _uint(f[4], L.MAX_EPOCH, "generation")
+        if generation == 0:
+            raise DecodeError("malformed", "reg_gossip: generation 0 is written as a 3- or 4-field frame")
+        return RegGossip(
+            registration=_reg_from_list(f[0]),
+            ttl=_uint(f[1], L.MAX_TTL, "ttl"),
+            hops=_uint(f[2], 255, "hops"),
+            stem=f[3],
+            generation=generation,
+            generation_sig=_bytes(f[5], L.SIGNATURE_BYTES, "generation_sig"),
+        )
     if len(f) == 4 and f[3] is not True:
         raise DecodeError("malformed", "reg_gossip: field 4 (stem) must be true when present")
     if len(f) != 4:
@@ -143,6 +159,12 @@ def _gossip_from(f: list[Any]) -> RegGossip:
         hops=_uint(f[2], 255, "hops"),
         stem=len(f) == 4,
     )
+
+
+def _stem_repair_from(f: list[Any]) -> StemRepair:
+    _fields(f, 3, "stem_repair")
+    return StemRepair(_bytes(f[0], L.ROUTE_ID_BYTES, "route_id"), _uint(f[1], L.MAX_EPOCH, "epoch"),
+                      _uint(f[2], L.MAX_EPOCH, "generation"))
 
 
 def _webpush_from(f: object) -> WebPushMeta:
@@ -284,6 +306,7 @@ _DECODERS: dict[int, Callable[[list[Any]], Message]] = {
     MessageType.ERROR: _error_from,
     MessageType.REG_ANNOUNCE: _announce_from,
     MessageType.REG_GRAFT: _graft_from,
+    MessageType.STEM_REPAIR: _stem_repair_from,
 }
 
 
@@ -294,6 +317,8 @@ def _webpush_to_list(w: WebPushMeta) -> list[Any]:
 def _to_fields(msg: Message) -> tuple[MessageType, list[Any]]:
     if isinstance(msg, RegGossip):
         fields = [_reg_to_list(msg.registration), msg.ttl, msg.hops]
+        if msg.generation or msg.generation_sig is not None:  # G10 (the decoder refuses generation 0)
+            return MessageType.REG_GOSSIP, fields + [msg.stem, msg.generation, msg.generation_sig]
         return MessageType.REG_GOSSIP, fields + [True] if msg.stem else fields
     if isinstance(msg, Push):
         reg = None if msg.registration is None else _reg_to_list(msg.registration)
@@ -320,6 +345,8 @@ def _to_fields(msg: Message) -> tuple[MessageType, list[Any]]:
         return MessageType.REG_ANNOUNCE, fields
     if isinstance(msg, RegGraft):
         return MessageType.REG_GRAFT, [msg.route_id, msg.epoch]
+    if isinstance(msg, StemRepair):
+        return MessageType.STEM_REPAIR, [msg.route_id, msg.epoch, msg.generation]
     raise EncodeError(f"not a wire message: {type(msg).__name__}")
 
 

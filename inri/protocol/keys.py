@@ -19,6 +19,7 @@ from inri.protocol.limits import ROUTE_ID_BYTES
 # v2: the signed bytes cover the registration's receipt key (docs/protocol.md "Receipt signatures").
 REGISTRATION_CONTEXT = b"inri/registration/v2\x00"
 RECEIPT_CONTEXT = b"inri/receipt/v1\x00"
+GENERATION_CONTEXT = b"inri/generation/v1\x00"
 NODE_ID_BYTES = 16
 
 
@@ -50,6 +51,12 @@ def receipt_signed_bytes(push_id: bytes, route_id: bytes, status: int) -> bytes:
     replayed for another push), the status to what the home did with it.
     """
     return RECEIPT_CONTEXT + push_id + route_id + bytes((status,))
+
+
+def generation_signed_bytes(route_id: bytes, epoch: int, generation: int) -> bytes:
+    """The exact bytes a home relay's route generation signature covers (rule G10), signed with the
+    registration's receipt key: another context than receipts', so neither can pass for the other."""
+    return GENERATION_CONTEXT + route_id + struct.pack(">II", epoch, generation)
 
 
 def receipt_public_key(secret: bytes) -> bytes:

@@ -33,6 +33,7 @@ class MessageType(IntEnum):
     ERROR = 8
     REG_ANNOUNCE = 9  # gossip_scheme "tree": compact announcements (and a prune), batched per neighbour
     REG_GRAFT = 10  # gossip_scheme "tree": ask a neighbour for a full registration it announced
+    STEM_REPAIR = 11  # stem on (rule G10): "the stem below me broke", sent back along the stem to the home
 
 
 class ReceiptStatus(IntEnum):
@@ -117,6 +118,12 @@ class RegGossip:
     # A stem frame (docs/protocol.md, rules G6-G8): passed to one neighbour, not flooded; ttl and hops
     # are then fixed (gossip_ttl, 0) so they tell a stem relay nothing about its position.
     stem: bool = False
+    # Route generation (rule G10): 0, or a re-stem the home relay issued for this (route id, epoch) after
+    # its stem broke; a higher generation replaces the routes of a lower one. generation_sig: 64 bytes,
+    # the home's Ed25519 signature over keys.generation_signed_bytes(route id, epoch, generation) with
+    # the registration's receipt key (so no other relay can issue one); None exactly when generation is 0.
+    generation: int = 0
+    generation_sig: bytes | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +156,17 @@ class RegGraft:
 
     route_id: bytes
     epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class StemRepair:
+    """Rule G10: the sender, a stem relay (or fluff relay's predecessor) of (route_id, epoch, generation),
+    lost its stem successor; sent to its predecessor, and on along the stem to the home relay, which
+    re-stems the registration at generation + 1."""
+
+    route_id: bytes
+    epoch: int
+    generation: int
 
 
 class Urgency(IntEnum):
@@ -258,4 +276,4 @@ class ErrorFrame:
 
 
 Message = (Hello | RegGossip | Push | Receipt | RouteError | Keepalive | PeerExchange | ErrorFrame | RegAnnounce
-           | RegGraft)
+           | RegGraft | StemRepair)
