@@ -257,7 +257,10 @@ async def _push_through_a_stem(info: dict[str, Any]) -> None:
             msg = await messages.receive()
     assert (msg.id, msg.plaintext) == (receipt.push_id, b"behind a stem")
     rows = {r["name"]: read_trace(Path(r["data_dir"]) / "traces") for r in info["relays"]}
-    assert [r["reason"] for r in rows["R1"] if r["kind"] == "reg_originated"] == ["stem"]
+    # A stem, and a re-stem (G10) only if a stem link of the home dropped meanwhile (a young mesh's
+    # membership may still swap a link): seen in about 1 run of 10.
+    origins = [r["reason"] for r in rows["R1"] if r["kind"] == "reg_originated"]
+    assert origins[0] == "stem" and set(origins) <= {"stem", "restem"}, origins
     # The home never started a flood (no fail-safe either); the first stem relay heard it from the home,
     # and any relay that first heard the flood from the home got it passed on (G8) after it came back:
     # at distance >= 4 (flood start >= 2, +1 to the home, +1 to the relay), never 1.
