@@ -87,3 +87,30 @@ def test_an_unresponsive_report_on_a_live_lossy_link_is_forgotten_at_its_next_fr
     net.run_until(net.now + 0.3)
     assert _forwarded_to(net, "1", "2", back) == 1
     assert {("3", detour), ("3", back)} <= set(net.delivered)
+
+
+def test_a_relay_left_without_another_next_hop_searches_its_neighbourhood_at_once() -> None:
+    """Relay 1's only next hop for the route (2) dies silently; 1's neighbour 4, linked after the route
+    was gossiped, has a route of its own (via 5). Reported unresponsive, 2 is passed over: 1 searches
+    radius 2 (F3's local repair) for the push's first attempt, and 4 carries it home, well before the
+    custodian's retry. Before C6 the push waited for that retry."""
+    net = MiniNet(6, [(0, 1), (1, 2), (2, 3), (4, 5), (5, 3)], config=CFG, transport_acks=True)
+    net.run_until(1.0)
+    reg = make_registration(new_signing_key(), 1, 0, 3600)
+    tokens = [os.urandom(16)]
+    net.homes[3].add_registration(reg, tokens)
+    net.apply("3", net.engines[3].register(reg, net.now))
+    net.run_until(3.0)
+    net.links[("1", "4")] = net.links[("4", "1")] = 0.01
+    net.link_up("1", "4")
+    net.run_until(3.5)
+    assert [h for h, _ in net.engines[1].next_hops(reg.route_id)] == ["2"]
+    assert net.engines[4].has_route(reg.route_id)
+    net.kill(2, silent=True)
+    t0 = net.now
+    pid = _inject(net, reg, tokens[0])
+    net.run_until(t0 + 0.6)
+    assert ("3", pid) in net.delivered
+    assert net.engines[1].stats().get("push_local_repair", 0) == 1
+    net.run_until(t0 + 1.5)
+    assert not [r for r in net.tracer.of_kind("push_retry") if r[3] == pid.hex()]

@@ -26,7 +26,8 @@ C6. A relay whose transport reports a neighbour unresponsive (`Engine.link_unres
     second probe timeout in a row, about 3 x (link RTT + 26 ms), where keepalives take
     keepalive_interval_s x keepalive_misses) does what C5 does for a link that went down: it
     re-sends the route-mode pushes still awaited from it over another live next hop of their routes,
-    at once. The link stays up (keepalives still decide), but the neighbour is a suspect next hop, used
+    at once (with none left, and unless it is the home: local repair, a radius-2 search as in F3,
+    once per attempt). The link stays up (keepalives still decide), but the neighbour is a suspect next hop, used
     only as a low-scored one is (rule S2: when no other is alive), until a frame from it arrives.
     Under churn the pushes that met a relay that had just died were most of the latency tail: the
     custodian's retry came 0.6-1.9 s after the push, the link's keepalive timeout seconds later.

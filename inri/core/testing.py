@@ -33,7 +33,6 @@ from inri.core.verify import CachingVerifier
 from inri.protocol.codec import encode
 from inri.protocol.messages import Message, PeerInfo
 
-
 # transport_acks: QUIC's probe timeout on a link is its RTT + max(4 x rttvar, 1 ms) + max_ack_delay (25 ms);
 # the transport reports a peer unresponsive after the second one in a row (PTO + 2 x PTO).
 PTO_EXTRA_S = 0.026
