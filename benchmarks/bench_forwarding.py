@@ -63,6 +63,9 @@ class Hop:
     def link_congested(self, peer: str) -> None:
         pass
 
+    def link_unresponsive(self, peer: str) -> None:
+        pass
+
     def active_peers(self) -> list[str]:
         return sorted(self.peers)
 

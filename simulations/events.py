@@ -30,6 +30,7 @@ class EventKind(IntEnum):
     PARTITION = 8  # a: 1 cut / 0 heal, payload: the Partition
     ARRIVE = 9  # a request reaches the spammed API; b: push plan index, or -1 for spam
     SERVED = 10  # the spammed API finished the request in service
+    UNRESPONSIVE = 11  # a's transport gives up on b: nothing sent to b acknowledged (rule C6, linkmodel.py)
 
 
 class EventQueue:

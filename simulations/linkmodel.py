@@ -32,6 +32,12 @@ MAX_ACK_DELAY_S = 0.025  # aioquic QuicPacketRecovery.max_ack_delay (RFC 9000 de
 # simulator does not load aioquic; tests/test_impaired_links.py checks the two agree).
 ACK_DELAY_S = 0.010
 MAX_BACKOFF = 6  # PTO doublings modelled for one frame (aioquic's idle timeout ends a link long before)
+# Rule C6: the transport reports a neighbour unresponsive when a frame has gone unacknowledged through
+# two probe timeouts in a row (PTO, then the probe's doubled PTO: 3 PTOs after the frame left; the
+# daemon watches aioquic's PTO count, inri/node/quic.py). The simulator reports it under both loss
+# models for frames to a relay that is down and over a cut link, and under `quic` also when a frame's
+# first two transmissions are lost on a live link (what QUIC's loss detection sees there too).
+UNACKED_PTOS = 3.0
 
 
 def probe_timeout(rtt: float, rttvar: float = 0.0) -> float:

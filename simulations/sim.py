@@ -46,7 +46,7 @@ from simulations.adversary import make_engine, receipt_seed
 from simulations.components import ComponentTracker, ExclusionWindow
 from simulations.events import EventKind, EventQueue
 from simulations.ingress import Ingress, Source
-from simulations.linkmodel import retransmit_delay
+from simulations.linkmodel import UNACKED_PTOS, probe_timeout, retransmit_delay
 from simulations.metrics import Collector
 from simulations.progress import Progress
 from simulations.scenario import Partition, Scenario
@@ -132,6 +132,11 @@ class Simulator:
         # them from the relays' own QUIC estimates (simulations/lab.py, linkmodel.py).
         self.host_rtt_s = 0.0
         self.host_rttvar_s = 0.0
+        # Rule C6 (linkmodel.py): (sender, receiver) -> when the last frame the receiver never acknowledged
+        # left (it was down, or the link cut, or a double loss under quic); the sender's transport reports
+        # the receiver unresponsive UNACKED_PTOS probe timeouts after it.
+        self.unacked: dict[tuple[int, int], float] = {}
+        self.unresponsive = 0
         self.now = 0.0
         self.work = Workload()
         self.window = ExclusionWindow(scenario.deadline_s, self.components, self._home_of, self._exclude)
@@ -254,6 +259,7 @@ class Simulator:
             if kind == _FRAME:
                 dst = ev[4]
                 if not alive[dst]:
+                    self._unacked(a, dst, t - processing[dst] - lat[a].get(dst, 0.0))
                     continue
                 eng = engines[dst]
                 effects = eng.receive_message(names[a], ev[5], t)  # type: ignore[arg-type]
@@ -265,6 +271,8 @@ class Simulator:
                         la = lat_dst.get(to)
                         if la is None or (cut and (dst, to) in cut):
                             self.lost += 1
+                            if la is not None:
+                                self._unacked(dst, to, t + eff.delay)
                             continue
                         if quic:  # loss_model quic (linkmodel.py): retransmitted, in order
                             at = self._quic_arrival(dst, to, t + eff.delay + la, la)
@@ -357,6 +365,8 @@ class Simulator:
             self._arrive(b, t)
         elif kind == EventKind.SERVED:
             self._served(t)
+        elif kind == EventKind.UNRESPONSIVE:
+            self._unresponsive(a, b, t)
         elif kind == EventKind.PARTITION:
             assert isinstance(payload, Partition)
             n = self.net.n
@@ -450,6 +460,8 @@ class Simulator:
                 lat = self.lat[src].get(dst)
                 if lat is None or (src, dst) in self.cut:
                     self.lost += 1
+                    if lat is not None:
+                        self._unacked(src, dst, self.now + eff.delay)
                     continue
                 if self.quic:
                     at = self._quic_arrival(src, dst, self.now + eff.delay + lat, lat)
@@ -485,6 +497,39 @@ class Simulator:
                 case _:
                     assert_never(eff)
 
+    # -- the transport's loss detection (rule C6) --------------------------------------------------
+    def _unacked_after(self, src: int, dst: int) -> float:
+        """How long src's transport waits for an acknowledgement from dst before it reports dst
+        unresponsive: UNACKED_PTOS probe timeouts of the link (linkmodel.py)."""
+        there = self.lat[src].get(dst, 0.0)
+        return UNACKED_PTOS * probe_timeout(there + self.lat[dst].get(src, there) + self.host_rtt_s, self.host_rttvar_s)
+
+    def _unacked(self, src: int, dst: int, sent: float) -> None:
+        """A frame src sent at `sent` will never be acknowledged by dst: src's transport reports dst
+        unresponsive UNACKED_PTOS probe timeouts after the last such frame (a later send restarts
+        QUIC's probe timer, as in aioquic), once per run of unacknowledged frames."""
+        key = (src, dst)
+        last = self.unacked.get(key)
+        if last is None:
+            self.q.schedule(sent + self._unacked_after(src, dst), EventKind.UNRESPONSIVE, src, dst, None)
+        elif last >= sent:
+            return
+        self.unacked[key] = sent
+
+    def _unresponsive(self, a: int, b: int, t: float) -> None:
+        last = self.unacked.get((a, b))
+        if last is None:
+            return
+        due = last + self._unacked_after(a, b)
+        if due > t + 1e-9:  # frames sent since: the probe timer started again
+            self.q.schedule(due, EventKind.UNRESPONSIVE, a, b, None)
+            return
+        del self.unacked[(a, b)]
+        if self.alive[a]:
+            self.unresponsive += 1
+            self._apply(a, self.engines[a].link_unresponsive(self.names[b], t))
+            self._rearm(a)
+
     def _quic_arrival(self, src: int, dst: int, at: float, lat: float) -> float:
         """loss_model quic: when a frame sent on the live link src -> dst, due at `at` without loss,
         arrives. A lost packet costs a retransmission (linkmodel.py); later frames on the link's stream
@@ -493,8 +538,13 @@ class Simulator:
         hol = self.hol[src]
         if self.rng.loss.random() < self.sc.loss:
             self.retransmitted += 1
-            at += retransmit_delay(lat + self.lat[dst].get(src, lat) + self.host_rtt_s, self.sc.loss,
-                                   self.rng.loss.random, self.host_rttvar_s)
+            rtt = lat + self.lat[dst].get(src, lat) + self.host_rtt_s
+            extra = retransmit_delay(rtt, self.sc.loss, self.rng.loss.random, self.host_rttvar_s)
+            if extra >= UNACKED_PTOS * probe_timeout(rtt, self.host_rttvar_s) - 1e-12:
+                # The retransmission was lost too: the transport's loss detection reports dst before
+                # the frame gets through (rule C6), as a live but lossy link does.
+                self._unacked(src, dst, at - lat)
+            at += extra
             held = hol.get(dst)
             if held is not None and held > at:
                 at = held
@@ -554,6 +604,7 @@ class Simulator:
                 "wall_s": round(wall, 3),
                 "frames_lost": self.lost,
                 "frames_retransmitted": self.retransmitted,
+                "links_unresponsive": self.unresponsive,
                 "loss_model": self.sc.loss_model,
                 "signature_checks": self.verifier.checks,
                 "seed": self.seed,

@@ -38,6 +38,8 @@ class Forwarder:
 
     def link_congested(self, peer: str) -> None: ...
 
+    def link_unresponsive(self, peer: str) -> None: ...
+
     def active_peers(self) -> list[str]:
         return sorted(self.peers)
 

@@ -87,6 +87,30 @@ async def test_a_dial_after_the_endpoint_stopped_is_a_connect_error_not_a_crash(
             n.cancel_scope.cancel()
 
 
+async def test_a_peer_that_stops_acknowledging_is_reported_before_the_link_times_out() -> None:
+    """Rule C6: a peer process that stops (kill -9: no CONNECTION_CLOSE) acknowledges nothing more; the
+    link reports it unresponsive after two probe timeouts, long before the idle timeout closes the link
+    (5 s here; keepalives would take their interval x misses)."""
+    a, b = NodeIdentity.generate(), NodeIdentity.generate()
+    with trio.fail_after(20):
+        async with trio.open_nursery() as n:
+            async with trio.open_nursery() as inner:
+                ea = await _endpoint(inner, "127.0.0.2", a, _echo)
+                eb = await _endpoint(n, "127.0.0.3", b)
+                link = await eb.connect(ea.listen_addr, expect_node_id=a.node_id)
+                reported = trio.Event()
+                link.on_unresponsive(reported.set)
+                await link.send(b"x")
+                assert await link.receive() == b"echo:x"
+                inner.cancel_scope.cancel()  # a's endpoint stops without closing its connections
+            assert not reported.is_set()
+            await link.send(b"anyone there?")
+            with trio.move_on_after(4.0):
+                await reported.wait()
+            assert reported.is_set() and not link.closed
+            n.cancel_scope.cancel()
+
+
 async def test_probe_proves_the_key_without_opening_a_link() -> None:
     a = NodeIdentity.generate()
     links: list[Link] = []

@@ -105,6 +105,10 @@ Custody
       receipt_timeout_s, and the first next hop stays awaited.
   C5. A relay whose link goes down re-sends the pushes still awaited from      rtt.py
       that neighbour over another live next hop at once.
+  C6. A relay whose transport reports a neighbour unresponsive               rtt.py
+      (link_unresponsive: QUIC's second probe timeout) re-sends the pushes
+      awaited from it the same way, and passes it over as a next hop until
+      a frame from it arrives.
 
 Membership (HyParView-like)
   M1. Active view of active_min..active_max neighbours, passive view of        membership.py

@@ -92,10 +92,12 @@ class ForwardingRules(EngineState):
         for p in hops:
             st = active.get(p)
             if st is not None and p != exclude:
-                if st.score >= floor:
+                if st.score >= floor and st.unresponsive_at <= st.last_heard:
                     return p
                 if fallback is None:
-                    fallback = p  # low score (S2): only when no better next hop is alive
+                    # Low score (S2), or unresponsive since it was last heard (C6, rtt.py): only when no
+                    # better next hop is alive.
+                    fallback = p
         return fallback if low_ok else None
 
     # Rule F3 (home unreachable, searched for after a while).
@@ -365,6 +367,10 @@ class ForwardingRules(EngineState):
                 # Low but not very low, or the push's first attempt: most likely an honest relay
                 # upstream of a failure (blame for a missing receipt is diffuse); use it rather than
                 # flood the neighbourhood. Re-sent attempts (the custodian saw a failure) avoid it.
+                if self._unresponsive(low):  # rtt.py (C6): its transport gave up on it: ask around first
+                    repaired = self._repair_stranded(_onward(msg, 0), low, peer, now)
+                    if repaired:
+                        return repaired
                 return [self._forward(_onward(msg, 0), low, now)]
             if low is None and self._home_adjacent(rid):
                 return (self._push_drop(peer, msg, now, "home_unreachable", RouteErrorReason.HOME_UNREACHABLE)

@@ -21,6 +21,16 @@ C4. A custodian re-sends a push along its route when no receipt came back within
 C5. A relay whose link goes down re-sends, at once, every route-mode push it forwarded on that link
     and still awaits an answer for, over another live next hop of the route (never back to the
     relay it came from): the custodian need not wait for its retry.
+C6. A relay whose transport reports a neighbour unresponsive (`Engine.link_unresponsive`: nothing
+    sent to it was acknowledged within the transport's loss detection; the daemon reports QUIC's
+    second probe timeout in a row, about 3 x (link RTT + 26 ms), where keepalives take
+    keepalive_interval_s x keepalive_misses) does what C5 does for a link that went down: it
+    re-sends the route-mode pushes still awaited from it over another live next hop of their routes,
+    at once (with none left, and unless it is the home: local repair, a radius-2 search as in F3,
+    once per attempt). The link stays up (keepalives still decide), but the neighbour is a suspect next hop, used
+    only as a low-scored one is (rule S2: when no other is alive), until a frame from it arrives.
+    Under churn the pushes that met a relay that had just died were most of the latency tail: the
+    custodian's retry came 0.6-1.9 s after the push, the link's keepalive timeout seconds later.
 
 With `adaptive_retry = false` the custodian re-sends after custody_retry_s periods as before.
 """
@@ -28,9 +38,10 @@ With `adaptive_retry = false` the custodian re-sends after custody_retry_s perio
 from __future__ import annotations
 
 from inri.core.api import Effect, Send
-from inri.core.state import EngineState, Neighbour
+from inri.core.forwarding import LOCAL_REPAIR_RADIUS
+from inri.core.state import EngineState, Neighbour, readdress
 from inri.core.tables import RouteTable
-from inri.protocol.messages import Receipt
+from inri.protocol.messages import Push, Receipt
 
 RTT_ALPHA = 0.125  # RFC 6298 section 2: srtt gain
 RTT_BETA = 0.25  # RFC 6298 section 2: rttvar gain
@@ -43,6 +54,7 @@ PATH_FACTOR = 1.0
 # ~0.3 s) but a stall on the path (a host paused, a QUIC backoff, a relay that died): it would inflate
 # rttvar and keep every retry at the cap for a long while. Such pushes are S1's business.
 MAX_LINK_SAMPLE_S = 0.5
+_UNRESPONSIVE = "push_rerouted_unresponsive"  # rule C6's counter (and how _reroute_awaited knows it)
 
 
 class RttRules(EngineState):
@@ -100,10 +112,25 @@ class RttRules(EngineState):
         expected = PATH_FACTOR * d * (self._hop_srtt + RTT_VAR_FACTOR * self._hop_rttvar)
         return min(cap, max(cfg.receipt_timeout_min_s, expected))
 
-    # Rule C5.
-    def _reroute_awaited(self, peer: str, now: float) -> list[Effect]:
-        """peer's link went down: re-send the route-mode pushes still awaited from it over another
-        live next hop of their routes (peer is no longer active, so it is never chosen)."""
+    # Rule C6.
+    def link_unresponsive(self, peer: str, now: float) -> list[Effect]:
+        """The driver's transport got no acknowledgement from peer for what it sent (rule C6): peer is
+        a suspect next hop until a frame from it arrives, and the pushes awaited from it go another way
+        now. The link stays: keepalives decide whether peer is down (a lossy link recovers)."""
+        st = self._active.get(peer)
+        if st is None or not self.config.adaptive_retry:
+            return []
+        st.unresponsive_at = now
+        self._count("peer_unresponsive")
+        if self._level:
+            self._trace(now, "peer_unresponsive", peer=peer)
+        return self._reroute_awaited(peer, now, _UNRESPONSIVE)
+
+    # Rules C5, C6.
+    def _reroute_awaited(self, peer: str, now: float, counter: str = "push_rerouted_link_down") -> list[Effect]:
+        """peer's link went down (C5), or peer is unresponsive (C6): re-send the route-mode pushes still
+        awaited from it over another live next hop of their routes (peer is no longer active, or a
+        suspect that _next_hop passes over, so it is never chosen)."""
         if not self.config.adaptive_retry or not self._await:
             return []
         stranded = [(pid, w[4]) for pid, w in self._await.items() if w[0] == peer and w[1] > now]
@@ -115,17 +142,42 @@ class RttRules(EngineState):
             if nh is None:
                 # No other way from here. The link that went was the home's own: say so upstream now
                 # (its custodian keeps custody and retries when the home is back; nobody upstream
-                # tears down its route). Otherwise the custodian's retry takes it from here.
+                # tears down its route). Otherwise the custodian's retry takes it from here (C5), or,
+                # for an unresponsive next hop (C6), local repair asks the neighbourhood first.
                 got = self._report_home_silent(pid, peer, now, msg.route_id)
                 if got:
                     self._await.pop(pid, None)
+                elif counter == _UNRESPONSIVE:
+                    got = self._repair_stranded(msg, peer, prev, now)
                 out += got
                 continue
             del self._await[pid]
-            self._count("push_rerouted_link_down")
+            self._count(counter)
             send: Send = self._forward(msg, nh, now)
             out.append(send)
         return out
+
+    # Rule C6.
+    def _unresponsive(self, peer: str) -> bool:
+        """True when the transport reported peer unresponsive and nothing came from it since."""
+        st = self._active.get(peer)
+        return st is not None and st.unresponsive_at > st.last_heard
+
+    # Rule C6 (local repair, as F3 does for a route with no live next hop).
+    def _repair_stranded(self, msg: Push, suspect: str, prev: str | None, now: float) -> list[Effect]:
+        """A push for (msg: the copy sent on) the unresponsive next hop `suspect`, with no other next hop
+        left here: ring copies of radius LOCAL_REPAIR_RADIUS around this relay (not back to prev), once
+        per attempt, where the push would otherwise wait for its custodian's retry. Not when suspect is
+        the home itself (its neighbour at distance 1): no search finds a home that stopped answering
+        (its custodian hears `home unreachable`, C5's way, and retries later)."""
+        ring_key = (msg.push_id, msg.attempt * 2 + 1)
+        entry = self._routes.get(msg.route_id)
+        if (msg.registration is None or len(self._active) < 2 or ring_key in self._push_seen
+                or (entry is not None and (suspect, 1) in RouteTable.vector(entry))):
+            return []
+        self._count("push_local_repair")
+        self._mark_seen(ring_key, now)
+        return self._ring_flood(readdress(msg, msg.ttl, msg.hops, msg.attempt, LOCAL_REPAIR_RADIUS), prev, now)
 
     # Rule C4 (a re-send keeps the first next hop awaited).
     def _keep_awaiting(self, pid: bytes, nh: str, now: float) -> bool:

@@ -96,7 +96,7 @@ class Neighbour:
     """An active neighbour: its link, liveness, flood budgets (G4) and score (S1)."""
 
     __slots__ = ("addr", "outbound", "last_heard", "last_sent", "reg_budget", "nonce", "score", "push_budget",
-                 "congested_at", "answered_at", "answer_delay", "answers", "silences", "ka_sent")
+                 "congested_at", "answered_at", "answer_delay", "answers", "silences", "ka_sent", "unresponsive_at")
 
     def __init__(self, addr: str, outbound: bool, now: float, burst: float, push_burst: float) -> None:
         self.addr = addr
@@ -118,6 +118,9 @@ class Neighbour:
         self.answers = 0.0
         self.silences = 0.0
         self.ka_sent = -1.0  # when the keepalive numbered `nonce` left (rule C4: a link round trip)
+        # Rule C6: when the driver's transport last reported it unresponsive (nothing it was sent was
+        # acknowledged); it is a suspect next hop until a frame from it arrives (last_heard is later).
+        self.unresponsive_at = -float("inf")
 
 
 class Custody:
@@ -299,8 +302,10 @@ class EngineState:
         # rtt.py
         def _retry_period(self, rid: bytes) -> float: ...
         def _receipt_rtt(self, peer: str, msg: Receipt, now: float) -> None: ...
-        def _reroute_awaited(self, peer: str, now: float) -> list[Effect]: ...
+        def _reroute_awaited(self, peer: str, now: float, counter: str = ...) -> list[Effect]: ...
         def _keep_awaiting(self, pid: bytes, nh: str, now: float) -> bool: ...
+        def _unresponsive(self, peer: str) -> bool: ...
+        def _repair_stranded(self, msg: Push, suspect: str, prev: str | None, now: float) -> list[Effect]: ...
         # custody.py
         def _settle(self, pid: bytes, status: ReceiptStatus, hops: int, now: float) -> list[Effect]: ...
         def _retry(self, c: Custody, now: float) -> list[Effect]: ...

@@ -33,6 +33,11 @@ from inri.core.verify import CachingVerifier
 from inri.protocol.codec import encode
 from inri.protocol.messages import Message, PeerInfo
 
+# transport_acks: QUIC's probe timeout on a link is its RTT + max(4 x rttvar, 1 ms) + max_ack_delay (25 ms);
+# the transport reports a peer unresponsive after the second one in a row (PTO + 2 x PTO).
+PTO_EXTRA_S = 0.026
+UNACKED_PTOS = 3.0
+
 
 class MiniNet:
     """N engines named "0".."N-1", linked by `edges` with a latency per direction."""
@@ -47,6 +52,7 @@ class MiniNet:
         latency: dict[tuple[int, int], float] | None = None,
         wire: bool = False,
         open_dial: bool = False,
+        transport_acks: bool = False,
     ) -> None:
         self.config = config or EngineConfig()
         self.rng = random.Random(seed)
@@ -60,6 +66,11 @@ class MiniNet:
         ]
         self.wire = wire
         self.open_dial = open_dial  # a Connect to any live relay succeeds (new links, 10 ms each way)
+        # A frame sent to a relay that is down makes the sender's transport report it unresponsive
+        # (Engine.link_unresponsive, rule C6) UNACKED_PTOS probe timeouts of the link later, as the
+        # daemon's QUIC does (simulations/linkmodel.py models the same).
+        self.transport_acks = transport_acks
+        self._unacked: set[tuple[str, str]] = set()
         self.now = 0.0
         self.links: dict[tuple[str, str], float] = {}
         self.alive = [True] * n
@@ -88,6 +99,10 @@ class MiniNet:
                     lat = self.links.get((src, eff.peer))
                     self.sent.append((src, eff.peer, eff.msg))
                     if lat is None or not self.alive[int(eff.peer)]:
+                        if lat is not None and self.transport_acks and (src, eff.peer) not in self._unacked:
+                            self._unacked.add((src, eff.peer))
+                            pto = lat + self.links.get((eff.peer, src), lat) + PTO_EXTRA_S
+                            self._push(self.now + eff.delay + UNACKED_PTOS * pto, "unacked", src, eff.peer, None)
                         continue
                     payload: Message | bytes = encode(eff.msg) if self.wire else eff.msg
                     self._push(self.now + lat + eff.delay, "frame", src, eff.peer, payload)
@@ -162,6 +177,11 @@ class MiniNet:
                 continue
             _, _, kind, pair, payload = heapq.heappop(self._q)
             a, b = pair.split("|")
+            if kind == "unacked":  # a's transport gives up on b (transport_acks)
+                self._unacked.discard((a, b))
+                if self.alive[int(a)]:
+                    self.apply(a, self.engines[int(a)].link_unresponsive(b, t))
+                continue
             if not self.alive[int(b)]:
                 continue
             eng = self.engines[int(b)]

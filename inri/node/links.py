@@ -47,6 +47,8 @@ class LinkEvents(Protocol):
 
     def link_congested(self, peer: str) -> None: ...
 
+    def link_unresponsive(self, peer: str) -> None: ...
+
     def active_peers(self) -> list[str]: ...
 
 
@@ -77,7 +79,7 @@ class LinkManager:
         self._nursery: trio.Nursery | None = None
         self.stats = {"frames_out": 0, "frames_in": 0, "frames_unroutable": 0, "links_opened": 0,
                       "links_closed": 0, "dial_failures": 0, "duplicate_links": 0,
-                      "frames_dropped_congested": 0}
+                      "frames_dropped_congested": 0, "links_unresponsive": 0}
 
     # -- NetworkSink ------------------------------------------------------------------------------
 
@@ -235,6 +237,12 @@ class LinkManager:
             if self.events is not None:
                 self.events.receive_frame(peer, frame)
 
+        def on_unresponsive() -> None:  # rule C6: QUIC's probe timeout fired twice in a row
+            self.stats["links_unresponsive"] += 1
+            if self._links.get(peer) is link and self.events is not None:
+                self.events.link_unresponsive(peer)
+
+        link.on_unresponsive(on_unresponsive)
         try:
             # Frames are handled as the endpoint's receive loop parses them, every datagram waiting
             # in one go: the frames they make us send are flushed together (quic.py, coalescing).

@@ -83,6 +83,11 @@ log = structlog.get_logger("inri.quic")
 _STREAM = 0  # the client's first bidirectional stream carries every frame
 
 
+# Rule C6: a link whose probe timeout fired this many times in a row (PTO, then the doubled PTO: about
+# 3 x (RTT + 26 ms) after the last frame sent on it) reports its peer unresponsive (Link.on_unresponsive).
+UNACKED_PTO_COUNT = 2
+
+
 @dataclass(frozen=True, slots=True)
 class LinkImpairment:
     """Lab only: what the endpoint does to every datagram it sends (module docstring)."""
@@ -217,6 +222,11 @@ class Link:
         self._conn.queued -= len(frame)
         return frame
 
+    def on_unresponsive(self, handler: Callable[[], None]) -> None:
+        """Call handler when the peer stops acknowledging: QUIC's probe timeout fired UNACKED_PTO_COUNT
+        times in a row (rule C6, docs/protocol.md); again after it acknowledged something meanwhile."""
+        self._conn.on_unresponsive = handler
+
     def deliver_to(self, handler: Callable[[bytes], None]) -> None:
         """From now on, hand every frame to handler as soon as it arrives (frames already queued first),
         in the task that reads the datagrams; `receive` then only waits for the link to close."""
@@ -268,6 +278,8 @@ class _Connection:
         # Set by Link.deliver_to: frames go to this callback as they are parsed, not through frames_rx
         # (no task switch per frame batch).
         self.on_frame: Callable[[bytes], None] | None = None
+        self.on_unresponsive: Callable[[], None] | None = None  # Link.on_unresponsive (rule C6)
+        self.unresponsive_reported = False
 
     # -- driving aioquic --------------------------------------------------------------------------
 
@@ -356,7 +368,20 @@ class _Connection:
             now = trio.current_time()
             if timer is not None and now >= timer:
                 self.quic.handle_timer(now)
+                self._check_acknowledged()
             self.process_events()
+
+    def _check_acknowledged(self) -> None:
+        """Rule C6: report the peer unresponsive once QUIC's probe timeout has fired UNACKED_PTO_COUNT
+        times in a row (nothing acknowledged meanwhile: aioquic resets the count on every ACK). aioquic
+        has no public accessor for the count; its loss recovery keeps it as _pto_count."""
+        count = int(self.quic._loss._pto_count)  # noqa: SLF001 - see above
+        if count < UNACKED_PTO_COUNT:
+            self.unresponsive_reported = False
+        elif not self.unresponsive_reported and not self.closed:
+            self.unresponsive_reported = True
+            if self.on_unresponsive is not None:
+                self.on_unresponsive()
 
     def process_events(self) -> None:
         while True:

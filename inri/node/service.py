@@ -323,6 +323,11 @@ class RelayService:
         self._count("frames_dropped_congested")
         self._apply(self.engine.link_congested(peer, self._now()))
 
+    def link_unresponsive(self, peer: str) -> None:
+        """QUIC got no acknowledgement from peer through two probe timeouts: the engine re-sends what
+        it awaits from peer another way and passes peer over until it is heard from (rule C6)."""
+        self._apply(self.engine.link_unresponsive(peer, self._now()))
+
     def connect_failed(self, peer: str) -> None:
         self._apply(self.engine.connect_failed(peer, self._now()))
 
