@@ -102,7 +102,11 @@ def cpu_s(pid: int) -> float:
         return 0.0
     total = (int(fields[11]) + int(fields[12])) / TICK
     for task in Path(f"/proc/{pid}/task").glob("*/children"):
-        total += sum(cpu_s(int(c)) for c in task.read_text().split())
+        try:
+            children = task.read_text().split()
+        except OSError:  # the thread (or the process) ended between the glob and the read
+            continue
+        total += sum(cpu_s(int(c)) for c in children)
     return total
 
 
