@@ -179,3 +179,54 @@ def test_a_relay_re_sends_over_the_backup_as_soon_as_the_link_goes_down() -> Non
         # Never back to the relay it came from: with b gone too, nothing is left to try.
         if expect:
             assert push_sends(eng.peer_down("b", 1.3, "link_lost"), pid) == []  # type: ignore[arg-type]
+
+
+def burst_behind(eng: Engine, r: Registration, t0: float, n: int, lost: int | None = None) -> dict[bytes, int]:
+    """n pushes injected 10 ms apart at t0; a answers them in the order they left, one every 30 ms from
+    t0 + 0.2 s (a path that drains 33 pushes/s under 100/s: push i waits 0.2 + 0.02 i s), except push
+    `lost`. The timer
+    runs every 10 ms until every answered push is answered; returns the sends of each push."""
+    sends: dict[bytes, int] = {}
+    answer_at = {pid_of(200 + i): t0 + 0.2 + 0.03 * i for i in range(n) if i != lost}
+    inject_at = {pid_of(200 + i): round(t0 + 0.01 * i, 6) for i in range(n)}
+    t = t0
+    while answer_at:
+        for pid, at in list(inject_at.items()):
+            if at <= t:
+                del inject_at[pid]
+                out = eng.inject_push(r, b"t" * 16, b"x", t, push_id=pid)
+                sends[pid] = sends.get(pid, 0) + len(push_sends(out.effects, pid))
+        for pid, at in list(answer_at.items()):
+            if at <= t:
+                del answer_at[pid]
+                eng.receive_message("a", Receipt(pid, ReceiptStatus.STORED, 3), t)
+        hear_all(eng, t)
+        effects = eng.handle_timer(t)
+        for pid in sends:
+            sends[pid] += len(push_sends(effects, pid))
+        t = round(t + 0.01, 6)
+    return sends
+
+
+def test_a_push_queued_behind_answered_ones_is_not_re_sent() -> None:
+    """Rule C7: the route's round trip was measured fast (C4 re-sends after ~0.25 s), then 40 pushes
+    meet a path that drains slower than they come. Its next hop answers them in order, later and
+    later (up to 1 s): each push is behind the others, not lost, so none is re-sent (before C7 every
+    push waiting more than 0.25 s was: 30 re-sends, each more load on the path that was behind). A
+    push that was overtaken is lost: push 5 gets no answer while those sent after it do, and it alone
+    is re-sent. (Before a path's first answer C7 cannot tell a slow path from a black hole, which
+    answers nothing either: C4 re-sends as before.)"""
+    eng = engine()
+    r = routed(eng)
+    t = learn_fast_path(eng, r)
+    assert eng._retry_period(r.route_id) < 0.6
+    sends = burst_behind(eng, r, t + 1.0, 40)
+    assert sorted(set(sends.values())) == [1], sends
+    assert eng.stats().get("custody_retry_behind", 0) > 0
+
+    eng = engine()
+    r = routed(eng)
+    t = learn_fast_path(eng, r)
+    sends = burst_behind(eng, r, t + 1.0, 40, lost=5)
+    resent = [i for i in range(40) if sends[pid_of(200 + i)] > 1]
+    assert resent == [5], sends

@@ -119,8 +119,9 @@ def test_an_overloaded_entry_relay_keeps_every_202_and_answers_429_for_the_exces
     res = trio.run(drive, line)
     accepted, refused, stored = res["accepted"], res["refused"], res["stored"]
     entry, home = line["E"]["api"], line["H"]["api"]
+    sent = metric(entry, "inri_pushes_out_total")
     print(f"overload: offered {OFFERED}, 202 {len(accepted)}, 429 {len(refused)}, stored {len(stored)}, "
-          f"cuts {metric(entry, 'inri_peers_cut_total')}")
+          f"cuts {metric(entry, 'inri_peers_cut_total')}, push frames sent {sent:.0f}")
     # The excess was refused with 429 + Retry-After (problem+json, stable code), not accepted and lost.
     assert refused, "no push was refused: the path was not overloaded"
     for r in refused:
@@ -135,5 +136,8 @@ def test_an_overloaded_entry_relay_keeps_every_202_and_answers_429_for_the_exces
     assert metric(entry, "inri_peers_cut_total") == 0 and metric(home, "inri_peers_cut_total") == 0
     assert [n["node_id"] for n in mesh.status(entry)["neighbours"]] == [line["H"]["node_id"]]
     assert metric(entry, "inri_pushes_overloaded_total") == len(refused)
+    # The path answered in order, late: the entry did not re-send into it (rule C7; each re-send was a
+    # duplicate for the path that was already behind).
+    assert sent <= 1.1 * len(accepted), (sent, len(accepted))
     log = line["E"]["log"].read_text()
     assert '"overloaded: answering 429' in log and '"level": "warning"' in log

@@ -231,6 +231,14 @@ class CustodyRules(EngineState):
             c.next_retry = min(wait, c.deadline)
             self._schedule(pid, c.next_retry)
             return []
+        wait = self._path_behind(pid, c.push.route_id, now) if c.attempt < ROUTE_ATTEMPTS and not c.home_down else None
+        if wait is not None:
+            # Rule C7 (rtt.py): the next hop is answering the pushes sent before this one; this one
+            # is queued behind them, not lost. Re-sending it would only load the path that is behind.
+            self._count("custody_retry_behind")
+            c.next_retry = min(wait, c.deadline)
+            self._schedule(pid, c.next_retry)
+            return []
         c.attempt += 1
         if c.attempt >= self.config.custody_max_attempts:
             return self._parked_attempt(c, now)

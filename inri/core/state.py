@@ -96,7 +96,8 @@ class Neighbour:
     """An active neighbour: its link, liveness, flood budgets (G4) and score (S1)."""
 
     __slots__ = ("addr", "outbound", "last_heard", "last_sent", "reg_budget", "nonce", "score", "push_budget",
-                 "congested_at", "answered_at", "answer_delay", "answers", "silences", "ka_sent", "unresponsive_at")
+                 "congested_at", "answered_at", "answer_delay", "answers", "silences", "ka_sent", "unresponsive_at",
+                 "answered_sent")
 
     def __init__(self, addr: str, outbound: bool, now: float, burst: float, push_burst: float) -> None:
         self.addr = addr
@@ -121,6 +122,9 @@ class Neighbour:
         # Rule C6: when the driver's transport last reported it unresponsive (nothing it was sent was
         # acknowledged); it is a suspect next hop until a frame from it arrives (last_heard is later).
         self.unresponsive_at = -float("inf")
+        # Rule C7: the latest time a push it answered had been sent to it (a push sent before that and
+        # not answered was overtaken; one sent after it is still in the queue behind).
+        self.answered_sent = -float("inf")
 
 
 class Custody:
@@ -301,6 +305,7 @@ class EngineState:
         def _tree_peer_down(self, peer: str) -> None: ...
         # rtt.py
         def _retry_period(self, rid: bytes) -> float: ...
+        def _path_behind(self, pid: bytes, rid: bytes, now: float) -> float | None: ...
         def _receipt_rtt(self, peer: str, msg: Receipt, now: float) -> None: ...
         def _reroute_awaited(self, peer: str, now: float, counter: str = ...) -> list[Effect]: ...
         def _keep_awaiting(self, pid: bytes, nh: str, now: float) -> bool: ...
