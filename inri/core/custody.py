@@ -33,6 +33,10 @@ from inri.protocol.messages import (
 
 ROUTE_ATTEMPTS = 2  # custody attempts that follow routes before the expanding ring starts
 PARK_FACTOR = 4  # parked custody (escalation exhausted) retries along the route every 4 retry periods
+# Rule C7: a push is taken for queued (not lost) until it is this many times as old as the answer delay
+# of the latest-sent push its next hop answered (a queue that grows between checks is looked at again).
+QUEUE_FACTOR = 2.0
+QUEUE_LOOK = 0.5  # ... and looked at again every half of that delay
 _LOCAL = ReverseMark.LOCAL
 _LATE = ReverseMark.LATE
 
@@ -168,7 +172,9 @@ class CustodyRules(EngineState):
             nh = self._next_hop(push.route_id, None, alternate=c.attempt == 1)
             if nh is not None:
                 c.routed = True
+                self._sent_to(c, nh, now)
                 return [self._forward(readdress(push, limits.MAX_TTL, 0, c.attempt, 0), nh, now)]
+        c.sent_to = None
         radii = limits.RING_RADII
         if c.ring_step < len(radii):
             ring = radii[c.ring_step]
@@ -196,6 +202,7 @@ class CustodyRules(EngineState):
         if nh is None:
             return []  # no route here yet: the next retry looks again (gossip or a returning home brings it)
         c.routed = True
+        self._sent_to(c, nh, now)
         return [self._forward(readdress(push, limits.MAX_TTL, 0, c.attempt, 0), nh, now)]
 
     # Rule C1.
@@ -204,6 +211,11 @@ class CustodyRules(EngineState):
         self._reverse.pop(pid, None)
         if c is None:
             return []
+        if c.attempt == 0 and c.sent_to is not None:  # rule C7: one copy, sent to one next hop, answered
+            st = self._active.get(c.sent_to)
+            if st is not None and c.sent_at > st.queue_sent:
+                st.queue_sent = c.sent_at
+                st.queue_delay = now - c.sent_at
         final = RECEIPT_STATUS[status]
         if self._level:
             self._trace(now, "push_settled", msg=pid.hex(), route=c.push.route_id.hex(), hops=hops, reason=final)
@@ -223,6 +235,14 @@ class CustodyRules(EngineState):
                 self._trace(now, "push_settled", msg=pid.hex(), route=c.push.route_id.hex(), reason=final)
                 self._trace(now, "push_dropped", msg=pid.hex(), route=c.push.route_id.hex(), reason=final)
             return [CustodyReleased(pid, final)]
+        queued = self._queued_until(c, now)
+        if queued is not None:
+            # Rule C7: the push waits in a queue that is being answered; a copy would only lengthen it.
+            self._count("custody_retry_queued")
+            c.waited_at = now
+            c.next_retry = min(queued, c.deadline)
+            self._schedule(pid, c.next_retry)
+            return []
         wait = self._answer_expected(pid, now)
         if wait is not None:
             # The next hop is slow but answering (rule S1): re-sending now would add load to a path
@@ -252,6 +272,7 @@ class CustodyRules(EngineState):
         if nh is None:
             return self._parked_search(c, now)
         c.routed = True
+        self._sent_to(c, nh, now)
         self._reverse.put(pid, (_LOCAL, now + cfg.reverse_ttl_s, None, -1))
         self._mark_seen((pid, c.attempt * 2), now)
         push = self._aged(c, now)
@@ -274,6 +295,7 @@ class CustodyRules(EngineState):
                 or c.push.route_id not in self._routes):  # a route never known here: searched already
             return []
         c.ring_spent += cost
+        c.sent_to = None
         pid = c.push.push_id
         self._count("custody_parked_search")
         self._reverse.put(pid, (_LOCAL, now + cfg.reverse_ttl_s, None, -1))
@@ -283,6 +305,46 @@ class CustodyRules(EngineState):
             self._trace(now, "push_fallback", msg=pid.hex(), route=push.route_id.hex(), ttl=LOCAL_REPAIR_RADIUS,
                         count=c.attempt)
         return self._ring_flood(readdress(push, cfg.push_ttl, 0, c.attempt, LOCAL_REPAIR_RADIUS), None, now)
+
+    # Rule C7.
+    @staticmethod
+    def _sent_to(c: Custody, nh: str, now: float) -> None:
+        c.sent_to = nh
+        c.sent_at = c.waited_at = now
+
+    # Rule C7.
+    def _queued_until(self, c: Custody, now: float) -> float | None:
+        """Until when a push due for a retry is taken for queued behind pushes its next hop is still
+        answering (None: it is not, the retry goes ahead).
+
+        Queued: the one next hop the last attempt went to has answered since then (and since the last
+        look), nothing sent to it after the push has been answered yet (it answers in order), and the
+        push is younger than QUEUE_FACTOR x the delay of the latest-sent push it answered. A copy sent
+        now would only join the same queue (a loaded path answering seconds late had its custodian
+        re-send most pushes, and every relay on it, the home too, handle each of them twice). A retry
+        whose route attempt would take another next hop goes ahead (it does not join this queue); so
+        does every retry of a push whose next hop went silent, or answered a later push (this one was
+        lost), or of a push older than its queue explains.
+        """
+        nh = c.sent_to
+        if nh is None or not self.config.adaptive_retry or c.home_down:
+            return None
+        st = self._active.get(nh)
+        if (st is None or st.answered_at <= max(c.sent_at, c.waited_at) or st.queue_sent >= c.sent_at
+                or self._unresponsive(nh)):
+            return None
+        until = c.sent_at + QUEUE_FACTOR * st.queue_delay
+        if until <= now:
+            return None
+        nxt = c.attempt + 1
+        rid = c.push.route_id
+        if nxt < ROUTE_ATTEMPTS and self._next_hop(rid, None, alternate=nxt == 1) not in (nh, None):
+            return None
+        # Looked at again after half the queue's delay (a push lost in it is re-sent that soon after a
+        # later one is answered), no sooner than a retry period (answers have that long to show the
+        # queue still moves), no later than the age the queue explains.
+        period = self._retry_period(rid) if nxt < ROUTE_ATTEMPTS else self.config.custody_retry_s
+        return min(until, now + max(period, QUEUE_LOOK * st.queue_delay))
 
     # Rule C2.
     def _schedule(self, pid: bytes, when: float) -> None:
