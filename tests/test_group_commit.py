@@ -151,3 +151,56 @@ async def test_kill9_under_concurrent_load_loses_no_push_answered_202(tmp_path: 
         assert worst == 0
     finally:
         await trio.to_thread.run_sync(lambda: mesh.down(tmp_path))
+
+
+async def test_custody_released_in_a_later_batch_is_written_with_that_batch(tmp_path: Path) -> None:
+    """The entry relay's common case: custody taken in one round, released when the receipt comes back
+    in a later one. The release is part of that later batch: invisible on disk until it commits (a
+    crash before then re-sends the push, the home answers `duplicate`), answered at once by
+    push_status, and a late receipt in the same batch corrects it; once committed, the custody row
+    is gone and the status row is there for a restarted relay."""
+    from inri.core.api import CustodyStatus
+    from inri.protocol.codec import make_registration
+    from inri.protocol.keys import new_signing_key
+    from inri.protocol.messages import Push
+
+    path = tmp_path / "relay.sqlite3"
+    store = Store(path)
+    reg = make_registration(new_signing_key(b"\x07" * 32), 1, int(os.times().elapsed) + 1_800_000_000, 3600)
+    pushes = [Push(bytes([i]) * 16, reg.route_id, bytes([i]) * 16, b"c", 10, 0, 0, 0, reg, None) for i in range(1, 4)]
+    disk = sqlite3.connect(path)
+
+    def on_disk() -> tuple[set[bytes], dict[bytes, str]]:
+        held = {bytes(p) for (p,) in disk.execute("SELECT push_id FROM custody")}
+        return held, {bytes(p): s for p, s in disk.execute("SELECT push_id, status FROM push_status")}
+
+    async with trio.open_nursery() as n:
+        await n.start(store.run)
+        for p in pushes:
+            store.save_custody(p, 2e9, 100.0)
+        await store.durable()
+        assert on_disk() == ({p.push_id for p in pushes}, {})
+        a, b, c = (p.push_id for p in pushes)
+        store.release_custody(a, CustodyStatus.DELIVERED, 3, 101.0)
+        store.release_custody(b, CustodyStatus.EXPIRED, None, 101.0)
+        store.release_custody(b, CustodyStatus.DELIVERED, 4, 102.0)  # a late receipt, same batch
+        assert store.uncommitted and on_disk() == ({a, b, c}, {})
+        assert store.push_status(a) == {"push_id": a.hex(), "status": "delivered", "hops": 3, "accepted_at": 100.0,
+                                        "settled_at": 101.0}
+        assert store.push_status(b)["status"] == "delivered" and store.push_status(b)["hops"] == 4  # type: ignore[index]
+        assert store.push_status(c)["status"] == "pending"  # type: ignore[index]
+        assert store.custody_count() == 1
+        await store.durable()
+        assert on_disk() == ({c}, {a: "delivered", b: "delivered"})
+        store.release_custody(b, CustodyStatus.SPENT, 5, 103.0)  # later still: corrects the committed row
+        await store.durable()
+        assert on_disk()[1][b] == "spent"
+        n.cancel_scope.cancel()
+    store.close()
+    again = Store(path)  # a restarted relay
+    assert [p.push_id for p, _, _ in again.load_custody()] == [c]
+    again.release_custody(c, CustodyStatus.DELIVERED, 3, 104.0)
+    assert again.push_status(c)["accepted_at"] == 100.0  # type: ignore[index]
+    assert again.custody_count() == 0
+    again.close()
+    disk.close()

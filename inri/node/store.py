@@ -139,6 +139,13 @@ class Store:
         # just before the batch commits. A push whose custody also ends in the batch (its home is this
         # relay) never touches the custody table: one status row instead of insert, select, delete.
         self._custody_new: dict[bytes, tuple[Push, float, int, float]] = {}
+        # push id -> accepted_at of every push whose custody row is in the table (committed, or in
+        # the open batch and not in _custody_new): releasing it needs no read.
+        self._held: dict[bytes, float] = {}
+        # Custody released in the open batch, written just before it commits (executemany): rows to
+        # delete from the custody table, and push id -> its status row (status, hops, accepted, settled).
+        self._unheld: list[tuple[bytes]] = []
+        self._released: dict[bytes, tuple[str, int | None, float, float]] = {}
 
     @contextlib.contextmanager
     def _tx(self) -> Iterator[None]:
@@ -191,12 +198,14 @@ class Store:
     def _commit(self) -> None:
         """Commit the open batch, then wake what waited on it and run its after-commit actions, in order."""
         if self._db.in_transaction:
+            self._flush_released()  # first: a push id released and then taken again stays held
             if self._custody_new:
                 # encode_unchecked: the engine built these pushes from ones the API or the decoder
                 # validated (the frames sent for them are encoded the same way: service._UNCHECKED).
                 self._db.executemany("INSERT OR REPLACE INTO custody VALUES (?, ?, ?, ?, ?)",
                                      [(pid, encode_unchecked(push), deadline, attempt, now)
                                       for pid, (push, deadline, attempt, now) in self._custody_new.items()])
+                self._held.update((pid, new[3]) for pid, new in self._custody_new.items())
                 self._custody_new.clear()
             self._db.execute("COMMIT")
             self._commits += 1
@@ -205,6 +214,16 @@ class Store:
         actions, self._after_commit = self._after_commit, []
         for action in actions:
             action()
+
+    def _flush_released(self) -> None:
+        """Write the custody released in the open batch: two statements, however many pushes."""
+        if self._unheld:
+            self._db.executemany("DELETE FROM custody WHERE push_id=?", self._unheld)
+            self._unheld = []
+        if self._released:
+            self._db.executemany("INSERT OR REPLACE INTO push_status VALUES (?, ?, ?, ?, ?)",
+                                 [(pid, *row) for pid, row in self._released.items()])
+            self._released = {}
 
     @property
     def uncommitted(self) -> bool:
@@ -531,6 +550,7 @@ class Store:
         with self._write():
             self._db.execute("INSERT OR REPLACE INTO custody VALUES (?, ?, ?, ?, ?)",
                              (push.push_id, encode_unchecked(push), deadline, push.attempt, now))
+        self._held[push.push_id] = now
 
     def update_attempts(self, attempts: list[tuple[bytes, int]]) -> None:
         """Record custody attempt numbers (a restarted relay continues from them)."""
@@ -544,19 +564,25 @@ class Store:
     def release_custody(self, push_id: bytes, status: str, hops: int | None, now: float) -> None:
         """Custody ended: drop the push from disk and record its final status."""
         new = self._custody_new.pop(push_id, None)
-        if new is not None:  # taken in this very batch: its custody row was never written
-            # One statement (atomic by itself): into the open batch without a savepoint around it.
+        accepted = new[3] if new is not None else self._held.pop(push_id, None)
+        if self._grouping and (accepted is not None or push_id in self._released):
+            # Into the open batch, written as it commits (_flush_released): a push taken in this very
+            # batch never touches the custody table; one held longer is deleted from it then.
             self._open_batch()
-            self._db.execute("INSERT OR REPLACE INTO push_status VALUES (?, ?, ?, ?, ?)",
-                             (push_id, status, hops, new[3], now))
+            if accepted is None:  # a late receipt correcting a push released in this batch
+                accepted = self._released[push_id][2]
+            elif new is None:
+                self._unheld.append((push_id,))
+            self._released[push_id] = (status, hops, accepted, now)
             return
         with self._write():
             # fetchall: the statement runs to its end (no write statement left open in the batch).
             rows = self._db.execute("DELETE FROM custody WHERE push_id=? RETURNING accepted_at", (push_id,)).fetchall()
-            row = rows[0] if rows else None
-            if row is not None:
+            if accepted is None and rows:
+                accepted = rows[0][0]
+            if accepted is not None:
                 self._db.execute("INSERT OR REPLACE INTO push_status VALUES (?, ?, ?, ?, ?)",
-                                 (push_id, status, hops, row[0], now))
+                                 (push_id, status, hops, accepted, now))
             else:  # a late receipt correcting a settled push (or a push this relay never held)
                 self._db.execute("UPDATE push_status SET status=?, hops=?, settled_at=? WHERE push_id=?",
                                  (status, hops, now, push_id))
@@ -564,8 +590,9 @@ class Store:
     def load_custody(self) -> list[tuple[Push, float, int]]:
         """Every push still in custody: (push, deadline, attempt). A corrupt row is skipped, not fatal."""
         out = []
-        rows = self._db.execute("SELECT frame, deadline, attempt FROM custody ORDER BY deadline")
-        for frame, deadline, attempt in rows:
+        rows = self._db.execute("SELECT push_id, frame, deadline, attempt, accepted_at FROM custody ORDER BY deadline")
+        for pid, frame, deadline, attempt, accepted in rows:
+            self._held[bytes(pid)] = float(accepted)
             try:
                 msg = decode(bytes(frame))
             except DecodeError:
@@ -575,12 +602,15 @@ class Store:
         return out
 
     def custody_count(self) -> int:
-        return int(self._db.execute("SELECT COUNT(*) FROM custody").fetchone()[0]) + len(self._custody_new)
+        return (int(self._db.execute("SELECT COUNT(*) FROM custody").fetchone()[0]) + len(self._custody_new)
+                - len(self._unheld))
 
     def push_status(self, push_id: bytes) -> dict[str, object] | None:
         """The status row of a push this relay accepted, or None."""
-        row = self._db.execute("SELECT status, hops, accepted_at, settled_at FROM push_status WHERE push_id=?",
-                               (push_id,)).fetchone()
+        released = self._released.get(push_id)
+        row = (released if released is not None else
+               self._db.execute("SELECT status, hops, accepted_at, settled_at FROM push_status WHERE push_id=?",
+                                (push_id,)).fetchone())
         if row is None:
             new = self._custody_new.get(push_id)
             held = (new[3],) if new is not None else self._db.execute(
