@@ -259,8 +259,8 @@ def test_a_push_queued_behind_answered_pushes_is_not_re_sent_into_the_queue() ->
 
 
 def test_a_push_lost_in_a_queue_is_re_sent_once_later_pushes_are_answered() -> None:
-    """Rule C7 waits only while the queue answers in order: a push lost on the way (push 300 of 500)
-    is re-sent once pushes sent after it come back, not left until the queue has drained. (Blame waits
+    """Rule C7 waits only while the queue answers in order: a push lost on the way (pushes 300 and 310
+    of 500) is re-sent once pushes sent after it come back, not left until the queue has drained. (Blame waits
     10 s here: rule S1's grace for a slow next hop, which defers re-sends too, stays out of the way.)"""
     eng = engine(replace(CFG, receipt_timeout_s=10.0))
     eng.peer_down("b", 0.3, DisconnectReason.LINK_LOST)
@@ -268,11 +268,36 @@ def test_a_push_lost_in_a_queue_is_re_sent_once_later_pushes_are_answered() -> N
     r = routed_line(eng)
     t = learn_fast_path(eng, r)
     copies, stored, resent = queued_line(eng, r, n=500, rate=100.0, service_s=0.02, t0=t + 1.0,
-                                         lose=frozenset({300}))
+                                         lose=frozenset({300, 310}))
     assert len(stored) == 500
-    lost, next_one = pid_of(50_300), pid_of(50_301)
-    assert stored[next_one] - t > 6.0  # pushes sent after it waited ~3 s in the queue
-    # Re-sent within half the queue's delay (~3 s) of the answer to the push sent after it, not after
-    # twice that delay or when the queue has drained.
-    assert stored[next_one] < resent[lost] < stored[next_one] + 2.0
+    for k in (300, 310):
+        lost, next_one = pid_of(50_000 + k), pid_of(50_001 + k)
+        assert stored[next_one] - t > 6.0  # pushes sent after it waited ~3 s in the queue
+        # Re-sent within half the queue's delay (~3 s) of the answer to the push sent after it, not
+        # when the queue has drained (nor, for 310, once 300's copy has come back).
+        assert stored[next_one] < resent[lost] < stored[next_one] + 2.0
     assert copies <= 500 * 1.05, copies
+
+
+def test_a_lost_push_with_nothing_queued_ahead_of_it_is_re_sent_after_the_round_trip() -> None:
+    """Rule C7 defers only behind pushes still ahead in the queue: on a fast path, a push lost while
+    an earlier one was answered is re-sent after the measured round trip (C4), not held back (a line:
+    the re-send goes the same way)."""
+    eng = engine()
+    eng.peer_down("b", 0.3, DisconnectReason.LINK_LOST)
+    eng.peer_down("c", 0.3, DisconnectReason.LINK_LOST)
+    r = routed_line(eng)
+    t = learn_fast_path(eng, r)
+    eng.inject_push(r, b"t" * 16, b"x", t + 1.0, push_id=pid_of(900))
+    out = eng.inject_push(r, b"t" * 16, b"x", t + 1.01, push_id=pid_of(901))
+    assert push_sends(out.effects, pid_of(901)) == ["a"]
+    tt = t + 1.01
+    while tt < t + 4.0:
+        tt = round(tt + 0.01, 6)
+        if abs(tt - (t + 1.1)) < 1e-6:
+            eng.receive_message("a", Receipt(pid_of(900), ReceiptStatus.STORED, 3), tt)  # 900 answered
+        hear_all(eng, tt)
+        sends = push_sends(eng.handle_timer(tt), pid_of(901))
+        if sends:
+            break
+    assert sends == ["a"] and tt - (t + 1.01) < 0.6

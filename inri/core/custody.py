@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import math
+from collections import deque
 
 from inri.core.api import (
     CustodyReleased,
@@ -20,6 +22,7 @@ from inri.core.state import (
     RECEIPT_STATUS,
     Custody,
     EngineState,
+    Neighbour,
     ReverseMark,
     readdress,
 )
@@ -33,10 +36,9 @@ from inri.protocol.messages import (
 
 ROUTE_ATTEMPTS = 2  # custody attempts that follow routes before the expanding ring starts
 PARK_FACTOR = 4  # parked custody (escalation exhausted) retries along the route every 4 retry periods
-# Rule C7: a push is taken for queued (not lost) until it is this many times as old as the answer delay
-# of the latest-sent push its next hop answered (a queue that grows between checks is looked at again).
-QUEUE_FACTOR = 2.0
-QUEUE_LOOK = 0.5  # ... and looked at again every half of that delay
+# Rule C7: a push queued behind pushes its next hop still works through is looked at again after this
+# share of the queue's measured delay (the answer delay of the latest-sent push it answered).
+QUEUE_LOOK = 0.5
 _LOCAL = ReverseMark.LOCAL
 _LATE = ReverseMark.LATE
 
@@ -211,11 +213,13 @@ class CustodyRules(EngineState):
         self._reverse.pop(pid, None)
         if c is None:
             return []
-        if c.attempt == 0 and c.sent_to is not None:  # rule C7: one copy, sent to one next hop, answered
-            st = self._active.get(c.sent_to)
-            if st is not None and c.sent_at > st.queue_sent:
+        st = None if c.sent_to is None else self._active.get(c.sent_to)
+        if st is not None:  # rule C7
+            st.queue_heard = now
+            if c.attempt == 0 and c.sent_at > st.queue_sent:  # one copy, sent to one next hop, answered
                 st.queue_sent = c.sent_at
                 st.queue_delay = now - c.sent_at
+            self._queue_front(st)
         final = RECEIPT_STATUS[status]
         if self._level:
             self._trace(now, "push_settled", msg=pid.hex(), route=c.push.route_id.hex(), hops=hops, reason=final)
@@ -239,7 +243,6 @@ class CustodyRules(EngineState):
         if queued is not None:
             # Rule C7: the push waits in a queue that is being answered; a copy would only lengthen it.
             self._count("custody_retry_queued")
-            c.waited_at = now
             c.next_retry = min(queued, c.deadline)
             self._schedule(pid, c.next_retry)
             return []
@@ -307,44 +310,61 @@ class CustodyRules(EngineState):
         return self._ring_flood(readdress(push, cfg.push_ttl, 0, c.attempt, LOCAL_REPAIR_RADIUS), None, now)
 
     # Rule C7.
-    @staticmethod
-    def _sent_to(c: Custody, nh: str, now: float) -> None:
+    def _sent_to(self, c: Custody, nh: str, now: float) -> None:
         c.sent_to = nh
-        c.sent_at = c.waited_at = now
+        c.sent_at = now
+        if c.attempt == 0:
+            st = self._active.get(nh)
+            if st is not None:
+                if st.queue_order is None:
+                    st.queue_order = deque()
+                st.queue_order.append((now, c.push.push_id))
+
+    # Rule C7.
+    def _queue_front(self, st: Neighbour) -> float:
+        """When the oldest push sent to nh that is still in custody was first sent (inf: none): its first
+        copy is ahead of every later one in nh's queue, re-sent or not. Settled ones leave the front."""
+        order = st.queue_order
+        if order is None:
+            return math.inf
+        custody = self._custody
+        while order:
+            sent, pid = order[0]
+            if pid in custody:
+                return sent
+            order.popleft()
+        return math.inf
 
     # Rule C7.
     def _queued_until(self, c: Custody, now: float) -> float | None:
-        """Until when a push due for a retry is taken for queued behind pushes its next hop is still
-        answering (None: it is not, the retry goes ahead).
+        """When to look again at a push due for a retry that waits in a queue its next hop is working
+        through (None: it does not, the retry goes ahead).
 
-        Queued: the one next hop the last attempt went to has answered since then (and since the last
-        look), nothing sent to it after the push has been answered yet (it answers in order), and the
-        push is younger than QUEUE_FACTOR x the delay of the latest-sent push it answered. A copy sent
-        now would only join the same queue (a loaded path answering seconds late had its custodian
-        re-send most pushes, and every relay on it, the home too, handle each of them twice). A retry
-        whose route attempt would take another next hop goes ahead (it does not join this queue); so
-        does every retry of a push whose next hop went silent, or answered a later push (this one was
-        lost), or of a push older than its queue explains.
+        Queued: the one next hop the last attempt went to is answering (a receipt for a push of ours
+        came back from it within custody_retry_s), answers in order (no push sent to it after this one
+        has been answered yet), and pushes sent to it before this one still wait for their answers:
+        their turn comes first, this one's after. A copy sent now would only join the same queue (a
+        loaded 3-hop line answering seconds late had its custodian re-send most pushes, and every relay
+        on it, the home too, handled each twice). A retry whose route attempt would take another next
+        hop goes ahead (it does not join this queue); so does the retry of a push whose next hop went
+        quiet or unresponsive, or answered a later push, or answered all the earlier ones (this one
+        was lost). Looked at again after half the queue's measured delay (at least a retry period):
+        a push lost in a long queue is re-sent about that soon after a later one is answered.
         """
         nh = c.sent_to
-        if nh is None or not self.config.adaptive_retry or c.home_down:
+        cfg = self.config
+        if nh is None or not cfg.adaptive_retry or c.home_down:
             return None
         st = self._active.get(nh)
-        if (st is None or st.answered_at <= max(c.sent_at, c.waited_at) or st.queue_sent >= c.sent_at
-                or self._unresponsive(nh)):
-            return None
-        until = c.sent_at + QUEUE_FACTOR * st.queue_delay
-        if until <= now:
+        if (st is None or st.queue_heard < now - cfg.custody_retry_s or st.queue_sent >= c.sent_at
+                or self._unresponsive(nh) or self._queue_front(st) >= c.sent_at):
             return None
         nxt = c.attempt + 1
         rid = c.push.route_id
         if nxt < ROUTE_ATTEMPTS and self._next_hop(rid, None, alternate=nxt == 1) not in (nh, None):
             return None
-        # Looked at again after half the queue's delay (a push lost in it is re-sent that soon after a
-        # later one is answered), no sooner than a retry period (answers have that long to show the
-        # queue still moves), no later than the age the queue explains.
-        period = self._retry_period(rid) if nxt < ROUTE_ATTEMPTS else self.config.custody_retry_s
-        return min(until, now + max(period, QUEUE_LOOK * st.queue_delay))
+        period = self._retry_period(rid) if nxt < ROUTE_ATTEMPTS else cfg.custody_retry_s
+        return now + max(period, QUEUE_LOOK * st.queue_delay)
 
     # Rule C2.
     def _schedule(self, pid: bytes, when: float) -> None:

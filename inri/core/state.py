@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from collections import deque
 from collections.abc import Callable
 from enum import Enum
 from typing import TYPE_CHECKING, Any
@@ -97,7 +98,7 @@ class Neighbour:
 
     __slots__ = ("addr", "outbound", "last_heard", "last_sent", "reg_budget", "nonce", "score", "push_budget",
                  "congested_at", "answered_at", "answer_delay", "answers", "silences", "ka_sent", "unresponsive_at",
-                 "queue_sent", "queue_delay")
+                 "queue_order", "queue_sent", "queue_delay", "queue_heard")
 
     def __init__(self, addr: str, outbound: bool, now: float, burst: float, push_burst: float) -> None:
         self.addr = addr
@@ -113,11 +114,14 @@ class Neighbour:
         # route error), and the moving average of how long its answers took (late ones included).
         self.answered_at = -float("inf")
         self.answer_delay = 0.0
-        # Rule C7 (custody.py): of the pushes this relay holds in custody and sent it once (no re-send:
-        # which copy was answered is unknown), the latest-sent one whose receipt came back: when it was
-        # sent and how long its answer took (a queue answers in order).
+        # Rule C7 (custody.py): the pushes this relay holds in custody and sent it once, in the order
+        # sent (settled ones leave from the front); of those answered (no re-send: which copy was
+        # answered is unknown), when the latest-sent one had been sent and how long its answer took (a
+        # queue answers in order); and when a receipt for one of them last came back from it.
+        self.queue_order: deque[tuple[float, bytes]] | None = None  # made at the first such push
         self.queue_sent = -float("inf")
         self.queue_delay = 0.0
+        self.queue_heard = -float("inf")
         # Pushes forwarded to it that it answered, and that it was blamed for (no answer in time),
         # decayed as the score is: a link is cut for missing answers only when it answers almost none
         # (scoring.BLACK_HOLE_SHARE): loss and churn make honest relays miss some, a black hole all.
@@ -133,7 +137,7 @@ class Custody:
     """A push this relay accepted from a home app, kept until its receipt returns (C1-C3)."""
 
     __slots__ = ("push", "attempt", "ring_step", "deadline", "next_retry", "home_down", "routed", "ring_spent",
-                 "sent_to", "sent_at", "waited_at")
+                 "sent_to", "sent_at")
 
     def __init__(self, push: Push, deadline: float) -> None:
         self.push = push
@@ -144,11 +148,9 @@ class Custody:
         self.ring_spent = 0  # worst-case ring messages of the rings sent so far (fallback_budget)
         self.deadline = deadline
         self.next_retry = 0.0
-        # Rule C7: the one next hop the last attempt went to (None: a ring), when, and when a retry
-        # last waited for the queue there.
+        # Rule C7: the one next hop the last attempt went to (None: a ring or none), and when.
         self.sent_to: str | None = None
         self.sent_at = 0.0
-        self.waited_at = 0.0
 
 
 class EngineState:
