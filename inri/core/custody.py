@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import math
+from collections import deque
 
 from inri.core.api import (
     CustodyReleased,
@@ -20,6 +22,7 @@ from inri.core.state import (
     RECEIPT_STATUS,
     Custody,
     EngineState,
+    Neighbour,
     ReverseMark,
     readdress,
 )
@@ -33,6 +36,9 @@ from inri.protocol.messages import (
 
 ROUTE_ATTEMPTS = 2  # custody attempts that follow routes before the expanding ring starts
 PARK_FACTOR = 4  # parked custody (escalation exhausted) retries along the route every 4 retry periods
+# Rule C7: a push queued behind pushes its next hop still works through is looked at again after this
+# share of the queue's measured delay (the answer delay of the latest-sent push it answered).
+QUEUE_LOOK = 0.5
 _LOCAL = ReverseMark.LOCAL
 _LATE = ReverseMark.LATE
 
@@ -168,7 +174,9 @@ class CustodyRules(EngineState):
             nh = self._next_hop(push.route_id, None, alternate=c.attempt == 1)
             if nh is not None:
                 c.routed = True
+                self._sent_to(c, nh, now)
                 return [self._forward(readdress(push, limits.MAX_TTL, 0, c.attempt, 0), nh, now)]
+        c.sent_to = None
         radii = limits.RING_RADII
         if c.ring_step < len(radii):
             ring = radii[c.ring_step]
@@ -196,6 +204,7 @@ class CustodyRules(EngineState):
         if nh is None:
             return []  # no route here yet: the next retry looks again (gossip or a returning home brings it)
         c.routed = True
+        self._sent_to(c, nh, now)
         return [self._forward(readdress(push, limits.MAX_TTL, 0, c.attempt, 0), nh, now)]
 
     # Rule C1.
@@ -204,6 +213,13 @@ class CustodyRules(EngineState):
         self._reverse.pop(pid, None)
         if c is None:
             return []
+        st = None if c.sent_to is None else self._active.get(c.sent_to)
+        if st is not None:  # rule C7
+            st.queue_heard = now
+            if c.attempt == 0 and c.sent_at > st.queue_sent:  # one copy, sent to one next hop, answered
+                st.queue_sent = c.sent_at
+                st.queue_delay = now - c.sent_at
+            self._queue_front(st)
         final = RECEIPT_STATUS[status]
         if self._level:
             self._trace(now, "push_settled", msg=pid.hex(), route=c.push.route_id.hex(), hops=hops, reason=final)
@@ -223,19 +239,18 @@ class CustodyRules(EngineState):
                 self._trace(now, "push_settled", msg=pid.hex(), route=c.push.route_id.hex(), reason=final)
                 self._trace(now, "push_dropped", msg=pid.hex(), route=c.push.route_id.hex(), reason=final)
             return [CustodyReleased(pid, final)]
+        queued = self._queued_until(c, now)
+        if queued is not None:
+            # Rule C7: the push waits in a queue that is being answered; a copy would only lengthen it.
+            self._count("custody_retry_queued")
+            c.next_retry = min(queued, c.deadline)
+            self._schedule(pid, c.next_retry)
+            return []
         wait = self._answer_expected(pid, now)
         if wait is not None:
             # The next hop is slow but answering (rule S1): re-sending now would add load to a path
             # that is already behind. Wait for its answer (or its grace to end) first.
             self._count("custody_retry_deferred")
-            c.next_retry = min(wait, c.deadline)
-            self._schedule(pid, c.next_retry)
-            return []
-        wait = self._path_behind(pid, c.push.route_id, now) if c.attempt < ROUTE_ATTEMPTS and not c.home_down else None
-        if wait is not None:
-            # Rule C7 (rtt.py): the next hop is answering the pushes sent before this one; this one
-            # is queued behind them, not lost. Re-sending it would only load the path that is behind.
-            self._count("custody_retry_behind")
             c.next_retry = min(wait, c.deadline)
             self._schedule(pid, c.next_retry)
             return []
@@ -260,6 +275,7 @@ class CustodyRules(EngineState):
         if nh is None:
             return self._parked_search(c, now)
         c.routed = True
+        self._sent_to(c, nh, now)
         self._reverse.put(pid, (_LOCAL, now + cfg.reverse_ttl_s, None, -1))
         self._mark_seen((pid, c.attempt * 2), now)
         push = self._aged(c, now)
@@ -282,6 +298,7 @@ class CustodyRules(EngineState):
                 or c.push.route_id not in self._routes):  # a route never known here: searched already
             return []
         c.ring_spent += cost
+        c.sent_to = None
         pid = c.push.push_id
         self._count("custody_parked_search")
         self._reverse.put(pid, (_LOCAL, now + cfg.reverse_ttl_s, None, -1))
@@ -291,6 +308,62 @@ class CustodyRules(EngineState):
             self._trace(now, "push_fallback", msg=pid.hex(), route=push.route_id.hex(), ttl=LOCAL_REPAIR_RADIUS,
                         count=c.attempt)
         return self._ring_flood(readdress(push, cfg.push_ttl, 0, c.attempt, LOCAL_REPAIR_RADIUS), None, now)
+
+    # Rule C7.
+    def _sent_to(self, c: Custody, nh: str, now: float) -> None:
+        c.sent_to = nh
+        c.sent_at = now
+        if c.attempt == 0:
+            st = self._active.get(nh)
+            if st is not None:
+                if st.queue_order is None:
+                    st.queue_order = deque()
+                st.queue_order.append((now, c.push.push_id))
+
+    # Rule C7.
+    def _queue_front(self, st: Neighbour) -> float:
+        """When the oldest push sent to nh that is still in custody was first sent (inf: none): its first
+        copy is ahead of every later one in nh's queue, re-sent or not. Settled ones leave the front."""
+        order = st.queue_order
+        if order is None:
+            return math.inf
+        custody = self._custody
+        while order:
+            sent, pid = order[0]
+            if pid in custody:
+                return sent
+            order.popleft()
+        return math.inf
+
+    # Rule C7.
+    def _queued_until(self, c: Custody, now: float) -> float | None:
+        """When to look again at a push due for a retry that waits in a queue its next hop is working
+        through (None: it does not, the retry goes ahead).
+
+        Queued: the one next hop the last attempt went to is answering (a receipt for a push of ours
+        came back from it within custody_retry_s), answers in order (no push sent to it after this one
+        has been answered yet), and pushes sent to it before this one still wait for their answers:
+        their turn comes first, this one's after. A copy sent now would only join the same queue (a
+        loaded 3-hop line answering seconds late had its custodian re-send most pushes, and every relay
+        on it, the home too, handled each twice). That holds when the retry would take another next hop
+        too: the copy would reach the same home, whose answers are part of the queue, and under load
+        every backup path would carry every push twice. The retry of a push whose next hop went quiet
+        or unresponsive, or answered a later push, or answered all the earlier ones (this one was lost),
+        goes ahead. Looked at again after half the queue's measured delay (at least a retry period):
+        a push lost in a long queue is re-sent about that soon after a later one is answered.
+        """
+        nh = c.sent_to
+        cfg = self.config
+        if nh is None or not cfg.adaptive_retry or c.home_down:
+            return None
+        st = self._active.get(nh)
+        if (st is None or st.queue_heard < now - cfg.custody_retry_s or st.queue_sent >= c.sent_at
+                or self._unresponsive(nh) or self._queue_front(st) >= c.sent_at):
+            return None
+        nxt = c.attempt + 1
+        rid = c.push.route_id
+        period = self._retry_period(rid) if nxt < ROUTE_ATTEMPTS else cfg.custody_retry_s
+        return now + max(period, QUEUE_LOOK * st.queue_delay)
 
     # Rule C2.
     def _schedule(self, pid: bytes, when: float) -> None:

@@ -31,14 +31,6 @@ C6. A relay whose transport reports a neighbour unresponsive (`Engine.link_unres
     only as a low-scored one is (rule S2: when no other is alive), until a frame from it arrives.
     Under churn the pushes that met a relay that had just died were most of the latency tail: the
     custodian's retry came 0.6-1.9 s after the push, the link's keepalive timeout seconds later.
-C7. Behind, not lost (time-based loss detection in the manner of TCP's RACK, RFC 8985): when the
-    custodian's route retry comes while the push's next hop is alive and has answered since the
-    push left, but only pushes sent to it before this one (none sent later has been answered), the
-    push is queued behind the others on a path that is slow, not lost: the retry waits until the
-    push's answer is due (receipt_timeout_s, rule F6; S1 then blames or extends a slow neighbour's
-    grace) instead of re-sending. A push that a later one overtook is re-sent at its C4 time as
-    before. Under load an entry relay's C4 re-sends had doubled the work of the path that was behind
-    (a 3-hop line under wrk: 2.3 push frames per stored push, every hop).
 
 With `adaptive_retry = false` the custodian re-sends after custody_retry_s periods as before.
 """
@@ -119,26 +111,6 @@ class RttRules(EngineState):
             return cap
         expected = PATH_FACTOR * d * (self._hop_srtt + RTT_VAR_FACTOR * self._hop_rttvar)
         return min(cap, max(cfg.receipt_timeout_min_s, expected))
-
-    # Rule C7.
-    def _path_behind(self, pid: bytes, rid: bytes, now: float) -> float | None:
-        """When to look again at a custody retry of push pid whose next hop is behind, not silent: it
-        answered since the push left, but only pushes sent to it before this one. None: not behind, so
-        the retry goes ahead."""
-        if not self.config.adaptive_retry:
-            return None
-        waited = self._await.get(pid)
-        if waited is None or waited[1] <= now:
-            return None
-        peer, sent = waited[0], waited[2]
-        st = self._active.get(peer)
-        if st is None or st.last_heard <= sent or st.unresponsive_at > st.last_heard:
-            return None  # silent since the push left (or unresponsive): C4's retry, C5-C6
-        if st.answered_at <= sent or st.answered_sent >= sent:
-            # Nothing answered since it left (a black hole answers nothing; C4 re-sends the push), or a
-            # push sent after it was answered: this one is lost.
-            return None
-        return min(waited[1], now + self._retry_period(rid))
 
     # Rule C6.
     def link_unresponsive(self, peer: str, now: float) -> list[Effect]:

@@ -120,12 +120,7 @@ class ScoringRules(EngineState):
                 return False
             del self._await[pid]
             sent = waited[2]
-            # Rule C7 (rtt.py): the send time of a first attempt only (Karn: which copy a re-sent push's
-            # answer is for is unknown, and a re-send's later time would make every push sent before it
-            # look overtaken).
-            first_sent = sent if waited[4].attempt == 0 else -float("inf")
         else:
-            first_sent = -float("inf")
             late = self._overdue.get(pid)
             if late is not None:
                 if late[0] != peer:
@@ -150,8 +145,6 @@ class ScoringRules(EngineState):
         if state is not None:
             state.answers += 1.0
             state.answered_at = now
-            if first_sent > state.answered_sent:
-                state.answered_sent = first_sent  # rule C7 (rtt.py)
             state.answer_delay += ANSWER_DELAY_WEIGHT * ((now - sent) - state.answer_delay)
             gain = credit + (cfg.score_receipt if reward else 0.0)
             if gain:

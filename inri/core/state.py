@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from collections import deque
 from collections.abc import Callable
 from enum import Enum
 from typing import TYPE_CHECKING, Any
@@ -97,7 +98,7 @@ class Neighbour:
 
     __slots__ = ("addr", "outbound", "last_heard", "last_sent", "reg_budget", "nonce", "score", "push_budget",
                  "congested_at", "answered_at", "answer_delay", "answers", "silences", "ka_sent", "unresponsive_at",
-                 "answered_sent")
+                 "queue_order", "queue_sent", "queue_delay", "queue_heard")
 
     def __init__(self, addr: str, outbound: bool, now: float, burst: float, push_burst: float) -> None:
         self.addr = addr
@@ -113,6 +114,14 @@ class Neighbour:
         # route error), and the moving average of how long its answers took (late ones included).
         self.answered_at = -float("inf")
         self.answer_delay = 0.0
+        # Rule C7 (custody.py): the pushes this relay holds in custody and sent it once, in the order
+        # sent (settled ones leave from the front); of those answered (no re-send: which copy was
+        # answered is unknown), when the latest-sent one had been sent and how long its answer took (a
+        # queue answers in order); and when a receipt for one of them last came back from it.
+        self.queue_order: deque[tuple[float, bytes]] | None = None  # made at the first such push
+        self.queue_sent = -float("inf")
+        self.queue_delay = 0.0
+        self.queue_heard = -float("inf")
         # Pushes forwarded to it that it answered, and that it was blamed for (no answer in time),
         # decayed as the score is: a link is cut for missing answers only when it answers almost none
         # (scoring.BLACK_HOLE_SHARE): loss and churn make honest relays miss some, a black hole all.
@@ -122,15 +131,13 @@ class Neighbour:
         # Rule C6: when the driver's transport last reported it unresponsive (nothing it was sent was
         # acknowledged); it is a suspect next hop until a frame from it arrives (last_heard is later).
         self.unresponsive_at = -float("inf")
-        # Rule C7: the latest time a push it answered had been sent to it (a push sent before that and
-        # not answered was overtaken; one sent after it is still in the queue behind).
-        self.answered_sent = -float("inf")
 
 
 class Custody:
     """A push this relay accepted from a home app, kept until its receipt returns (C1-C3)."""
 
-    __slots__ = ("push", "attempt", "ring_step", "deadline", "next_retry", "home_down", "routed", "ring_spent")
+    __slots__ = ("push", "attempt", "ring_step", "deadline", "next_retry", "home_down", "routed", "ring_spent",
+                 "sent_to", "sent_at")
 
     def __init__(self, push: Push, deadline: float) -> None:
         self.push = push
@@ -141,6 +148,9 @@ class Custody:
         self.ring_spent = 0  # worst-case ring messages of the rings sent so far (fallback_budget)
         self.deadline = deadline
         self.next_retry = 0.0
+        # Rule C7: the one next hop the last attempt went to (None: a ring or none), and when.
+        self.sent_to: str | None = None
+        self.sent_at = 0.0
 
 
 class EngineState:
@@ -305,7 +315,6 @@ class EngineState:
         def _tree_peer_down(self, peer: str) -> None: ...
         # rtt.py
         def _retry_period(self, rid: bytes) -> float: ...
-        def _path_behind(self, pid: bytes, rid: bytes, now: float) -> float | None: ...
         def _receipt_rtt(self, peer: str, msg: Receipt, now: float) -> None: ...
         def _reroute_awaited(self, peer: str, now: float, counter: str = ...) -> list[Effect]: ...
         def _keep_awaiting(self, pid: bytes, nh: str, now: float) -> bool: ...

@@ -56,8 +56,6 @@ _PLAIN = {
                                "pushes_refused_overloaded"),
     "inri_receipts_late": ("answers that came after receipt_timeout_s, in a slow neighbour's grace", "engine",
                            "receipt_in_grace"),
-    "inri_custody_retries_behind": ("custody re-sends not made: the next hop still answers the pushes sent before "
-                                    "(rule C7)", "engine", "custody_retry_behind"),
     "inri_receipts_late_credited": ("answers that came after their push was blamed: penalty given back",
                                     "engine", "receipt_late_credited"),
     "inri_internal_errors": ("frames whose handling raised (bugs)", "service", "internal_errors"),
