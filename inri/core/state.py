@@ -96,7 +96,8 @@ class Neighbour:
     """An active neighbour: its link, liveness, flood budgets (G4) and score (S1)."""
 
     __slots__ = ("addr", "outbound", "last_heard", "last_sent", "reg_budget", "nonce", "score", "push_budget",
-                 "congested_at", "answered_at", "answer_delay", "answers", "silences", "ka_sent", "unresponsive_at")
+                 "congested_at", "answered_at", "answered_sent", "answer_delay", "answers", "silences", "ka_sent",
+                 "unresponsive_at")
 
     def __init__(self, addr: str, outbound: bool, now: float, burst: float, push_burst: float) -> None:
         self.addr = addr
@@ -111,6 +112,9 @@ class Neighbour:
         # Slowness is not silence (rule S1): when it last answered a push we forwarded (receipt or
         # route error), and the moving average of how long its answers took (late ones included).
         self.answered_at = -float("inf")
+        # Rule C4b: when the latest-sent push it answered had been sent to it (a custodian does not
+        # re-send a push into a busy path while only pushes sent before it are being answered).
+        self.answered_sent = -float("inf")
         self.answer_delay = 0.0
         # Pushes forwarded to it that it answered, and that it was blamed for (no answer in time),
         # decayed as the score is: a link is cut for missing answers only when it answers almost none

@@ -100,9 +100,38 @@ def _optional_bytes(value: object, size: int, name: str) -> bytes | None:
     return None if value is None else _bytes(value, size, name)
 
 
+# Registrations decoded lately, by their exact fields: every push frame carries its registration, so
+# a relay forwarding many pushes of one device decodes the same one over and over (issue 16: decode
+# once). A hit returns the object decoded before (equal, immutable): no re-validation, no route id
+# hash, and the verifier's identity fast path (verify.py) answers its signature check. Only valid
+# registrations are entered; a lookup is made only when the integer fields are ints (1 == True ==
+# 1.0 in a Python dict key: a bool or a float must still be refused). Bounded: cleared when full.
+_REG_CACHE: dict[tuple[Any, ...], Registration] = {}
+REG_CACHE_MAX = 4096
+
+
 def _reg_from_list(raw: object) -> Registration:
     if type(raw) is not list:
         raise DecodeError("malformed", "registration: expected an array")
+    if len(raw) == 6 and type(raw[1]) is int and type(raw[2]) is int and type(raw[3]) is int:
+        key = tuple(raw)
+        try:
+            hit = _REG_CACHE.get(key)
+        except TypeError:  # an unhashable field (a list where bytes belong): malformed, refused below
+            hit = None
+            key = ()
+        if hit is not None:
+            return hit
+        reg = _reg_checked(raw)
+        if key:
+            if len(_REG_CACHE) >= REG_CACHE_MAX:
+                _REG_CACHE.clear()
+            _REG_CACHE[key] = reg
+        return reg
+    return _reg_checked(raw)
+
+
+def _reg_checked(raw: list[Any]) -> Registration:
     f = _fields(raw, 6, "registration")
     return Registration(
         route_key=_bytes(f[0], L.KEY_BYTES, "route_key"),
