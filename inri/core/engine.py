@@ -255,6 +255,7 @@ class Engine(MembershipRules, GossipRules, StemRules, TreeRules, ForwardingRules
         self._hop_srtt = 0.0  # rtt.py (C4)
         self._hop_rttvar = 0.0
         self._rtt_from_paths = False
+        self._heard_any = -float("inf")  # scoring.py (C4b): when a frame last came from any neighbour
         # Slow, not silent (rule S1, scoring.py): pushes past receipt_timeout_s whose next hop keeps
         # answering, slowly, get a longer grace: push id -> (next hop, sent, grace end), with a heap
         # (grace end, push id) for expiry; pushes blamed on a neighbour (push id -> (next hop, sent,
@@ -321,6 +322,7 @@ class Engine(MembershipRules, GossipRules, StemRules, TreeRules, ForwardingRules
             self._count("frames_from_stranger")
             return []
         state.last_heard = now
+        self._heard_any = now
         if type(msg) is RegGossip:  # most frames: one type check, not a class pattern (3x the cost on 3.11)
             return self._on_gossip(peer, state, msg, now)
         # Most frequent first: gossip, then pushes. A message type added to protocol.messages.Message

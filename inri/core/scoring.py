@@ -243,17 +243,21 @@ class ScoringRules(EngineState):
         sent to it before this one (None: re-send now).
 
         Links are ordered (one QUIC stream) and a relay handles frames in turn, so while answers keep
-        coming for pushes sent before this one and none for a push sent after it, this push is queued
-        behind them, not lost: a re-send would only double the queue (measured on a loaded 3-hop line:
-        6 push frames per 4 pushes stored). It goes ahead as soon as a push sent after this one is
-        answered (this one fell out of the order: lost), when answers stop for a retry period, or when
-        the push's own answer deadline (F6, S1) passes."""
+        coming, since this push left, for pushes sent before it and none for a push sent after it, this
+        push is queued behind them, not lost: a re-send would only double the queue (measured on a
+        loaded 3-hop line: 6 push frames per 4 pushes stored). It goes ahead as soon as a push sent
+        after this one is answered (this one fell out of the order: lost), when answers stop for a
+        retry period (at least BUSY_SILENCE_S), or when the push's own answer deadline (F6, S1) passes."""
         nh, deadline, sent = waited[0], waited[1], waited[2]
         st = self._active.get(nh)
-        if st is None or not self.config.adaptive_retry or deadline <= now or st.answered_sent >= sent:
-            return None
+        if (st is None or not self.config.adaptive_retry or deadline <= now or st.answered_sent >= sent
+                or st.answered_at <= sent):
+            return None  # a push sent after it was answered, or nothing was since it left: not busy
         period = self._retry_period(waited[3])
-        if now - st.answered_at >= max(period, BUSY_SILENCE_S):
-            return None  # nothing answered lately: the path is not busy, it is silent here
+        # Silent for: from its last answer to the last frame this relay read from any neighbour, not to
+        # now: a relay that was itself stalled (its timers may run before it reads what came meanwhile)
+        # must not take its own pause for the path's silence.
+        if self._heard_any - st.answered_at >= max(period, BUSY_SILENCE_S):
+            return None  # frames came, answers from nh did not: the path is not busy, it is silent
         self._count("custody_retry_path_busy")
         return min(deadline, now + period)
