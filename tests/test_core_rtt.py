@@ -262,7 +262,7 @@ def test_a_push_lost_on_a_busy_path_is_re_sent_once_a_later_one_is_answered() ->
 
 def test_a_relay_that_stalled_does_not_take_its_own_pause_for_a_silent_path() -> None:
     """Rule C4b: a busy path answers in order, then this relay stalls for 1.2 s (a loaded host; longer
-    than BUSY_SILENCE_S, shorter than the pushes' answer deadline) and its timer runs before it reads
+    than a retry period, shorter than the pushes' answer deadline) and its timer runs before it reads
     the answers that came meanwhile: the path was not silent, nothing is re-sent."""
     eng = engine()
     r = routed(eng)

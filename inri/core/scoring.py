@@ -24,11 +24,6 @@ from inri.protocol.messages import Push
 # a black hole never answers, and a fast neighbour that drops one push is blamed on time.
 SLOW_GRACE_FACTOR = 3.0
 SLOW_GRACE_MAX_FACTOR = 8.0
-# Rule C4b: a next hop that answered nothing for this long (or for a retry period, if longer) is not a
-# busy path but a silent one, and a custodian's retry goes ahead. Longer than the pauses of a loaded
-# relay between rounds (a relay sharing its core with others pauses a few hundred ms; 0.25 s made a
-# loaded 3-hop line re-send one push in six), shorter than receipt_timeout_s.
-BUSY_SILENCE_S = 1.0
 ANSWER_DELAY_WEIGHT = 0.2  # moving average weight of one answer's delay (adapts within ~10 answers)
 NO_RECEIPT = "no_receipt"
 # A neighbour is cut for missing answers (rule S2) only while it answers less than this share of the
@@ -247,7 +242,7 @@ class ScoringRules(EngineState):
         push is queued behind them, not lost: a re-send would only double the queue (measured on a
         loaded 3-hop line: 6 push frames per 4 pushes stored). It goes ahead as soon as a push sent
         after this one is answered (this one fell out of the order: lost), when answers stop for a
-        retry period (at least BUSY_SILENCE_S), or when the push's own answer deadline (F6, S1) passes."""
+        retry period, or when the push's own answer deadline (F6, S1) passes."""
         nh, deadline, sent = waited[0], waited[1], waited[2]
         st = self._active.get(nh)
         if (st is None or not self.config.adaptive_retry or deadline <= now or st.answered_sent >= sent
@@ -257,7 +252,7 @@ class ScoringRules(EngineState):
         # Silent for: from its last answer to the last frame this relay read from any neighbour, not to
         # now: a relay that was itself stalled (its timers may run before it reads what came meanwhile)
         # must not take its own pause for the path's silence.
-        if self._heard_any - st.answered_at >= max(period, BUSY_SILENCE_S):
+        if self._heard_any - st.answered_at >= period:
             return None  # frames came, answers from nh did not: the path is not busy, it is silent
         self._count("custody_retry_path_busy")
         return min(deadline, now + period)
