@@ -369,8 +369,10 @@ class RelayService:
             self._count("internal_errors")
             log.exception("frame handling failed", peer=peer, size=len(data))
             return
-        self._apply(effects)
-        self._rx = None
+        try:
+            self._apply(effects)
+        finally:
+            self._rx = None
 
     def _receive_pending(self, peer: str, data: bytes) -> None:
         """A frame from a linked peer that is not an active neighbour (yet): the engine sees it first
