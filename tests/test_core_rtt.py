@@ -354,3 +354,95 @@ def test_a_push_queued_behind_answered_ones_is_not_re_sent() -> None:
     sends = burst_behind(eng, r, t + 1.0, 40, lost=5)
     resent = [i for i in range(40) if sends[pid_of(200 + i)] > 1]
     assert 5 in resent and len(resent) <= 4, sends
+
+
+def _burst(eng: Engine, r: Registration, t: float, n: int, base: int) -> list[bytes]:
+    """n pushes injected 1 ms apart from t, every one sent to a."""
+    pids = [pid_of(base + i) for i in range(n)]
+    for i, pid in enumerate(pids):
+        out = eng.inject_push(r, b"t" * 16, b"x", round(t + 0.001 * i, 6), push_id=pid)
+        assert push_sends(out.effects, pid) == ["a"]
+    return pids
+
+
+def _drain(eng: Engine, pids: list[bytes], t: float, first: float, step: float, skip: frozenset[bytes] = frozenset(),
+           stall: tuple[float, float] | None = None) -> tuple[dict[bytes, list[str]], float]:
+    """Answer pids in order through a, the first `first` s after t, then one every `step` s (a busy path
+    draining its queue), except those in skip; run the timer every 10 ms. stall (start, end): this relay
+    reads nothing in between (its timer runs at the end, before it reads what came). Returns the
+    re-sends of each push (the neighbours they went to) and when the last answer came."""
+    resent: dict[bytes, list[str]] = {}
+    due = [(round(t + first + step * i, 6), pid) for i, pid in enumerate(pids) if pid not in skip]
+    end = due[-1][0] + 1.0
+    while t < end:
+        t = round(t + 0.01, 6)
+        if stall is not None and stall[0] <= t < stall[1]:
+            continue
+        if stall is not None and stall[1] <= t < stall[1] + 0.01:
+            first_out = eng.handle_timer(t)  # the timer first (trio may run it before the receive loop)
+            for pid in pids:
+                resent.setdefault(pid, []).extend(push_sends(first_out, pid))
+        while due and due[0][0] <= t:
+            eng.receive_message("a", Receipt(due.pop(0)[1], ReceiptStatus.STORED, 3), t)
+        out = eng.handle_timer(t)
+        for pid in pids:
+            resent.setdefault(pid, []).extend(push_sends(out, pid))
+    return {p: s for p, s in resent.items() if s}, end - 1.0
+
+
+def test_a_custodian_does_not_re_send_into_a_busy_path_that_answers_in_order() -> None:
+    """Rule C7: 40 pushes leave at once; a answers them in order, one every 25 ms (a queue draining:
+    the last after 1.1 s, four retry periods). No push is re-sent (each re-send would double the queue);
+    all settle. With C4 alone, most were re-sent over b."""
+    eng = engine()
+    r = routed(eng)
+    t = learn_fast_path(eng, r)
+    assert eng._retry_period(r.route_id) < 0.3
+    pids = _burst(eng, r, t, 40, 20_000)
+    resent, _ = _drain(eng, pids, t, 0.1, 0.025)
+    assert resent == {}
+    assert eng.stats()["custody"] == 0
+    assert eng.counters["custody_retry_queued"] > 0
+
+
+def test_a_push_lost_on_a_busy_path_is_re_sent_once_a_later_one_is_answered() -> None:
+    """Rule C7 keeps loss detection: push 10 of a burst of 40 is swallowed while a answers the others
+    in order. It is re-sent (over the backup b) soon after the answer to push 11 (within the retry
+    period, which the burst's own receipts lengthened), long before its answer deadline, and it is
+    the only one re-sent."""
+    eng = engine()
+    r = routed(eng)
+    t = learn_fast_path(eng, r)
+    pids = _burst(eng, r, t, 40, 30_000)
+    sent_10 = t + 0.010
+    answered_11 = t + 0.1 + 0.025 * 10  # push 11 takes push 10's place in the answer order
+    seen: list[float] = []
+    resent: dict[bytes, list[str]] = {}
+    due = [(round(t + 0.1 + 0.025 * i, 6), pid) for i, pid in enumerate(p for p in pids if p != pids[10])]
+    while t < answered_11 + 2.0:
+        t = round(t + 0.01, 6)
+        while due and due[0][0] <= t:
+            eng.receive_message("a", Receipt(due.pop(0)[1], ReceiptStatus.STORED, 3), t)
+        out = eng.handle_timer(t)
+        for pid in pids:
+            got = push_sends(out, pid)
+            if got:
+                resent.setdefault(pid, []).extend(got)
+                if pid == pids[10]:
+                    seen.append(t)
+    assert list(resent) == [pids[10]] and resent[pids[10]] == ["b"]
+    assert answered_11 < seen[0] <= answered_11 + eng._retry_period(r.route_id) + 0.02
+    assert seen[0] < sent_10 + CFG.receipt_timeout_s / 2
+
+
+def test_a_relay_that_stalled_does_not_take_its_own_pause_for_a_silent_path() -> None:
+    """Rule C7: a busy path answers in order, then this relay stalls for 1.2 s (a loaded host; longer
+    than a retry period, shorter than the pushes' answer deadline) and its timer runs before it reads
+    the answers that came meanwhile: the path was not silent, nothing is re-sent."""
+    eng = engine()
+    r = routed(eng)
+    t = learn_fast_path(eng, r)
+    pids = _burst(eng, r, t, 60, 40_000)
+    resent, _ = _drain(eng, pids, t, 0.1, 0.025, stall=(t + 0.5, t + 1.7))
+    assert resent == {}
+    assert eng.stats()["custody"] == 0

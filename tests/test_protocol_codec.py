@@ -16,6 +16,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from inri.core.state import readdress
 from inri.core.verify import CachingVerifier, SignatureVerifier
 from inri.protocol import limits as L
 from inri.protocol.codec import (
@@ -24,11 +25,13 @@ from inri.protocol.codec import (
     decode,
     decode_registration,
     encode,
+    encode_forwarded,
     encode_registration,
     make_registration,
 )
 from inri.protocol.keys import new_signing_key
 from inri.protocol.messages import (
+    ContentEncoding,
     ErrorCode,
     ErrorFrame,
     Hello,
@@ -44,6 +47,8 @@ from inri.protocol.messages import (
     RouteError,
     RouteErrorReason,
     StemRepair,
+    Urgency,
+    WebPushMeta,
 )
 
 KEY = new_signing_key(b"\x01" * 32)
@@ -360,3 +365,66 @@ def test_frames_without_a_generation_keep_their_old_encoding() -> None:
     assert len(msgpack.unpackb(encode(RegGossip(reg, 5, 2)), raw=False)) == 5
     assert msgpack.unpackb(encode(RegGossip(reg, 5, 0, True)), raw=False)[5] is True
     assert decode(encode(RegGossip(reg, 5, 0, True))) == RegGossip(reg, 5, 0, True, 0, None)
+
+
+# -- decode once, forward without re-encoding (issue 16) ----------------------------------------------
+
+webpush_metas = st.builds(
+    WebPushMeta, endpoint_id=blob(L.ENDPOINT_ID_BYTES), tag=blob(L.WEBPUSH_TAG_BYTES),
+    ttl_s=st.integers(0, L.MAX_WEBPUSH_TTL_S), urgency=st.sampled_from(Urgency),
+    encoding=st.sampled_from(ContentEncoding), topic=st.none() | st.text(max_size=L.MAX_TOPIC_CHARS),
+    age_s=st.integers(0, L.MAX_WEBPUSH_TTL_S))
+pushes = st.builds(Push, push_id=blob(16), route_id=blob(16), token=blob(16),
+                   ciphertext=st.binary(max_size=L.MAX_CIPHERTEXT_BYTES), ttl=st.integers(0, L.MAX_TTL),
+                   hops=st.integers(0, 255), attempt=st.integers(0, 255), ring=st.integers(0, L.MAX_TTL),
+                   registration=st.none() | registrations, webpush=st.none() | webpush_metas)
+hop_fields = st.tuples(st.integers(0, L.MAX_TTL), st.integers(0, 255), st.integers(0, 255), st.integers(0, L.MAX_TTL))
+
+
+@given(pushes, hop_fields)
+def test_a_forwarded_push_frame_is_the_received_bytes_with_its_hop_fields_re_encoded(
+    push: Push, hop: tuple[int, int, int, int]
+) -> None:
+    """encode_forwarded gives exactly encode()'s bytes for the onward copy (readdress keeps the objects)."""
+    frame = encode(push)
+    got = decode(frame)
+    assert isinstance(got, Push)
+    onward = readdress(got, *hop)
+    assert encode_forwarded(onward, frame, got) == encode(onward)
+
+
+@given(pushes, hop_fields)
+def test_a_push_received_in_a_non_canonical_encoding_is_forwarded_as_what_it_decodes_to(
+    push: Push, hop: tuple[int, int, int, int]
+) -> None:
+    """A peer may send a valid frame msgpack writes otherwise (bin 16 and uint 8 where bin 8 and fixint
+    would do): the forwarded frame decodes to the onward copy, and anything but a push is re-encoded."""
+    raw = msgpack.unpackb(encode(push), raw=False)
+    head = bytes([0x90 | len(raw)]) + bytes(raw[:2])
+    body = b"".join(b"\xc5" + len(v).to_bytes(2, "big") + v for v in raw[2:6])  # bin 16, always
+    body += b"".join(b"\xcc" + bytes([v]) for v in raw[6:10])  # uint 8, always
+    frame = head + body + b"".join(msgpack.packb(v, use_bin_type=True) for v in raw[10:])
+    got = decode(frame)
+    assert got == push and isinstance(got, Push)
+    onward = readdress(got, *hop)
+    assert decode(encode_forwarded(onward, frame, got)) == onward
+    other = Push(push.push_id, push.route_id, push.token, push.ciphertext + b"x", *hop, push.registration)
+    assert encode_forwarded(other, frame, got) == encode(other)  # not a copy of what came: encoded afresh
+
+
+@given(registrations, st.sampled_from(sorted(REG_INTS)), st.sampled_from(["bool", "float"]))
+def test_a_registration_decoded_before_does_not_let_a_bool_or_a_float_through(
+    reg: Registration, pos: int, kind: str
+) -> None:
+    """The decoder remembers registrations it decoded (a push carries one per frame): a later frame with
+    the same fields but a bool or a float where an integer belongs (equal as a dict key) is refused."""
+    raw = msgpack.unpackb(encode(RegGossip(reg, 3, 1)), raw=False)
+    assert decode(msgpack.packb(raw, use_bin_type=True)) == RegGossip(reg, 3, 1)  # remembered now
+    value = raw[2][pos]
+    if kind == "bool" and value not in (0, 1):
+        value = 1
+        raw[2][pos] = 1
+        decode(msgpack.packb(raw, use_bin_type=True))  # a valid one with 1 remembered too
+    raw[2][pos] = bool(value) if kind == "bool" else float(value)
+    with pytest.raises(DecodeError):
+        decode(msgpack.packb(raw, use_bin_type=True))

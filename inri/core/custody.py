@@ -39,6 +39,10 @@ PARK_FACTOR = 4  # parked custody (escalation exhausted) retries along the route
 # Rule C7: a push queued behind pushes its next hop still works through is looked at again after this
 # share of the queue's measured delay (the answer delay of the latest-sent push it answered).
 QUEUE_LOOK = 0.5
+# Rule C7: the push at the head of the queue (nothing sent before it still in custody) is next in line
+# until this factor times the queue's measured delay after it left; later, it was lost.
+QUEUE_HEAD_SLACK = 1.5
+QUEUE_REREAD_S = 0.05  # a head push found due before the relay read past its due time: look again this soon
 _LOCAL = ReverseMark.LOCAL
 _LATE = ReverseMark.LATE
 
@@ -349,8 +353,10 @@ class CustodyRules(EngineState):
         too: the copy would reach the same home, whose answers are part of the queue, and under load
         every backup path would carry every push twice. The retry of a push whose next hop went quiet
         or unresponsive, or answered a later push, or answered all the earlier ones (this one was lost),
-        goes ahead. Looked at again after half the queue's measured delay (at least a retry period):
-        a push lost in a long queue is re-sent about that soon after a later one is answered.
+        goes ahead; the push at the head of the queue waits only while its answer is not yet due (1.5x
+        the queue's measured delay after it left, counted to the last frame this relay read). Looked
+        at again after half the queue's measured delay (at least a retry period): a push lost in a
+        long queue is re-sent about that soon after a later one is answered.
         """
         nh = c.sent_to
         cfg = self.config
@@ -358,8 +364,19 @@ class CustodyRules(EngineState):
             return None
         st = self._active.get(nh)
         if (st is None or st.queue_heard < now - cfg.custody_retry_s or st.queue_sent >= c.sent_at
-                or self._unresponsive(nh) or self._queue_front(st) >= c.sent_at):
+                or self._unresponsive(nh)):
             return None
+        if self._queue_front(st) >= c.sent_at:
+            # Nothing ahead of it: the head of the queue. Its answer is due about the queue's measured
+            # delay after it left (the delay of the latest-sent push answered); until then it is next in
+            # line, not lost, if the queue has moved since it left. After that, lost: C4's re-send.
+            # Overdue only once this relay has read frames past that time: a relay that stalled (its
+            # timers may run before it reads what came meanwhile) must not take its own pause for a
+            # lost answer.
+            due = c.sent_at + QUEUE_HEAD_SLACK * st.queue_delay
+            if st.queue_heard <= c.sent_at or self._heard_any >= due:
+                return None
+            return max(due, now + QUEUE_REREAD_S)
         nxt = c.attempt + 1
         rid = c.push.route_id
         period = self._retry_period(rid) if nxt < ROUTE_ATTEMPTS else cfg.custody_retry_s

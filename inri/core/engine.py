@@ -252,6 +252,7 @@ class Engine(MembershipRules, GossipRules, StemRules, TreeRules, ForwardingRules
         # rtt.py (C4, C5): ... and the copy sent (its hops and attempt give round-trip samples; C5 re-sends it).
         self._await: BoundedMap[bytes, tuple[str, float, float, bytes, Push]] = BoundedMap(config.reverse_max)
         self._await_heap: list[tuple[float, bytes]] = []
+        self._heard_any = -float("inf")  # custody.py (C7): when a frame last came from any neighbour
         self._hop_srtt = 0.0  # rtt.py (C4)
         self._hop_rttvar = 0.0
         self._rtt_from_paths = False
@@ -321,6 +322,7 @@ class Engine(MembershipRules, GossipRules, StemRules, TreeRules, ForwardingRules
             self._count("frames_from_stranger")
             return []
         state.last_heard = now
+        self._heard_any = now  # custody.py (C7): a relay's own stall is not its next hop's silence
         if type(msg) is RegGossip:  # most frames: one type check, not a class pattern (3x the cost on 3.11)
             return self._on_gossip(peer, state, msg, now)
         # Most frequent first: gossip, then pushes. A message type added to protocol.messages.Message

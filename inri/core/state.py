@@ -195,6 +195,7 @@ class EngineState:
     _hop_srtt: float  # rtt.py (C4): per-link round-trip estimate (0: no sample yet) and its variation
     _hop_rttvar: float
     _rtt_from_paths: bool  # rtt.py: a receipt sample came (keepalive samples are ignored from then on)
+    _heard_any: float  # custody.py (C7): when a frame last came from any neighbour
     _overdue: dict[bytes, tuple[str, float, float]]
     _hole_suspects: BoundedMap[tuple[str, bytes], float]
     _overdue_heap: list[tuple[float, bytes]]

@@ -114,6 +114,13 @@ class RelayCollector(Collector):
             if key not in _ENGINE_PLAIN_KEYS and not key.startswith(_ENGINE_PREFIXES):
                 other.add_metric([key], service.engine.counters[key])
         yield other
+        endpoint = getattr(service.network, "endpoint", None)  # the QUIC endpoint (a LinkManager's)
+        if endpoint is not None:
+            quic = CounterMetricFamily("inri_quic_datagrams", "UDP datagrams of the QUIC endpoint (frames and "
+                                       "acknowledgements), by direction", labels=["direction"])
+            quic.add_metric(["in"], endpoint.stats.get("datagrams_in", 0))
+            quic.add_metric(["out"], endpoint.stats.get("datagrams_out", 0))
+            yield quic
         limited = CounterMetricFamily("inri_rate_limited", "requests refused by a rate limit (per client, device, "
                                       "token)", labels=["key"])
         for key, limiter in (("client", api.rate), ("device", api.device_rate), ("token", api.token_rate),

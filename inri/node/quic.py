@@ -81,6 +81,7 @@ RECV_QUEUE_BYTES = 16 * 1024 * 1024  # frames buffered per link, unread, before 
 _LEN = struct.Struct(">I")
 log = structlog.get_logger("inri.quic")
 _STREAM = 0  # the client's first bidirectional stream carries every frame
+_CID_BYTES = 8  # the length of the connection ids this endpoint issues (aioquic's default)
 
 
 # Rule C6: a link whose probe timeout fired this many times in a row (PTO, then the doubled PTO: about
@@ -548,12 +549,16 @@ class QuicEndpoint:
     def _datagram(self, data: bytes, addr: Any) -> None:
         """One datagram from addr: to its connection (a new one for a valid Initial packet)."""
         self.stats["datagrams_in"] += 1
-        try:
-            header = pull_quic_header(Buffer(data=data), host_cid_length=8)
-        except ValueError:
-            self.stats["bad_datagrams"] += 1
-            return
-        conn = self.cids.get(header.destination_cid)
+        # Most datagrams are 1-RTT packets (short header: first bit 0), whose destination connection id
+        # (ours, _CID_BYTES long) follows the first byte: looked up without parsing the header.
+        conn = self.cids.get(data[1 : 1 + _CID_BYTES]) if len(data) > _CID_BYTES and not data[0] & 0x80 else None
+        if conn is None:
+            try:
+                header = pull_quic_header(Buffer(data=data), host_cid_length=_CID_BYTES)
+            except ValueError:
+                self.stats["bad_datagrams"] += 1
+                return
+            conn = self.cids.get(header.destination_cid)
         if conn is None:
             if (
                 self._on_link is None

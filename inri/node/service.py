@@ -43,7 +43,7 @@ from inri.core.config import EngineConfig
 from inri.core.engine import Engine
 from inri.core.verify import CachingVerifier
 from inri.node.store import Store
-from inri.protocol.codec import encode, encode_unchecked
+from inri.protocol.codec import DecodeError, decode, encode, encode_forwarded, encode_unchecked
 from inri.protocol.keys import receipt_public_key
 from inri.protocol.messages import (
     ErrorFrame,
@@ -188,6 +188,7 @@ class RelayService:
         self._active: set[str] = set()  # the engine's active view as last read (refreshed on a miss)
         self._pending_frames: dict[str, list[bytes]] = {}  # see PENDING_FRAMES_PEER_MAX_BYTES
         self._pending_bytes: dict[str, int] = {}
+        self._rx: tuple[Any, bytes] | None = None  # the frame being handled, decoded, and its bytes
 
     def _count(self, name: str, n: int = 1) -> None:
         self.counters[name] = self.counters.get(name, 0) + n
@@ -204,13 +205,23 @@ class RelayService:
         now = self.wall_clock()  # the store keeps wall-clock times
         offset = self.engine.wall_offset
         attempts: list[tuple[bytes, int]] = []
+        last_msg: object = None
+        frame = b""
         for e in effects:
             match e:  # every effect type is handled: assert_never makes mypy flag a new one
                 case Send():
                     msg = e.msg
+                    if msg is not last_msg:  # a ring copy goes to several neighbours: encoded once
+                        last_msg = msg
+                        rx = self._rx
+                        if rx is not None and msg is rx[0]:
+                            frame = rx[1]  # passed on unchanged: the frame that came
+                        elif rx is not None and type(msg) is Push and type(rx[0]) is Push:
+                            frame = encode_forwarded(msg, rx[1], rx[0])
+                        else:
+                            frame = encode_unchecked(msg) if type(msg) in _UNCHECKED else encode(msg)
                     # Frames leave only once what they vouch for is committed (a receipt for a stored
                     # message, a forward of a push in custody): with group commit, after this round's.
-                    frame = encode_unchecked(msg) if type(msg) in _UNCHECKED else encode(msg)
                     self.store.after_commit(functools.partial(self.network.send, e.peer, frame, e.delay))
                     self._count(_OUT_NAMES[type(msg)])
                     if isinstance(msg, Push) and msg.attempt and msg.hops == 0 and msg.push_id in self._custody:
@@ -343,12 +354,25 @@ class RelayService:
 
     def _handle_frame(self, peer: str, data: bytes) -> None:
         try:
-            effects = self.engine.receive_frame(peer, data, self._now())
+            try:
+                msg = decode(data)
+            except DecodeError:  # the engine answers and scores a malformed frame
+                effects = self.engine.receive_frame(peer, data, self._now())
+            else:
+                # Decoded once here, so that what the engine passes on unchanged (a receipt, a route
+                # error) leaves as the bytes that came, and a forwarded push as those bytes with its
+                # hop fields re-encoded (_apply): no re-encoding per hop (issue 16).
+                self._rx = (msg, data)
+                effects = self.engine.receive_message(peer, msg, self._now())
         except Exception:  # a bug on one frame must not take the relay down
+            self._rx = None
             self._count("internal_errors")
             log.exception("frame handling failed", peer=peer, size=len(data))
             return
-        self._apply(effects)
+        try:
+            self._apply(effects)
+        finally:
+            self._rx = None
 
     def _receive_pending(self, peer: str, data: bytes) -> None:
         """A frame from a linked peer that is not an active neighbour (yet): the engine sees it first

@@ -46,6 +46,7 @@ __all__ = [
     "decode",
     "decode_registration",
     "encode",
+    "encode_forwarded",
     "encode_registration",
     "make_registration",
 ]
@@ -100,9 +101,38 @@ def _optional_bytes(value: object, size: int, name: str) -> bytes | None:
     return None if value is None else _bytes(value, size, name)
 
 
+# Registrations decoded lately, by their exact fields: every push frame carries its registration, so
+# a relay forwarding many pushes of one device decodes the same one over and over (issue 16: decode
+# once). A hit returns the object decoded before (equal, immutable): no re-validation, no route id
+# hash, and the verifier's identity fast path (verify.py) answers its signature check. Only valid
+# registrations are entered; a lookup is made only when the integer fields are ints (1 == True ==
+# 1.0 in a Python dict key: a bool or a float must still be refused). Bounded: cleared when full.
+_REG_CACHE: dict[tuple[Any, ...], Registration] = {}
+REG_CACHE_MAX = 4096
+
+
 def _reg_from_list(raw: object) -> Registration:
     if type(raw) is not list:
         raise DecodeError("malformed", "registration: expected an array")
+    if len(raw) == 6 and type(raw[1]) is int and type(raw[2]) is int and type(raw[3]) is int:
+        key = tuple(raw)
+        try:
+            hit = _REG_CACHE.get(key)
+        except TypeError:  # an unhashable field (a list where bytes belong): malformed, refused below
+            hit = None
+            key = ()
+        if hit is not None:
+            return hit
+        reg = _reg_checked(raw)
+        if key:
+            if len(_REG_CACHE) >= REG_CACHE_MAX:
+                _REG_CACHE.clear()
+            _REG_CACHE[key] = reg
+        return reg
+    return _reg_checked(raw)
+
+
+def _reg_checked(raw: list[Any]) -> Registration:
     f = _fields(raw, 6, "registration")
     return Registration(
         route_key=_bytes(f[0], L.KEY_BYTES, "route_key"),
@@ -370,6 +400,39 @@ def encode_unchecked(msg: Message) -> bytes:
     mtype, fields = _to_fields(msg)
     frame: bytes = msgpack.packb([int(mtype), L.PROTOCOL_VERSION, *fields], use_bin_type=True)
     return frame
+
+
+_BIN_HEADER = {0xC4: 1, 0xC5: 2, 0xC6: 4}  # msgpack bin 8 / 16 / 32: bytes of the length that follows
+_PUSH_HEAD = (0x90 | 11, 0x90 | 12)  # a push frame's array header (native, Web Push)
+
+
+def encode_forwarded(push: Push, frame: bytes, received: Push) -> bytes:
+    """The frame of `push`, a copy of `received` (decoded from `frame`) with other hop fields (ttl,
+    hops, attempt, ring) and everything else the same objects: the received frame's bytes with those
+    four integers re-encoded (issue 16: a forwarded push is decoded once and not encoded again).
+    Falls back to encode_unchecked for any other push or frame layout."""
+    if not (push.push_id is received.push_id and push.route_id is received.route_id and push.token is received.token
+            and push.ciphertext is received.ciphertext and push.registration is received.registration
+            and push.webpush is received.webpush and len(frame) > 3 and frame[0] in _PUSH_HEAD
+            and frame[1] == MessageType.PUSH and frame[2] == L.PROTOCOL_VERSION):
+        return encode_unchecked(push)
+    pos = 3
+    for _ in range(4):  # push id, route id, token, ciphertext: bin fields
+        size = _BIN_HEADER.get(frame[pos])
+        if size is None:
+            return encode_unchecked(push)
+        pos += 1 + size + int.from_bytes(frame[pos + 1 : pos + 1 + size], "big")
+    start = pos
+    for _ in range(4):  # ttl, hops, attempt, ring: positive fixint, or uint 8 (all are at most 255)
+        b = frame[pos]
+        if b <= 0x7F:
+            pos += 1
+        elif b == 0xCC:
+            pos += 2
+        else:
+            return encode_unchecked(push)
+    ints: bytes = msgpack.packb([push.ttl, push.hops, push.attempt, push.ring])
+    return frame[:start] + ints[1:] + frame[pos:]  # ints[0]: the 4-element array header
 
 
 def decode(data: bytes) -> Message:
