@@ -73,7 +73,7 @@ class EngineConfig:
     stem_embargo_s: float = 10.0  # fail-safe: a stem relay that does not see the flood by then floods itself
     # The flood starts at hops 2 + U{0..noise}: a lone relay's hop count then says about nothing of how
     # far the flood started (privacy, 1,000 relays: the flood's part of "one relay names the home"
-    # 1.36-1.46x chance at 4, 1.20x at 12; issue 19, docs/protocol.md "What relays learn").
+    # 1.35-1.42x chance at 4, 1.12-1.22x at 12, and no stem takes it below 1x; issue 19, docs/protocol.md).
     stem_hop_noise: int = 12
 
     # Pushes
