@@ -31,7 +31,9 @@ def main() -> None:
          "ceiling": 0.2, "note": f"stem off {results['off']['colluders_epoch_link']}"},
         {"metric": "single relay names the home / chance (stem on)",
          "value": round(on["single_relay_home_guess"] / on["single_relay_chance_home"], 2), "unit": "x",
-         "ceiling": 2.0},
+         "ceiling": 2.0, "note": (f"first spy {on['single_relay_first_spy'] / on['single_relay_chance_home']:.2f}x "
+                                  f"(about 1x in any stem design), the flood "
+                                  f"{on['single_relay_flood_guess'] / on['single_relay_chance_home']:.2f}x")},
         {"metric": "baseline-1k stretch_median (stem on)", "value": price["on"]["stretch_median"], "unit": "x",
          "ceiling": 1.3, "note": f"stem off {price['off']['stretch_median']:.3f}"},
         {"metric": "baseline-1k delivery_ratio (stem on)", "value": price["on"]["delivery_ratio"], "unit": "share",

@@ -151,10 +151,13 @@ def measure(relays: int = 1000, devices: int = 100, colluders: float = 0.05, see
 
     find = stem_candidates if stem else candidates
 
-    def home_guess(observers: list[int]) -> tuple[float, float, float, int]:
-        succ, exact, count = [], 0, 0
+    def home_guess(observers: list[int]) -> tuple[float, float, float, int, float]:
+        """(P names the home, chance, share pinned exactly, registrations seen, the part of P from
+        registrations whose stem an observer was on: Dandelion's first spy)"""
+        succ, exact, count, spy = [], 0, 0, 0.0
+        obs_set = set(observers)
         for route, home in routes:
-            if home in observers:
+            if home in obs_set:
                 continue
             mask = find(route, observers)
             if mask is None:
@@ -164,8 +167,11 @@ def measure(relays: int = 1000, devices: int = 100, colluders: float = 0.05, see
             hit = bool(mask[home])
             succ.append(1.0 / k if hit and k else 0.0)
             exact += int(hit and k == 1)
+            if stem and any(x[1] in obs_set for x in stem_seen.get(route, ())):
+                spy += succ[-1]
         chance = 1.0 / (n - len(observers))
-        return (float(np.mean(succ)) if succ else 0.0), chance, (exact / count if count else 0.0), count
+        return ((float(np.mean(succ)) if succ else 0.0), chance, (exact / count if count else 0.0), count,
+                (spy / count if count else 0.0))
 
     def epoch_link(observers: list[int]) -> tuple[float, float, int]:
         first = [(routes[2 * d][0], routes[2 * d][1]) for d in range(devices)]
@@ -192,6 +198,10 @@ def measure(relays: int = 1000, devices: int = 100, colluders: float = 0.05, see
         "relays": n, "devices": devices, "seed": seed, "stem": stem,
         "single_relay_home_guess": round(float(np.mean([x[0] for x in one])), 5),
         "single_relay_home_exact": round(float(np.mean([x[2] for x in one])), 5),
+        # of single_relay_home_guess: the part from a relay on the stem naming its predecessor (Dandelion's
+        # first spy: the home's stem successor is right, so this is about chance), and the rest (the flood)
+        "single_relay_first_spy": round(float(np.mean([x[4] for x in one])), 5),
+        "single_relay_flood_guess": round(float(np.mean([x[0] - x[4] for x in one])), 5),
         "single_relay_epoch_link": round(float(np.mean([x[0] for x in one_link])), 5),
         "single_relay_chance_home": round(1.0 / (n - 1), 6),
         "colluders": len(all_observers),
@@ -210,6 +220,8 @@ def measure(relays: int = 1000, devices: int = 100, colluders: float = 0.05, see
 
 ROWS = (  # the side-by-side table: (label, key, chance key or None)
     ("one relay names the home (P)", "single_relay_home_guess", "single_relay_chance_home"),
+    ("  of which: first spy (on the stem)", "single_relay_first_spy", "single_relay_chance_home"),
+    ("  of which: from the flood", "single_relay_flood_guess", "single_relay_chance_home"),
     ("one relay pins the home exactly", "single_relay_home_exact", None),
     ("one relay links two route ids (P)", "single_relay_epoch_link", "chance_epoch_link"),
     ("colluders name the home (P)", "colluders_home_guess", "chance_home"),

@@ -229,6 +229,23 @@ def test_privacy_command_reports_stem_on_and_off_side_by_side(capsys: pytest.Cap
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["stem"] is True
 
 
+def test_one_relay_off_the_stem_learns_about_chance_from_the_flood_hop_count() -> None:
+    """Issue 19: one relay names the home at most 2x chance. Dandelion's first spy (the home's stem
+    successor names its predecessor: one relay in n - 1, so about 1x chance) is in every stem design;
+    the rest, the flood's hop count, must be worth about a random guess (1x): the start noise (G6)
+    blurs how far the relay is from where the flood started, let alone from the home."""
+    pytest.importorskip("pyarrow")
+    from simulations.privacy import measure
+
+    for seed in (2, 3):
+        m = measure(150, 20, 0.05, seed, stem=True)
+        chance = m["single_relay_chance_home"]
+        assert m["single_relay_first_spy"] + m["single_relay_flood_guess"] == pytest.approx(
+            m["single_relay_home_guess"], abs=2e-5)
+        assert m["single_relay_flood_guess"] <= 1.12 * chance, (seed, m["single_relay_flood_guess"] / chance)
+        assert 0 < m["single_relay_first_spy"] < 2 * chance
+
+
 @pytest.mark.integration
 def test_real_relays_with_the_stem_on_deliver_to_a_device_homed_behind_a_stem(tmp_path: Path) -> None:
     d = tmp_path / "mesh"
