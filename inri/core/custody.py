@@ -16,7 +16,7 @@ from inri.core.api import (
     InjectOutcome,
     InjectResult,
 )
-from inri.core.forwarding import LOCAL_REPAIR_RADIUS
+from inri.core.forwarding import LOCAL_REPAIR_RADIUS, ROUTE_ATTEMPTS
 from inri.core.state import (
     MAX_CLOCK_SKEW_S,
     RECEIPT_STATUS,
@@ -34,7 +34,6 @@ from inri.protocol.messages import (
     WebPushMeta,
 )
 
-ROUTE_ATTEMPTS = 2  # custody attempts that follow routes before the expanding ring starts
 PARK_FACTOR = 4  # parked custody (escalation exhausted) retries along the route every 4 retry periods
 # Rule C7: a push queued behind pushes its next hop still works through is looked at again after this
 # share of the queue's measured delay (the answer delay of the latest-sent push it answered).

@@ -86,6 +86,9 @@ Push forwarding
       passes on one route error per copy of the push it received.
   F7. A verified receipt makes the neighbour it came from the route's primary  forwarding.py
       next hop (a search's find repairs the route for later pushes).
+  F8. A local repair with no answer back within its expected round trip     forwarding.py
+      sends `repair failed` upstream, passed on unchanged (no route changes);
+      the custodian whose route attempt it answers takes its next step now.
 
 Custody
   C1. A home app injects at any relay with a push credential's signed          custody.py
@@ -252,6 +255,9 @@ class Engine(MembershipRules, GossipRules, StemRules, TreeRules, ForwardingRules
         # rtt.py (C4, C5): ... and the copy sent (its hops and attempt give round-trip samples; C5 re-sends it).
         self._await: BoundedMap[bytes, tuple[str, float, float, bytes, Push]] = BoundedMap(config.reverse_max)
         self._await_heap: list[tuple[float, bytes]] = []
+        # F8 (forwarding.py): local repairs this relay started, until their answer is due (a receipt
+        # passing back through here ends the wait: the reverse entry goes).
+        self._repair_heap: list[tuple[float, bytes, str, bytes]] = []
         self._heard_any = -float("inf")  # custody.py (C7): when a frame last came from any neighbour
         self._hop_srtt = 0.0  # rtt.py (C4)
         self._hop_rttvar = 0.0
@@ -379,6 +385,10 @@ class Engine(MembershipRules, GossipRules, StemRules, TreeRules, ForwardingRules
             first = self._timers[0][0]
             if t is None or first < t:
                 t = first
+        if self._repair_heap:  # F8
+            first = self._repair_heap[0][0]
+            if t is None or first < t:
+                t = first
         if self._tree_flush_at is not None or self._tree_grafts:  # G9 (tree.py)
             tree = self._tree_next()
             if tree is not None and (t is None or tree < t):
@@ -398,6 +408,8 @@ class Engine(MembershipRules, GossipRules, StemRules, TreeRules, ForwardingRules
             out += self._tree_timer(now)
         if self._await_heap and self._await_heap[0][0] <= now:
             out += self._answers_overdue(now)
+        if self._repair_heap and self._repair_heap[0][0] <= now:
+            out += self._repairs_unanswered(now)
         if self._next_tick is not None and now >= self._next_tick:
             out += self._tick(now)
         return out

@@ -31,6 +31,10 @@ from inri.protocol.messages import (
     RouteErrorReason,
 )
 
+ROUTE_ATTEMPTS = 2  # custody attempts that follow routes before the expanding ring starts (C2)
+# Rule F8: a relay's local repair is answered within (its route distance + this) link round trips: the
+# radius-2 search reaches a relay with a route at most 2 links away, whose route may be 1 longer.
+REPAIR_EXTRA_LINKS = 3
 LOCAL_REPAIR_RADIUS = 2  # a relay whose route broke searches this far before the custodian must
 # A relay whose neighbour was the home, and whose link to it has been down this long, still answers
 # `home unreachable` but also searches its neighbourhood: a restarted home may be back with other
@@ -236,9 +240,8 @@ class ForwardingRules(EngineState):
     # Rule F6.
     def _report_hole(self, pid: bytes, nh: str, now: float, rid: bytes) -> list[Effect]:
         """No answer came for push pid from nh, heard from since: the push fell into a hole after this
-        relay (a black hole, or a relay whose local repair found nothing; a failed radius-2 search
-        stays quiet, as reporting it made every relay upstream repair in turn, +55% messages on
-        churn-2k, so its upstream blames it once and reports the hole here). nh goes last among the
+        relay (a black hole, or a relay whose local repair found nothing and could not say so: F8's
+        report needs a round-trip estimate). nh goes last among the
         route's next hops, and the relay upstream hears a route error: `next hop down` when a live
         next hop is left here (the route is repaired: keep using this relay), `no route` otherwise
         (it stops using this relay for the route). Reverse state stays: a late receipt still finds
@@ -382,11 +385,92 @@ class ForwardingRules(EngineState):
                 # with a route of their own (not through us: the sender is excluded) carry it on.
                 self._count("push_local_repair")
                 self._mark_seen(ring_key, now)
+                self._watch_repair(msg, peer, now)
                 return self._ring_flood(_onward(msg, LOCAL_REPAIR_RADIUS), peer, now)
             if low is not None:  # the neighbourhood was asked: the low-scored next hop is the last resort
                 return [self._forward(_onward(msg, 0), low, now)]
             return self._push_drop(peer, msg, now, "no_route", RouteErrorReason.NO_ROUTE)
         return [self._forward(_onward(msg, 0), nh, now)]
+
+    # Rule F8.
+    def _watch_repair(self, msg: Push, prev: str, now: float) -> None:
+        """A local repair of push msg (received from prev) starts here: if no answer comes back through
+        this relay within the repair's expected round trip, the custodian hears `repair failed` (F8).
+        The wait: (route distance here + REPAIR_EXTRA_LINKS) link round trips at srtt + 2 rttvar each
+        (rule C4's per-link estimate); no estimate yet (or adaptive_retry off): no report, as before.
+        Only where the custodian can use it: for a route attempt (a ring's copies go on without it), and
+        when it would reach the custodian before the custodian's own retry (C4's period for the whole
+        route, as this relay would compute it), or it is only a cost."""
+        cfg = self.config
+        srtt = self._hop_srtt
+        if not cfg.adaptive_retry or srtt <= 0.0 or msg.attempt >= ROUTE_ATTEMPTS:
+            return
+        entry = self._routes.get(msg.route_id)
+        d = RouteTable.distance(entry) if entry is not None else 0
+        back = msg.hops + 1  # links from the custodian to here
+        if d <= 0:
+            d = back  # no route held here any more: the path so far stands in for the rest
+        wait = (d + REPAIR_EXTRA_LINKS) * (srtt + 2.0 * self._hop_rttvar)
+        if back * srtt + wait >= self._path_period(back + d):
+            return
+        heapq.heappush(self._repair_heap, (now + wait, msg.push_id, prev, msg.route_id))
+
+    # Rule F8.
+    def _repairs_unanswered(self, now: float) -> list[Effect]:
+        """Local repairs whose answer is overdue: the radius-2 search found nothing (its copies die
+        quietly). Tell the relay upstream `repair failed`: it drops this relay as a next hop for the
+        route (as for `no route`) and passes `search failed` on, which changes no route further up (a
+        demotion at most, as `next hop down`), so a hole closes one hop per failed push. The custodian
+        widens its search at once instead of re-sending into the same hole (C2)."""
+        out: list[Effect] = []
+        heap = self._repair_heap
+        while heap and heap[0][0] <= now:
+            _, pid, prev, rid = heapq.heappop(heap)
+            back = self._reverse.get(pid)
+            if back is None or back[0] != prev or prev not in self._active:
+                continue  # answered (a receipt took the reverse entry), or the way back is gone
+            guard = (pid, _ERROR_PASSED)
+            if guard in self._push_seen:
+                continue  # an answer (a route error) already went back for this copy (F6b)
+            self._push_seen.put(guard, now + self.config.reverse_ttl_s)
+            self._count("repair_failed_reported")
+            self._active[prev].last_sent = now
+            if self._level:
+                self._trace(now, "route_error", msg=pid.hex(), route=rid.hex(), peer=prev, reason="repair_failed",
+                            count=1)
+            out.append(Send(prev, RouteError(pid, rid, RouteErrorReason.REPAIR_FAILED)))
+        return out
+
+    # Rule F8.
+    def _on_repair_failed(self, peer: str, msg: RouteError, now: float) -> list[Effect]:
+        """`repair failed`: a local repair down this push's path found nothing. A notice for the
+        custodian, passed back along the reverse path (once per copy, F6b); it changes no route, score
+        or wait on the way (F6's timeouts still find and report the hole, as before F8): a relay could
+        not tell a true notice from a black hole's excuse. The custodian takes its next step (C2) at
+        once: the other route attempt (backups first) or the first ring, rather than after its retry
+        period (C4), which on a long route is seconds."""
+        back = self._reverse.get(msg.push_id)
+        if back is None:
+            return []
+        prev = back[0]
+        if prev is _LOCAL:
+            c = self._custody.get(msg.push_id)
+            if c is None or c.attempt >= ROUTE_ATTEMPTS or c.home_down or c.sent_to != peer:
+                return []  # a ring (its other copies go on), or a notice about an earlier attempt
+            if c.attempt + 1 >= self.config.custody_max_attempts:
+                return []
+            self._count("custody_escalated_repair_failed")
+            c.attempt += 1
+            return self._attempt(c, now)
+        if isinstance(prev, ReverseMark) or prev not in self._active:
+            return []
+        guard = (msg.push_id, _ERROR_PASSED)
+        if guard in self._push_seen:
+            self._count("route_error_repeat_dropped")
+            return []
+        self._push_seen.put(guard, now + self.config.reverse_ttl_s)
+        self._active[prev].last_sent = now
+        return [Send(prev, msg)]
 
     # Rule F3.
     def _push_drop(
@@ -535,6 +619,8 @@ class ForwardingRules(EngineState):
                 self._trace(now, "receipt_forwarded", msg=msg.push_id.hex(), peer=back[0], reason="duplicate",
                             count=1)
             return [Send(back[0], msg)]
+        if msg.reason == RouteErrorReason.REPAIR_FAILED:
+            return self._on_repair_failed(peer, msg, now)
         # An answer, if not a receipt: no black hole there. It earns what a receipt earns, so a
         # neighbour blamed while the home behind it was down (not yet detected) recovers.
         # `next hop down` (F6) is neutral: it earns nothing, or a black hole could buy score with it.

@@ -106,10 +106,16 @@ class RttRules(EngineState):
         entry = self._routes.get(rid)
         if entry is None:
             return cap
-        d = RouteTable.distance(entry)
-        if d <= 0:
+        return self._path_period(RouteTable.distance(entry))
+
+    # Rule C4 (period of a path of `links` links).
+    def _path_period(self, links: int) -> float:
+        """C4's retry period for a route `links` links long (custody_retry_s without an estimate)."""
+        cfg = self.config
+        cap = cfg.custody_retry_s
+        if links <= 0 or not cfg.adaptive_retry or self._hop_srtt <= 0.0:
             return cap
-        expected = PATH_FACTOR * d * (self._hop_srtt + RTT_VAR_FACTOR * self._hop_rttvar)
+        expected = PATH_FACTOR * links * (self._hop_srtt + RTT_VAR_FACTOR * self._hop_rttvar)
         return min(cap, max(cfg.receipt_timeout_min_s, expected))
 
     # Rule C6.
@@ -177,6 +183,8 @@ class RttRules(EngineState):
             return []
         self._count("push_local_repair")
         self._mark_seen(ring_key, now)
+        if prev is not None:
+            self._watch_repair(msg, prev, now)  # F8
         return self._ring_flood(readdress(msg, msg.ttl, msg.hops, msg.attempt, LOCAL_REPAIR_RADIUS), prev, now)
 
     # Rule C4 (a re-send keeps the first next hop awaited).

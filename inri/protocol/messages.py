@@ -60,6 +60,7 @@ class RouteErrorReason(IntEnum):
     OVERLOADED = 5
     HOME_UNREACHABLE = 6  # this relay's next hop WAS the home relay, and that link is gone
     DUPLICATE = 7  # this relay already handled this push attempt: its answer went back the first way
+    REPAIR_FAILED = 8  # this relay's local repair (radius-2 search) got no answer in time (rule F8)
 
 
 class ErrorCode(IntEnum):

@@ -1,0 +1,102 @@
+"""Rule F8: a relay whose local repair (radius-2 search) finds nothing says so, and the custodian widens
+its search at once instead of re-sending into the same hole; on the in-memory harness
+(inri.core.testing.MiniNet)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+
+from inri.core.api import DisconnectReason
+from inri.core.config import EngineConfig
+from inri.core.testing import MiniNet
+from inri.protocol.codec import make_registration
+from inri.protocol.keys import new_signing_key, receipt_public_key
+from inri.protocol.messages import Push, Registration, RouteError, RouteErrorReason
+
+# The custodian 0 reaches the home 3 along 0-1-2-9-3 (4 hops, the fastest: its only route) and, unknown
+# to its route table, along 0-5-6-8-10-3 (5 hops: not a feasible backup). Relay 2's other neighbour 7 is
+# a dead end. When the link 2-9 breaks, 2's local repair can only ask 7, which has no route of its own.
+EDGES = [(0, 1), (1, 2), (2, 9), (9, 3), (2, 7), (0, 5), (5, 6), (6, 8), (8, 10), (10, 3)]
+# The custodian's own retry comes no sooner than 1 s (as on a long route under load): what is measured
+# here is how soon the failed repair is known.
+CFG = replace(EngineConfig(), receipt_timeout_min_s=1.0)
+
+
+def _net(config: EngineConfig = CFG) -> tuple[MiniNet, Registration, list[bytes]]:
+    net = MiniNet(11, EDGES, config=config)
+    net.run_until(1.0)
+    secret = os.urandom(32)
+    reg = make_registration(new_signing_key(), 1, 0, 3600, receipt_public_key(secret))
+    tokens = [os.urandom(16) for _ in range(4)]
+    net.homes[3].add_registration(reg, tokens, secret)
+    net.apply("3", net.engines[3].register(reg, net.now))
+    net.run_until(4.0)  # keepalives have given every relay a round-trip estimate
+    assert "1" in [h for h, _ in net.engines[0].next_hops(reg.route_id)]
+    assert [h for h, _ in net.engines[2].next_hops(reg.route_id)] == ["9"]
+    return net, reg, tokens
+
+
+def _break_2_9(net: MiniNet) -> None:
+    for pair in (("2", "9"), ("9", "2")):
+        del net.links[pair]
+    net.apply("2", net.engines[2].peer_down("9", net.now, DisconnectReason.LINK_LOST))
+    net.apply("9", net.engines[9].peer_down("2", net.now, DisconnectReason.LINK_LOST))
+
+
+def _inject(net: MiniNet, reg: Registration, token: bytes) -> bytes:
+    res = net.engines[0].inject_push(reg, token, b"x", net.now)
+    assert res.push_id is not None
+    net.apply("0", res.effects)
+    return res.push_id
+
+
+def _route_copies(net: MiniNet, src: str, dst: str, pid: bytes) -> int:
+    return sum(1 for a, b, m in net.sent
+               if a == src and b == dst and isinstance(m, Push) and m.push_id == pid and not m.ring)
+
+
+def test_a_failed_local_repair_sends_the_custodian_to_its_next_step_at_once() -> None:
+    """2's search finds nothing; within a few link round trips 2 tells 1 `repair failed`, 1 passes it on
+    unchanged, and the custodian takes its next step at once: the second route attempt (it meets the
+    same hole, and the same notice comes back), then its first ring, where 5 carries the push home, all
+    well before the custodian's own retry (1 s). Before F8 the search's copies died quietly and the push
+    waited for two retry periods (about 2 s). The notices change no route on the way."""
+    net, reg, tokens = _net()
+    _break_2_9(net)
+    t0 = net.now
+    pid = _inject(net, reg, tokens[0])
+    net.run_until(t0 + 0.6)
+    assert ("3", pid) in net.delivered
+    assert net.custody.get(pid) is not None and net.custody[pid].value == "delivered"
+    assert net.engines[2].stats().get("repair_failed_reported", 0) >= 2  # one per route attempt (+ the ring's)
+    assert net.engines[0].stats().get("custody_escalated_repair_failed", 0) == 2
+    reasons = [(a, b, m.reason) for a, b, m in net.sent if isinstance(m, RouteError) and m.push_id == pid]
+    assert reasons.count(("2", "1", RouteErrorReason.REPAIR_FAILED)) >= 2
+    assert reasons.count(("1", "0", RouteErrorReason.REPAIR_FAILED)) >= 2  # passed on
+    assert _route_copies(net, "0", "1", pid) == 2  # the two route attempts; then the ring
+    assert [h for h, _ in net.engines[1].next_hops(reg.route_id)] == ["2"]  # notices change no route
+    assert "1" in [h for h, _ in net.engines[0].next_hops(reg.route_id)]
+    net.run_until(t0 + 3.0)
+    stats = net.engines[2].stats()  # at most one notice per search (the ring's copy through 1 searched too)
+    assert stats.get("repair_failed_reported", 0) <= stats.get("push_local_repair", 0) <= 3
+
+
+def test_a_repair_that_finds_the_home_reports_nothing() -> None:
+    """The same hole, but 7 has a way home of its own (a link to 10): the search is answered (the
+    receipt passes back through 2), so no `repair failed` is sent and the custodian does not escalate."""
+    net = MiniNet(11, EDGES + [(7, 10)], config=CFG)
+    net.run_until(1.0)
+    reg = make_registration(new_signing_key(), 1, 0, 3600)
+    tokens = [os.urandom(16)]
+    net.homes[3].add_registration(reg, tokens)
+    net.apply("3", net.engines[3].register(reg, net.now))
+    net.run_until(4.0)
+    assert [h for h, _ in net.engines[2].next_hops(reg.route_id)][0] == "9"
+    _break_2_9(net)
+    t0 = net.now
+    pid = _inject(net, reg, tokens[0])
+    net.run_until(t0 + 3.0)
+    assert ("3", pid) in net.delivered
+    assert net.engines[2].stats().get("repair_failed_reported", 0) == 0
+    assert net.engines[0].stats().get("custody_escalated_repair_failed", 0) == 0
