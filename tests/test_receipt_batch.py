@@ -108,7 +108,8 @@ async def test_the_home_answers_a_rounds_pushes_of_a_route_with_one_signed_batch
         # One round: 20 pushes from UP, 10 from SIDE (the frames of one datagram read), the last one of
         # them again from UP (a second copy: answered once).
         for i, pid in enumerate(pids):
-            svc.receive_frame(UP if i < 20 else SIDE, encode(Push(pid, reg.route_id, tokens[i], b"c", 120, 2, 0, 0, reg)))
+            frame = encode(Push(pid, reg.route_id, tokens[i], b"c", 120, 2, 0, 0, reg))
+            svc.receive_frame(UP if i < 20 else SIDE, frame)
         svc.receive_frame(UP, encode(Push(pids[0], reg.route_id, tokens[0], b"c", 120, 2, 1, 0, reg)))
         assert sink.sent == []  # nothing leaves before the round's commit
         await trio.sleep(0.05)

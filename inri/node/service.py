@@ -68,7 +68,8 @@ log = structlog.get_logger("inri.service")
 
 _OUT_NAMES = {cls: "frames_out_" + t.name.lower() for cls, t in (
     (Hello, MessageType.HELLO), (RegGossip, MessageType.REG_GOSSIP), (Push, MessageType.PUSH),
-    (Receipt, MessageType.RECEIPT), (ReceiptBatch, MessageType.RECEIPT_BATCH), (RouteError, MessageType.ROUTE_ERROR), (Keepalive, MessageType.KEEPALIVE),
+    (Receipt, MessageType.RECEIPT), (ReceiptBatch, MessageType.RECEIPT_BATCH), (RouteError, MessageType.ROUTE_ERROR),
+    (Keepalive, MessageType.KEEPALIVE),
     (PeerExchange, MessageType.PEER_EXCHANGE), (ErrorFrame, MessageType.ERROR),
     (RegAnnounce, MessageType.REG_ANNOUNCE), (RegGraft, MessageType.REG_GRAFT),
     (StemRepair, MessageType.STEM_REPAIR))}

@@ -290,5 +290,5 @@ class ErrorFrame:
     detail: str
 
 
-Message = (Hello | RegGossip | Push | Receipt | ReceiptBatch | RouteError | Keepalive | PeerExchange | ErrorFrame | RegAnnounce
-           | RegGraft | StemRepair)
+Message = (Hello | RegGossip | Push | Receipt | ReceiptBatch | RouteError | Keepalive | PeerExchange | ErrorFrame
+           | RegAnnounce | RegGraft | StemRepair)
