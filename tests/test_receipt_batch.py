@@ -243,3 +243,20 @@ def test_the_custodian_settles_every_push_of_a_genuine_batch_and_none_of_a_forge
     assert eng.counters["receipt_refused"] == 1
     net.apply("0", eng.receive_message("1", _batch(secret, reg.route_id, items), net.now))
     assert all(net.custody[p] == CustodyStatus.DELIVERED for p in pids)
+
+
+def test_a_genuine_batch_through_another_neighbour_repairs_the_route_and_a_forged_one_does_not(
+    tmp_path: Path,
+) -> None:
+    """Rule F7 for batches: the home answered through SIDE (a search found it there): SIDE becomes the
+    route's primary next hop; a forged batch through SIDE teaches nothing."""
+    svc, sink, reg, secret = _forwarder(tmp_path)
+    pids = [os.urandom(16) for _ in range(3)]
+    for pid in pids:
+        svc.receive_frame(UP, encode(Push(pid, reg.route_id, b"t" * 16, b"c", 127, 0, 0, 0, reg)))
+    assert svc.engine.next_hops(reg.route_id)[0][0] == DOWN
+    items = [(p, STORED, 3) for p in pids]
+    svc.receive_frame(SIDE, encode(_batch(os.urandom(32), reg.route_id, items)))
+    assert svc.engine.next_hops(reg.route_id)[0][0] == DOWN
+    svc.receive_frame(SIDE, encode(_batch(secret, reg.route_id, items)))
+    assert svc.engine.next_hops(reg.route_id)[0][0] == SIDE

@@ -565,10 +565,12 @@ class ForwardingRules(EngineState):
 
     # Rule F5b (every relay on the way back).
     def _batch_forged(self, msg: ReceiptBatch,
-                      backs: list[tuple[str | ReverseMark, float, Registration | None, int] | None]) -> bool | None:
+                      backs: list[tuple[str | ReverseMark, float, Registration | None, int] | None],
+                      judged: set[bytes]) -> bool | None:
         """As _receipt_forged, once for a whole batch: True when the signature does not verify under the
         receipt key of the pushes' registration (or an item's push was of another route), False when
-        it does, None when no item can be judged here (no receipt key known)."""
+        it does, None when no item can be judged here (no receipt key known). judged: filled with the
+        push ids whose registration (of this route, with a receipt key) was checked: only they teach (F7)."""
         if not self.config.receipt_signatures:
             return None
         rid = msg.route_id
@@ -588,6 +590,7 @@ class ForwardingRules(EngineState):
             if reg.route_id != rid:
                 return True  # a push of another route under this route's signature
             keys.add(reg.receipt_key)
+            judged.add(item[0])
         if not keys:
             return None
         return not all(self._verifier.verify_receipts(k, msg) for k in keys)
@@ -599,7 +602,8 @@ class ForwardingRules(EngineState):
         leads to. A batch that does not verify is ignored and its sender scored down once (one frame)."""
         reverse = self._reverse
         backs = [reverse.get(item[0]) for item in msg.items]
-        forged = self._batch_forged(msg, backs)
+        judged: set[bytes] = set()
+        forged = self._batch_forged(msg, backs, judged)
         if forged:
             self._count("receipt_refused")
             self._count("receipt_batch_refused")
@@ -611,7 +615,7 @@ class ForwardingRules(EngineState):
         onward: dict[str, None] = {}
         for (pid, status, hops), back in zip(msg.items, backs, strict=True):
             r = Receipt(pid, status, hops)
-            if forged is not None and back is not None:
+            if forged is not None and back is not None and pid in judged:
                 self._learn_from_receipt(peer, r, back, now)
             self._receipt_rtt(peer, r, now)
             self._answered(peer, pid, now, any_peer=True)
