@@ -16,7 +16,7 @@
    the entry, pushes stored/s at the home end to end beside the PoC's rate, and CPU per push at the
    entry, a forwarding relay and the home, and the home's receipt batches (rule F5b: receipts per
    batch). wrk sends each device's pushes back to back (1,000 per device, 40 devices), which suits
-   batches; BENCH_LINE_SPREAD=1 sends them round robin over the devices (about one receipt per batch).
+   batches; BENCH_LINE_SPREAD=1 sends them round robin over the devices (a few receipts per batch).
 
 System packages (wrk, rabbitmq-server) are installed by `make bench` (benchmarks/install_bench_deps.sh);
 the PoC's Python packages are the `bench` extra. Missing any: this benchmark says so and skips.
@@ -66,7 +66,7 @@ LINE_SECONDS = int(os.environ.get("BENCH_LINE_SECONDS", "5"))
 COMPARE_TREE = os.environ.get("BENCH_COMPARE_TREE", "")
 # 3-hop line: 1 sends the pushes of the 40 devices round robin (each device's pushes spread out) instead of
 # each device's 1,000 back to back: the home then has few pushes of one route per round, so receipt
-# batches (rule F5b) carry about one receipt each (the worst case for them).
+# batches (rule F5b) carry a few receipts each (near their worst case).
 LINE_SPREAD = os.environ.get("BENCH_LINE_SPREAD", "0") == "1"
 # Pushes per POST /v1/push/batch request in the batch rounds (this tree's relay only; 0: none). Reported
 # apart: the 3x target is for single pushes under the PoC's load.
