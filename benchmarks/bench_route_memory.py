@@ -17,7 +17,7 @@ from inri.core.config import EngineConfig
 from inri.core.engine import Engine
 from inri.core.home import MemoryHomeStore
 from inri.core.trace import NullTracer
-from inri.protocol.messages import Receipt, RegGossip, Registration
+from inri.protocol.messages import Receipt, ReceiptBatch, RegGossip, Registration
 
 ROUTES = 1_000_000
 
@@ -29,6 +29,9 @@ class TrustAll:
         return True
 
     def verify_receipt(self, receipt_key: bytes, route_id: bytes, receipt: Receipt) -> bool:
+        return True
+
+    def verify_receipts(self, receipt_key: bytes, batch: ReceiptBatch) -> bool:
         return True
 
     def verify_generation(self, receipt_key: bytes, route_id: bytes, epoch: int, generation: int,

@@ -43,6 +43,7 @@ from inri.protocol.messages import (
     PeerInfo,
     Push,
     Receipt,
+    ReceiptBatch,
     ReceiptStatus,
     RegGossip,
     RouteError,
@@ -180,6 +181,8 @@ def _samples() -> dict[str, list[Any]]:
         Push(b"p" * 16, reg.route_id, b"t" * 16, b"c" * 64, 24, 3, 1, 0, reg),
         Push(b"q" * 16, reg.route_id, b"t" * 16, b"", 24, 0, 2, 3, None),
         Receipt(b"p" * 16, ReceiptStatus.STORED, 4),
+        ReceiptBatch(reg.route_id, ((b"p" * 16, ReceiptStatus.STORED, 4), (b"q" * 16, ReceiptStatus.SPENT, 5)),
+                     b"s" * 64),
         RouteError(b"p" * 16, reg.route_id, RouteErrorReason.NO_ROUTE),
         Keepalive(7, False),
         PeerExchange((PeerInfo("cd" * 16, "10.0.0.1:4433"), PeerInfo("ef" * 16, "[::1]:4433"))),
@@ -518,8 +521,8 @@ async def fuzz_quic(api: str, quic_addr: str, node_id: str, cases: int, seed: in
                         # answers to an earlier decodable push (a receipt, or a route error such as
                         # `duplicate` for a push id it saw before), and the registrations it homes,
                         # which it announces to every link that comes up (rule G5).
-                        while isinstance(reply, (Keepalive, PeerExchange, Hello, Receipt, RouteError,
-                                                 RegGossip)):
+                        while isinstance(reply, (Keepalive, PeerExchange, Hello, Receipt, ReceiptBatch,
+                                                 RouteError, RegGossip)):
                             reply = decode(await link.receive())
                     if not isinstance(reply, ErrorFrame):
                         report.fail("quic", f"answered {type(reply).__name__}, not an error frame", frame)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
 from typing import Protocol
 
-from inri.protocol.messages import Message, Push, Receipt, ReceiptStatus, Registration
+from inri.protocol.messages import Message, Push, Receipt, ReceiptBatch, ReceiptStatus, Registration
 
 
 class TraceLevel(IntEnum):
@@ -65,6 +65,10 @@ class Verifier(Protocol):
 
     def verify_receipt(self, receipt_key: bytes, route_id: bytes, receipt: Receipt) -> bool:
         """True when receipt's signature is the home relay's, under receipt_key, for this route id."""
+        ...
+
+    def verify_receipts(self, receipt_key: bytes, batch: ReceiptBatch) -> bool:
+        """True when batch's signature is the home relay's, under receipt_key, for its route and items (F5b)."""
         ...
 
     def verify_generation(self, receipt_key: bytes, route_id: bytes, epoch: int, generation: int,

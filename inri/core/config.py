@@ -131,6 +131,11 @@ class EngineConfig:
     # Receipts must carry the home relay's signature under the registration's receipt key (rule F5);
     # false: any receipt is believed (the protocol before signed receipts; simulator comparisons only).
     receipt_signatures: bool = True
+    # Rule F5b: a home relay whose host flushes receipts once per scheduling round (the daemon) answers
+    # the pushes of one route from one neighbour in that round with one ReceiptBatch frame under one
+    # signature, at most this many each; 1: one Receipt per push (for a mesh with relays that predate
+    # F5b: they refuse the frame as malformed).
+    receipt_batch_max: int = 64
     receipt_timeout_s: float = 2.0  # a forwarded push with no answer by then counts as a black-holed one
 
     def test_profile(self) -> EngineConfig:

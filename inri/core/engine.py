@@ -173,6 +173,8 @@ from inri.protocol.messages import (
     PeerExchange,
     Push,
     Receipt,
+    ReceiptBatch,
+    ReceiptStatus,
     RegAnnounce,
     RegGossip,
     RegGraft,
@@ -302,6 +304,10 @@ class Engine(MembershipRules, GossipRules, StemRules, TreeRules, ForwardingRules
         self._tree_grafts: list[tuple[float, bytes, int]] = []
         self._tree_cache: BoundedMap[bytes, tuple[Registration, int, int, float, str | None]] = BoundedMap(
             TREE_CACHE_MAX)
+        # Rule F5b: receipts answered as a home, held until flush_receipts (None: answered at once, the
+        # default; a host that flushes once per round calls hold_receipts): (neighbour, route id, the
+        # pushes' receipt key) -> push id -> (status, hops).
+        self._receipt_hold: dict[tuple[str, bytes, bytes | None], dict[bytes, tuple[ReceiptStatus, int]]] | None = None
         self.counters: dict[str, int] = {}
         self.reg_duplicates = 0  # gossip arrivals of a known (route, epoch): a plain int on the hot path
 
@@ -340,6 +346,8 @@ class Engine(MembershipRules, GossipRules, StemRules, TreeRules, ForwardingRules
                 return self._on_push(peer, msg, now)
             case Receipt():
                 return self._on_receipt(peer, msg, now)
+            case ReceiptBatch():
+                return self._on_receipt_batch(peer, msg, now)
             case RouteError():
                 return self._on_route_error(peer, msg, now)
             case RegAnnounce():

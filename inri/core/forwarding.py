@@ -21,10 +21,11 @@ from inri.core.state import (
 )
 from inri.core.tables import RouteTable
 from inri.protocol import limits
-from inri.protocol.keys import receipt_signed_bytes
+from inri.protocol.keys import receipt_signed_bytes, receipts_signed_bytes
 from inri.protocol.messages import (
     Push,
     Receipt,
+    ReceiptBatch,
     ReceiptStatus,
     Registration,
     RouteError,
@@ -333,6 +334,14 @@ class ForwardingRules(EngineState):
         status = self._accept_at_home(msg, now)
         if status is not None:
             out = self._deliver_local(pid, msg, status, now, hops=msg.hops + 1)
+            hold = self._receipt_hold
+            if hold is not None:  # rule F5b: answered with the round's other receipts (flush_receipts)
+                reg = msg.registration
+                group = hold.setdefault((peer, rid, reg.receipt_key if reg is not None and reg.route_id == rid
+                                         else None), {})
+                if pid not in group:  # a second copy in the same round: the first one's answer stands
+                    group[pid] = (status, msg.hops + 1)
+                return out
             sig = self._home.sign_receipt(rid, receipt_signed_bytes(pid, rid, status))
             out.append(Send(peer, Receipt(pid, status, msg.hops + 1, sig)))
             return out
@@ -600,6 +609,120 @@ class ForwardingRules(EngineState):
         if self._level:
             self._trace(now, "receipt_forwarded", msg=msg.push_id.hex(), peer=prev, hops=msg.hops, count=1)
         return [Send(prev, msg)]
+
+    # Rule F5b (the home's side).
+    def flush_receipts(self, now: float) -> list[Effect]:
+        """The receipts held since the last flush (a host that called hold_receipts), one frame per (neighbour,
+        route, receipt key the pushes carried): a ReceiptBatch under one signature for two or more (at
+        most receipt_batch_max each), a plain Receipt for one. The host calls it once per scheduling
+        round, before the round's writes commit (a receipt still leaves only once the push is stored)."""
+        hold = self._receipt_hold
+        if not hold:
+            return []
+        self._receipt_hold = {}
+        out: list[Effect] = []
+        cap = max(1, min(self.config.receipt_batch_max, limits.MAX_RECEIPTS_PER_BATCH))
+        sign = self._home.sign_receipt
+        for (peer, rid, _key), group in hold.items():
+            items = [(pid, status, hops) for pid, (status, hops) in group.items()]
+            for i in range(0, len(items), cap):
+                chunk = items[i:i + cap]
+                sig = sign(rid, receipts_signed_bytes(rid, chunk)) if len(chunk) > 1 else None
+                if sig is None:  # one receipt, or no receipt key here (unsigned, as before F5): one frame each
+                    out += [Send(peer, Receipt(pid, st, hops, sign(rid, receipt_signed_bytes(pid, rid, st))))
+                            for pid, st, hops in chunk]
+                    continue
+                self._count("receipt_batches_sent")
+                self._count("receipts_batched", len(chunk))
+                out.append(Send(peer, ReceiptBatch(rid, tuple(chunk), sig)))
+        return out
+
+    def hold_receipts(self) -> None:
+        """Rule F5b: from now on the receipts this relay answers as a home are held until flush_receipts
+        (a host that calls it once per round; the simulator and MiniNet answer each push at once)."""
+        if self._receipt_hold is None and self.config.receipt_batch_max > 1:
+            self._receipt_hold = {}
+
+    def receipts_held(self) -> bool:
+        """True when receipts wait for flush_receipts."""
+        return bool(self._receipt_hold)
+
+    # Rule F5b (every relay on the way back).
+    def _batch_forged(self, msg: ReceiptBatch,
+                      backs: list[tuple[str | ReverseMark, float, Registration | None, int] | None],
+                      judged: set[bytes]) -> bool | None:
+        """As _receipt_forged, once for a whole batch: True when the signature does not verify under the
+        receipt key of the pushes' registration (or an item's push was of another route), False when
+        it does, None when no item can be judged here (no receipt key known). judged: filled with the
+        push ids whose registration (of this route, with a receipt key) was checked: only they teach (F7)."""
+        if not self.config.receipt_signatures:
+            return None
+        rid = msg.route_id
+        keys: set[bytes] = set()
+        for item, back in zip(msg.items, backs, strict=True):
+            if back is None:
+                continue
+            reg = back[2]
+            if back[0] is _LOCAL:
+                c = self._custody.get(item[0])
+                if c is not None:
+                    reg = c.push.registration
+            elif reg is not None and not self._verifier.verify_registration(reg):
+                continue  # not trusted to judge by (see _receipt_forged)
+            if reg is None or reg.receipt_key is None:
+                continue
+            if reg.route_id != rid:
+                return True  # a push of another route under this route's signature
+            keys.add(reg.receipt_key)
+            judged.add(item[0])
+        if not keys:
+            return None
+        return not all(self._verifier.verify_receipts(k, msg) for k in keys)
+
+    # Rules F5b, F1 (receipts travel back), S1 (answers), F7.
+    def _on_receipt_batch(self, peer: str, msg: ReceiptBatch, now: float) -> list[Effect]:
+        """A batch of the home's receipts: judged once (one signature), then each item as a receipt; the
+        batch is passed on whole (its signature covers every item) to each relay an item's reverse path
+        leads to. A batch that does not verify is ignored and its sender scored down once (one frame)."""
+        reverse = self._reverse
+        backs = [reverse.get(item[0]) for item in msg.items]
+        judged: set[bytes] = set()
+        forged = self._batch_forged(msg, backs, judged)
+        if forged:
+            self._count("receipt_refused")
+            self._count("receipt_batch_refused")
+            if self._level:
+                self._trace(now, "receipt_refused", msg=msg.items[0][0].hex(), peer=peer, hops=msg.items[0][2],
+                            reason="batch")
+            return self._score(peer, self.config.score_bad_signature, now, "bad_receipt")
+        out: list[Effect] = []
+        onward: dict[str, None] = {}
+        for (pid, status, hops), back in zip(msg.items, backs, strict=True):
+            r = Receipt(pid, status, hops)
+            if forged is not None and back is not None and pid in judged:
+                self._learn_from_receipt(peer, r, back, now)
+            self._receipt_rtt(peer, r, now)
+            self._answered(peer, pid, now, any_peer=True)
+            if back is None:
+                self._count("receipt_orphan")
+                continue
+            del reverse[pid]
+            prev = back[0]
+            if prev is _LOCAL:
+                out += self._settle(pid, status, hops, now)
+            elif prev is _LATE:
+                self._count("receipt_late")
+                out.append(CustodyReleased(pid, RECEIPT_STATUS[status], hops))
+            elif prev not in self._active:
+                self._count("receipt_lost_link")
+            else:
+                onward[prev] = None
+                if self._level:
+                    self._trace(now, "receipt_forwarded", msg=pid.hex(), peer=prev, hops=hops, count=1)
+        for prev in onward:
+            self._active[prev].last_sent = now
+            out.append(Send(prev, msg))
+        return out
 
     # Rules F3 (route errors travel back; the reporting next hop is dropped), C2.
     def _on_route_error(self, peer: str, msg: RouteError, now: float) -> list[Effect]:

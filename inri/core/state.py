@@ -239,6 +239,8 @@ class EngineState:
     _tree_missing: BoundedMap[tuple[bytes, int], list[tuple[str, int]]]
     _tree_grafts: list[tuple[float, bytes, int]]
     _tree_cache: BoundedMap[bytes, tuple[Registration, int, int, float, str | None]]
+    # forwarding.py (F5b): receipts held for flush_receipts, or None (answered at once)
+    _receipt_hold: dict[tuple[str, bytes, bytes | None], dict[bytes, tuple[ReceiptStatus, int]]] | None
 
     def _count(self, name: str, n: int = 1) -> None:
         self.counters[name] = self.counters.get(name, 0) + n

@@ -8,8 +8,14 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from inri.protocol.keys import generation_signed_bytes, receipt_signed_bytes, registration_signed_bytes, verify
-from inri.protocol.messages import Receipt, Registration
+from inri.protocol.keys import (
+    generation_signed_bytes,
+    receipt_signed_bytes,
+    receipts_signed_bytes,
+    registration_signed_bytes,
+    verify,
+)
+from inri.protocol.messages import Receipt, ReceiptBatch, Registration
 
 DEFAULT_MAX_ENTRIES = 16_384  # distinct registrations remembered (about 6 MB at most in a daemon)
 ID_FAST_PATH_MAX = 1024  # objects remembered by identity by default (a daemon decodes a new object per frame)
@@ -32,6 +38,10 @@ class SignatureVerifier:
         if sig is None:
             return False
         return verify(receipt_key, receipt_signed_bytes(receipt.push_id, route_id, receipt.status), sig)
+
+    def verify_receipts(self, receipt_key: bytes, batch: ReceiptBatch) -> bool:
+        """True when batch carries the home relay's valid signature (rule F5b) for its route and items."""
+        return verify(receipt_key, receipts_signed_bytes(batch.route_id, batch.items), batch.signature)
 
     def verify_generation(self, receipt_key: bytes, route_id: bytes, epoch: int, generation: int,
                           signature: bytes) -> bool:
@@ -68,6 +78,7 @@ class CachingVerifier(SignatureVerifier):
         # Receipts: every relay on the reverse path checks the same receipt; in the simulator they share
         # this verifier, so each receipt is checked once. Keyed on everything the check depends on.
         self._receipts: OrderedDict[tuple[bytes, bytes, Receipt], bool] = OrderedDict()
+        self._batches: OrderedDict[tuple[bytes, ReceiptBatch], bool] = OrderedDict()  # rule F5b
         # Route generations (G10): every relay a re-stem reaches checks the same signature.
         self._generations: OrderedDict[tuple[bytes, bytes, int, int, bytes], bool] = OrderedDict()
 
@@ -103,6 +114,18 @@ class CachingVerifier(SignatureVerifier):
             self.checks += 1
             hit = super().verify_generation(receipt_key, route_id, epoch, generation, signature)
             cache[gkey] = hit
+            if len(cache) > self._max:
+                cache.popitem(last=False)
+        return hit
+
+    def verify_receipts(self, receipt_key: bytes, batch: ReceiptBatch) -> bool:
+        key = (receipt_key, batch)
+        cache = self._batches
+        hit = cache.get(key)
+        if hit is None:
+            self.checks += 1
+            hit = super().verify_receipts(receipt_key, batch)
+            cache[key] = hit
             if len(cache) > self._max:
                 cache.popitem(last=False)
         return hit

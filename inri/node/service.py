@@ -54,6 +54,7 @@ from inri.protocol.messages import (
     PeerInfo,
     Push,
     Receipt,
+    ReceiptBatch,
     RegAnnounce,
     RegGossip,
     RegGraft,
@@ -67,7 +68,8 @@ log = structlog.get_logger("inri.service")
 
 _OUT_NAMES = {cls: "frames_out_" + t.name.lower() for cls, t in (
     (Hello, MessageType.HELLO), (RegGossip, MessageType.REG_GOSSIP), (Push, MessageType.PUSH),
-    (Receipt, MessageType.RECEIPT), (RouteError, MessageType.ROUTE_ERROR), (Keepalive, MessageType.KEEPALIVE),
+    (Receipt, MessageType.RECEIPT), (ReceiptBatch, MessageType.RECEIPT_BATCH), (RouteError, MessageType.ROUTE_ERROR),
+    (Keepalive, MessageType.KEEPALIVE),
     (PeerExchange, MessageType.PEER_EXCHANGE), (ErrorFrame, MessageType.ERROR),
     (RegAnnounce, MessageType.REG_ANNOUNCE), (RegGraft, MessageType.REG_GRAFT),
     (StemRepair, MessageType.STEM_REPAIR))}
@@ -75,7 +77,7 @@ _IN_NAMES = {int(t): "frames_in_" + t.name.lower() for t in MessageType}
 # The per-push frames the engine builds from frames it decoded (and so validated) or from pushes the
 # API verified: encoded without codec.encode's re-decode (issue 16: no re-validation of frames we
 # encoded ourselves). Rarer frames (gossip, hello, peer exchange, errors) keep the checked encoder.
-_UNCHECKED = frozenset((Push, Receipt, RouteError, Keepalive))
+_UNCHECKED = frozenset((Push, Receipt, ReceiptBatch, RouteError, Keepalive))
 PRUNE_INTERVAL_S = 3600.0
 # Frames from a linked peer the engine does not (yet) hold as a neighbour, e.g. an inbound link held
 # while this relay is full (rule M4), are kept until it is admitted and then handed to the engine:
@@ -168,6 +170,10 @@ class RelayService:
         self.verifier = verifier or CachingVerifier()
         self.engine = Engine(node_id, engine_config, verifier=self.verifier, home=store, tracer=tracer,
                              rng=rng or random.Random(), listen_addr=listen_addr)
+        # Rule F5b: receipts answered as a home wait for the end of the round (the group commit that makes
+        # their pushes durable) and leave batched per neighbour and route, one signature per batch.
+        self.engine.hold_receipts()
+        self._receipts_armed = False
         self._wake = trio.Event()
         self._armed_at = -math.inf  # when the timer task will next wake (-inf: not sleeping yet)
         self._mail_events: dict[bytes, trio.Event] = {}
@@ -254,9 +260,23 @@ class RelayService:
                     assert_never(e)
         if attempts:
             self.store.update_attempts(attempts)
+        if not self._receipts_armed and self.engine.receipts_held():
+            self._receipts_armed = True
+            self.store.before_commit(self._flush_receipts)  # at once when no write is pending
         when = self.engine.get_timer()
         if when is not None and when < self._armed_at:
             self._wake.set()  # the engine's timer moved earlier than the timer task sleeps
+
+    def _flush_receipts(self) -> None:
+        """Rule F5b: the receipts of the round, signed and sent (after the commit, as every frame)."""
+        self._receipts_armed = False
+        try:
+            effects = self.engine.flush_receipts(self._now())
+        except Exception:  # a bug here must not stop the commit of the round's pushes
+            self._count("internal_errors")
+            log.exception("flushing receipts failed")
+            return
+        self._apply(effects)
 
     def _hold(self, push: Push) -> None:
         if push.push_id not in self._custody:

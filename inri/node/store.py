@@ -134,6 +134,7 @@ class Store:
         self._dirty = trio.Event()  # set when a batch is opened: run() commits it
         self._committed = trio.Event()  # set (and replaced) when the open batch commits
         self._after_commit: list[Callable[[], None]] = []
+        self._before_commit: list[Callable[[], None]] = []
         self._commits = 0  # batches committed (checkpoints run when this moved)
         # Custody taken in the open batch: push id -> (push, deadline, attempt, accepted_at), written
         # just before the batch commits. A push whose custody also ends in the batch (its home is this
@@ -198,6 +199,9 @@ class Store:
     def _commit(self) -> None:
         """Commit the open batch, then wake what waited on it and run its after-commit actions, in order."""
         if self._db.in_transaction:
+            hooks, self._before_commit = self._before_commit, []
+            for hook in hooks:  # e.g. the round's receipts (rule F5b): their frames join the after-commit actions
+                hook()
             self._flush_released()  # first: a push id released and then taken again stays held
             if self._custody_new:
                 # encode_unchecked: the engine built these pushes from ones the API or the decoder
@@ -234,6 +238,14 @@ class Store:
         """Run action once what is written now is committed (at once when nothing is pending)."""
         if self._db.in_transaction:
             self._after_commit.append(action)
+        else:
+            action()
+
+    def before_commit(self, action: Callable[[], None]) -> None:
+        """Run action just before the open batch commits (at once when nothing is pending); what it writes
+        or defers with after_commit joins that batch."""
+        if self._db.in_transaction:
+            self._before_commit.append(action)
         else:
             action()
 

@@ -28,6 +28,7 @@ from inri.protocol.messages import (
     PeerInfo,
     Push,
     Receipt,
+    ReceiptBatch,
     ReceiptStatus,
     RegAnnounce,
     RegGossip,
@@ -256,6 +257,26 @@ def _receipt_from(f: list[Any]) -> Receipt:
     )
 
 
+def _receipt_batch_from(f: list[Any]) -> ReceiptBatch:
+    _fields(f, 3, "receipt_batch")
+    raw = f[1]
+    if type(raw) is not list or not 2 <= len(raw) <= L.MAX_RECEIPTS_PER_BATCH:
+        raise DecodeError("malformed", f"items: expected 2 to {L.MAX_RECEIPTS_PER_BATCH} receipts")
+    items = []
+    for it in raw:
+        if type(it) is not list or len(it) != 3:
+            raise DecodeError("malformed", "receipt item: expected [push_id, status, hops]")
+        items.append((_bytes(it[0], L.PUSH_ID_BYTES, "push_id"), _enum(ReceiptStatus, it[1], "status"),
+                      _uint(it[2], 255, "hops")))
+    if len({it[0] for it in items}) != len(items):
+        raise DecodeError("malformed", "items: a push id appears twice")
+    return ReceiptBatch(
+        route_id=_bytes(f[0], L.ROUTE_ID_BYTES, "route_id"),
+        items=tuple(items),
+        signature=_bytes(f[2], L.SIGNATURE_BYTES, "signature"),
+    )
+
+
 def _route_error_from(f: list[Any]) -> RouteError:
     _fields(f, 3, "route_error")
     return RouteError(
@@ -330,6 +351,7 @@ _DECODERS: dict[int, Callable[[list[Any]], Message]] = {
     MessageType.REG_GOSSIP: _gossip_from,
     MessageType.PUSH: _push_from,
     MessageType.RECEIPT: _receipt_from,
+    MessageType.RECEIPT_BATCH: _receipt_batch_from,
     MessageType.ROUTE_ERROR: _route_error_from,
     MessageType.KEEPALIVE: _keepalive_from,
     MessageType.PEER_EXCHANGE: _peer_exchange_from,
@@ -358,6 +380,8 @@ def _to_fields(msg: Message) -> tuple[MessageType, list[Any]]:
         ] + ([] if msg.webpush is None else [_webpush_to_list(msg.webpush)])
     if isinstance(msg, Receipt):
         return MessageType.RECEIPT, [msg.push_id, int(msg.status), msg.hops, msg.signature]
+    if isinstance(msg, ReceiptBatch):
+        return MessageType.RECEIPT_BATCH, [msg.route_id, [[p, int(s), h] for p, s, h in msg.items], msg.signature]
     if isinstance(msg, RouteError):
         return MessageType.ROUTE_ERROR, [msg.push_id, msg.route_id, int(msg.reason)]
     if isinstance(msg, Keepalive):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
+from collections.abc import Iterable
 
 from nacl.exceptions import BadSignatureError
 from nacl.signing import SigningKey, VerifyKey
@@ -19,6 +20,7 @@ from inri.protocol.limits import ROUTE_ID_BYTES
 # v2: the signed bytes cover the registration's receipt key (docs/protocol.md "Receipt signatures").
 REGISTRATION_CONTEXT = b"inri/registration/v2\x00"
 RECEIPT_CONTEXT = b"inri/receipt/v1\x00"
+RECEIPTS_CONTEXT = b"inri/receipts/v1\x00"  # rule F5b: a batch of receipts under one signature
 GENERATION_CONTEXT = b"inri/generation/v1\x00"
 NODE_ID_BYTES = 16
 
@@ -51,6 +53,14 @@ def receipt_signed_bytes(push_id: bytes, route_id: bytes, status: int) -> bytes:
     replayed for another push), the status to what the home did with it.
     """
     return RECEIPT_CONTEXT + push_id + route_id + bytes((status,))
+
+
+def receipts_signed_bytes(route_id: bytes, items: Iterable[tuple[bytes, int, int]]) -> bytes:
+    """The exact bytes a home relay's receipt batch signature covers (rule F5b): the route id, then each
+    (push id, status) in the batch's order. Push ids have a fixed length (16 bytes), so the
+    concatenation is unambiguous; the context differs from a single receipt's, so neither signature
+    passes for the other. hops (the third element) is not covered, as in a single receipt."""
+    return RECEIPTS_CONTEXT + route_id + b"".join([pid + bytes((status,)) for pid, status, _ in items])
 
 
 def generation_signed_bytes(route_id: bytes, epoch: int, generation: int) -> bytes:

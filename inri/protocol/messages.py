@@ -34,6 +34,7 @@ class MessageType(IntEnum):
     REG_ANNOUNCE = 9  # gossip_scheme "tree": compact announcements (and a prune), batched per neighbour
     REG_GRAFT = 10  # gossip_scheme "tree": ask a neighbour for a full registration it announced
     STEM_REPAIR = 11  # stem on (rule G10): "the stem below me broke", sent back along the stem to the home
+    RECEIPT_BATCH = 12  # rule F5b: a home relay's receipts for several pushes of one route under one signature
 
 
 class ReceiptStatus(IntEnum):
@@ -237,6 +238,20 @@ class Receipt:
 
 
 @dataclass(frozen=True, slots=True)
+class ReceiptBatch:
+    """Rule F5b: the home relay's receipts for several pushes of ONE route (one receipt key), answered in
+    one scheduling round to one neighbour, under one signature. Passed on whole (the signature covers
+    every item); each relay handles the items it holds reverse-path state for."""
+
+    route_id: bytes
+    # (push id, status, hops) per push: 2 to limits.MAX_RECEIPTS_PER_BATCH distinct push ids. hops is
+    # not signed (as in Receipt).
+    items: tuple[tuple[bytes, ReceiptStatus, int], ...]
+    # 64 bytes: Ed25519 over keys.receipts_signed_bytes(route id, items) with the receipt key.
+    signature: bytes
+
+
+@dataclass(frozen=True, slots=True)
 class RouteError:
     """A relay could not forward push_id; sent back along the reverse path (AODV RERR)."""
 
@@ -276,5 +291,5 @@ class ErrorFrame:
     detail: str
 
 
-Message = (Hello | RegGossip | Push | Receipt | RouteError | Keepalive | PeerExchange | ErrorFrame | RegAnnounce
-           | RegGraft | StemRepair)
+Message = (Hello | RegGossip | Push | Receipt | ReceiptBatch | RouteError | Keepalive | PeerExchange | ErrorFrame
+           | RegAnnounce | RegGraft | StemRepair)
