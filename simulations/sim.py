@@ -206,8 +206,8 @@ class Simulator:
             if gc_was_enabled:
                 gc.enable()
 
-    def _run(self) -> Result:
-        wall0 = time.perf_counter()
+    def _prepare(self) -> None:
+        """Plan the workload, churn and partitions, bring the links up and arm every engine's timer."""
         n = self.net.n
         self.work.plan(self.sc, n, self.roles, self.q, self.rng.work, self.rng.adv)
         plan_churn(self.sc, n, self.q, self.rng.churn)
@@ -216,6 +216,13 @@ class Simulator:
         self._start_spam()
         for i in range(n):
             self._rearm(i)
+
+    def _run(self) -> Result:
+        """The run loop. Its hot paths are EventQueue.pop and push, _apply's sends and _rearm, inlined:
+        tests/test_sim_fastpath.py runs the same scenarios through those methods instead and checks that
+        the summaries are the same."""
+        wall0 = time.perf_counter()
+        self._prepare()
         end = self.sc.duration_s
         cal = self.q
         inv = cal.inv
