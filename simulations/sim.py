@@ -206,8 +206,8 @@ class Simulator:
             if gc_was_enabled:
                 gc.enable()
 
-    def _run(self) -> Result:
-        wall0 = time.perf_counter()
+    def _prepare(self) -> None:
+        """Plan the workload, churn and partitions, bring the links up and arm every engine's timer."""
         n = self.net.n
         self.work.plan(self.sc, n, self.roles, self.q, self.rng.work, self.rng.adv)
         plan_churn(self.sc, n, self.q, self.rng.churn)
@@ -216,6 +216,13 @@ class Simulator:
         self._start_spam()
         for i in range(n):
             self._rearm(i)
+
+    def _run(self) -> Result:
+        """The run loop. Its hot paths are EventQueue.pop and push, _apply's sends and _rearm, inlined:
+        tests/test_sim_fastpath.py runs the same scenarios through those methods instead and checks that
+        the summaries are the same."""
+        wall0 = time.perf_counter()
+        self._prepare()
         end = self.sc.duration_s
         cal = self.q
         inv = cal.inv
@@ -236,17 +243,24 @@ class Simulator:
         heappush, heappop = heapq.heappush, heapq.heappop
         events = 0
         bar = Progress(end, self.progress)
+        # The bucket being read, its key and the next event's index in it, as locals: `cur` is always the
+        # list cal.cur (insort adds to it in place), and cal.pos is stored as it moves (EventQueue.push
+        # and schedule, called from _apply, read it).
+        cur = cal.cur
+        pos = cal.pos
+        cur_key = cal.cur_key
         while True:
             # EventQueue.pop, inlined
-            if cal.pos < len(cal.cur):
-                ev = cal.cur[cal.pos]
-                cal.pos += 1
+            if pos < len(cur):
+                ev = cur[pos]
+                pos += 1
+                cal.pos = pos
             elif keys:
-                k = cal.cur_key = heappop(keys)
+                k = cur_key = cal.cur_key = heappop(keys)
                 cur = cal.cur = buckets.pop(k)
                 cur.sort()
                 ev = cur[0]
-                cal.pos = 1
+                pos = cal.pos = 1
             else:
                 break
             t = ev[0]
@@ -263,9 +277,23 @@ class Simulator:
                     continue
                 eng = engines[dst]
                 effects = eng.receive_message(names[a], ev[5], t)  # type: ignore[arg-type]
+            elif kind == _TIMER:
+                if not alive[a] or timer_at[a] != t:
+                    continue
+                timer_at[a] = math.inf
+                dst = a
+                eng = engines[a]
+                effects = eng.handle_timer(t)
+            else:
+                self._control(kind, a, ev[4], ev[5], t)
+                if events & 0xFFFF == 0:
+                    bar.update(t, events)
+                continue
+            # A frame's or a timer's effects: what _apply does, with the sends inline (nearly every
+            # effect is one); the rest through _apply, in order. Then _rearm, inline.
+            if effects:
                 lat_dst = lat[dst]
                 for eff in effects:
-                    # Sends inline (nearly every effect of a frame is one); the rest through _apply
                     if type(eff) is Send:
                         to = index[eff.peer]
                         la = lat_dst.get(to)
@@ -281,32 +309,24 @@ class Simulator:
                             continue
                         else:
                             at = t + eff.delay + la
-                        cal.seq += 1
+                        seq = cal.seq = cal.seq + 1
                         # EventQueue.push, inlined (a frame is rarely due in the bucket being read)
-                        fe = (at + processing[to], cal.seq, _FRAME, dst, to, eff.msg)
+                        fe = (at + processing[to], seq, _FRAME, dst, to, eff.msg)
                         k = int(fe[0] * inv)
                         b = buckets.get(k)
                         if b is not None:
                             b.append(fe)
-                        elif k == cal.cur_key:
-                            insort(cal.cur, fe, lo=cal.pos)
+                        elif k == cur_key:
+                            insort(cur, fe, lo=pos)
                         else:
                             buckets[k] = [fe]
                             heappush(keys, k)
                     else:
                         self._apply(dst, [eff])
-                nt = eng.get_timer()
-                if nt is not None and nt < timer_at[dst]:
-                    timer_at[dst] = nt
-                    cal.schedule(nt, _TIMER, dst, 0, None)
-            elif kind == _TIMER:
-                if not alive[a] or timer_at[a] != t:
-                    continue
-                timer_at[a] = math.inf
-                self._apply(a, engines[a].handle_timer(t))
-                self._rearm(a)
-            else:
-                self._control(kind, a, ev[4], ev[5], t)
+            nt = eng.get_timer()
+            if nt is not None and nt < timer_at[dst]:
+                timer_at[dst] = nt
+                cal.schedule(nt, _TIMER, dst, 0, None)
             if events & 0xFFFF == 0:
                 bar.update(t, events)
         bar.close()

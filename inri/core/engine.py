@@ -158,7 +158,7 @@ from inri.core.gossip import ANNOUNCE_SHARE, GossipRules
 from inri.core.membership import MembershipRules
 from inri.core.rtt import RttRules
 from inri.core.scoring import ScoringRules
-from inri.core.state import SWEEP_INTERVAL_S, Custody, Neighbour, ReverseMark, readdress
+from inri.core.state import SWEEP_INTERVAL_S, Custody, Neighbour, ReverseMark, make_keepalive, readdress
 from inri.core.stem import StemRules
 from inri.core.tables import BoundedMap, CompactRouteTable, RouteTable
 from inri.core.tree import TREE_CACHE_MAX, TREE_MISSING_MAX, TreeRules
@@ -337,6 +337,12 @@ class Engine(MembershipRules, GossipRules, StemRules, TreeRules, ForwardingRules
         self._heard_any = now  # custody.py (C7): a relay's own stall is not its next hop's silence
         if type(msg) is RegGossip:  # most frames: one type check, not a class pattern (3x the cost on 3.11)
             return self._on_gossip(peer, state, msg, now)
+        if type(msg) is Keepalive:  # the next most frequent (rule M2): as the Keepalive case below
+            if not msg.reply:
+                state.last_sent = now
+                return [make_keepalive(peer, msg.nonce, True)]
+            self._keepalive_answered(state, msg.nonce, now)  # rule C4: a link round trip
+            return []
         # Most frequent first: gossip, then pushes. A message type added to protocol.messages.Message
         # and not handled here fails type checking (assert_never).
         match msg:
@@ -433,8 +439,10 @@ class Engine(MembershipRules, GossipRules, StemRules, TreeRules, ForwardingRules
         for p in list(self._announce):  # link-up announcements left over from peer_up (rule G5)
             out += self._announce_homed(p, now, ANNOUNCE_SHARE * cfg.reg_budget_per_peer_per_s * interval)
         decay = self._score_decay
-        for p in list(self._active):
-            st = self._active[p]
+        ka_after = interval * 0.99
+        active = self._active
+        for p in list(active):
+            st = active[p]
             if st.score:
                 st.score *= decay
             if st.silences:
@@ -443,10 +451,10 @@ class Engine(MembershipRules, GossipRules, StemRules, TreeRules, ForwardingRules
             if now - st.last_heard > dead_after:
                 out.append(Disconnect(p, DisconnectReason.KEEPALIVE_TIMEOUT))
                 out += self.peer_down(p, now, DisconnectReason.KEEPALIVE_TIMEOUT)
-            elif now - st.last_sent >= interval * 0.99:
+            elif now - st.last_sent >= ka_after:
                 st.nonce += 1
                 st.last_sent = st.ka_sent = now
-                out.append(Send(p, Keepalive(st.nonce, False)))
+                out.append(make_keepalive(p, st.nonce, False))
         for p, give_up in list(self._connecting.items()):
             if now >= give_up:
                 out += self.connect_failed(p, now)

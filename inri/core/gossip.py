@@ -16,6 +16,7 @@ from inri.core.state import (
     MAX_CLOCK_SKEW_S,
     EngineState,
     Neighbour,
+    make_gossip,
     make_send,
 )
 from inri.core.tables import Arrival, BoundedMap, RouteEntry, RouteTable
@@ -227,7 +228,7 @@ class GossipRules(EngineState):
             out = self._tree_first(reg, ttl, hops, peer, now, cfg.forward_jitter_s)
         elif ttl > 0:
             fwd = RegGossip(reg, ttl, hops, False, msg.generation, msg.generation_sig) if msg.generation else \
-                RegGossip(reg, ttl, hops)
+                make_gossip(reg, ttl, hops)
             jitter = cfg.forward_jitter_s
             for p, st in self._active.items():
                 if p != peer:
