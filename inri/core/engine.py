@@ -292,7 +292,9 @@ class Engine(MembershipRules, GossipRules, StemRules, TreeRules, ForwardingRules
         self._tree_stats: dict[tuple[str | None, int | None, str], list[int]] = {}
         self._tree_out: dict[str, tuple[list[Announcement], list[bytes], list[bytes]]] = {}
         self._tree_flush_at: float | None = None
-        self._tree_missing: BoundedMap[tuple[bytes, int], list[tuple[str, int]]] = BoundedMap(TREE_MISSING_MAX)
+        self._tree_missing: BoundedMap[tuple[bytes, int], list[tuple[str, int, float]]] = BoundedMap(TREE_MISSING_MAX)
+        self._tree_extra = 0
+        self._tree_vtime: BoundedMap[bytes, tuple[int, float]] = BoundedMap(TREE_MISSING_MAX)
         self._tree_grafts: list[tuple[float, bytes, int]] = []
         self._tree_cache: BoundedMap[bytes, tuple[Registration, int, int, float, str | None]] = BoundedMap(
             TREE_CACHE_MAX)
