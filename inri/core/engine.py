@@ -56,6 +56,8 @@ Registration gossip
       announcements (route id, epoch, hops) on the others. An announcement of
       a held (route, epoch) is a G3 arrival; of an unknown one, a graft from
       the closest announcer once no full frame came within the graft timeout.
+      Copies carry lag_ms and count at arrival minus lag (flooding's timing):
+      the feasible copy with the earliest such arrival leads, whenever it comes.
 
 Push forwarding
   F1. A push follows the route vector (primary, else a live backup; never      forwarding.py
