@@ -160,7 +160,7 @@ from inri.core.scoring import ScoringRules
 from inri.core.state import SWEEP_INTERVAL_S, Custody, Neighbour, ReverseMark, readdress
 from inri.core.stem import StemRules
 from inri.core.tables import BoundedMap, CompactRouteTable, RouteTable
-from inri.core.tree import TREE_CACHE_MAX, TREE_MISSING_MAX, TreeRules
+from inri.core.tree import TREE_CACHE_MAX, TREE_MISSING_MAX, TREE_VTIME_MAX, TreeRules
 from inri.protocol.codec import DecodeError, decode
 from inri.protocol.messages import (
     Announcement,
@@ -296,7 +296,7 @@ class Engine(MembershipRules, GossipRules, StemRules, TreeRules, ForwardingRules
         self._tree_flush_at: float | None = None
         self._tree_missing: BoundedMap[tuple[bytes, int], list[tuple[str, int, float]]] = BoundedMap(TREE_MISSING_MAX)
         self._tree_extra = 0
-        self._tree_vtime: BoundedMap[bytes, tuple[int, float]] = BoundedMap(TREE_MISSING_MAX)
+        self._tree_vtime: BoundedMap[bytes, tuple[int, float]] = BoundedMap(TREE_VTIME_MAX)
         self._tree_grafts: list[tuple[float, bytes, int]] = []
         self._tree_cache: BoundedMap[bytes, tuple[Registration, int, int, float, str | None]] = BoundedMap(
             TREE_CACHE_MAX)

@@ -42,6 +42,10 @@ from inri.protocol.messages import Announcement, RegAnnounce, RegGossip, RegGraf
 TREE_CACHE_S = 30.0
 TREE_CACHE_MAX = 65536  # registrations kept for graft answers (bounded whatever the load)
 TREE_MISSING_MAX = 65536  # announced (route, epoch) pairs awaiting their full frame
+# Virtual arrivals kept (route id -> (epoch, time)): copies of a registration come within seconds of it,
+# so the newest 8192 cover minutes at any usual registration rate (about 1 MB per relay at most); a route
+# whose entry went compares as it did before lags (first come, first primary).
+TREE_VTIME_MAX = 8192
 TREE_MIN_SAMPLES = 3  # full frames sent before a link's measured share decides (unmeasured: eager)
 TREE_HALF_AT = 64  # counts are halved past this: a link's share follows changes of topology and homes
 TREE_EAGER_WEIGHT = 2  # a neighbour that needed our full frame (graft, eager request) counts as this many useful ones
