@@ -46,6 +46,7 @@ TREE_MISSING_MAX = 65536  # announced (route, epoch) pairs awaiting their full f
 # so the newest 8192 cover minutes at any usual registration rate (about 1 MB per relay at most); a route
 # whose entry went compares as it did before lags (first come, first primary).
 TREE_VTIME_MAX = 8192
+TREE_VTIME_S = 5.0  # ...and none older than this is kept (announcements and corrections come within about 1 s)
 TREE_MIN_SAMPLES = 3  # full frames sent before a link's measured share decides (unmeasured: eager)
 TREE_HALF_AT = 64  # counts are halved past this: a link's share follows changes of topology and homes
 TREE_EAGER_WEIGHT = 2  # a neighbour that needed our full frame (graft, eager request) counts as this many useful ones
@@ -100,7 +101,13 @@ class TreeRules(EngineState):
         """The first full frame of (route, epoch) came from peer and set the route (G2), at virtual
         arrival time `at` (now less its lag): announcements that came before it are candidates for the
         primary and backups (G3), then forward (ttl left: hops and TTL as G2's)."""
-        self._tree_vtime.put_last(reg.route_id, (reg.epoch, at))
+        vtime = self._tree_vtime
+        while vtime:  # oldest first: forget the virtual arrivals no copy will be weighed against any more
+            oldest = next(iter(vtime))
+            if vtime[oldest][1] > at - TREE_VTIME_S:
+                break
+            del vtime[oldest]
+        vtime.put_last(reg.route_id, (reg.epoch, at))
         self._tree_extra = 0
         has = self._tree_arrived(reg.route_id, reg.epoch, now) if self._tree_missing else None
         if has:  # an announcer became the primary: forward at its distance (hops + ttl stays the flood's)
