@@ -88,6 +88,9 @@ messages = st.one_of(
               stem=st.booleans(), generation=st.integers(1, L.MAX_EPOCH), generation_sig=blob(L.SIGNATURE_BYTES)),
     st.builds(StemRepair, route_id=blob(L.ROUTE_ID_BYTES), epoch=st.integers(0, L.MAX_EPOCH),
               generation=st.integers(0, L.MAX_EPOCH)),
+    # Rule G9: tree gossip with a lag (when flooding's copy would have come)
+    st.builds(RegGossip, registration=registrations, ttl=st.integers(0, L.MAX_TTL), hops=st.integers(0, 255),
+              lag_ms=st.integers(1, L.MAX_ANNOUNCE_LAG_MS)),
 )
 
 
@@ -145,6 +148,8 @@ SPEC: dict[int, list[Check]] = {
 GOSSIP_STEM = [*SPEC[MessageType.REG_GOSSIP], lambda v: v is True]
 GOSSIP_GENERATION = [*SPEC[MessageType.REG_GOSSIP], lambda v: type(v) is bool,
                      lambda v: uint(L.MAX_EPOCH)(v) and v >= 1, exact_bytes(L.SIGNATURE_BYTES)]
+GOSSIP_LAG = [*SPEC[MessageType.REG_GOSSIP], lambda v: v is None,
+              lambda v: uint(L.MAX_ANNOUNCE_LAG_MS)(v) and v >= 1]
 # frame position (after type and version) -> maximum, for every integer field with a range
 INT_FIELDS: dict[int, dict[int, int]] = {
     MessageType.HELLO: {0: 2**16}, MessageType.REG_GOSSIP: {1: L.MAX_TTL, 2: 255},
@@ -158,7 +163,8 @@ def within_spec(frame: bytes) -> bool:
     raw = msgpack.unpackb(frame, raw=False)
     if not (type(raw) is list and len(raw) >= 2 and raw[0] in SPEC and raw[1] == L.PROTOCOL_VERSION):
         return False
-    shapes = [SPEC[raw[0]]] + ([GOSSIP_STEM, GOSSIP_GENERATION] if raw[0] == MessageType.REG_GOSSIP else [])
+    shapes = [SPEC[raw[0]]] + ([GOSSIP_STEM, GOSSIP_GENERATION, GOSSIP_LAG]
+                               if raw[0] == MessageType.REG_GOSSIP else [])
     return any(fields(shape)(raw[2:]) for shape in shapes)
 
 

@@ -41,6 +41,8 @@ def reg_for(i: int, epoch: int = 1) -> Registration:
     RegAnnounce(tuple(Announcement(bytes([i]) * 16, i * 1000, i % 20) for i in range(40)), (RID,)),
     RegAnnounce((), (), (RID, bytes(16))),
     RegAnnounce((), tuple(bytes([i]) * 16 for i in range(17)), (RID,)),
+    RegAnnounce((Announcement(RID, 7, 3, 1), Announcement(bytes(16), 300, 5, limits.MAX_ANNOUNCE_LAG_MS))),
+    RegAnnounce((Announcement(RID, 7, 3, 200), Announcement(bytes(16), 300, 5)), (RID,)),
 ])
 def test_announce_frames_round_trip_and_their_size_is_computed_exactly(msg: RegAnnounce) -> None:
     frame = encode(msg)
@@ -67,6 +69,9 @@ def test_a_single_announcement_is_tens_of_bytes_and_a_graft_too() -> None:
     ([[[RID, 1, 0]], [RID], [RID], [RID]], "1 to 3 fields"),
     ([[[RID, 1, 0]] * (limits.MAX_ANNOUNCEMENTS + 1)], "at most"),
     ([[], [b"short"]], "prunes"),
+    ([[[RID, 1, 0, 0]]], "lag_ms 0"),  # one encoding per message: lag 0 is a 3-field entry
+    ([[[RID, 1, 0, limits.MAX_ANNOUNCE_LAG_MS + 1]]], "lag_ms"),
+    ([[[RID, 1, 0, 5, 1]]], "route_id, epoch, hops"),
 ])
 def test_malformed_announce_frames_are_refused(fields: list[object], why: str) -> None:
     import msgpack
@@ -74,6 +79,22 @@ def test_malformed_announce_frames_are_refused(fields: list[object], why: str) -
     frame = msgpack.packb([9, limits.PROTOCOL_VERSION, *fields], use_bin_type=True)
     with pytest.raises(DecodeError, match=why):
         decode(frame)
+
+
+@pytest.mark.parametrize("lag", [1, 127, 128, 300, 70000 // 2, limits.MAX_ANNOUNCE_LAG_MS])
+def test_full_frames_with_a_lag_round_trip_and_flood_frames_are_unchanged(lag: int) -> None:
+    reg = reg_for(1)
+    plain = encode(RegGossip(reg, 16, 3))
+    lagged = encode(RegGossip(reg, 16, 3, lag_ms=lag))
+    assert decode(lagged) == RegGossip(reg, 16, 3, lag_ms=lag)
+    assert decode(plain) == RegGossip(reg, 16, 3) and plain == encode(RegGossip(reg, 16, 3, lag_ms=0))
+    assert len(lagged) - len(plain) <= 4  # nil and the lag
+    import msgpack
+
+    for bad, why in (([None, 0], "lag_ms 0"), ([False, 5], "nil"), ([None, limits.MAX_ANNOUNCE_LAG_MS + 1], "lag_ms")):
+        fields = msgpack.unpackb(plain, raw=False)[:5] + bad
+        with pytest.raises(DecodeError, match=why):
+            decode(msgpack.packb(fields, use_bin_type=True))
 
 
 # -- configuration ------------------------------------------------------------------------------
@@ -151,6 +172,55 @@ def test_the_first_announcer_is_the_primary_only_when_feasible_and_not_the_full_
     assert eng.next_hops(reg2.route_id) == [("a", 3), ("b", 2)]
 
 
+def test_a_later_announcement_whose_lag_puts_it_first_becomes_the_primary_when_feasible() -> None:
+    reg = reg_for(7)
+    eng = engine()
+    eng.receive_message("a", RegGossip(reg, 16, 5), 1.0)  # first full frame: distance 6, sent on at once
+    # b's announcement comes 30 ms later, but b held the registration 40 ms before sending it (batching):
+    # under flooding b's copy would have come 10 ms before a's. 4 < 6: feasible, so b leads.
+    eng.receive_message("b", RegAnnounce((Announcement(reg.route_id, 1, 4, 40),)), 1.03)
+    assert eng.next_hops(reg.route_id) == [("b", 5), ("a", 6)]
+    # c's would have come before b's too, but is not feasible (6 !< 5): nothing changes
+    eng.receive_message("c", RegAnnounce((Announcement(reg.route_id, 1, 6, 100),)), 1.04)
+    assert eng.next_hops(reg.route_id) == [("b", 5), ("a", 6)]
+    # a later full frame (a duplicate) with a lag is weighed the same way: c at 3 hops, 20 ms before b
+    eng.receive_message("c", RegGossip(reg, 16, 3, lag_ms=100), 1.05)
+    assert eng.next_hops(reg.route_id) == [("c", 4), ("b", 5)]
+    assert eng.counters["tree_primary_earlier"] == 2
+    # without lags the same frames change nothing: first come, first primary (the old rule)
+    eng2 = engine()
+    eng2.receive_message("a", RegGossip(reg, 16, 5), 1.0)
+    eng2.receive_message("b", RegAnnounce((Announcement(reg.route_id, 1, 4),)), 1.03)
+    assert eng2.next_hops(reg.route_id) == [("a", 6), ("b", 5)]
+
+
+def test_what_a_relay_sends_after_an_earlier_path_carries_its_lag_and_distance_and_corrects_what_it_sent() -> None:
+    reg = reg_for(8)
+    eng = engine(peers=("a", "b", "c", "d"))
+    eng.receive_message("b", RegAnnounce((Announcement(reg.route_id, 1, 2, 5),)), 1.0)  # virtually at 0.995
+    out = sends(eng.receive_message("a", RegGossip(reg, 16, 5), 1.02))
+    assert eng.next_hops(reg.route_id) == [("b", 3), ("a", 6)]
+    # forwarded at our distance 3 (not the full frame's 6), hops + ttl as the flood's (21), 25 ms lag
+    fulls = [(p, m) for p, m in out if isinstance(m, RegGossip)]
+    assert fulls and all(m == RegGossip(reg, 18, 3, lag_ms=25) for _, m in fulls)
+    assert sorted(p for p, _ in fulls) == ["c", "d"]  # unmeasured links: eager; b has it
+    # b, the faster path, is asked for full frames; its hops (2) are below ours: no announcement for it
+    flushed = sends(eng.handle_timer(1.02 + TREE.tree_announce_delay_s))
+    assert [(p, m) for p, m in flushed if isinstance(m, RegAnnounce)] == [("b", RegAnnounce((), (), (reg.route_id,)))]
+    # later d reports a path that would have come even earlier (1 hop, 0.9 s): d leads, and every
+    # neighbour but d hears of it again with our new distance and lag
+    t = 1.5
+    eng.receive_message("d", RegAnnounce((Announcement(reg.route_id, 1, 1, 600),)), t)
+    assert eng.next_hops(reg.route_id)[0] == ("d", 2)
+    assert eng.counters["tree_corrections"] == 1
+    flushed = sends(eng.handle_timer(t + TREE.tree_announce_delay_s))
+    again = sorted(p for p, m in flushed if isinstance(m, RegAnnounce) and m.entries)
+    assert "d" not in again and {"a", "c"} <= set(again)
+    for _, m in flushed:
+        if isinstance(m, RegAnnounce) and m.entries:
+            assert m.entries == (Announcement(reg.route_id, 1, 2, 650),)
+
+
 def test_a_registration_only_announced_is_grafted_from_the_closest_announcer_then_the_next() -> None:
     reg = reg_for(4)
     eng = engine()
@@ -171,7 +241,8 @@ def test_a_graft_is_answered_with_the_full_frame_and_an_unknown_one_with_nothing
     reg = reg_for(5)
     eng = engine()
     eng.receive_message("a", RegGossip(reg, 16, 3), 0.0)
-    assert sends(eng.receive_message("b", RegGraft(reg.route_id, 1), 0.1)) == [("b", RegGossip(reg, 15, 4))]
+    # sent 100 ms after it came here: the lag tells b when flooding's copy would have come
+    assert sends(eng.receive_message("b", RegGraft(reg.route_id, 1), 0.1)) == [("b", RegGossip(reg, 15, 4, lag_ms=100))]
     assert sends(eng.receive_message("b", RegGraft(reg.route_id, 2), 0.1)) == []  # a newer epoch than ours
     assert sends(eng.receive_message("b", RegGraft(RID, 1), 0.1)) == []
     assert eng.counters["tree_graft_unknown"] == 2
@@ -189,7 +260,7 @@ def test_prunes_turn_a_direction_lazy_and_grafts_turn_it_eager_again() -> None:
     assert [p for p, m in out if isinstance(m, RegGossip)] == ["c"]  # b is lazy from direction a
     flushed = sends(eng.handle_timer(1.0 + TREE.tree_announce_delay_s))
     assert [(p, m) for p, m in flushed if isinstance(m, RegAnnounce)] == [
-        ("b", RegAnnounce((Announcement(reg.route_id, 1, 4),)))]
+        ("b", RegAnnounce((Announcement(reg.route_id, 1, 4, round(TREE.tree_announce_delay_s * 1000)),)))]
     out = sends(eng.receive_message("b", RegGossip(regs[-1], 16, 3), 1.1))  # another direction: eager
     assert sorted(p for p, m in out if isinstance(m, RegGossip)) == ["a", "c"]
     for _ in range(4):  # b needed our full frames after all (it grafted them)

@@ -56,6 +56,8 @@ Registration gossip
       announcements (route id, epoch, hops) on the others. An announcement of
       a held (route, epoch) is a G3 arrival; of an unknown one, a graft from
       the closest announcer once no full frame came within the graft timeout.
+      Copies carry lag_ms and count at arrival minus lag (flooding's timing):
+      the feasible copy with the earliest such arrival leads, whenever it comes.
 
 Push forwarding
   F1. A push follows the route vector (primary, else a live backup; never      forwarding.py
@@ -161,7 +163,7 @@ from inri.core.scoring import ScoringRules
 from inri.core.state import SWEEP_INTERVAL_S, Custody, Neighbour, ReverseMark, make_keepalive, readdress
 from inri.core.stem import StemRules
 from inri.core.tables import BoundedMap, CompactRouteTable, RouteTable
-from inri.core.tree import TREE_CACHE_MAX, TREE_MISSING_MAX, TreeRules
+from inri.core.tree import TREE_CACHE_MAX, TREE_MISSING_MAX, TREE_VTIME_MAX, TreeRules
 from inri.protocol.codec import DecodeError, decode
 from inri.protocol.messages import (
     Announcement,
@@ -300,7 +302,9 @@ class Engine(MembershipRules, GossipRules, StemRules, TreeRules, ForwardingRules
         self._tree_stats: dict[tuple[str | None, int | None, str], list[int]] = {}
         self._tree_out: dict[str, tuple[list[Announcement], list[bytes], list[bytes]]] = {}
         self._tree_flush_at: float | None = None
-        self._tree_missing: BoundedMap[tuple[bytes, int], list[tuple[str, int]]] = BoundedMap(TREE_MISSING_MAX)
+        self._tree_missing: BoundedMap[tuple[bytes, int], list[tuple[str, int, float]]] = BoundedMap(TREE_MISSING_MAX)
+        self._tree_extra = 0
+        self._tree_vtime: BoundedMap[bytes, tuple[int, float]] = BoundedMap(TREE_VTIME_MAX)
         self._tree_grafts: list[tuple[float, bytes, int]] = []
         self._tree_cache: BoundedMap[bytes, tuple[Registration, int, int, float, str | None]] = BoundedMap(
             TREE_CACHE_MAX)

@@ -174,6 +174,8 @@ class GossipRules(EngineState):
                     if not self._shorter_than_claimed(peer, msg, entry):  # ...or again with fewer hops (G3b)
                         return self._drop_reg(now, reg, peer, "replayed", cfg.score_replay)
                     return self._reforward(peer, msg, now)
+                if self._tree_on and self._tree_earlier(peer, msg, entry, now):  # G9: a faster path
+                    return []
                 if self._deep and (rid, epoch) in self._deep:  # G3b: a copy with more TTL left
                     again = self._reforward(peer, msg, now)
                     if arrival is _FEASIBLE:
@@ -225,7 +227,8 @@ class GossipRules(EngineState):
         if hops > ttl:  # G3b: this copy spent more TTL than it has left; a later, shorter one goes on too
             self._deep.put((rid, epoch), hops)
         if self._tree_on:  # G9 (tree.py)
-            out = self._tree_first(reg, ttl, hops, peer, now, cfg.forward_jitter_s)
+            out = self._tree_first(reg, ttl, hops, peer, now - msg.lag_ms / 1000.0 if msg.lag_ms else now, now,
+                                   cfg.forward_jitter_s)
         elif ttl > 0:
             fwd = RegGossip(reg, ttl, hops, False, msg.generation, msg.generation_sig) if msg.generation else \
                 make_gossip(reg, ttl, hops)
@@ -236,6 +239,8 @@ class GossipRules(EngineState):
                     out.append(make_send(p, fwd, self._rng.random() * jitter if jitter else 0.0))
         if self._level:
             label, route_hex, nbytes = _reg_trace(reg)
+            if self._tree_on:  # G9: the lag field of the frames forwarded
+                nbytes += self._tree_extra
             if self._emit_row is not None:  # the hottest trace row: positional, no keyword dict
                 self._emit_row((now, self.relay_id, "route_set", label, route_hex, peer, hops, msg.ttl, epoch,
                                 len(out), nbytes, None))

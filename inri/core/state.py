@@ -274,7 +274,9 @@ class EngineState:
     _tree_stats: dict[tuple[str | None, int | None, str], list[int]]
     _tree_out: dict[str, tuple[list[Announcement], list[bytes], list[bytes]]]
     _tree_flush_at: float | None
-    _tree_missing: BoundedMap[tuple[bytes, int], list[tuple[str, int]]]
+    _tree_missing: BoundedMap[tuple[bytes, int], list[tuple[str, int, float]]]  # (peer, hops, virtual arrival)
+    _tree_extra: int  # bytes of the lag field of the full frames last forwarded (trace rows)
+    _tree_vtime: BoundedMap[bytes, tuple[int, float]]  # route id -> (epoch, virtual arrival of its primary)
     _tree_grafts: list[tuple[float, bytes, int]]
     _tree_cache: BoundedMap[bytes, tuple[Registration, int, int, float, str | None]]
     # forwarding.py (F5b): receipts held for flush_receipts, or None (answered at once)
@@ -354,7 +356,8 @@ class EngineState:
         def _tree_forward(self, reg: Registration, ttl: int, hops: int, exclude: str | None, now: float,
                           jitter: float) -> list[Effect]: ...
         def _tree_duplicate(self, peer: str, rid: bytes, now: float) -> None: ...
-        def _tree_first(self, reg: Registration, ttl: int, hops: int, peer: str, now: float,
+        def _tree_earlier(self, peer: str, msg: RegGossip, entry: RouteEntry, now: float) -> bool: ...
+        def _tree_first(self, reg: Registration, ttl: int, hops: int, peer: str, at: float, now: float,
                         jitter: float) -> list[Effect]: ...
         def _tree_peer_down(self, peer: str) -> None: ...
         # rtt.py

@@ -42,9 +42,15 @@ from inri.protocol.messages import Announcement, RegAnnounce, RegGossip, RegGraf
 TREE_CACHE_S = 30.0
 TREE_CACHE_MAX = 65536  # registrations kept for graft answers (bounded whatever the load)
 TREE_MISSING_MAX = 65536  # announced (route, epoch) pairs awaiting their full frame
+# Virtual arrivals kept (route id -> (epoch, time)): copies of a registration come within seconds of it,
+# so the newest 8192 cover minutes at any usual registration rate (about 1 MB per relay at most); a route
+# whose entry went compares as it did before lags (first come, first primary).
+TREE_VTIME_MAX = 8192
+TREE_VTIME_S = 5.0  # ...and none older than this is kept (announcements and corrections come within about 1 s)
 TREE_MIN_SAMPLES = 3  # full frames sent before a link's measured share decides (unmeasured: eager)
 TREE_HALF_AT = 64  # counts are halved past this: a link's share follows changes of topology and homes
 TREE_EAGER_WEIGHT = 2  # a neighbour that needed our full frame (graft, eager request) counts as this many useful ones
+TREE_CORRECT_S = 0.002  # an earlier virtual arrival by at least this is announced again to the neighbours
 TREE_STATS_MAX = 4096  # (direction, hops, neighbour) counters per relay
 _FEASIBLE = Arrival.FEASIBLE
 _FULL = TraceLevel.FULL
@@ -68,7 +74,7 @@ def announce_frame_bytes(msg: RegAnnounce) -> int:
     lists = 3 if msg.eager else 2 if msg.prunes else 1
     n = _array_header(2 + lists) + 1 + _uint_bytes(limits.PROTOCOL_VERSION) + _array_header(len(msg.entries))
     for a in msg.entries:
-        n += 1 + _ROUTE_ID + _uint_bytes(a.epoch) + _uint_bytes(a.hops)
+        n += 1 + _ROUTE_ID + _uint_bytes(a.epoch) + _uint_bytes(a.hops) + (_uint_bytes(a.lag_ms) if a.lag_ms else 0)
     if lists > 1:
         n += _array_header(len(msg.prunes)) + _ROUTE_ID * len(msg.prunes)
     if lists > 2:
@@ -90,18 +96,33 @@ class TreeRules(EngineState):
 
     # -- sending (first arrival or origination) ----------------------------------------------------
 
-    def _tree_first(self, reg: Registration, ttl: int, hops: int, peer: str, now: float,
+    def _tree_first(self, reg: Registration, ttl: int, hops: int, peer: str, at: float, now: float,
                     jitter: float) -> list[Effect]:
-        """The first full frame of (route, epoch) came from peer and set the route (G2): announcements
-        that came before it are backup candidates (G3), then forward (ttl left: hops and TTL as G2's)."""
+        """The first full frame of (route, epoch) came from peer and set the route (G2), at virtual
+        arrival time `at` (now less its lag): announcements that came before it are candidates for the
+        primary and backups (G3), then forward (ttl left: hops and TTL as G2's)."""
+        vtime = self._tree_vtime
+        while vtime:  # oldest first: forget the virtual arrivals no copy will be weighed against any more
+            oldest = next(iter(vtime))
+            if vtime[oldest][1] > at - TREE_VTIME_S:
+                break
+            del vtime[oldest]
+        vtime.put_last(reg.route_id, (reg.epoch, at))
+        self._tree_extra = 0
         has = self._tree_arrived(reg.route_id, reg.epoch, now) if self._tree_missing else None
-        if has:  # the first announcer's path was faster than the full frame's: it becomes the primary
-            first = next(iter(has))
-            routes = self._routes
-            entry = routes.get(reg.route_id)
-            if first != peer and entry is not None and RouteTable.claims(entry, first):
-                routes[reg.route_id] = RouteTable.demote(entry, peer)
+        if has:  # an announcer became the primary: forward at its distance (hops + ttl stays the flood's)
+            d = self._tree_distance(reg.route_id, reg.epoch, hops)
+            ttl, hops = ttl + hops - d, d
         return self._tree_forward(reg, ttl, hops, peer, now, jitter, has) if ttl > 0 else []
+
+    def _tree_distance(self, rid: bytes, epoch: int, hops: int) -> int:
+        """Our distance to rid's home now (the primary's, as Babel advertises its current metric): at
+        most `hops`, what we first forwarded or announced; an earlier, feasible primary can be closer."""
+        entry = self._routes.get(rid)
+        if entry is None or RouteTable.epoch(entry) != epoch:
+            return hops
+        vector = RouteTable.vector(entry)
+        return min(hops, vector[0][1]) if vector else hops
 
     def _tree_forward(self, reg: Registration, ttl: int, hops: int, exclude: str | None, now: float,
                       jitter: float, has: dict[str, int] | None = None) -> list[Effect]:
@@ -109,7 +130,9 @@ class TreeRules(EngineState):
         None at its home) and distance, an announcement (batched) to the others; keep reg for grafts
         and upkeep. `has`: neighbours that announced it to us already (-> their hops): no full frame,
         and an announcement only where we would be a feasible next hop for them (hops below theirs)."""
-        fwd = RegGossip(reg, ttl, hops)
+        lag = self._tree_lag(reg.route_id, reg.epoch, now)
+        fwd = RegGossip(reg, ttl, hops, lag_ms=lag) if lag else RegGossip(reg, ttl, hops)
+        self._tree_extra = 1 + _uint_bytes(lag) if lag else 0
         out: list[Effect] = []
         ann: Announcement | None = None
         rng = self._rng
@@ -131,7 +154,17 @@ class TreeRules(EngineState):
         if ann is not None and self._tree_flush_at is None:
             self._tree_flush_at = now + self.config.tree_announce_delay_s
         self._tree_cache.put_last(reg.route_id, (reg, ttl, hops, now + TREE_CACHE_S, exclude))
+        if exclude is None:  # originated here: announcements' lags count from now
+            self._tree_vtime.put_last(reg.route_id, (reg.epoch, now))
         return out
+
+    def _tree_lag(self, rid: bytes, epoch: int, now: float) -> int:
+        """Milliseconds (floored) since this relay's virtual arrival of (rid, epoch): the lag_ms of what
+        it sends about it now (0: arrived just now, or not known)."""
+        first = self._tree_vtime.get(rid)
+        if first is None or first[0] != epoch or now <= first[1]:
+            return 0
+        return min(int((now - first[1]) * 1000.0), limits.MAX_ANNOUNCE_LAG_MS)
 
     def _tree_eager(self, direction: str | None, hops: int, peer: str) -> bool:
         """Does a full frame from this direction, at this distance, usually reach peer first? Measured:
@@ -180,19 +213,21 @@ class TreeRules(EngineState):
         self._tree_upkeep(peer, rid, False, now)
 
     def _tree_arrived(self, rid: bytes, epoch: int, now: float) -> dict[str, int]:
-        """The full frame of (rid, epoch) arrived: announcements that came first are backup candidates,
-        and the first announcer was faster than the full frame: it should send full frames to us.
+        """The full frame of (rid, epoch) arrived (its route is set): announcements that came first are
+        G3 arrivals at their virtual arrival times (arrival minus lag), earliest first, so the earliest
+        feasible one becomes the primary (flooding's first arrival) and the next a backup; the earliest
+        announcer was faster than the full frame: it should send full frames to us.
         Returns the announcers (-> their hops)."""
         waiting = self._tree_missing.pop((rid, epoch), None)
         has: dict[str, int] = {}
         if waiting:
             active = self._active
-            for peer, hops in waiting:
+            for at, peer, hops in sorted((at, peer, hops) for peer, hops, at in waiting):
                 if peer in active and peer not in has:
                     if not has:
                         self._tree_upkeep(peer, rid, True, now)
                     has[peer] = hops
-                    self._tree_known(rid, epoch, peer, hops, now)
+                    self._tree_known(rid, epoch, peer, hops, at, now)
         return has
 
     # -- receiving -----------------------------------------------------------------------------------
@@ -217,24 +252,30 @@ class TreeRules(EngineState):
         for a in msg.entries:
             entry = routes.get(a.route_id)
             known_epoch = None if entry is None else RouteTable.epoch(entry)
+            at = now - a.lag_ms / 1000.0 if a.lag_ms else now  # when flooding's copy would have come
             if known_epoch == a.epoch:
-                self._tree_known(a.route_id, a.epoch, peer, a.hops, now)
+                self._tree_known(a.route_id, a.epoch, peer, a.hops, at, now)
             elif known_epoch is None or a.epoch > known_epoch:
                 key = (a.route_id, a.epoch)
                 waiting = self._tree_missing.get(key)
                 if waiting is None:
-                    self._tree_missing.put(key, [(peer, a.hops)])
+                    self._tree_missing.put(key, [(peer, a.hops, at)])
                     heapq.heappush(self._tree_grafts, (now + cfg.tree_graft_timeout_s, a.route_id, a.epoch))
                 elif len(waiting) < 2 * cfg.active_max:
-                    waiting.append((peer, a.hops))
+                    waiting.append((peer, a.hops, at))
             # an older epoch than ours: nothing to learn
         return []
 
-    def _tree_known(self, rid: bytes, epoch: int, peer: str, hops: int, now: float) -> None:
-        """Rule G3 for an announcement of a (route, epoch) this relay holds: a feasible backup next hop."""
+    def _tree_known(self, rid: bytes, epoch: int, peer: str, hops: int, at: float, now: float) -> None:
+        """Rule G3 for an announcement of a (route, epoch) this relay holds, at its virtual arrival time
+        `at`: earlier than the primary's and feasible (hops below the feasibility distance), the new
+        primary (the primary before it the first backup: flooding's first arrival, whichever frame
+        came first here); else a feasible backup next hop while there is room."""
         routes = self._routes
         entry = routes.get(rid)
         if entry is None or hops >= limits.MAX_TTL:
+            return
+        if self._tree_lead(rid, entry, epoch, peer, hops, at, now):
             return
         if routes.arrival(entry, epoch, peer, hops, self.config.route_k) is _FEASIBLE:
             routes.add_backup(rid, entry, peer, hops + 1)
@@ -242,12 +283,59 @@ class TreeRules(EngineState):
                 self._trace(now, "route_backup", msg=f"{rid.hex()}:{epoch}", route=rid.hex(), peer=peer,
                             hops=hops + 1, epoch=epoch)
 
+    def _tree_lead(self, rid: bytes, entry: RouteEntry, epoch: int, peer: str, hops: int, at: float,
+                   now: float) -> bool:
+        """peer's copy of (rid, epoch), `hops` from its home, would have come at `at` under flooding:
+        before the primary's and feasible, peer becomes the primary (the former primary its first
+        backup). True: the announcement is spent (peer led, or it was the primary's own, earlier)."""
+        first = self._tree_vtime.get(rid)
+        if first is None or first[0] != epoch or at >= first[1] or RouteTable.epoch(entry) != epoch:
+            return False
+        if RouteTable.primary(entry) == peer:  # the primary's path is faster than we knew
+            self._tree_vtime[rid] = (epoch, at)
+        elif hops >= RouteTable.distance(entry):  # not feasible (G3): no next hop at all
+            return False
+        else:
+            self._routes[rid] = RouteTable.lead(entry, peer, hops + 1, self.config.route_k)
+            self._tree_vtime[rid] = (epoch, at)
+            self._count("tree_primary_earlier")
+            if self._level >= _FULL:
+                self._trace(now, "route_backup", msg=f"{rid.hex()}:{epoch}", route=rid.hex(), peer=peer,
+                            hops=hops + 1, epoch=epoch, reason="earlier")
+        if first[1] - at >= TREE_CORRECT_S:
+            self._tree_correct(rid, epoch, peer, now)
+        return True
+
+    def _tree_correct(self, rid: bytes, epoch: int, primary: str, now: float) -> None:
+        """Our virtual arrival of (rid, epoch) is earlier than what we sent about it said: if we sent
+        anything (full frames, announcements), announce it again, with the new lag, to every neighbour
+        but the primary, which corrects their choice of primary as flooding's earlier copy would have."""
+        cached = self._tree_cache.get(rid)
+        if cached is None or cached[0].epoch != epoch:
+            return  # not forwarded yet: what we forward will carry the new lag
+        ann = Announcement(rid, epoch, cached[2])
+        for p in self._active:
+            if p != primary:
+                self._tree_batch(p)[0].append(ann)
+        self._count("tree_corrections")
+        if self._tree_flush_at is None:
+            self._tree_flush_at = now + self.config.tree_announce_delay_s
+
+    def _tree_earlier(self, peer: str, msg: RegGossip, entry: RouteEntry, now: float) -> bool:
+        """A full frame of a (route, epoch) we hold (G3), counted at its virtual arrival time."""
+        reg = msg.registration
+        if msg.hops >= limits.MAX_TTL:
+            return False
+        at = now - msg.lag_ms / 1000.0 if msg.lag_ms else now
+        return self._tree_lead(reg.route_id, entry, reg.epoch, peer, msg.hops, at, now)
+
     def _on_graft(self, peer: str, state: Neighbour, msg: RegGraft, now: float) -> list[Effect]:
         cached = self._tree_cache.get(msg.route_id)
         if cached is None or cached[0].epoch < msg.epoch or cached[3] <= now:
             self._count("tree_graft_unknown")
             return []
         reg, ttl, hops, _, direction = cached
+        lag = self._tree_lag(reg.route_id, reg.epoch, now)
         self._tree_note(direction, hops, peer, TREE_EAGER_WEIGHT, 0)  # it needed our full frame
         cfg = self.config
         if not state.reg_budget.take(now, cfg.reg_budget_per_peer_per_s, cfg.reg_budget_peer_burst):
@@ -257,8 +345,9 @@ class TreeRules(EngineState):
         self._count("tree_graft_answered")
         if self._level:
             self._trace(now, "gossip_control", msg=f"{msg.route_id.hex()}:{reg.epoch}", route=msg.route_id.hex(),
-                        peer=peer, count=1, nbytes=gossip_frame_bytes(reg), reason="graft_answer")
-        return [Send(peer, RegGossip(reg, ttl, hops))]
+                        peer=peer, count=1, nbytes=gossip_frame_bytes(reg) + (1 + _uint_bytes(lag) if lag else 0),
+                        reason="graft_answer")
+        return [Send(peer, RegGossip(reg, ttl, hops, lag_ms=lag) if lag else RegGossip(reg, ttl, hops))]
 
     # -- timers --------------------------------------------------------------------------------------
 
@@ -288,13 +377,17 @@ class TreeRules(EngineState):
         sizes: dict[int, int] = {}  # frame bytes -> frames of that size (trace rows: count x one frame's bytes)
         step = limits.MAX_ANNOUNCEMENTS
         routes = self._routes
+        lags: dict[bytes, Announcement] = {}
         for p, (entries, prunes, eager) in self._tree_out.items():
             st = self._active.get(p)
             if st is None:
                 continue
             # A neighbour that became one of our next hops for the route meanwhile is closer to its
             # home than we are: it cannot take us as a next hop (G3) and has it; no announcement.
-            entries = [a for a in entries if not _claimed(routes.get(a.route_id), a.epoch, p)]
+            if len(entries) > 1:  # a correction (_tree_correct) may repeat an announcement still waiting
+                entries = list({(a.route_id, a.epoch): a for a in entries}.values())
+            entries = [self._tree_lagged(a, now, lags) for a in entries
+                       if not _claimed(routes.get(a.route_id), a.epoch, p)]
             if not (entries or prunes or eager):
                 continue
             for i in range(0, max(len(entries), len(prunes), len(eager)), step):
@@ -309,6 +402,16 @@ class TreeRules(EngineState):
             self._trace(now, "gossip_control", count=frames, nbytes=size, reason="announce")
         return out
 
+    def _tree_lagged(self, a: Announcement, now: float, done: dict[bytes, Announcement]) -> Announcement:
+        """a with its lag (the milliseconds, floored, since this relay's virtual arrival of (route, epoch))
+        and our distance now."""
+        got = done.get(a.route_id)
+        if got is None or got.epoch != a.epoch:
+            lag = self._tree_lag(a.route_id, a.epoch, now)
+            hops = self._tree_distance(a.route_id, a.epoch, a.hops)
+            got = done[a.route_id] = Announcement(a.route_id, a.epoch, hops, lag) if lag or hops != a.hops else a
+        return got
+
     def _tree_graft(self, rid: bytes, epoch: int, now: float) -> list[Effect]:
         """A graft timer fired: still no full frame of (rid, epoch)? Graft the closest announcer left."""
         key = (rid, epoch)
@@ -319,12 +422,12 @@ class TreeRules(EngineState):
         if entry is not None and RouteTable.epoch(entry) >= epoch:
             del self._tree_missing[key]
             return []
-        live = [(h, i) for i, (p, h) in enumerate(waiting) if p in self._active]
+        live = [(h, i) for i, (p, h, _) in enumerate(waiting) if p in self._active]
         if not live:
             del self._tree_missing[key]
             return []
         _, i = min(live)
-        peer, _ = waiting.pop(i)
+        peer = waiting.pop(i)[0]
         self._active[peer].last_sent = now
         self._count("tree_grafts")
         heapq.heappush(self._tree_grafts, (now + self.config.tree_graft_timeout_s, rid, epoch))

@@ -163,7 +163,8 @@ def _hello_from(f: list[Any]) -> Hello:
 
 
 def _gossip_from(f: list[Any]) -> RegGossip:
-    # 3 fields (flood), 4 with the stem flag (then only ever `true`: a flood frame omits it), or 6 for a
+    # 3 fields (flood), 4 with the stem flag (then only ever `true`: a flood frame omits it), 5 for tree
+    # gossip with a lag (rule G9): [registration, ttl, hops, nil, lag_ms >= 1], or 6 for a
     # route generation >= 1 (rule G10): [registration, ttl, hops, stem (bool), generation, signature].
     # Each message has one encoding: generation 0 is never written out.
     if len(f) == 6:
@@ -180,6 +181,14 @@ def _gossip_from(f: list[Any]) -> RegGossip:
             generation=generation,
             generation_sig=_bytes(f[5], L.SIGNATURE_BYTES, "generation_sig"),
         )
+    if len(f) == 5:  # tree gossip with a lag (G9): [registration, ttl, hops, nil, lag_ms]
+        if f[3] is not None:  # nil: neither a stem flag nor a truncated 6-field frame
+            raise DecodeError("malformed", "reg_gossip: field 4 must be nil in a 5-field frame")
+        lag = _uint(f[4], L.MAX_ANNOUNCE_LAG_MS, "lag_ms")
+        if lag == 0:
+            raise DecodeError("malformed", "reg_gossip: lag_ms 0 is written as a 3-field frame")
+        return RegGossip(registration=_reg_from_list(f[0]), ttl=_uint(f[1], L.MAX_TTL, "ttl"),
+                         hops=_uint(f[2], 255, "hops"), lag_ms=lag)
     if len(f) == 4 and f[3] is not True:
         raise DecodeError("malformed", "reg_gossip: field 4 (stem) must be true when present")
     if len(f) != 4:
@@ -331,10 +340,13 @@ def _announce_from(f: list[Any]) -> RegAnnounce:
         raise DecodeError("malformed", "reg_announce: a trailing empty list must be left out")
     entries = []
     for e in _bounded_list(f[0], L.MAX_ANNOUNCEMENTS, "announcements"):
-        if type(e) is not list or len(e) != 3:
-            raise DecodeError("malformed", "announcement: expected [route_id, epoch, hops]")
+        if type(e) is not list or len(e) not in (3, 4):
+            raise DecodeError("malformed", "announcement: expected [route_id, epoch, hops] or [..., lag_ms]")
+        lag = _uint(e[3], L.MAX_ANNOUNCE_LAG_MS, "lag_ms") if len(e) == 4 else 0
+        if len(e) == 4 and lag == 0:
+            raise DecodeError("malformed", "announcement: lag_ms 0 is written as a 3-field entry")
         entries.append(Announcement(_bytes(e[0], L.ROUTE_ID_BYTES, "route_id"), _uint(e[1], L.MAX_EPOCH, "epoch"),
-                                    _uint(e[2], 255, "hops")))
+                                    _uint(e[2], 255, "hops"), lag))
     if not entries and len(f) == 1:
         raise DecodeError("malformed", "reg_announce: empty")
     return RegAnnounce(tuple(entries), _route_ids(f[1], "prunes") if len(f) > 1 else (),
@@ -371,6 +383,10 @@ def _to_fields(msg: Message) -> tuple[MessageType, list[Any]]:
         fields = [_reg_to_list(msg.registration), msg.ttl, msg.hops]
         if msg.generation or msg.generation_sig is not None:  # G10 (the decoder refuses generation 0)
             return MessageType.REG_GOSSIP, fields + [msg.stem, msg.generation, msg.generation_sig]
+        if msg.lag_ms:
+            if msg.stem:
+                raise EncodeError("RegGossip: a stem frame carries no lag")
+            return MessageType.REG_GOSSIP, fields + [None, msg.lag_ms]
         return MessageType.REG_GOSSIP, fields + [True] if msg.stem else fields
     if isinstance(msg, Push):
         reg = None if msg.registration is None else _reg_to_list(msg.registration)
@@ -393,7 +409,8 @@ def _to_fields(msg: Message) -> tuple[MessageType, list[Any]]:
     if isinstance(msg, ErrorFrame):
         return MessageType.ERROR, [int(msg.code), msg.detail]
     if isinstance(msg, RegAnnounce):
-        fields = [[[a.route_id, a.epoch, a.hops] for a in msg.entries], list(msg.prunes), list(msg.eager)]
+        fields = [[[a.route_id, a.epoch, a.hops, a.lag_ms] if a.lag_ms else [a.route_id, a.epoch, a.hops]
+                   for a in msg.entries], list(msg.prunes), list(msg.eager)]
         while len(fields) > 1 and not fields[-1]:
             fields.pop()
         return MessageType.REG_ANNOUNCE, fields

@@ -26,6 +26,7 @@ MAX_EPOCH = 2**32 - 1
 MAX_TIMESTAMP = 2**40  # seconds; msgpack overflows past 64 bits, we stay far below
 MAX_LIFETIME_S = 30 * 24 * 3600  # a registration lives at most 30 days without refresh
 MAX_PEERS_IN_EXCHANGE = 32  # a peer-exchange frame is a sample, not a directory
+MAX_ANNOUNCE_LAG_MS = 65535  # an announcement's lag_ms (rule G9): larger lags are sent as this
 MAX_ANNOUNCEMENTS = 256  # entries of one RegAnnounce frame (about 6 KiB): a longer batch goes in several frames
 MAX_NODE_ID_CHARS = 64
 # Receipts in one ReceiptBatch (rule F5b): about 22 bytes each, so a batch stays near 6 KiB; a home relay

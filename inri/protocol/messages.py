@@ -126,6 +126,10 @@ class RegGossip:
     # the registration's receipt key (so no other relay can issue one); None exactly when generation is 0.
     generation: int = 0
     generation_sig: bytes | None = None
+    # Tree gossip (rule G9): milliseconds between the sender's virtual arrival of this (route, epoch)
+    # and this frame's sending, as an Announcement's lag_ms; 0 (never with stem or a generation)
+    # is not written out.
+    lag_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +140,11 @@ class Announcement:
     route_id: bytes
     epoch: int
     hops: int
+    # Milliseconds between the sender's own (virtual) arrival of this (route, epoch) and this frame's
+    # sending (rule G9: batching, or a full frame that came later than an announcement): the receiver
+    # counts the announcement as if it had come that much earlier, as flooding's copy would have.
+    # 0 is not written out (a 3-field entry), so each announcement has one encoding.
+    lag_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)
