@@ -75,8 +75,8 @@ def _slot_setters(cls: type, names: tuple[str, ...]) -> tuple[Any, ...]:
 _set_peer, _set_msg, _set_delay = _slot_setters(Send, ("peer", "msg", "delay"))
 _set_nonce, _set_reply = _slot_setters(Keepalive, ("nonce", "reply"))
 (_set_registration_g, _set_ttl_g, _set_hops_g, _set_stem_g, _set_generation_g,
- _set_generation_sig_g) = _slot_setters(RegGossip, ("registration", "ttl", "hops", "stem", "generation",
-                                                    "generation_sig"))
+ _set_generation_sig_g, _set_lag_ms_g) = _slot_setters(RegGossip, ("registration", "ttl", "hops", "stem", "generation",
+                                                                   "generation_sig", "lag_ms"))
 _new_object = object.__new__
 
 
@@ -115,6 +115,7 @@ def make_gossip(registration: Registration, ttl: int, hops: int) -> RegGossip:
     _set_stem_g(new, False)
     _set_generation_g(new, 0)
     _set_generation_sig_g(new, None)
+    _set_lag_ms_g(new, 0)  # flood copies carry no lag (G9's tree frames are built in tree.py)
     return new
 
 
