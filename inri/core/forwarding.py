@@ -241,8 +241,8 @@ class ForwardingRules(EngineState):
     # Rule F6.
     def _report_hole(self, pid: bytes, nh: str, now: float, rid: bytes) -> list[Effect]:
         """No answer came for push pid from nh, heard from since: the push fell into a hole after this
-        relay (a black hole, or a relay whose local repair found nothing and could not say so: F8's
-        report needs a round-trip estimate). nh goes last among the
+        relay (a black hole, or a relay whose local repair found nothing: its F8 notice only tells the
+        custodian, so the hole is found and reported here, as before). nh goes last among the
         route's next hops, and the relay upstream hears a route error: `next hop down` when a live
         next hop is left here (the route is repaired: keep using this relay), `no route` otherwise
         (it stops using this relay for the route). Reverse state stays: a late receipt still finds
@@ -427,10 +427,9 @@ class ForwardingRules(EngineState):
     # Rule F8.
     def _repairs_unanswered(self, now: float) -> list[Effect]:
         """Local repairs whose answer is overdue: the radius-2 search found nothing (its copies die
-        quietly). Tell the relay upstream `repair failed`: it drops this relay as a next hop for the
-        route (as for `no route`) and passes `search failed` on, which changes no route further up (a
-        demotion at most, as `next hop down`), so a hole closes one hop per failed push. The custodian
-        widens its search at once instead of re-sending into the same hole (C2)."""
+        quietly). Tell the relay upstream `repair failed`, a notice for the custodian that every relay
+        on the way passes on unchanged (_on_repair_failed): the custodian takes its next step (C2) at
+        once instead of re-sending into the same hole after its retry period."""
         out: list[Effect] = []
         heap = self._repair_heap
         while heap and heap[0][0] <= now:
@@ -438,10 +437,8 @@ class ForwardingRules(EngineState):
             back = self._reverse.get(pid)
             if back is None or back[0] != prev or prev not in self._active:
                 continue  # answered (a receipt took the reverse entry), or the way back is gone
-            guard = (pid, _ERROR_PASSED)
-            if guard in self._push_seen:
+            if not self._error_once(pid, now):
                 continue  # an answer (a route error) already went back for this copy (F6b)
-            self._push_seen.put(guard, now + self.config.reverse_ttl_s)
             self._count("repair_failed_reported")
             self._active[prev].last_sent = now
             if self._level:
@@ -471,15 +468,22 @@ class ForwardingRules(EngineState):
             self._count("custody_escalated_repair_failed")
             c.attempt += 1
             return self._attempt(c, now)
-        if isinstance(prev, ReverseMark) or prev not in self._active:
+        if isinstance(prev, ReverseMark) or prev not in self._active or not self._error_once(msg.push_id, now):
             return []
-        guard = (msg.push_id, _ERROR_PASSED)
-        if guard in self._push_seen:
-            self._count("route_error_repeat_dropped")
-            return []
-        self._push_seen.put(guard, now + self.config.reverse_ttl_s)
         self._active[prev].last_sent = now
         return [Send(prev, msg)]
+
+    # Rule F6b.
+    def _error_once(self, pid: bytes, now: float) -> bool:
+        """True the first time a route error for push pid is passed on since its last copy came (F6b:
+        route errors keep the reverse path, so a relay passes on one route error per copy of the push it
+        received; a new copy clears the mark, in _on_push): an answer never circles."""
+        guard = (pid, _ERROR_PASSED)
+        if guard in self._push_seen:
+            self._count("route_error_repeat_dropped")
+            return False
+        self._push_seen.put(guard, now + self.config.reverse_ttl_s)
+        return True
 
     # Rule F3.
     def _push_drop(
@@ -782,15 +786,8 @@ class ForwardingRules(EngineState):
             if c.attempt + 1 >= self.config.custody_max_attempts:
                 return []  # parked: the next slow retry is already scheduled
             return self._retry(c, now)
-        if prev not in self._active:
+        if prev not in self._active or not self._error_once(msg.push_id, now):  # F6b
             return []
-        # Rule F6b: route errors keep the reverse path, so a relay passes on one route error per copy of
-        # the push it received (a new copy clears the mark, in _on_push): an answer never circles.
-        guard = (msg.push_id, _ERROR_PASSED)
-        if guard in self._push_seen:
-            self._count("route_error_repeat_dropped")
-            return []
-        self._push_seen.put(guard, now + self.config.reverse_ttl_s)
         if msg.reason == RouteErrorReason.NO_ROUTE:
             # F6: the next hop that reported it was dropped here; relays further upstream keep their
             # routes (an answer, not a fault). Were this relay left without a route, its next push for
