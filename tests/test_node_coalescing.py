@@ -13,7 +13,7 @@ import trio
 from inri.common.identity import NodeIdentity
 from inri.core.api import DisconnectReason
 from inri.node.links import LinkManager
-from inri.node.quic import QuicEndpoint
+from inri.node.quic import Link, QuicEndpoint
 
 FRAMES = 2000
 
@@ -81,3 +81,33 @@ async def test_a_forwarding_relay_sends_frames_of_one_round_in_shared_datagrams(
         sent = eps[1].stats["datagrams_out"] - before  # B: frames to C, ACKs to A and C
         n.cancel_scope.cancel()
     assert sent < FRAMES * 0.42, f"the forwarder sent {sent} datagrams for {FRAMES} frames"
+
+
+async def test_an_answer_carries_the_acknowledgement_of_what_it_answers() -> None:
+    """A frame answered at once (a receipt back on the link a push came in on) takes the ACK for the
+    packet that brought it along: one datagram each way, not a second ACK-only datagram ACK_DELAY_S
+    later. The exchanges are spaced wider than ACK_DELAY_S, so no later packet could carry it either."""
+    ids = [NodeIdentity.generate() for _ in range(2)]
+    server, client = QuicEndpoint(ids[0]), QuicEndpoint(ids[1])
+
+    async def answer(link: Link) -> None:
+        link.deliver_to(lambda frame: link.send_nowait(b"re:" + frame))
+        await link.receive()  # returns only when the link closes (LinkClosed)
+
+    exchanges = 40
+    async with trio.open_nursery() as n:
+        for ep in (server, client):
+            await ep.bind("127.0.0.1", 0)
+        await n.start(server.serve, answer)
+        await n.start(client.serve, None)
+        with trio.fail_after(30):
+            link = await client.connect(server.listen_addr, expect_node_id=ids[0].node_id)
+            await trio.sleep(0.1)  # the handshake's last ACKs are out
+            before = server.stats["datagrams_out"]
+            for i in range(exchanges):
+                await link.send(b"%d" % i)
+                assert await link.receive() == b"re:%d" % i
+                await trio.sleep(0.015)  # > ACK_DELAY_S: the server's ACK is due before the next frame
+            sent = server.stats["datagrams_out"] - before
+        n.cancel_scope.cancel()
+    assert sent <= exchanges * 1.25, f"the server sent {sent} datagrams for {exchanges} answers"

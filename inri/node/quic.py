@@ -53,6 +53,7 @@ from typing import Any
 import msgpack
 import structlog
 import trio
+from aioquic import tls
 from aioquic._buffer import Buffer  # aioquic.buffer re-exports it without __all__
 from aioquic.quic import events
 from aioquic.quic.configuration import QuicConfiguration
@@ -281,6 +282,12 @@ class _Connection:
         self.on_frame: Callable[[bytes], None] | None = None
         self.on_unresponsive: Callable[[], None] | None = None  # Link.on_unresponsive (rule C6)
         self.unresponsive_reported = False
+        # While the connection task sleeps: the cancel scope of its sleep, whose deadline is aioquic's
+        # timer. The receive loop transmits for a sleeping connection itself and only moves that
+        # deadline (QuicEndpoint._transmit_burst): no task switch per burst of datagrams.
+        self.sleep_scope: trio.CancelScope | None = None
+        # Datagrams aioquic produced that the socket had no room for (sent first, by the connection task).
+        self.unsent: list[tuple[bytes, tuple[Any, ...]]] = []
 
     # -- driving aioquic --------------------------------------------------------------------------
 
@@ -293,14 +300,21 @@ class _Connection:
         if len(frame) > limits.MAX_FRAME_BYTES:
             raise ValueError(f"frame of {len(frame)} bytes exceeds {limits.MAX_FRAME_BYTES}")
         if not self.tx:
-            self.poke()  # the connection task flushes once per scheduling round (module docstring)
+            self.endpoint.touch(self)  # flushed once per scheduling round or receive burst (module docstring)
         self.tx += (_LEN.pack(len(frame)), frame)
         self.tx_bytes += 4 + len(frame)
 
     def flush(self) -> None:
-        """Hand every queued frame to aioquic in one stream write."""
+        """Hand every queued frame to aioquic in one stream write; an acknowledgement that is waiting
+        (ACK_DELAY_S) leaves with them, in their first packet, rather than alone later."""
         if self.tx and not self.closed:
-            self.quic.send_stream_data(_STREAM, b"".join(self.tx))
+            quic = self.quic
+            quic.send_stream_data(_STREAM, b"".join(self.tx))
+            # aioquic writes an ACK frame into a 1-RTT packet only once its delay is over (space.ack_at);
+            # acknowledging earlier is always allowed (RFC 9000 13.2.1), and costs nothing here.
+            space = quic._spaces.get(tls.Epoch.ONE_RTT)  # noqa: SLF001 - no public way to ask for it
+            if space is not None and space.ack_at is not None and quic._handshake_complete:  # noqa: SLF001
+                space.ack_at = min(space.ack_at, trio.current_time())
         self.tx.clear()
         self.tx_bytes = 0
 
@@ -361,12 +375,17 @@ class _Connection:
             if self.quic._state == QuicConnectionState.TERMINATED:  # noqa: SLF001 - see above
                 break
             timer = self.quic.get_timer()
-            with trio.move_on_at(timer if timer is not None else math.inf):
-                await self.wake.wait()
+            with trio.move_on_at(timer if timer is not None else math.inf) as scope:
+                self.sleep_scope = scope
+                try:
+                    await self.wake.wait()
+                finally:
+                    self.sleep_scope = None
             # One more round: tasks woken with us (forwarding pushes, answering receipts) queue their
             # frames too, and all of them go out in one flush.
             await trio.lowlevel.cancel_shielded_checkpoint()
             now = trio.current_time()
+            timer = self.quic.get_timer()  # the receive loop may have moved it meanwhile
             if timer is not None and now >= timer:
                 self.quic.handle_timer(now)
                 self._check_acknowledged()
@@ -483,6 +502,9 @@ class QuicEndpoint:
         self._client_config = self._config(is_client=True)
         self.stats = {"datagrams_in": 0, "datagrams_out": 0, "bad_datagrams": 0, "refused": 0,
                       "datagrams_impaired_lost": 0}
+        # Connections with something to transmit since the receive loop started its current burst of
+        # datagrams (None outside a burst): it transmits for them once the burst is read (touch).
+        self._burst: dict[_Connection, None] | None = None
 
     def _config(self, *, is_client: bool) -> QuicConfiguration:
         cfg = QuicConfiguration(is_client=is_client, alpn_protocols=[ALPN], idle_timeout=self.idle_timeout_s)
@@ -535,16 +557,65 @@ class QuicEndpoint:
         assert raw is not None
         while True:
             await trio.lowlevel.wait_readable(raw)
-            for _ in range(RECV_BATCH):
-                try:
-                    data, addr = raw.recvfrom(65536)
-                except BlockingIOError:
-                    break
-                except ConnectionResetError:
-                    continue  # an ICMP port-unreachable from an earlier send: not fatal on UDP
-                self._datagram(data, addr)
-            else:
+            burst: dict[_Connection, None] = {}
+            self._burst = burst
+            more = True
+            try:
+                for _ in range(RECV_BATCH):
+                    try:
+                        data, addr = raw.recvfrom(65536)
+                    except BlockingIOError:
+                        more = False
+                        break
+                    except ConnectionResetError:
+                        continue  # an ICMP port-unreachable from an earlier send: not fatal on UDP
+                    self._datagram(data, addr)
+            finally:
+                self._burst = None
+            self._transmit_burst(burst)
+            if more:
                 await trio.lowlevel.checkpoint()  # more are waiting: the other tasks run first
+
+    def touch(self, conn: _Connection) -> None:
+        """conn has something to transmit: during a receive burst, at its end (_transmit_burst); otherwise
+        its task transmits, after one more scheduling round (module docstring)."""
+        if self._burst is not None:
+            self._burst[conn] = None
+        else:
+            conn.wake.set()
+
+    def _transmit_burst(self, burst: dict[_Connection, None]) -> None:
+        """Once a burst of datagrams is read: what the connections it touched have to send (the frames the
+        burst made, acknowledgements due) leaves now, from this task, for each connection whose task
+        sleeps (then only its timer moves); any other, or one with anything unusual to do (closing, lab
+        impairment, a full socket), is left to its task."""
+        raw = self._raw
+        for conn in burst:
+            scope = conn.sleep_scope
+            if (scope is None or conn.closed or conn.unsent or self.impairment is not None or raw is None
+                    or conn.quic._state is not QuicConnectionState.CONNECTED):  # noqa: SLF001 - see _drive
+                conn.wake.set()
+                continue
+            try:
+                conn.flush()
+                out = conn.quic.datagrams_to_send(now=trio.current_time())
+            except Exception:  # noqa: BLE001 - the connection's task meets it again and ends the connection
+                conn.wake.set()
+                continue
+            for i, (data, addr) in enumerate(out):
+                try:
+                    raw.sendto(data, addr)
+                    self.stats["datagrams_out"] += 1
+                except BlockingIOError:
+                    conn.unsent = out[i:]  # no room in the socket's buffer: the task waits for it
+                    conn.wake.set()
+                    break
+                except OSError:
+                    pass  # unreachable right now: QUIC retransmits or times out (as _sendto)
+            timer = conn.quic.get_timer()
+            deadline = timer if timer is not None else math.inf
+            if deadline != scope.deadline:  # each change is a heap entry in trio's deadline queue
+                scope.deadline = deadline
 
     def _datagram(self, data: bytes, addr: Any) -> None:
         """One datagram from addr: to its connection (a new one for a valid Initial packet)."""
@@ -583,7 +654,7 @@ class QuicEndpoint:
             self.stats["bad_datagrams"] += 1
             log.warning("datagram broke a connection", error=repr(exc)[:200])
             conn.quic.close(error_code=0x1, reason_phrase="internal error")
-        conn.poke()
+        self.touch(conn)
 
     def _add(self, quic: QuicConnection, addr: tuple[Any, ...], outbound: bool) -> _Connection:
         quic._ack_delay = ACK_DELAY_S  # noqa: SLF001 - aioquic has no setting for it (see ACK_DELAY_S)
@@ -623,6 +694,9 @@ class QuicEndpoint:
     async def transmit(self, conn: _Connection) -> None:
         assert self._sock is not None
         imp = self.impairment
+        while conn.unsent:  # left by _transmit_burst when the socket was full: they go first
+            data, addr = conn.unsent.pop(0)
+            await self._sendto(data, addr)
         for data, addr in conn.quic.datagrams_to_send(now=trio.current_time()):
             if imp is not None:
                 if imp.loss and self._rng.random() < imp.loss:
