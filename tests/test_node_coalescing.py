@@ -8,6 +8,11 @@ received frame per round and its link to C transmitted after each: about one dat
 
 from __future__ import annotations
 
+import socket
+import sys
+from typing import Any
+
+import pytest
 import trio
 
 from inri.common.identity import NodeIdentity
@@ -16,6 +21,7 @@ from inri.node.links import LinkManager
 from inri.node.quic import Link, QuicEndpoint
 
 FRAMES = 2000
+SO_NO_CHECK = 11  # Linux's socket option (Python's socket module has no name for it)
 
 
 class Forwarder:
@@ -111,3 +117,78 @@ async def test_an_answer_carries_the_acknowledgement_of_what_it_answers() -> Non
             sent = server.stats["datagrams_out"] - before
         n.cancel_scope.cancel()
     assert sent <= exchanges * 1.25, f"the server sent {sent} datagrams for {exchanges} answers"
+
+
+async def _pair(n: trio.Nursery, on_link: Any) -> tuple[QuicEndpoint, QuicEndpoint, Link]:
+    ids = [NodeIdentity.generate() for _ in range(2)]
+    server, client = QuicEndpoint(ids[0]), QuicEndpoint(ids[1])
+    for ep in (server, client):
+        await ep.bind("127.0.0.1", 0)
+    await n.start(server.serve, on_link)
+    await n.start(client.serve, None)
+    link = await client.connect(server.listen_addr, expect_node_id=ids[0].node_id)
+    return server, client, link
+
+
+class _Receiver:
+    """The server's side: takes every frame as it arrives (Link.deliver_to)."""
+
+    def __init__(self) -> None:
+        self.got: list[bytes] = []
+        self.want = 0
+        self.done = trio.Event()
+
+    async def on_link(self, link: Link) -> None:
+        def take(frame: bytes) -> None:
+            self.got.append(frame)
+            if len(self.got) == self.want:
+                self.done.set()
+        link.deliver_to(take)
+        await link.receive()
+
+    async def round(self, client: QuicEndpoint, link: Link, frames: list[bytes]) -> tuple[int, int]:
+        """Queue frames in one scheduling round; once all arrived (in order, once each), the datagrams
+        and the send system calls the client took."""
+        self.got, self.want, self.done = [], len(frames), trio.Event()
+        await trio.sleep(0.05)  # acknowledgements of anything before are out
+        datagrams, calls = client.stats["datagrams_out"], client.stats["send_calls"]
+        for f in frames:
+            link.send_nowait(f)
+        with trio.fail_after(20):
+            await self.done.wait()
+        assert self.got == frames
+        return client.stats["datagrams_out"] - datagrams, client.stats["send_calls"] - calls
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="UDP GSO is Linux's")
+async def test_the_datagrams_of_one_round_leave_in_few_system_calls() -> None:
+    """UDP GSO: a round's frames to one peer (about 25 datagrams) leave in a few sendmsg calls, each
+    cut by the kernel into the datagrams QUIC built (as many as its pacing lets go at once)."""
+    frames = [b"%04d" % i + b"p" * 396 for i in range(72)]
+    rx = _Receiver()
+    async with trio.open_nursery() as n:
+        _, client, link = await _pair(n, rx.on_link)
+        for _ in range(5):  # the congestion window opens (aioquic paces a quarter of it per burst)
+            await rx.round(client, link, frames)
+        sent, calls = await rx.round(client, link, frames)
+        n.cancel_scope.cancel()
+    assert client.gso and sent >= 20
+    assert calls <= sent // 4, f"{sent} datagrams in {calls} system calls"
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="UDP GSO is Linux's")
+async def test_a_kernel_that_refuses_gso_turns_it_off_and_loses_nothing() -> None:
+    """A socket the kernel will not segment for (here: UDP checksums turned off, SO_NO_CHECK, which
+    GSO needs) refuses the first batch; it is sent again one datagram at a time, nothing is lost,
+    and GSO stays off for the endpoint."""
+    frames = [b"%04d" % i + b"q" * 996 for i in range(40)]
+    rx = _Receiver()
+    async with trio.open_nursery() as n:
+        _, client, link = await _pair(n, rx.on_link)
+        assert client._raw is not None
+        client._raw.setsockopt(socket.SOL_SOCKET, SO_NO_CHECK, 1)
+        sent, calls = await rx.round(client, link, frames)
+        assert not client.gso
+        sent2, calls2 = await rx.round(client, link, frames)
+        n.cancel_scope.cancel()
+    assert calls == sent and calls2 == sent2 >= 30  # one by one

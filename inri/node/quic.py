@@ -39,6 +39,7 @@ on a real one. Never for production relays: off (all 0) by default.
 from __future__ import annotations
 
 import datetime
+import errno
 import ipaddress
 import math
 import os
@@ -46,6 +47,7 @@ import random
 import socket
 import ssl
 import struct
+import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -78,6 +80,14 @@ MAX_CONNECTIONS = 512  # per endpoint: bounds memory a flood of handshakes can t
 # link a push came in on) when one leaves in time. Data is never delayed: only acknowledgements.
 ACK_DELAY_S = 0.010
 RECV_BATCH = 64  # datagrams read back to back (no yield between them) before the receive loop yields
+# UDP GSO (_send_nowait): Linux's UDP_SEGMENT option (netinet/udp.h; Python's socket module has no
+# name for it), at most UDP_MAX_SEGMENTS datagrams per call and one IP datagram's worth of bytes.
+UDP_SEGMENT = 103
+GSO_MAX_SEGMENTS = 64
+GSO_MAX_BYTES = 60_000
+_SEGMENT_SIZE = struct.Struct("=H")
+# What sendmsg raises when the kernel or the device cannot segment (old kernel, no checksum offload).
+_GSO_REFUSED = frozenset((errno.EINVAL, errno.EIO, errno.EMSGSIZE, errno.ENOPROTOOPT, errno.EOPNOTSUPP))
 RECV_QUEUE_BYTES = 16 * 1024 * 1024  # frames buffered per link, unread, before it is closed as overloaded
 _LEN = struct.Struct(">I")
 log = structlog.get_logger("inri.quic")
@@ -500,8 +510,12 @@ class QuicEndpoint:
         self._server_config.certificate = cert
         self._server_config.private_key = key
         self._client_config = self._config(is_client=True)
-        self.stats = {"datagrams_in": 0, "datagrams_out": 0, "bad_datagrams": 0, "refused": 0,
+        self.stats = {"datagrams_in": 0, "datagrams_out": 0, "send_calls": 0, "bad_datagrams": 0, "refused": 0,
                       "datagrams_impaired_lost": 0}
+        # UDP GSO (_send_nowait): on Linux until the kernel refuses it once; datagrams per call at most.
+        self.gso = sys.platform == "linux"
+        self.gso_max_segments = GSO_MAX_SEGMENTS
+        self.gso_max_bytes = GSO_MAX_BYTES
         # Connections with something to transmit since the receive loop started its current burst of
         # datagrams (None outside a burst): it transmits for them once the burst is read (touch).
         self._burst: dict[_Connection, None] | None = None
@@ -602,16 +616,11 @@ class QuicEndpoint:
             except Exception:  # noqa: BLE001 - the connection's task meets it again and ends the connection
                 conn.wake.set()
                 continue
-            for i, (data, addr) in enumerate(out):
-                try:
-                    raw.sendto(data, addr)
-                    self.stats["datagrams_out"] += 1
-                except BlockingIOError:
-                    conn.unsent = out[i:]  # no room in the socket's buffer: the task waits for it
+            if out:
+                rest = self._send_nowait(out)
+                if rest:
+                    conn.unsent = rest  # no room in the socket's buffer: the task waits for it
                     conn.wake.set()
-                    break
-                except OSError:
-                    pass  # unreachable right now: QUIC retransmits or times out (as _sendto)
             timer = conn.quic.get_timer()
             deadline = timer if timer is not None else math.inf
             if deadline != scope.deadline:  # each change is a heap entry in trio's deadline queue
@@ -694,7 +703,18 @@ class QuicEndpoint:
     async def transmit(self, conn: _Connection) -> None:
         assert self._sock is not None
         imp = self.impairment
-        while conn.unsent:  # left by _transmit_burst when the socket was full: they go first
+        if imp is None:
+            raw = self._raw
+            assert raw is not None
+            # Left by _transmit_burst when the socket was full: they go first.
+            pending = conn.unsent + conn.quic.datagrams_to_send(now=trio.current_time())
+            conn.unsent = []
+            while pending:
+                pending = self._send_nowait(pending)
+                if pending:
+                    await trio.lowlevel.wait_writable(raw)  # the socket's buffer is full: wait for room
+            return
+        while conn.unsent:
             data, addr = conn.unsent.pop(0)
             await self._sendto(data, addr)
         for data, addr in conn.quic.datagrams_to_send(now=trio.current_time()):
@@ -708,6 +728,50 @@ class QuicEndpoint:
                     continue
             await self._sendto(data, addr)
 
+    def _send_nowait(self, datagrams: list[tuple[bytes, tuple[Any, ...]]]) -> list[tuple[bytes, tuple[Any, ...]]]:
+        """Send datagrams in order without waiting; returns those the socket had no room for.
+
+        With UDP GSO (Linux: the UDP_SEGMENT socket option, per call), consecutive datagrams to one
+        address whose sizes allow it (all as long as the first, the last one no longer) leave in one
+        sendmsg call: the kernel cuts them into the same datagrams, for one system call instead of
+        several. A kernel or device that refuses GSO turns it off for this endpoint; its datagrams
+        are then sent one by one, as they are without it."""
+        raw = self._raw
+        assert raw is not None
+        stats = self.stats
+        n = len(datagrams)
+        i = 0
+        while i < n:
+            data, addr = datagrams[i]
+            j = i + 1
+            if self.gso:
+                size = total = len(data)
+                segments, limit = self.gso_max_segments, self.gso_max_bytes
+                while (j < n and j - i < segments and len(datagrams[j - 1][0]) == size
+                       and len(datagrams[j][0]) <= size and total + len(datagrams[j][0]) <= limit
+                       and datagrams[j][1] == addr):
+                    total += len(datagrams[j][0])
+                    j += 1
+            try:
+                if j - i > 1:
+                    raw.sendmsg([b"".join([d for d, _ in datagrams[i:j]])],
+                                [(socket.SOL_UDP, UDP_SEGMENT, _SEGMENT_SIZE.pack(size))], 0, addr)
+                else:
+                    raw.sendto(data, addr)
+            except BlockingIOError:
+                return datagrams[i:]
+            except OSError as exc:
+                if j - i > 1 and exc.errno in _GSO_REFUSED:
+                    self.gso = False
+                    log.info("UDP GSO refused by the kernel: datagrams are sent one by one", error=str(exc))
+                    continue  # the same datagrams again, one by one
+                # Unreachable right now (or the socket closed): QUIC retransmits or times out.
+            else:
+                stats["datagrams_out"] += j - i
+                stats["send_calls"] += 1
+            i = j
+        return []
+
     async def _sendto(self, data: bytes, addr: tuple[Any, ...]) -> None:
         raw = self._raw
         assert raw is not None
@@ -715,6 +779,7 @@ class QuicEndpoint:
             try:
                 raw.sendto(data, addr)
                 self.stats["datagrams_out"] += 1
+                self.stats["send_calls"] += 1
                 return
             except BlockingIOError:
                 await trio.lowlevel.wait_writable(raw)  # the socket's buffer is full: wait for room
