@@ -121,6 +121,8 @@ class RelayCollector(Collector):
             quic.add_metric(["in"], endpoint.stats.get("datagrams_in", 0))
             quic.add_metric(["out"], endpoint.stats.get("datagrams_out", 0))
             yield quic
+            yield CounterMetricFamily("inri_quic_send_calls", "system calls that sent the datagrams out (one "
+                                      "sendmsg sends several with UDP GSO)", value=endpoint.stats.get("send_calls", 0))
         limited = CounterMetricFamily("inri_rate_limited", "requests refused by a rate limit (per client, device, "
                                       "token)", labels=["key"])
         for key, limiter in (("client", api.rate), ("device", api.device_rate), ("token", api.token_rate),

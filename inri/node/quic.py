@@ -23,10 +23,15 @@ same round (each forwarding a push, answering a receipt) adds its frames, then h
 in one stream write and asks for datagrams once: frames produced in one round leave in as few
 datagrams as QUIC packs them into (about 1,200 bytes each), not one datagram per frame. The receive
 loop reads every datagram waiting on the socket (up to RECV_BATCH) before it yields, and hands the
-frames they complete straight to the link's handler (Link.deliver_to), so what they make us send is
-flushed together too; datagrams are read and sent without a trio yield each (a non-blocking dup of
-the socket). Acknowledgements wait ACK_DELAY_S (10 ms, not aioquic's 1 ms) so that one ACK covers
-many packets and rides on the data going back when it can.
+frames they complete straight to the link's handler (Link.deliver_to); once the burst is read, it
+transmits what the burst made each connection send (forwarded frames, acknowledgements due) itself,
+for every connection whose task sleeps, and only moves that task's timer (QuicEndpoint.touch,
+_transmit_burst): no task switch per burst. Datagrams are read and sent without a trio yield each (a
+non-blocking dup of the socket). Acknowledgements wait ACK_DELAY_S (10 ms, not aioquic's 1 ms) so
+that one ACK covers many packets, and one that waits leaves in the first packet of any data sent
+meanwhile (_Connection.flush): an answer carries the ACK of what it answers. On Linux, consecutive
+same-size datagrams to one peer leave in one sendmsg with UDP GSO (_send_nowait), off for the
+endpoint once the kernel refuses it.
 
 Lab impairment (`LinkImpairment`, `[quic] link_delay_ms / link_jitter_ms / link_loss`, `inri mesh up
 --link-delay-ms ...`): the endpoint itself delays every datagram it sends by delay +- jitter (uniform)
