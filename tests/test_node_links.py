@@ -78,6 +78,7 @@ async def test_a_neighbour_that_never_reads_cannot_grow_our_send_queue(tmp_path:
                 await trio.sleep(0.01)
             # A gossip flood: 1,500 devices homed at the relay, each registration gossiped to the peer.
             peak = 0
+            started = trio.current_time()
             for i in range(1500):
                 reg = make_registration(new_signing_key(i.to_bytes(4, "big") * 8), 1, int(time.time()), 3600)
                 service.register_device(reg, 1)
@@ -87,12 +88,15 @@ async def test_a_neighbour_that_never_reads_cannot_grow_our_send_queue(tmp_path:
             await trio.sleep(1.2)  # keepalives keep flowing; the link stays up
             status = service.status()
             dropped = links.stats["frames_dropped_congested"]
+            counted = service.counters["frames_dropped_congested"]  # read together: drops go on until the cancel
+            elapsed = trio.current_time() - started
             n.cancel_scope.cancel()
     assert peak <= SEND_QUEUE, f"send queue reached {peak} bytes, bound {SEND_QUEUE}"
-    assert dropped > 500 and service.counters["frames_dropped_congested"] == dropped
+    assert dropped > 500 and counted == dropped
     # Scored by the engine at most once per keepalive interval (0.5 s here), so one slow moment does
-    # not cost the link at once.
-    assert 1 <= service.engine.counters["score_congested"] <= 5
+    # not cost the link at once (the bound follows the run's length: a loaded machine runs it longer).
+    interval = EngineConfig().test_profile().keepalive_interval_s
+    assert 1 <= service.engine.counters["score_congested"] <= 1 + elapsed / interval
     assert status["peer_scores"][hostile.node_id] < 0
 
 
