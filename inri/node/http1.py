@@ -81,6 +81,7 @@ _REQUEST_LINE = re.compile(rb"([-!#$%&'*+.^_`|~0-9a-zA-Z]+) ([\x21-\x7e]+) HTTP/
 _HEADER = re.compile(rb"([-!#$%&'*+.^_`|~0-9a-zA-Z]+):[ \t]*((?:[^\x00\s]+(?:[ \t]+[^\x00\s]+)*)?)[ \t]*")
 # Request headers the fast path leaves to h11 (framing, upgrades, continue, close semantics).
 _H11_HEADERS = frozenset((b"transfer-encoding", b"expect", b"upgrade", b"connection", b"content-length", b"host"))
+_STATUS_LINES = {code: b"HTTP/1.1 %d \r\n" % code for code in (200, 201, 202, 204, 400, 404, 413, 422, 429)}
 _REASONS = {400: b"Bad Request", 408: b"Request Timeout", 413: b"Payload Too Large",
             431: b"Request Header Fields Too Large", 500: b"Internal Server Error", 501: b"Not Implemented"}
 
@@ -263,9 +264,10 @@ class _Connection:
     def _scope(self, method: bytes, target: bytes, headers: list[tuple[bytes, bytes]]) -> Scope:
         """The ASGI scope of an HTTP/1.1 request (both paths: fast and h11)."""
         raw_path, _, query = target.partition(b"?")
+        path = raw_path.decode("ascii")
         return {
             "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
-            "method": method.decode("ascii"), "scheme": "http", "path": unquote(raw_path.decode("ascii")),
+            "method": method.decode("ascii"), "scheme": "http", "path": unquote(path) if "%" in path else path,
             "raw_path": raw_path, "query_string": query, "root_path": "", "headers": headers,
             "client": self.client, "server": self.local, "extensions": {},
         }
@@ -289,8 +291,17 @@ class _Connection:
     async def _fast_request(self, method: bytes, target: bytes, headers: list[tuple[bytes, bytes]],
                             body: bytes) -> None:
         exchange = _FastExchange(self, body)
-        await self._call_app(self._scope(method, target, headers), exchange, lambda: exchange.sent,
-                             lambda: exchange.sent)
+        try:
+            await self.server.app(self._scope(method, target, headers), exchange.receive, exchange.send)
+        except (_Closed, trio.BrokenResourceError, trio.ClosedResourceError):
+            raise
+        except Exception:  # noqa: BLE001 - as _call_app: an app failure is a 500, never a dropped server
+            self.server.log_error("Error in ASGI application", exc_info=True)
+            if not exchange.sent:
+                await exchange.answer(500, [(b"content-length", b"0")], b"")
+            raise _Closed from None
+        if not exchange.sent:  # the app returned without answering
+            await exchange.answer(500, [(b"content-length", b"0")], b"")
 
     async def _serve_h11(self) -> None:
         conn = self.conn
@@ -398,7 +409,7 @@ class _FastExchange:
     async def answer(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
         c = self.c
         self.sent = True
-        out = [b"HTTP/1.1 %d \r\n" % status]
+        out = [_STATUS_LINES.get(status) or b"HTTP/1.1 %d \r\n" % status]
         sized = False
         for name, value in headers:
             lower = name.lower()
@@ -406,15 +417,14 @@ class _FastExchange:
                 sized = True
             elif lower == b"connection" and b"close" in value.lower():
                 c.close_after = True
-            out.append(b"%s: %s\r\n" % (name, value))
+            out += (name, b": ", value, b"\r\n")
         if not sized:
             out.append(b"content-length: %d\r\n" % len(body))
-        out.append(b"date: %s\r\n" % _DATE.header())
+        out += (b"date: ", _DATE.header(), b"\r\n")
         if c.server.closing and not c.close_after:
             c.close_after = True
             out.append(b"connection: close\r\n")
-        out.append(b"\r\n")
-        out.append(body)
+        out += (b"\r\n", body)
         await c.send_raw(b"".join(out))
 
 
