@@ -192,9 +192,12 @@ _CTYPES = {JSON_TYPE: JSON_TYPE.encode(), PROBLEM_TYPE: PROBLEM_TYPE.encode()}
 
 async def respond(send: Send, counts: StatusCounts, status: int, payload: Any, *,
                   content_type: str = JSON_TYPE, headers: Headers | None = None) -> None:
-    """Answer with payload: `Raw` as it is, None as an empty body, anything else as JSON."""
+    """Answer with payload: `Raw` as it is, None as an empty body, bytes as JSON already encoded,
+    anything else as JSON."""
     counts[status] = counts.get(status, 0) + 1  # StatusCounts.add, inline (every answer)
-    if isinstance(payload, Raw):
+    if type(payload) is bytes:
+        body = payload
+    elif isinstance(payload, Raw):
         body, content_type = payload.body, payload.content_type
     elif payload is None:
         body = b""

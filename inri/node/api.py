@@ -457,7 +457,8 @@ class RelayApi:
     async def push(self, req: Request) -> tuple[int, Any]:
         push_id = self._inject(await req.json())
         await self.service.store.durable()  # 202 only once custody is committed (grouped per round)
-        return 202, {"push_id": push_id.hex(), "status": "pending"}
+        # {"push_id": ..., "status": "pending"} as respond() encodes it, without the encoder (every push).
+        return 202, b'{"push_id":"%s","status":"pending"}' % push_id.hex().encode()
 
     async def push_batch(self, req: Request) -> tuple[int, Any]:
         """Many pushes in one request (docs/api.md "Push batch"): each checked, limited and accepted exactly

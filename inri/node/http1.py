@@ -159,6 +159,7 @@ class _Connection:
         config = server.config
         max_head = config.h11_max_incomplete_size
         served = 0
+        answered = False  # a request was answered on this connection (the next is read after a wait)
         while True:
             if server.closing:
                 return False
@@ -170,7 +171,9 @@ class _Connection:
                     while end < 0:
                         if len(buf) > max_head:
                             return self._to_h11(buf)
-                        data = await self._recv(config.keep_alive_timeout)
+                        # Right after an answer the client has rarely sent its next request yet: wait
+                        # for it first (a read now would mostly fail, a syscall and an exception spent).
+                        data = await self._recv(config.keep_alive_timeout, wait_first=answered and not buf)
                         if not data:
                             if buf:
                                 return self._to_h11(buf, eof=True)
@@ -218,6 +221,7 @@ class _Connection:
             await self._fast_request(method, target, headers, buf[start:start + length])
             if self.close_after:
                 return False
+            answered = True
             served += 1
             if self.waited:  # the socket was waited on (a yield) since the last count
                 self.waited = False
@@ -234,14 +238,18 @@ class _Connection:
             self.conn.receive_data(b"")
         return True
 
-    async def _recv(self, timeout: float) -> bytes:
-        """Bytes from the socket (b"" at its end); the sweeper closes the connection after timeout s."""
+    async def _recv(self, timeout: float, *, wait_first: bool = False) -> bytes:
+        """Bytes from the socket (b"" at its end); the sweeper closes the connection after timeout s.
+        wait_first: wait until the socket is readable before the first read."""
         fd = self.fd
         while True:
-            try:
-                return os.read(fd, RECEIVE_BYTES)
-            except BlockingIOError:
-                pass
+            if wait_first:
+                wait_first = False
+            else:
+                try:
+                    return os.read(fd, RECEIVE_BYTES)
+                except BlockingIOError:
+                    pass
             self.wait_until = trio.current_time() + timeout
             self.waited = True
             try:
