@@ -79,6 +79,12 @@ FAST_BODY_MAX = 64 * 1024  # a body up to this size is read whole before the app
 FAST_YIELD_EVERY = 16  # requests served back to back without waiting on the socket before we yield once
 _REQUEST_LINE = re.compile(rb"([-!#$%&'*+.^_`|~0-9a-zA-Z]+) ([\x21-\x7e]+) HTTP/1\.1")
 _HEADER = re.compile(rb"([-!#$%&'*+.^_`|~0-9a-zA-Z]+):[ \t]*((?:[^\x00\s]+(?:[ \t]+[^\x00\s]+)*)?)[ \t]*")
+# Request and header lines parsed lately (clients repeat theirs on every request): request line ->
+# (method, target), header line -> (lower-case name, value). Only lines the expressions match are
+# kept; each is cleared when it holds FIELDS_CACHED_MAX.
+_REQUEST_LINES: dict[bytes, tuple[bytes, bytes]] = {}
+_FIELDS: dict[bytes, tuple[bytes, bytes]] = {}
+FIELDS_CACHED_MAX = 1024
 # Request headers the fast path leaves to h11 (framing, upgrades, continue, close semantics).
 _H11_HEADERS = frozenset((b"transfer-encoding", b"expect", b"upgrade", b"connection", b"content-length", b"host"))
 _STATUS_LINES = {code: b"HTTP/1.1 %d \r\n" % code for code in (200, 201, 202, 204, 400, 404, 413, 422, 429)}
@@ -185,21 +191,33 @@ class _Connection:
             if end > max_head:
                 return self._to_h11(buf)
             lines = buf[:end].split(b"\r\n")
-            m = _REQUEST_LINE.fullmatch(lines[0])
-            if m is None:
-                return self._to_h11(buf)
-            method, target = m.groups()
+            request_line = _REQUEST_LINES.get(lines[0])
+            if request_line is None:
+                m = _REQUEST_LINE.fullmatch(lines[0])
+                if m is None:
+                    return self._to_h11(buf)
+                request_line = m.group(1), m.group(2)
+                if len(_REQUEST_LINES) >= FIELDS_CACHED_MAX:
+                    _REQUEST_LINES.clear()
+                _REQUEST_LINES[lines[0]] = request_line
+            method, target = request_line
             if method == b"HEAD" or method == b"CONNECT":
                 return self._to_h11(buf)
             headers: list[tuple[bytes, bytes]] = []
             hosts = 0
             length = -1
             for line in lines[1:]:
-                h = _HEADER.fullmatch(line)
-                if h is None:
-                    return self._to_h11(buf)
-                name, value = h.groups()
-                name = name.lower()
+                field = _FIELDS.get(line)
+                if field is None:
+                    h = _HEADER.fullmatch(line)
+                    if h is None:
+                        return self._to_h11(buf)
+                    name, value = h.groups()
+                    field = name.lower(), value
+                    if len(_FIELDS) >= FIELDS_CACHED_MAX:
+                        _FIELDS.clear()
+                    _FIELDS[line] = field
+                name, value = field
                 if name in _H11_HEADERS:
                     if name == b"host":
                         hosts += 1
