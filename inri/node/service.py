@@ -214,7 +214,6 @@ class RelayService:
         attempts: list[tuple[bytes, int]] = []
         last_msg: object = None
         frame = b""
-        taken: Push | None = None  # the push of the last CustodyTaken (its first attempt follows)
         for e in effects:
             match e:  # every effect type is handled: assert_never makes mypy flag a new one
                 case Send():
@@ -226,9 +225,6 @@ class RelayService:
                             frame = rx[1]  # passed on unchanged: the frame that came
                         elif rx is not None and type(msg) is Push and type(rx[0]) is Push:
                             frame = encode_forwarded(msg, rx[1], rx[0])
-                        elif taken is not None and type(msg) is Push and msg.push_id is taken.push_id:
-                            # A push taken into custody now: encoded once, for its custody row and this frame.
-                            frame = encode_forwarded(msg, self.store.custody_frame(taken), taken)
                         else:
                             frame = encode_unchecked(msg) if type(msg) in _UNCHECKED else encode(msg)
                     # Frames leave only once what they vouch for is committed (a receipt for a stored
@@ -241,7 +237,6 @@ class RelayService:
                     # On disk in wall-clock time: a restart starts a new monotonic clock (run() converts back).
                     self.store.save_custody(e.push, e.deadline + offset, now)
                     self._hold(e.push)
-                    taken = e.push
                 case CustodyReleased():
                     self.store.release_custody(e.push_id, e.status, e.hops, now)
                     self._unhold(e.push_id, e.status)

@@ -136,10 +136,10 @@ class Store:
         self._after_commit: list[Callable[[], None]] = []
         self._before_commit: list[Callable[[], None]] = []
         self._commits = 0  # batches committed (checkpoints run when this moved)
-        # Custody taken in the open batch: push id -> (push, deadline, attempt, accepted_at, its frame
-        # once custody_frame encoded it), written just before the batch commits. A push whose custody also ends in the batch (its home is this
+        # Custody taken in the open batch: push id -> (push, deadline, attempt, accepted_at), written
+        # just before the batch commits. A push whose custody also ends in the batch (its home is this
         # relay) never touches the custody table: one status row instead of insert, select, delete.
-        self._custody_new: dict[bytes, tuple[Push, float, int, float, bytes | None]] = {}
+        self._custody_new: dict[bytes, tuple[Push, float, int, float]] = {}
         # push id -> accepted_at of every push whose custody row is in the table (committed, or in
         # the open batch and not in _custody_new): releasing it needs no read.
         self._held: dict[bytes, float] = {}
@@ -207,8 +207,8 @@ class Store:
                 # encode_unchecked: the engine built these pushes from ones the API or the decoder
                 # validated (the frames sent for them are encoded the same way: service._UNCHECKED).
                 self._db.executemany("INSERT OR REPLACE INTO custody VALUES (?, ?, ?, ?, ?)",
-                                     [(pid, encode_unchecked(push) if frame is None else frame, deadline, attempt, now)
-                                      for pid, (push, deadline, attempt, now, frame) in self._custody_new.items()])
+                                     [(pid, encode_unchecked(push), deadline, attempt, now)
+                                      for pid, (push, deadline, attempt, now) in self._custody_new.items()])
                 self._held.update((pid, new[3]) for pid, new in self._custody_new.items())
                 self._custody_new.clear()
             self._db.execute("COMMIT")
@@ -557,32 +557,19 @@ class Store:
         # custody row itself answers "pending". Grouping: written when the batch commits (_custody_new).
         if self._grouping:
             self._open_batch()
-            self._custody_new[push.push_id] = (push, deadline, push.attempt, now, None)
+            self._custody_new[push.push_id] = (push, deadline, push.attempt, now)
             return
         with self._write():
             self._db.execute("INSERT OR REPLACE INTO custody VALUES (?, ?, ?, ?, ?)",
                              (push.push_id, encode_unchecked(push), deadline, push.attempt, now))
         self._held[push.push_id] = now
 
-    def custody_frame(self, push: Push) -> bytes:
-        """encode_unchecked(push) of a push taken into custody in the open batch, encoded once: the
-        service makes the frames it forwards from these bytes (codec.encode_forwarded), and the batch's
-        commit writes them as the custody row."""
-        new = self._custody_new.get(push.push_id)
-        if new is None or new[0] is not push:
-            return encode_unchecked(push)
-        frame = new[4]
-        if frame is None:
-            frame = encode_unchecked(push)
-            self._custody_new[push.push_id] = (*new[:4], frame)
-        return frame
-
     def update_attempts(self, attempts: list[tuple[bytes, int]]) -> None:
         """Record custody attempt numbers (a restarted relay continues from them)."""
         for pid, attempt in attempts:
             new = self._custody_new.get(pid)
             if new is not None:
-                self._custody_new[pid] = (new[0], new[1], attempt, new[3], new[4])
+                self._custody_new[pid] = (new[0], new[1], attempt, new[3])
         with self._write():
             self._db.executemany("UPDATE custody SET attempt=? WHERE push_id=?", [(a, p) for p, a in attempts])
 
