@@ -24,6 +24,7 @@ from inri.core.state import (
     EngineState,
     Neighbour,
     ReverseMark,
+    new_push,
     readdress,
 )
 from inri.protocol import limits
@@ -97,8 +98,8 @@ class CustodyRules(EngineState):
                 self._trace(now, "push_refused", route=registration.route_id.hex(), reason=reason)
             return InjectResult(outcome, None, [])
         pid = push_id if push_id is not None else self._rng.randbytes(limits.PUSH_ID_BYTES)
-        push = Push(pid, registration.route_id, token, ciphertext, self.config.push_ttl, 0, 0, 0, registration,
-                    webpush)
+        push = new_push(pid, registration.route_id, token, ciphertext, self.config.push_ttl, 0, 0, 0, registration,
+                        webpush)
         custody = Custody(push, now + self.config.custody_deadline_s)
         self._custody[pid] = custody
         if self._level:

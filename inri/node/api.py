@@ -499,12 +499,14 @@ class RelayApi:
         reg = self._registration(body)
         token = b64d(body.get("token"), "token", size=limits.TOKEN_BYTES)
         ciphertext = b64d(body.get("ciphertext"), "ciphertext", max_size=limits.MAX_CIPHERTEXT_BYTES)
-        for limiter, key, what in ((self.token_rate, token.hex(), "this token"),
-                                   (self.device_rate, reg.route_id.hex(), "this device")):
-            wait = limiter.take(key)
-            if wait:
-                raise Problem(429, "rate_limited", f"too many pushes for {what} at this relay",
-                              retry_after=max(1, math.ceil(wait)))
+        wait = self.token_rate.take(token.hex())
+        what = "this token"
+        if not wait:
+            wait = self.device_rate.take(reg.route_id.hex())
+            what = "this device"
+        if wait:
+            raise Problem(429, "rate_limited", f"too many pushes for {what} at this relay",
+                          retry_after=max(1, math.ceil(wait)))
         result = self.service.inject_push(reg, token, ciphertext)
         if result.outcome == InjectOutcome.ACCEPTED:
             assert result.push_id is not None
