@@ -477,7 +477,8 @@ async def test_push_answer_is_the_documented_json_and_any_json_encoding_of_the_b
                     assert r.status_code == 202, r.text
                     assert r.headers["content-type"] == "application/json"
                     pid = r.json()["push_id"]
-                    assert r.content == json.dumps({"push_id": pid, "status": "pending"}, separators=(",", ":")).encode()
+                    expected = json.dumps({"push_id": pid, "status": "pending"}, separators=(",", ":")).encode()
+                    assert r.content == expected
                     assert r.headers["content-length"] == str(len(r.content)) and len(bytes.fromhex(pid)) == 16
                 for token in ("ab+" + "A" * 19, "A" * 21 + " ", "A" * 20 + "=A", "A" * 21 + "\u00e9"):
                     problem(await c.post(url + "/v1/push", content=bodies[3].replace(b64e(cred.tokens[3]), token)),
