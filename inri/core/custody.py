@@ -26,6 +26,7 @@ from inri.core.state import (
     ReverseMark,
     new_push,
     readdress,
+    released,
 )
 from inri.protocol import limits
 from inri.protocol.messages import (
@@ -227,7 +228,7 @@ class CustodyRules(EngineState):
         final = RECEIPT_STATUS[status]
         if self._level:
             self._trace(now, "push_settled", msg=pid.hex(), route=c.push.route_id.hex(), hops=hops, reason=final)
-        return [CustodyReleased(pid, final, hops)]
+        return [released(pid, final, hops)]
 
     # Rules C2, C3 (deadline).
     def _retry(self, c: Custody, now: float) -> list[Effect]:

@@ -484,7 +484,7 @@ def encode_forwarded(push: Push, frame: bytes, received: Push) -> bytes:
             pos += 2
         else:
             return encode_unchecked(push)
-    ints: bytes = msgpack.packb([push.ttl, push.hops, push.attempt, push.ring])
+    ints: bytes = _pack([push.ttl, push.hops, push.attempt, push.ring])
     return frame[:start] + ints[1:] + frame[pos:]  # ints[0]: the 4-element array header
 
 
