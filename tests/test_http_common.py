@@ -3,6 +3,7 @@ through the real process, and the HTTP benchmark's wrk parser."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import socket
@@ -169,3 +170,45 @@ async def test_api_server_failures_after_start_back_off_and_hypercorn_errors_are
     assert max(gaps) == pytest.approx(relay_mod.API_RESTART_MAX_S)
     assert any(e.get("source") == "hypercorn" and "127.0.0.1 failed" in e["event"] for e in logs), logs
     assert sum(e["event"] == "HTTP server failed; serving again" for e in logs) == len(starts)
+
+
+async def test_respond_sends_json_it_is_given_already_encoded_and_encodes_the_rest_compactly() -> None:
+    """respond(): bytes are a JSON body already encoded (the push handler's 202), sent as they are;
+    anything else is encoded as json.dumps(..., separators=(",", ":")) would; both counted by status."""
+    from inri.common.http import StatusCounts, respond
+
+    sent: list[dict[str, object]] = []
+
+    async def send(message: dict[str, object]) -> None:
+        sent.append(message)
+
+    counts = StatusCounts()
+    await respond(send, counts, 202, b'{"push_id":"00","status":"pending"}')
+    payload = {"a": [1, 2.5, None, True], "b": "\u00e9\u2028"}
+    await respond(send, counts, 200, payload, headers=[(b"x-one", b"1")])
+    assert sent[0] == {"type": "http.response.start", "status": 202,
+                       "headers": [(b"content-type", b"application/json"), (b"content-length", b"35")]}
+    assert sent[1] == {"type": "http.response.body", "body": b'{"push_id":"00","status":"pending"}'}
+    body = json.dumps(payload, separators=(",", ":")).encode()
+    assert sent[2]["headers"] == [(b"content-type", b"application/json"),
+                                  (b"content-length", str(len(body)).encode()), (b"x-one", b"1")]
+    assert sent[3]["body"] == body
+    assert counts == {202: 1, 200: 1}
+
+
+def test_base64url_decoding_is_strict_with_and_without_padding() -> None:
+    """b64d: the URL-safe alphabet only, padding optional; whitespace, '+', '/', other characters, a
+    length no encoding has, or a wrong size are refused (the unpadded text takes a faster path)."""
+    import base64
+
+    from inri.common.b64url import b64d
+
+    for raw in (b"", b"a", b"ab", b"abc", bytes(range(256))):
+        text = base64.urlsafe_b64encode(raw).decode()
+        assert b64d(text) == raw and b64d(text.rstrip("=")) == raw
+    assert b64d("-_8") == b"\xfb\xff"
+    for bad in ("a", "ab c", "ab\n", "abc+", "ab/d", "ab=c", "abc==d", "\u00e9abc", "ab\x00c", "abc.", 5, None):
+        with pytest.raises(ValueError):
+            b64d(bad, "token")
+    with pytest.raises(ValueError, match="token: expected 2 bytes"):
+        b64d("YWJj", "token", 2)

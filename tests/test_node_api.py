@@ -457,3 +457,30 @@ async def test_what_hypercorn_refuses_has_the_documented_empty_answers(tmp_path:
                 await stream.aclose()
                 head = answer.split(b"\r\n\r\n")[0].lower()
                 assert head.startswith(b"http/1.1 " + status) and b"content-length: 0" in head, answer
+
+
+async def test_push_answer_is_the_documented_json_and_any_json_encoding_of_the_body_is_read(tmp_path: Path) -> None:
+    """POST /v1/push: the 202 body is exactly {"push_id","status"} as compact JSON (formatted without
+    the encoder); a UTF-8 body (read without encoding detection), a UTF-16 one and one with a UTF-8 BOM
+    are all read as JSON, as json.loads reads bytes; strict base64url fields still give 422."""
+    with trio.fail_after(30):
+        async with relay(tmp_path) as (url, _):
+            dev = DeviceClient(url)
+            await dev.register(tokens=4)
+            cred = dev.export_credential(4)
+            reg = b64e(_reg_bytes(cred))
+            bodies = [json.dumps({"registration": reg, "token": b64e(t), "ciphertext": b64e(b"c" * 40)})
+                      for t in cred.tokens]
+            async with httpx.AsyncClient() as c:
+                for raw in (bodies[0].encode(), bodies[1].encode("utf-16"), b"\xef\xbb\xbf" + bodies[2].encode()):
+                    r = await c.post(url + "/v1/push", content=raw)
+                    assert r.status_code == 202, r.text
+                    assert r.headers["content-type"] == "application/json"
+                    pid = r.json()["push_id"]
+                    expected = json.dumps({"push_id": pid, "status": "pending"}, separators=(",", ":")).encode()
+                    assert r.content == expected
+                    assert r.headers["content-length"] == str(len(r.content)) and len(bytes.fromhex(pid)) == 16
+                for token in ("ab+" + "A" * 19, "A" * 21 + " ", "A" * 20 + "=A", "A" * 21 + "\u00e9"):
+                    problem(await c.post(url + "/v1/push", content=bodies[3].replace(b64e(cred.tokens[3]), token)),
+                            422, "invalid_field")
+                problem(await c.post(url + "/v1/push", content=b"{\x00"), 400, "malformed_json")

@@ -31,12 +31,18 @@ def b64d(text: object, what: str = "value", size: int | None = None, *, max_size
         raise ValueError(f"{what}: expected a base64url string")
     if len(text) > 4 * ((max_size or size or _DEFAULT_MAX) + 3) // 3 + 4:
         raise ValueError(f"{what}: at most {max_size or size or _DEFAULT_MAX} bytes")
-    if not _ALPHABET.fullmatch(text):
-        raise ValueError(f"{what}: not valid base64url")
     try:
-        # The alphabet is checked above: binascii decodes the standard alphabet without base64's wrappers.
-        data = binascii.a2b_base64((text + "=" * (-len(text) % 4)).encode("ascii").translate(_TO_STANDARD))
-    except (binascii.Error, ValueError):
+        if "=" in text or "+" in text or "/" in text:
+            if not _ALPHABET.fullmatch(text):
+                raise ValueError
+            # The alphabet is checked above: binascii decodes the standard alphabet without base64's wrappers.
+            data = binascii.a2b_base64((text + "=" * (-len(text) % 4)).encode("ascii").translate(_TO_STANDARD))
+        else:
+            # Unpadded (what b64e writes): strict binascii refuses any character outside the alphabet
+            # itself ('+' and '/' are excluded above), with no regular expression pass over the text.
+            data = binascii.a2b_base64((text + "=" * (-len(text) % 4)).encode("ascii").translate(_TO_STANDARD),
+                                       strict_mode=True)
+    except (binascii.Error, ValueError):  # UnicodeEncodeError (not ASCII) is a ValueError
         raise ValueError(f"{what}: not valid base64url") from None
     if size is not None and len(data) != size:
         raise ValueError(f"{what}: expected {size} bytes, got {len(data)}")

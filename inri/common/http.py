@@ -162,7 +162,10 @@ class Request:
         if optional and not raw.strip():
             return {}
         try:
-            data = json.loads(raw)
+            # json.loads of bytes detects the encoding (UTF-8, -16 or -32) first: a body that opens
+            # with two non-zero bytes is UTF-8 in that detection, decoded here as json.loads would.
+            data = json.loads(raw.decode("utf-8", "surrogatepass") if raw[:1] == b"{" and raw[1:2] not in (b"", b"\0")
+                              else raw)
         except (ValueError, UnicodeDecodeError, RecursionError):  # deep nesting raises RecursionError
             raise Problem(400, "malformed_json", "request body is not valid JSON") from None
         if not isinstance(data, dict):
@@ -183,17 +186,29 @@ class StatusCounts(dict[int, int]):
         return family
 
 
+_compact = json.JSONEncoder(separators=(",", ":")).encode  # json.dumps(payload, separators=(",", ":"))
+_CTYPES = {JSON_TYPE: JSON_TYPE.encode(), PROBLEM_TYPE: PROBLEM_TYPE.encode()}
+
+
 async def respond(send: Send, counts: StatusCounts, status: int, payload: Any, *,
                   content_type: str = JSON_TYPE, headers: Headers | None = None) -> None:
-    """Answer with payload: `Raw` as it is, None as an empty body, anything else as JSON."""
-    counts.add(status)
-    if isinstance(payload, Raw):
+    """Answer with payload: `Raw` as it is, None as an empty body, bytes as JSON already encoded,
+    anything else as JSON."""
+    counts[status] = counts.get(status, 0) + 1  # StatusCounts.add, inline (every answer)
+    if type(payload) is bytes:
+        body = payload
+    elif isinstance(payload, Raw):
         body, content_type = payload.body, payload.content_type
     elif payload is None:
         body = b""
     else:
-        body = json.dumps(payload, separators=(",", ":")).encode()
-    hdrs = [(b"content-type", content_type.encode()), (b"content-length", str(len(body)).encode()), *(headers or [])]
+        body = _compact(payload).encode()
+    ctype = _CTYPES.get(content_type)
+    if ctype is None:
+        ctype = content_type.encode()
+    hdrs = [(b"content-type", ctype), (b"content-length", b"%d" % len(body))]
+    if headers:
+        hdrs += headers
     await send({"type": "http.response.start", "status": status, "headers": hdrs})
     await send({"type": "http.response.body", "body": body})
 

@@ -12,7 +12,6 @@ for bit.
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 
 
@@ -57,21 +56,22 @@ class KeyedBuckets:
         self.burst = float(burst)
         self.max_keys = max_keys
         self.clock = clock
-        self._buckets: OrderedDict[str, TokenBucket] = OrderedDict()
+        self._buckets: dict[str, TokenBucket] = {}
         self.hits = 0
 
     def take(self, key: str) -> float:
         """Spend one token of key's bucket: 0.0 when allowed, else seconds until a token is due."""
         now = self.clock()
-        bucket = self._buckets.pop(key, None)
+        buckets = self._buckets
+        bucket = buckets.pop(key, None)
         if bucket is None:
             bucket = TokenBucket(self.burst, now)
-        self._buckets[key] = bucket  # most recently used last
-        if bucket.take(now, self.rate, self.burst):
-            wait = 0.0
+            buckets[key] = bucket  # most recently used last (a dict keeps insertion order)
+            while len(buckets) > self.max_keys:
+                del buckets[next(iter(buckets))]
         else:
-            self.hits += 1
-            wait = bucket.wait(self.rate)
-        while len(self._buckets) > self.max_keys:
-            self._buckets.popitem(last=False)
-        return wait
+            buckets[key] = bucket
+        if bucket.take(now, self.rate, self.burst):
+            return 0.0
+        self.hits += 1
+        return bucket.wait(self.rate)

@@ -24,7 +24,9 @@ from inri.core.state import (
     EngineState,
     Neighbour,
     ReverseMark,
+    new_push,
     readdress,
+    released,
 )
 from inri.protocol import limits
 from inri.protocol.messages import (
@@ -97,8 +99,8 @@ class CustodyRules(EngineState):
                 self._trace(now, "push_refused", route=registration.route_id.hex(), reason=reason)
             return InjectResult(outcome, None, [])
         pid = push_id if push_id is not None else self._rng.randbytes(limits.PUSH_ID_BYTES)
-        push = Push(pid, registration.route_id, token, ciphertext, self.config.push_ttl, 0, 0, 0, registration,
-                    webpush)
+        push = new_push(pid, registration.route_id, token, ciphertext, self.config.push_ttl, 0, 0, 0, registration,
+                        webpush)
         custody = Custody(push, now + self.config.custody_deadline_s)
         self._custody[pid] = custody
         if self._level:
@@ -226,7 +228,7 @@ class CustodyRules(EngineState):
         final = RECEIPT_STATUS[status]
         if self._level:
             self._trace(now, "push_settled", msg=pid.hex(), route=c.push.route_id.hex(), hops=hops, reason=final)
-        return [CustodyReleased(pid, final, hops)]
+        return [released(pid, final, hops)]
 
     # Rules C2, C3 (deadline).
     def _retry(self, c: Custody, now: float) -> list[Effect]:

@@ -399,10 +399,17 @@ class Engine(MembershipRules, GossipRules, StemRules, TreeRules, ForwardingRules
                         t = deadline
                     break
                 heapq.heappop(heap)
-        if self._timers:
-            first = self._timers[0][0]
-            if t is None or first < t:
-                t = first
+        timers = self._timers
+        if timers:
+            custody = self._custody
+            while timers:  # settled pushes leave stale retry entries: dropped here too, not on a wakeup
+                first, _, pid = timers[0]
+                c = custody.get(pid)
+                if c is not None and c.next_retry == first:
+                    if t is None or first < t:
+                        t = first
+                    break
+                heapq.heappop(timers)
         if self._repair_heap:  # F8
             first = self._repair_heap[0][0]
             if t is None or first < t:

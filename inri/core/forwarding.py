@@ -16,6 +16,7 @@ from inri.core.state import (
     RECEIPT_STATUS,
     EngineState,
     ReverseMark,
+    make_receipt,
     make_send,
     readdress,
 )
@@ -702,7 +703,7 @@ class ForwardingRules(EngineState):
         out: list[Effect] = []
         onward: dict[str, None] = {}
         for (pid, status, hops), back in zip(msg.items, backs, strict=True):
-            r = Receipt(pid, status, hops)
+            r = make_receipt(pid, status, hops)
             if forged is not None and back is not None and pid in judged:
                 self._learn_from_receipt(peer, r, back, now)
             self._receipt_rtt(peer, r, now)

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
-from inri.core.api import CustodyStatus, DisconnectReason, Effect, HomeStore, Send, Verifier
+from inri.core.api import CustodyReleased, CustodyStatus, DisconnectReason, Effect, HomeStore, Send, Verifier
 from inri.core.budget import TokenBucket
 from inri.core.config import EngineConfig
 from inri.core.tables import BoundedMap, CompactRouteTable, RouteEntry, RouteTable
@@ -28,6 +28,7 @@ from inri.protocol.messages import (
     ReceiptStatus,
     RegGossip,
     Registration,
+    WebPushMeta,
 )
 
 # Clock skew tolerated on a registration's issued_at (relays' clocks are not synchronised).
@@ -73,6 +74,9 @@ def _slot_setters(cls: type, names: tuple[str, ...]) -> tuple[Any, ...]:
  _set_registration, _set_webpush) = _slot_setters(Push, ("push_id", "route_id", "token", "ciphertext", "ttl", "hops",
                                                          "attempt", "ring", "registration", "webpush"))
 _set_peer, _set_msg, _set_delay = _slot_setters(Send, ("peer", "msg", "delay"))
+_set_pid_r, _set_status_r, _set_hops_r, _set_signature_r = _slot_setters(Receipt, ("push_id", "status", "hops",
+                                                                                  "signature"))
+_set_pid_c, _set_status_c, _set_hops_c = _slot_setters(CustodyReleased, ("push_id", "status", "hops"))
 _set_nonce, _set_reply = _slot_setters(Keepalive, ("nonce", "reply"))
 (_set_registration_g, _set_ttl_g, _set_hops_g, _set_stem_g, _set_generation_g,
  _set_generation_sig_g, _set_lag_ms_g) = _slot_setters(RegGossip, ("registration", "ttl", "hops", "stem", "generation",
@@ -94,6 +98,42 @@ def readdress(push: Push, ttl: int, hops: int, attempt: int, ring: int) -> Push:
     _set_ring(new, ring)
     _set_registration(new, push.registration)
     _set_webpush(new, push.webpush)
+    return new
+
+
+def new_push(push_id: bytes, route_id: bytes, token: bytes, ciphertext: bytes, ttl: int, hops: int, attempt: int,
+             ring: int, registration: Registration | None, webpush: WebPushMeta | None) -> Push:
+    """Push(...) with these fields (built faster: see _slot_setters)."""
+    new: Push = _new_object(Push)
+    _set_push_id(new, push_id)
+    _set_route_id(new, route_id)
+    _set_token(new, token)
+    _set_ciphertext(new, ciphertext)
+    _set_ttl(new, ttl)
+    _set_hops(new, hops)
+    _set_attempt(new, attempt)
+    _set_ring(new, ring)
+    _set_registration(new, registration)
+    _set_webpush(new, webpush)
+    return new
+
+
+def make_receipt(push_id: bytes, status: ReceiptStatus, hops: int) -> Receipt:
+    """Receipt(push_id, status, hops), unsigned (built faster: see _slot_setters)."""
+    new: Receipt = _new_object(Receipt)
+    _set_pid_r(new, push_id)
+    _set_status_r(new, status)
+    _set_hops_r(new, hops)
+    _set_signature_r(new, None)
+    return new
+
+
+def released(push_id: bytes, status: CustodyStatus, hops: int | None) -> CustodyReleased:
+    """CustodyReleased(push_id, status, hops) (built faster: see _slot_setters)."""
+    new: CustodyReleased = _new_object(CustodyReleased)
+    _set_pid_c(new, push_id)
+    _set_status_c(new, status)
+    _set_hops_c(new, hops)
     return new
 
 

@@ -457,7 +457,8 @@ class RelayApi:
     async def push(self, req: Request) -> tuple[int, Any]:
         push_id = self._inject(await req.json())
         await self.service.store.durable()  # 202 only once custody is committed (grouped per round)
-        return 202, {"push_id": push_id.hex(), "status": "pending"}
+        # {"push_id": ..., "status": "pending"} as respond() encodes it, without the encoder (every push).
+        return 202, b'{"push_id":"%s","status":"pending"}' % push_id.hex().encode()
 
     async def push_batch(self, req: Request) -> tuple[int, Any]:
         """Many pushes in one request (docs/api.md "Push batch"): each checked, limited and accepted exactly
@@ -498,12 +499,14 @@ class RelayApi:
         reg = self._registration(body)
         token = b64d(body.get("token"), "token", size=limits.TOKEN_BYTES)
         ciphertext = b64d(body.get("ciphertext"), "ciphertext", max_size=limits.MAX_CIPHERTEXT_BYTES)
-        for limiter, key, what in ((self.token_rate, token.hex(), "this token"),
-                                   (self.device_rate, reg.route_id.hex(), "this device")):
-            wait = limiter.take(key)
-            if wait:
-                raise Problem(429, "rate_limited", f"too many pushes for {what} at this relay",
-                              retry_after=max(1, math.ceil(wait)))
+        wait = self.token_rate.take(token.hex())
+        what = "this token"
+        if not wait:
+            wait = self.device_rate.take(reg.route_id.hex())
+            what = "this device"
+        if wait:
+            raise Problem(429, "rate_limited", f"too many pushes for {what} at this relay",
+                          retry_after=max(1, math.ceil(wait)))
         result = self.service.inject_push(reg, token, ciphertext)
         if result.outcome == InjectOutcome.ACCEPTED:
             assert result.push_id is not None

@@ -79,8 +79,15 @@ FAST_BODY_MAX = 64 * 1024  # a body up to this size is read whole before the app
 FAST_YIELD_EVERY = 16  # requests served back to back without waiting on the socket before we yield once
 _REQUEST_LINE = re.compile(rb"([-!#$%&'*+.^_`|~0-9a-zA-Z]+) ([\x21-\x7e]+) HTTP/1\.1")
 _HEADER = re.compile(rb"([-!#$%&'*+.^_`|~0-9a-zA-Z]+):[ \t]*((?:[^\x00\s]+(?:[ \t]+[^\x00\s]+)*)?)[ \t]*")
+# Request and header lines parsed lately (clients repeat theirs on every request): request line ->
+# (method, target), header line -> (lower-case name, value). Only lines the expressions match are
+# kept; each is cleared when it holds FIELDS_CACHED_MAX.
+_REQUEST_LINES: dict[bytes, tuple[bytes, bytes]] = {}
+_FIELDS: dict[bytes, tuple[bytes, bytes]] = {}
+FIELDS_CACHED_MAX = 1024
 # Request headers the fast path leaves to h11 (framing, upgrades, continue, close semantics).
 _H11_HEADERS = frozenset((b"transfer-encoding", b"expect", b"upgrade", b"connection", b"content-length", b"host"))
+_STATUS_LINES = {code: b"HTTP/1.1 %d \r\n" % code for code in (200, 201, 202, 204, 400, 404, 413, 422, 429)}
 _REASONS = {400: b"Bad Request", 408: b"Request Timeout", 413: b"Payload Too Large",
             431: b"Request Header Fields Too Large", 500: b"Internal Server Error", 501: b"Not Implemented"}
 
@@ -158,6 +165,7 @@ class _Connection:
         config = server.config
         max_head = config.h11_max_incomplete_size
         served = 0
+        answered = False  # a request was answered on this connection (the next is read after a wait)
         while True:
             if server.closing:
                 return False
@@ -169,7 +177,9 @@ class _Connection:
                     while end < 0:
                         if len(buf) > max_head:
                             return self._to_h11(buf)
-                        data = await self._recv(config.keep_alive_timeout)
+                        # Right after an answer the client has rarely sent its next request yet: wait
+                        # for it first (a read now would mostly fail, a syscall and an exception spent).
+                        data = await self._recv(config.keep_alive_timeout, wait_first=answered and not buf)
                         if not data:
                             if buf:
                                 return self._to_h11(buf, eof=True)
@@ -181,21 +191,33 @@ class _Connection:
             if end > max_head:
                 return self._to_h11(buf)
             lines = buf[:end].split(b"\r\n")
-            m = _REQUEST_LINE.fullmatch(lines[0])
-            if m is None:
-                return self._to_h11(buf)
-            method, target = m.groups()
+            request_line = _REQUEST_LINES.get(lines[0])
+            if request_line is None:
+                m = _REQUEST_LINE.fullmatch(lines[0])
+                if m is None:
+                    return self._to_h11(buf)
+                request_line = m.group(1), m.group(2)
+                if len(_REQUEST_LINES) >= FIELDS_CACHED_MAX:
+                    _REQUEST_LINES.clear()
+                _REQUEST_LINES[lines[0]] = request_line
+            method, target = request_line
             if method == b"HEAD" or method == b"CONNECT":
                 return self._to_h11(buf)
             headers: list[tuple[bytes, bytes]] = []
             hosts = 0
             length = -1
             for line in lines[1:]:
-                h = _HEADER.fullmatch(line)
-                if h is None:
-                    return self._to_h11(buf)
-                name, value = h.groups()
-                name = name.lower()
+                field = _FIELDS.get(line)
+                if field is None:
+                    h = _HEADER.fullmatch(line)
+                    if h is None:
+                        return self._to_h11(buf)
+                    name, value = h.groups()
+                    field = name.lower(), value
+                    if len(_FIELDS) >= FIELDS_CACHED_MAX:
+                        _FIELDS.clear()
+                    _FIELDS[line] = field
+                name, value = field
                 if name in _H11_HEADERS:
                     if name == b"host":
                         hosts += 1
@@ -217,6 +239,7 @@ class _Connection:
             await self._fast_request(method, target, headers, buf[start:start + length])
             if self.close_after:
                 return False
+            answered = True
             served += 1
             if self.waited:  # the socket was waited on (a yield) since the last count
                 self.waited = False
@@ -233,14 +256,18 @@ class _Connection:
             self.conn.receive_data(b"")
         return True
 
-    async def _recv(self, timeout: float) -> bytes:
-        """Bytes from the socket (b"" at its end); the sweeper closes the connection after timeout s."""
+    async def _recv(self, timeout: float, *, wait_first: bool = False) -> bytes:
+        """Bytes from the socket (b"" at its end); the sweeper closes the connection after timeout s.
+        wait_first: wait until the socket is readable before the first read."""
         fd = self.fd
         while True:
-            try:
-                return os.read(fd, RECEIVE_BYTES)
-            except BlockingIOError:
-                pass
+            if wait_first:
+                wait_first = False
+            else:
+                try:
+                    return os.read(fd, RECEIVE_BYTES)
+                except BlockingIOError:
+                    pass
             self.wait_until = trio.current_time() + timeout
             self.waited = True
             try:
@@ -263,9 +290,10 @@ class _Connection:
     def _scope(self, method: bytes, target: bytes, headers: list[tuple[bytes, bytes]]) -> Scope:
         """The ASGI scope of an HTTP/1.1 request (both paths: fast and h11)."""
         raw_path, _, query = target.partition(b"?")
+        path = raw_path.decode("ascii")
         return {
             "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
-            "method": method.decode("ascii"), "scheme": "http", "path": unquote(raw_path.decode("ascii")),
+            "method": method.decode("ascii"), "scheme": "http", "path": unquote(path) if "%" in path else path,
             "raw_path": raw_path, "query_string": query, "root_path": "", "headers": headers,
             "client": self.client, "server": self.local, "extensions": {},
         }
@@ -289,8 +317,17 @@ class _Connection:
     async def _fast_request(self, method: bytes, target: bytes, headers: list[tuple[bytes, bytes]],
                             body: bytes) -> None:
         exchange = _FastExchange(self, body)
-        await self._call_app(self._scope(method, target, headers), exchange, lambda: exchange.sent,
-                             lambda: exchange.sent)
+        try:
+            await self.server.app(self._scope(method, target, headers), exchange.receive, exchange.send)
+        except (_Closed, trio.BrokenResourceError, trio.ClosedResourceError):
+            raise
+        except Exception:  # noqa: BLE001 - as _call_app: an app failure is a 500, never a dropped server
+            self.server.log_error("Error in ASGI application", exc_info=True)
+            if not exchange.sent:
+                await exchange.answer(500, [(b"content-length", b"0")], b"")
+            raise _Closed from None
+        if not exchange.sent:  # the app returned without answering
+            await exchange.answer(500, [(b"content-length", b"0")], b"")
 
     async def _serve_h11(self) -> None:
         conn = self.conn
@@ -398,7 +435,7 @@ class _FastExchange:
     async def answer(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
         c = self.c
         self.sent = True
-        out = [b"HTTP/1.1 %d \r\n" % status]
+        out = [_STATUS_LINES.get(status) or b"HTTP/1.1 %d \r\n" % status]
         sized = False
         for name, value in headers:
             lower = name.lower()
@@ -406,15 +443,14 @@ class _FastExchange:
                 sized = True
             elif lower == b"connection" and b"close" in value.lower():
                 c.close_after = True
-            out.append(b"%s: %s\r\n" % (name, value))
+            out += (name, b": ", value, b"\r\n")
         if not sized:
             out.append(b"content-length: %d\r\n" % len(body))
-        out.append(b"date: %s\r\n" % _DATE.header())
+        out += (b"date: ", _DATE.header(), b"\r\n")
         if c.server.closing and not c.close_after:
             c.close_after = True
             out.append(b"connection: close\r\n")
-        out.append(b"\r\n")
-        out.append(body)
+        out += (b"\r\n", body)
         await c.send_raw(b"".join(out))
 
 

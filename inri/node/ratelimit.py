@@ -17,10 +17,20 @@ from inri.core.budget import KeyedBuckets
 RATE_TABLE_MAX = 100_000  # client buckets kept (LRU)
 
 
+_KEYS: dict[str, str] = {}  # client address -> rate_key(address) (parsing an address on every request costs)
+KEYS_CACHED_MAX = 4096  # the cache is cleared when it holds this many
+
+
 def client_key(scope: dict[str, Any]) -> str:
     """Rate-limit key of a request's client: the IPv4 address, or the IPv6 /64."""
     client = scope.get("client") or ("unknown", 0)
-    return rate_key(str(client[0]))
+    host = str(client[0])
+    key = _KEYS.get(host)
+    if key is None:
+        if len(_KEYS) >= KEYS_CACHED_MAX:
+            _KEYS.clear()
+        key = _KEYS[host] = rate_key(host)
+    return key
 
 
 class RateLimiter(KeyedBuckets):

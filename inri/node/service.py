@@ -12,6 +12,7 @@ re-originates the gossip of every device homed here, and sleeps until the engine
 
 from __future__ import annotations
 
+import bisect
 import functools
 import math
 import os
@@ -559,12 +560,7 @@ class RelayService:
             self._apply(result.effects)
             dt = time.perf_counter() - t0
             self.push_latency_sum += dt
-            for i, b in enumerate(PUSH_LATENCY_BUCKETS):
-                if dt <= b:
-                    self.push_latency[i] += 1
-                    break
-            else:
-                self.push_latency[-1] += 1
+            self.push_latency[bisect.bisect_left(PUSH_LATENCY_BUCKETS, dt)] += 1  # the first bucket >= dt, or +Inf
             self._count("pushes_accepted")
         else:
             if result.outcome == InjectOutcome.OVERLOADED:

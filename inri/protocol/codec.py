@@ -379,6 +379,12 @@ def _webpush_to_list(w: WebPushMeta) -> list[Any]:
 
 
 def _to_fields(msg: Message) -> tuple[MessageType, list[Any]]:
+    if type(msg) is Push:  # the hot one first (as the isinstance branch below)
+        reg = None if msg.registration is None else _reg_to_list(msg.registration)
+        fields = [msg.push_id, msg.route_id, msg.token, msg.ciphertext, msg.ttl, msg.hops, msg.attempt, msg.ring, reg]
+        if msg.webpush is not None:
+            fields.append(_webpush_to_list(msg.webpush))
+        return MessageType.PUSH, fields
     if isinstance(msg, RegGossip):
         fields = [_reg_to_list(msg.registration), msg.ttl, msg.hops]
         if msg.generation or msg.generation_sig is not None:  # G10 (the decoder refuses generation 0)
@@ -421,11 +427,17 @@ def _to_fields(msg: Message) -> tuple[MessageType, list[Any]]:
     raise EncodeError(f"not a wire message: {type(msg).__name__}")
 
 
+# One packer for every frame (msgpack.packb makes a new one per call). Packer.pack runs in C without
+# releasing the GIL or calling back into Python (no `default` hook), and empties its buffer after
+# each call, also when packing fails (OverflowError ...): safe to share.
+_pack = msgpack.Packer(use_bin_type=True).pack
+
+
 def encode(msg: Message) -> bytes:
     """Encode a message as one frame. Raises EncodeError if any field is out of range."""
     mtype, fields = _to_fields(msg)
     try:
-        frame: bytes = msgpack.packb([int(mtype), L.PROTOCOL_VERSION, *fields], use_bin_type=True)
+        frame: bytes = _pack([int(mtype), L.PROTOCOL_VERSION, *fields])
     except (OverflowError, TypeError, ValueError) as exc:  # msgpack overflows past 64 bits
         raise EncodeError(f"{type(msg).__name__}: {exc}") from None
     try:
@@ -439,7 +451,7 @@ def encode(msg: Message) -> bytes:
 def encode_unchecked(msg: Message) -> bytes:
     """Encode without re-validating (hot paths that only re-send decoded or engine-built frames)."""
     mtype, fields = _to_fields(msg)
-    frame: bytes = msgpack.packb([int(mtype), L.PROTOCOL_VERSION, *fields], use_bin_type=True)
+    frame: bytes = _pack([int(mtype), L.PROTOCOL_VERSION, *fields])
     return frame
 
 
@@ -472,7 +484,7 @@ def encode_forwarded(push: Push, frame: bytes, received: Push) -> bytes:
             pos += 2
         else:
             return encode_unchecked(push)
-    ints: bytes = msgpack.packb([push.ttl, push.hops, push.attempt, push.ring])
+    ints: bytes = _pack([push.ttl, push.hops, push.attempt, push.ring])
     return frame[:start] + ints[1:] + frame[pos:]  # ints[0]: the 4-element array header
 
 
