@@ -91,6 +91,9 @@ PUSH_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
 # length and smoothed (weight of the newest window); a 429's Retry-After is at most RETRY_AFTER_MAX_S.
 DRAIN_WINDOW_S = 1.0
 DRAIN_WEIGHT = 0.3
+# The current window's drain counts once it has run this long: a burst after an idle spell (the
+# smoothed rate decayed to about 0) is not refused for a whole window before its drain is measured.
+DRAIN_SAMPLE_MIN_S = 0.2
 RETRY_AFTER_MAX_S = 60
 OVERLOAD_LOG_INTERVAL_S = 10.0  # one warning per interval while overloaded, with the count refused
 # Settled statuses that are not the path draining (custody gave up on the push).
@@ -308,7 +311,11 @@ class RelayService:
             self._drained = 0
             self._drain_since = now
         bp = self.backpressure
-        return max(bp.custody_backlog_min, int(self.drain_rate * bp.custody_backlog_s))
+        rate = self.drain_rate
+        if elapsed >= DRAIN_SAMPLE_MIN_S and self._drained:
+            # The window so far: receipts coming back this fast now are what the path drains now.
+            rate = max(rate, self._drained / max(elapsed, DRAIN_SAMPLE_MIN_S))
+        return max(bp.custody_backlog_min, int(rate * bp.custody_backlog_s))
 
     def overloaded(self, route_id: bytes) -> int | None:
         """Retry-After seconds when a push for route_id must be refused (429), None to accept it."""
