@@ -44,7 +44,7 @@ from inri.core.config import EngineConfig
 from inri.core.engine import Engine
 from inri.core.verify import CachingVerifier
 from inri.node.store import Store
-from inri.protocol.codec import DecodeError, decode, encode, encode_forwarded, encode_unchecked
+from inri.protocol.codec import DecodeError, decode, encode, encode_unchecked
 from inri.protocol.keys import receipt_public_key
 from inri.protocol.messages import (
     ErrorFrame,
@@ -226,9 +226,7 @@ class RelayService:
                         rx = self._rx
                         if rx is not None and msg is rx[0]:
                             frame = rx[1]  # passed on unchanged: the frame that came
-                        elif rx is not None and type(msg) is Push and type(rx[0]) is Push:
-                            frame = encode_forwarded(msg, rx[1], rx[0])
-                        else:
+                        else:  # a forwarded push too: re-encoding (shared packer) is cheaper than patching
                             frame = encode_unchecked(msg) if type(msg) in _UNCHECKED else encode(msg)
                     # Frames leave only once what they vouch for is committed (a receipt for a stored
                     # message, a forward of a push in custody): with group commit, after this round's.
@@ -388,8 +386,7 @@ class RelayService:
                 effects = self.engine.receive_frame(peer, data, self._now())
             else:
                 # Decoded once here, so that what the engine passes on unchanged (a receipt, a route
-                # error) leaves as the bytes that came, and a forwarded push as those bytes with its
-                # hop fields re-encoded (_apply): no re-encoding per hop (issue 16).
+                # error, a receipt batch) leaves as the bytes that came (_apply; issue 16).
                 self._rx = (msg, data)
                 effects = self.engine.receive_message(peer, msg, self._now())
         except Exception:  # a bug on one frame must not take the relay down

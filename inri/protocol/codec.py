@@ -47,7 +47,6 @@ __all__ = [
     "decode",
     "decode_registration",
     "encode",
-    "encode_forwarded",
     "encode_registration",
     "make_registration",
 ]
@@ -453,39 +452,6 @@ def encode_unchecked(msg: Message) -> bytes:
     mtype, fields = _to_fields(msg)
     frame: bytes = _pack([int(mtype), L.PROTOCOL_VERSION, *fields])
     return frame
-
-
-_BIN_HEADER = {0xC4: 1, 0xC5: 2, 0xC6: 4}  # msgpack bin 8 / 16 / 32: bytes of the length that follows
-_PUSH_HEAD = (0x90 | 11, 0x90 | 12)  # a push frame's array header (native, Web Push)
-
-
-def encode_forwarded(push: Push, frame: bytes, received: Push) -> bytes:
-    """The frame of `push`, a copy of `received` (decoded from `frame`) with other hop fields (ttl,
-    hops, attempt, ring) and everything else the same objects: the received frame's bytes with those
-    four integers re-encoded (issue 16: a forwarded push is decoded once and not encoded again).
-    Falls back to encode_unchecked for any other push or frame layout."""
-    if not (push.push_id is received.push_id and push.route_id is received.route_id and push.token is received.token
-            and push.ciphertext is received.ciphertext and push.registration is received.registration
-            and push.webpush is received.webpush and len(frame) > 3 and frame[0] in _PUSH_HEAD
-            and frame[1] == MessageType.PUSH and frame[2] == L.PROTOCOL_VERSION):
-        return encode_unchecked(push)
-    pos = 3
-    for _ in range(4):  # push id, route id, token, ciphertext: bin fields
-        size = _BIN_HEADER.get(frame[pos])
-        if size is None:
-            return encode_unchecked(push)
-        pos += 1 + size + int.from_bytes(frame[pos + 1 : pos + 1 + size], "big")
-    start = pos
-    for _ in range(4):  # ttl, hops, attempt, ring: positive fixint, or uint 8 (all are at most 255)
-        b = frame[pos]
-        if b <= 0x7F:
-            pos += 1
-        elif b == 0xCC:
-            pos += 2
-        else:
-            return encode_unchecked(push)
-    ints: bytes = _pack([push.ttl, push.hops, push.attempt, push.ring])
-    return frame[:start] + ints[1:] + frame[pos:]  # ints[0]: the 4-element array header
 
 
 def decode(data: bytes) -> Message:
