@@ -146,6 +146,13 @@ class ForwardingRules(EngineState):
         """Enter a (push id, attempt, mode) key in the seen-cache, oldest evicted past push_seen_max."""
         self._push_seen.put(key, now + self.config.seen_ttl_s)
 
+    # Rule F4c.
+    def _route_tried(self, pid: bytes, attempt: int) -> bool:
+        """True when this relay forwarded push pid in route mode (a route attempt, or a ring copy that
+        switched to route mode here) in an attempt before `attempt`, within the seen-cache's lifetime."""
+        seen = self._push_seen
+        return any((pid, a * 2) in seen for a in range(attempt))
+
     # Rules F1, S1 (an answer is awaited).
     def _forward(self, msg: Push, nh: str, now: float) -> Send:
         self._active[nh].last_sent = now
@@ -359,7 +366,13 @@ class ForwardingRules(EngineState):
                 # same dead end,
                 # and a ring that stopped at the first route would never search past them. The ring's
                 # worst case is what the fallback budget (C2) already charges.
-                go_on = msg.ring > 1 and self.config.ring_past_routes
+                # Rule F4c (`ring_past_tried_routes`, on by default): without F4b, the ring goes on past
+                # this relay only when its route already carried this push in an earlier attempt; the
+                # custodian searching again says that route did not answer, so it is suspect here. A
+                # relay whose route was not tried still captures the ring (where routes work, a ring
+                # costs what it did before F4b).
+                go_on = msg.ring > 1 and (self.config.ring_past_routes or (
+                    self.config.ring_past_tried_routes and self._route_tried(pid, msg.attempt)))
                 more = self._ring_flood(_onward(msg, msg.ring - 1), peer, now) if go_on else []
                 route_key = (pid, msg.attempt * 2)
                 if route_key in self._push_seen:
