@@ -1,5 +1,5 @@
 """Issue 17 (sparse geographic meshes under churn): reverse paths without cycles (F6b), ring searches
-that are not captured by stale routes (F4b, and by default F4c: past routes already tried), and receipts that repair the route they came back along
+that are not captured by stale routes (F4b, and by default F4c: past routes known to have failed the push), and receipts that repair the route they came back along
 (F7), on small engine networks."""
 
 from __future__ import annotations
@@ -60,9 +60,9 @@ def test_a_ring_search_goes_past_relays_whose_routes_run_into_the_same_dead_end(
     """F4b. Every relay within 2 hops of the custodian 6 holds a route into the broken branch; the ring
     copies that meet those routes follow them and also go on to the ring's radius, where relay 15's
     route along the detour delivers: the custodian's ring of radius 3 (attempt 3) finds the home. A ring
-    that stopped at the first route never got past relay 7 (`ring_past_routes = false` and
-    `ring_past_tried_routes = false`): radius 5 delivered, 4 s later."""
-    net, rid, pid = _stale_branch_net(replace(EngineConfig(), ring_past_routes=True, ring_past_tried_routes=False))
+    that stopped at the first route never got past relay 7 (`ring_past_routes = false`, the default, F4c
+    too: 7 heard of no failure of its route before ring 3 came): radius 5 delivered, 4 s later."""
+    net, rid, pid = _stale_branch_net(replace(EngineConfig(), ring_past_routes=True))
     t0 = net.now
     net.run_until(60.0)
     assert net.custody[pid] == "delivered"
@@ -75,45 +75,54 @@ def test_a_ring_search_goes_past_relays_whose_routes_run_into_the_same_dead_end(
     assert delivered[0] - t0 < 7.0
 
 
-def test_by_default_a_ring_goes_past_relays_whose_routes_already_failed_the_push() -> None:
-    """F4c (the default). Relays 5 and 7 carried the push along their routes into the broken branch in
-    the route attempts and ring 1; ring 3 meets them again, follows their routes once more and goes on
-    past them, to relay 15 whose detour delivers: ring 3 (attempt 3) finds the home, as F4b does. Before
-    F4c the default ring stopped at 7 and only ring 5 delivered, 4 s later."""
-    net, rid, pid = _stale_branch_net()
-    t0 = net.now
-    net.run_until(60.0)
-    assert net.custody[pid] == "delivered"
-    p = pid.hex()
-    delivered = [r[0] for r in net.tracer.of_kind("push_delivered") if r[3] == p]
-    retries = [r[9] for r in net.tracer.of_kind("push_retry") if r[3] == p and r[0] < delivered[0]]
-    assert max(retries) == 3, retries
-    rings = [r[7] for r in net.tracer.of_kind("push_fallback") if r[3] == p and r[1] == "6" and r[0] < delivered[0]]
-    assert rings == [1, 3]
-    assert delivered[0] - t0 < 7.0
+def _sent_pushes(eng: Engine, peer: str, push: Push, t: float) -> list[tuple[str, int]]:
+    out = eng.receive_message(peer, push, t)
+    return sorted((e.peer, e.msg.ring) for e in out if isinstance(e, Send) and isinstance(e.msg, Push))
 
 
-def test_a_route_not_yet_tried_for_the_push_still_captures_the_ring() -> None:
-    """F4c's cost: a ring copy (attempt 3, radius 3 left) at a relay whose route never carried this push
-    only switches to route mode (one copy, to the route's next hop c); after the relay carried attempt 2
-    along that route, the ring copy of attempt 4 also goes on to its other neighbours (b; a sent it).
-    `ring_past_tried_routes = false` (and F4b off): captured both times."""
+def test_by_default_a_ring_goes_past_a_route_that_answered_no_route_for_the_push() -> None:
+    """F4c (the default). The relay routes via c and d. Its route attempt for push 2 went to c, which
+    answered `no route` (c is dropped, d is left): the ring copy of a later attempt follows d and also goes
+    on to its other neighbours (radius 2 left), because a route into that dead end may be all the relays
+    around hold. Push 3, whose route copy got no error back, is captured by the route as before (F4); so
+    is push 2 with `ring_past_failed_routes = false` (before F4c: captured both times)."""
     reg = _reg()
-
-    def sends(eng: Engine, peer: str, push: Push, t: float) -> list[tuple[str, int]]:
-        out = eng.receive_message(peer, push, t)
-        return sorted((e.peer, e.msg.ring) for e in out if isinstance(e, Send) and isinstance(e.msg, Push))
-
-    for tried_on in (True, False):
-        eng = _relay()
-        eng.config = replace(eng.config, ring_past_tried_routes=tried_on)
+    for on in (True, False):
+        eng = _relay()  # the defaults first
+        if not on:
+            eng.config = replace(eng.config, ring_past_failed_routes=False)
+        eng.peer_up("d", 0.0, outbound=True, addr="addr-d")
         eng.receive_message("c", _gossip(reg), 0.0)
-        pid = b"\x02" * 16
-        assert sends(eng, "a", Push(pid, reg.route_id, b"t" * 16, b"x", 20, 1, 3, 3, reg), 1.0) == [("c", 0)]
-        pid = b"\x03" * 16
-        assert sends(eng, "a", Push(pid, reg.route_id, b"t" * 16, b"x", 120, 2, 2, 0, reg), 1.0) == [("c", 0)]
-        past = sends(eng, "a", Push(pid, reg.route_id, b"t" * 16, b"x", 20, 1, 4, 3, reg), 3.0)
-        assert past == ([("b", 2), ("c", 0), ("c", 2)] if tried_on else [("c", 0)])
+        eng.receive_message("d", _gossip(reg), 0.01)
+        assert eng.next_hops(reg.route_id) == [("c", 2), ("d", 2)]
+        failed, quiet = b"\x02" * 16, b"\x03" * 16
+        assert _sent_pushes(eng, "a", Push(failed, reg.route_id, b"t" * 16, b"x", 120, 2, 0, 0, reg), 1.0) == [
+            ("c", 0)]
+        eng.receive_message("c", RouteError(failed, reg.route_id, RouteErrorReason.NO_ROUTE), 1.1)
+        assert eng.next_hops(reg.route_id) == [("d", 2)]
+        assert _sent_pushes(eng, "a", Push(quiet, reg.route_id, b"t" * 16, b"x", 120, 2, 0, 0, reg), 1.2) == [
+            ("d", 0)]
+        ring = _sent_pushes(eng, "a", Push(failed, reg.route_id, b"t" * 16, b"x", 20, 1, 3, 3, reg), 3.0)
+        assert ring == ([("b", 2), ("c", 2), ("d", 0), ("d", 2)] if on else [("d", 0)])
+        assert _sent_pushes(eng, "a", Push(quiet, reg.route_id, b"t" * 16, b"x", 20, 1, 3, 3, reg), 3.0) == [
+            ("d", 0)]
+
+
+def test_the_last_ring_goes_past_a_route_that_already_carried_the_push() -> None:
+    """F4c on the custodian's last ring (attempt custody_max_attempts - 1 = 6: every cheaper ring failed).
+    The relay carried push 2 along its route in attempt 2 (no answer came back): the ring copy of attempt
+    4 is still captured by that route (F4: the route may work now, and a ring going on costs up to its
+    worst case), the last ring's copy follows it and goes on. A push the relay never carried: captured."""
+    reg = _reg()
+    eng = _relay()
+    eng.receive_message("c", _gossip(reg), 0.0)
+    pid, other = b"\x02" * 16, b"\x03" * 16
+    assert eng.config.custody_max_attempts == 7
+    assert _sent_pushes(eng, "a", Push(pid, reg.route_id, b"t" * 16, b"x", 120, 2, 2, 0, reg), 1.0) == [("c", 0)]
+    assert _sent_pushes(eng, "a", Push(pid, reg.route_id, b"t" * 16, b"x", 20, 1, 4, 3, reg), 3.0) == [("c", 0)]
+    assert _sent_pushes(eng, "a", Push(pid, reg.route_id, b"t" * 16, b"x", 20, 1, 6, 3, reg), 9.0) == [
+        ("b", 2), ("c", 0), ("c", 2)]
+    assert _sent_pushes(eng, "a", Push(other, reg.route_id, b"t" * 16, b"x", 20, 1, 6, 3, reg), 9.0) == [("c", 0)]
 
 
 def test_a_receipt_repairs_the_route_it_came_back_along() -> None:

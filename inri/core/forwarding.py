@@ -59,6 +59,7 @@ _FULL = TraceLevel.FULL
 # Rule F6b: the push seen-cache key (push id, _ERROR_PASSED) marks a route error passed on for the last
 # copy received (seen keys of copies are attempt * 2 + mode >= 0).
 _ERROR_PASSED = -1
+_ROUTE_BROKEN = -2  # rule F4c: seen-cache key (push id, this): a `no route` / `repair failed` for it came here
 
 
 def _onward(push: Push, ring: int) -> Push:
@@ -148,8 +149,8 @@ class ForwardingRules(EngineState):
 
     # Rule F4c.
     def _route_tried(self, pid: bytes, attempt: int) -> bool:
-        """True when this relay forwarded push pid in route mode (a route attempt, or a ring copy that
-        switched to route mode here) in an attempt before `attempt`, within the seen-cache's lifetime."""
+        """True when this relay had push pid in route mode (a route attempt, or a ring copy that switched
+        to route mode here) in an attempt before `attempt`, within the seen-cache's lifetime."""
         seen = self._push_seen
         return any((pid, a * 2) in seen for a in range(attempt))
 
@@ -363,16 +364,18 @@ class ForwardingRules(EngineState):
             if nh is not None:  # a route is known here: follow the route (once per attempt)...
                 # ...and (rule F4b, `ring_past_routes`) the ring goes on to its radius: routes broken by
                 # churn are not withdrawn, so every relay near the custodian may hold a route into the
-                # same dead end,
-                # and a ring that stopped at the first route would never search past them. The ring's
-                # worst case is what the fallback budget (C2) already charges.
-                # Rule F4c (`ring_past_tried_routes`, on by default): without F4b, the ring goes on past
-                # this relay only when its route already carried this push in an earlier attempt; the
-                # custodian searching again says that route did not answer, so it is suspect here. A
-                # relay whose route was not tried still captures the ring (where routes work, a ring
-                # costs what it did before F4b).
-                go_on = msg.ring > 1 and (self.config.ring_past_routes or (
-                    self.config.ring_past_tried_routes and self._route_tried(pid, msg.attempt)))
+                # same dead end, and a ring that stopped at the first route would never search past them.
+                # The ring's worst case is what the fallback budget (C2) already charges.
+                # Rule F4c (`ring_past_failed_routes`, on by default): without F4b, the ring goes on past
+                # this relay only when its route is known to have failed this push: a `no route` or
+                # `repair failed` for it came back here (the path beyond ends in a dead end), or, on the
+                # custodian's last ring (every cheaper ring failed), this relay's route already carried
+                # the push in an earlier attempt. A route not known to have failed still captures the
+                # ring: where routes work, rings cost what they did before (F4b made every ring cost
+                # its worst case). Bounded by the ring's radius, so by the fallback budget (C2).
+                failed = (pid, _ROUTE_BROKEN) in self._push_seen or (
+                    msg.attempt >= cfg.custody_max_attempts - 1 and self._route_tried(pid, msg.attempt))
+                go_on = msg.ring > 1 and (cfg.ring_past_routes or (cfg.ring_past_failed_routes and failed))
                 more = self._ring_flood(_onward(msg, msg.ring - 1), peer, now) if go_on else []
                 route_key = (pid, msg.attempt * 2)
                 if route_key in self._push_seen:
@@ -759,6 +762,10 @@ class ForwardingRules(EngineState):
                 self._trace(now, "receipt_forwarded", msg=msg.push_id.hex(), peer=back[0], reason="duplicate",
                             count=1)
             return [Send(back[0], msg)]
+        if msg.reason in (RouteErrorReason.REPAIR_FAILED, RouteErrorReason.NO_ROUTE):
+            # F4c: the path this relay sent the push along ends in a dead end (no route, or a local
+            # repair that found nothing): a ring copy of this push that meets our route goes on past it.
+            self._push_seen.put((msg.push_id, _ROUTE_BROKEN), now + self.config.seen_ttl_s)
         if msg.reason == RouteErrorReason.REPAIR_FAILED:
             return self._on_repair_failed(peer, msg, now)
         # An answer, if not a receipt: no black hole there. It earns what a receipt earns, so a
