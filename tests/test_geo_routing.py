@@ -1,6 +1,6 @@
 """Issue 17 (sparse geographic meshes under churn): reverse paths without cycles (F6b), ring searches
-that are not captured by stale routes (F4b, and by default F4c: past routes known to have failed the push), and receipts that repair the route they came back along
-(F7), on small engine networks."""
+that are not captured by stale routes (F4b; by default F4c: past routes known to have failed the push),
+and receipts that repair the route they came back along (F7), on small engine networks."""
 
 from __future__ import annotations
 
