@@ -369,12 +369,13 @@ class ForwardingRules(EngineState):
                 # Rule F4c (`ring_past_failed_routes`, on by default): without F4b, the ring goes on past
                 # this relay only when its route is known to have failed this push: a `no route` or
                 # `repair failed` for it came back here (the path beyond ends in a dead end), or, on the
-                # custodian's last ring (every cheaper ring failed), this relay's route already carried
-                # the push in an earlier attempt. A route not known to have failed still captures the
+                # custodian's last ring (every cheaper ring failed; not the radius-2 searches of parked
+                # re-sends, C3, every few seconds up to the deadline), this relay's route already
+                # carried the push in an earlier attempt. A route not known to have failed still captures the
                 # ring: where routes work, rings cost what they did before (F4b made every ring cost
                 # its worst case). Bounded by the ring's radius, so by the fallback budget (C2).
                 failed = (pid, _ROUTE_BROKEN) in self._push_seen or (
-                    msg.attempt >= cfg.custody_max_attempts - 1 and self._route_tried(pid, msg.attempt))
+                    msg.attempt == cfg.custody_max_attempts - 1 and self._route_tried(pid, msg.attempt))
                 go_on = msg.ring > 1 and (cfg.ring_past_routes or (cfg.ring_past_failed_routes and failed))
                 more = self._ring_flood(_onward(msg, msg.ring - 1), peer, now) if go_on else []
                 route_key = (pid, msg.attempt * 2)
