@@ -123,6 +123,9 @@ def test_the_last_ring_goes_past_a_route_that_already_carried_the_push() -> None
     assert _sent_pushes(eng, "a", Push(pid, reg.route_id, b"t" * 16, b"x", 20, 1, 6, 3, reg), 9.0) == [
         ("b", 2), ("c", 0), ("c", 2)]
     assert _sent_pushes(eng, "a", Push(other, reg.route_id, b"t" * 16, b"x", 20, 1, 6, 3, reg), 9.0) == [("c", 0)]
+    # a parked re-send's radius-2 search (C3, attempt 7 and later) is captured again: it comes every few
+    # seconds up to the deadline, and a home that is down is what it mostly waits for
+    assert _sent_pushes(eng, "a", Push(pid, reg.route_id, b"t" * 16, b"x", 20, 1, 7, 2, reg), 17.0) == [("c", 0)]
 
 
 def test_a_receipt_repairs_the_route_it_came_back_along() -> None:
