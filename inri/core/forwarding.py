@@ -59,7 +59,6 @@ _FULL = TraceLevel.FULL
 # Rule F6b: the push seen-cache key (push id, _ERROR_PASSED) marks a route error passed on for the last
 # copy received (seen keys of copies are attempt * 2 + mode >= 0).
 _ERROR_PASSED = -1
-_ROUTE_BROKEN = -2  # rule F4c: seen-cache key (push id, this): a `no route` / `repair failed` for it came here
 
 
 def _onward(push: Push, ring: int) -> Push:
@@ -146,13 +145,6 @@ class ForwardingRules(EngineState):
     def _mark_seen(self, key: tuple[bytes, int], now: float) -> None:
         """Enter a (push id, attempt, mode) key in the seen-cache, oldest evicted past push_seen_max."""
         self._push_seen.put(key, now + self.config.seen_ttl_s)
-
-    # Rule F4c.
-    def _route_tried(self, pid: bytes, attempt: int) -> bool:
-        """True when this relay had push pid in route mode (a route attempt, or a ring copy that switched
-        to route mode here) in an attempt before `attempt`, within the seen-cache's lifetime."""
-        seen = self._push_seen
-        return any((pid, a * 2) in seen for a in range(attempt))
 
     # Rules F1, S1 (an answer is awaited).
     def _forward(self, msg: Push, nh: str, now: float) -> Send:
@@ -366,17 +358,13 @@ class ForwardingRules(EngineState):
                 # churn are not withdrawn, so every relay near the custodian may hold a route into the
                 # same dead end, and a ring that stopped at the first route would never search past them.
                 # The ring's worst case is what the fallback budget (C2) already charges.
-                # Rule F4c (`ring_past_failed_routes`, on by default): without F4b, the ring goes on past
-                # this relay only when its route is known to have failed this push: a `no route` or
-                # `repair failed` for it came back here (the path beyond ends in a dead end), or, on the
-                # custodian's last ring (every cheaper ring failed; not the radius-2 searches of parked
-                # re-sends, C3, every few seconds up to the deadline), this relay's route already
-                # carried the push in an earlier attempt. A route not known to have failed still captures the
-                # ring: where routes work, rings cost what they did before (F4b made every ring cost
-                # its worst case). Bounded by the ring's radius, so by the fallback budget (C2).
-                failed = (pid, _ROUTE_BROKEN) in self._push_seen or (
-                    msg.attempt == cfg.custody_max_attempts - 1 and self._route_tried(pid, msg.attempt))
-                go_on = msg.ring > 1 and (cfg.ring_past_routes or (cfg.ring_past_failed_routes and failed))
+                # Rule F4c (`last_ring_past_routes`, on by default): the custodian's last ring (attempt
+                # custody_max_attempts - 1: the widest ring the fallback budget affords, C2, sent only
+                # after every cheaper ring failed) goes past routes as F4b does; earlier rings stop at
+                # the first route (F4), as before. Where the budget has no last ring (4 neighbours:
+                # rings 1 to 7 spend it) nothing changes.
+                last = msg.attempt == cfg.custody_max_attempts - 1 and cfg.last_ring_past_routes
+                go_on = msg.ring > 1 and (cfg.ring_past_routes or last)
                 more = self._ring_flood(_onward(msg, msg.ring - 1), peer, now) if go_on else []
                 route_key = (pid, msg.attempt * 2)
                 if route_key in self._push_seen:
@@ -763,10 +751,6 @@ class ForwardingRules(EngineState):
                 self._trace(now, "receipt_forwarded", msg=msg.push_id.hex(), peer=back[0], reason="duplicate",
                             count=1)
             return [Send(back[0], msg)]
-        if msg.reason in (RouteErrorReason.REPAIR_FAILED, RouteErrorReason.NO_ROUTE):
-            # F4c: the path this relay sent the push along ends in a dead end (no route, or a local
-            # repair that found nothing): a ring copy of this push that meets our route goes on past it.
-            self._push_seen.put((msg.push_id, _ROUTE_BROKEN), now + self.config.seen_ttl_s)
         if msg.reason == RouteErrorReason.REPAIR_FAILED:
             return self._on_repair_failed(peer, msg, now)
         # An answer, if not a receipt: no black hole there. It earns what a receipt earns, so a
