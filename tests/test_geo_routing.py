@@ -1,5 +1,5 @@
 """Issue 17 (sparse geographic meshes under churn): reverse paths without cycles (F6b), ring searches
-that are not captured by stale routes (F4b; by default F4c: past routes known to have failed the push),
+that are not captured by stale routes (F4b; by default on the last ring: F4c),
 and receipts that repair the route they came back along (F7), on small engine networks."""
 
 from __future__ import annotations
@@ -60,8 +60,8 @@ def test_a_ring_search_goes_past_relays_whose_routes_run_into_the_same_dead_end(
     """F4b. Every relay within 2 hops of the custodian 6 holds a route into the broken branch; the ring
     copies that meet those routes follow them and also go on to the ring's radius, where relay 15's
     route along the detour delivers: the custodian's ring of radius 3 (attempt 3) finds the home. A ring
-    that stopped at the first route never got past relay 7 (`ring_past_routes = false`, the default, F4c
-    too: 7 heard of no failure of its route before ring 3 came): radius 5 delivered, 4 s later."""
+    that stopped at the first route never got past relay 7 (`ring_past_routes = false`, the default; F4c
+    acts on the last ring only): radius 5 delivered, 4 s later."""
     net, rid, pid = _stale_branch_net(replace(EngineConfig(), ring_past_routes=True))
     t0 = net.now
     net.run_until(60.0)
@@ -80,52 +80,37 @@ def _sent_pushes(eng: Engine, peer: str, push: Push, t: float) -> list[tuple[str
     return sorted((e.peer, e.msg.ring) for e in out if isinstance(e, Send) and isinstance(e.msg, Push))
 
 
-def test_by_default_a_ring_goes_past_a_route_that_answered_no_route_for_the_push() -> None:
-    """F4c (the default). The relay routes via c and d. Its route attempt for push 2 went to c, which
-    answered `no route` (c is dropped, d is left): the ring copy of a later attempt follows d and also goes
-    on to its other neighbours (radius 2 left), because a route into that dead end may be all the relays
-    around hold. Push 3, whose route copy got no error back, is captured by the route as before (F4); so
-    is push 2 with `ring_past_failed_routes = false` (before F4c: captured both times)."""
+def test_the_last_ring_goes_past_routes() -> None:
+    """F4c (the default). A relay with a route (via c) meets ring copies with radius 3 left: those of
+    rings before the custodian's last (attempt 4) switch to route mode only (F4: a ring costs what it
+    did), the last ring's (attempt custody_max_attempts - 1 = 6: every cheaper ring failed) follows the
+    route and also goes on to the relay's other neighbours (a, its sender, excluded), as F4b does on
+    every ring. A parked re-send's radius-2 search (C3, attempt 7 and later, every few seconds up to the
+    deadline) is captured again. `last_ring_past_routes = false`: the last ring is captured too."""
     reg = _reg()
     for on in (True, False):
         eng = _relay()  # the defaults first
         if not on:
-            eng.config = replace(eng.config, ring_past_failed_routes=False)
-        eng.peer_up("d", 0.0, outbound=True, addr="addr-d")
+            eng.config = replace(eng.config, last_ring_past_routes=False)
+        assert eng.config.custody_max_attempts == 7
         eng.receive_message("c", _gossip(reg), 0.0)
-        eng.receive_message("d", _gossip(reg), 0.01)
-        assert eng.next_hops(reg.route_id) == [("c", 2), ("d", 2)]
-        failed, quiet = b"\x02" * 16, b"\x03" * 16
-        assert _sent_pushes(eng, "a", Push(failed, reg.route_id, b"t" * 16, b"x", 120, 2, 0, 0, reg), 1.0) == [
-            ("c", 0)]
-        eng.receive_message("c", RouteError(failed, reg.route_id, RouteErrorReason.NO_ROUTE), 1.1)
-        assert eng.next_hops(reg.route_id) == [("d", 2)]
-        assert _sent_pushes(eng, "a", Push(quiet, reg.route_id, b"t" * 16, b"x", 120, 2, 0, 0, reg), 1.2) == [
-            ("d", 0)]
-        ring = _sent_pushes(eng, "a", Push(failed, reg.route_id, b"t" * 16, b"x", 20, 1, 3, 3, reg), 3.0)
-        assert ring == ([("b", 2), ("c", 2), ("d", 0), ("d", 2)] if on else [("d", 0)])
-        assert _sent_pushes(eng, "a", Push(quiet, reg.route_id, b"t" * 16, b"x", 20, 1, 3, 3, reg), 3.0) == [
-            ("d", 0)]
+        for n, (attempt, ring) in enumerate([(2, 1), (3, 3), (4, 3), (5, 3), (6, 3), (7, 2), (8, 2)]):
+            pid = bytes([n + 1]) * 16
+            sent = _sent_pushes(eng, "a", Push(pid, reg.route_id, b"t" * 16, b"x", 20, 1, attempt, ring, reg), 1.0)
+            want = [("b", 2), ("c", 0), ("c", 2)] if on and attempt == 6 else [("c", 0)]
+            assert sent == want, (attempt, sent)
 
 
-def test_the_last_ring_goes_past_a_route_that_already_carried_the_push() -> None:
-    """F4c on the custodian's last ring (attempt custody_max_attempts - 1 = 6: every cheaper ring failed).
-    The relay carried push 2 along its route in attempt 2 (no answer came back): the ring copy of attempt
-    4 is still captured by that route (F4: the route may work now, and a ring going on costs up to its
-    worst case), the last ring's copy follows it and goes on. A push the relay never carried: captured."""
-    reg = _reg()
-    eng = _relay()
-    eng.receive_message("c", _gossip(reg), 0.0)
-    pid, other = b"\x02" * 16, b"\x03" * 16
-    assert eng.config.custody_max_attempts == 7
-    assert _sent_pushes(eng, "a", Push(pid, reg.route_id, b"t" * 16, b"x", 120, 2, 2, 0, reg), 1.0) == [("c", 0)]
-    assert _sent_pushes(eng, "a", Push(pid, reg.route_id, b"t" * 16, b"x", 20, 1, 4, 3, reg), 3.0) == [("c", 0)]
-    assert _sent_pushes(eng, "a", Push(pid, reg.route_id, b"t" * 16, b"x", 20, 1, 6, 3, reg), 9.0) == [
-        ("b", 2), ("c", 0), ("c", 2)]
-    assert _sent_pushes(eng, "a", Push(other, reg.route_id, b"t" * 16, b"x", 20, 1, 6, 3, reg), 9.0) == [("c", 0)]
-    # a parked re-send's radius-2 search (C3, attempt 7 and later) is captured again: it comes every few
-    # seconds up to the deadline, and a home that is down is what it mostly waits for
-    assert _sent_pushes(eng, "a", Push(pid, reg.route_id, b"t" * 16, b"x", 20, 1, 7, 2, reg), 17.0) == [("c", 0)]
+def test_the_last_ring_is_the_widest_the_budget_affords_on_three_neighbours_only() -> None:
+    """Where F4c acts: with 3 neighbours the default fallback budget leaves a last ring after 1, 3, 5, 7
+    (radius 10, C2), with 4 it does not (rings 1 to 7 spend it; the push goes along routes instead), so
+    random 4-neighbour meshes keep their rings' cost."""
+    from inri.core.custody import ring_cost, widest_ring
+    cfg = EngineConfig()
+    for degree, last in ((3, 10), (4, 0)):
+        spent = sum(ring_cost(r, degree) for r in (1, 3, 5, 7))
+        wide = widest_ring(cfg.fallback_budget - spent, degree, cfg.push_ttl)
+        assert (wide if wide > 7 else 0) == last
 
 
 def test_a_receipt_repairs_the_route_it_came_back_along() -> None:
