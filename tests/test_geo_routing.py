@@ -81,24 +81,28 @@ def _sent_pushes(eng: Engine, peer: str, push: Push, t: float) -> list[tuple[str
 
 
 def test_the_last_ring_goes_past_routes() -> None:
-    """F4c (the default). A relay with a route (via c) meets ring copies with radius 3 left: those of
-    rings before the custodian's last (attempt 4) switch to route mode only (F4: a ring costs what it
-    did), the last ring's (attempt custody_max_attempts - 1 = 6: every cheaper ring failed) follows the
-    route and also goes on to the relay's other neighbours (a, its sender, excluded), as F4b does on
-    every ring. A parked re-send's radius-2 search (C3, attempt 7 and later, every few seconds up to the
-    deadline) is captured again. `last_ring_past_routes = false`: the last ring is captured too."""
+    """F4c (the default). A relay with a route (via c) meets ring copies: those of the fixed rings (radius
+    1, 3, 5, 7 = radius left + hops) switch to route mode only (F4: a ring costs what it did); those of
+    the custodian's last ring, wider than 7 (the widest the fallback budget affords: 10 with 3
+    neighbours), follow the route and also go on to the relay's other neighbours (a, the sender,
+    excluded), as F4b does on every ring, while more than 2 hops are left. Radius-2 searches (local
+    repair, parked re-sends) never go on. `last_ring_past_routes = false`: captured every time."""
     reg = _reg()
+    cases = [  # (attempt, radius left, hops so far, goes on)
+        (2, 1, 0, False), (3, 3, 0, False), (4, 3, 2, False), (5, 7, 0, False), (5, 2, 5, False),
+        (6, 10, 0, True), (6, 9, 1, True), (6, 3, 7, True), (6, 2, 8, False),
+        (1, 2, 12, False), (9, 2, 0, False)]
     for on in (True, False):
         eng = _relay()  # the defaults first
         if not on:
             eng.config = replace(eng.config, last_ring_past_routes=False)
-        assert eng.config.custody_max_attempts == 7
         eng.receive_message("c", _gossip(reg), 0.0)
-        for n, (attempt, ring) in enumerate([(2, 1), (3, 3), (4, 3), (5, 3), (6, 3), (7, 2), (8, 2)]):
+        for n, (attempt, ring, hops, past) in enumerate(cases):
             pid = bytes([n + 1]) * 16
-            sent = _sent_pushes(eng, "a", Push(pid, reg.route_id, b"t" * 16, b"x", 20, 1, attempt, ring, reg), 1.0)
-            want = [("b", 2), ("c", 0), ("c", 2)] if on and attempt == 6 else [("c", 0)]
-            assert sent == want, (attempt, sent)
+            push = Push(pid, reg.route_id, b"t" * 16, b"x", 20, hops, attempt, ring, reg)
+            sent = _sent_pushes(eng, "a", push, 1.0)
+            want = [("b", ring - 1), ("c", 0), ("c", ring - 1)] if on and past else [("c", 0)]
+            assert sent == want, (attempt, ring, hops, sent)
 
 
 def test_the_last_ring_is_the_widest_the_budget_affords_on_three_neighbours_only() -> None:
