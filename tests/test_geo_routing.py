@@ -1,6 +1,6 @@
 """Issue 17 (sparse geographic meshes under churn): reverse paths without cycles (F6b), ring searches
-that are not captured by stale routes (F4b), and receipts that repair the route they came back along
-(F7), on small engine networks."""
+that are not captured by stale routes (F4b; by default on the last ring: F4c),
+and receipts that repair the route they came back along (F7), on small engine networks."""
 
 from __future__ import annotations
 
@@ -60,8 +60,8 @@ def test_a_ring_search_goes_past_relays_whose_routes_run_into_the_same_dead_end(
     """F4b. Every relay within 2 hops of the custodian 6 holds a route into the broken branch; the ring
     copies that meet those routes follow them and also go on to the ring's radius, where relay 15's
     route along the detour delivers: the custodian's ring of radius 3 (attempt 3) finds the home. A ring
-    that stopped at the first route never got past relay 7 (`ring_past_routes = false`, the default):
-    radius 5 delivered, 4 s later."""
+    that stopped at the first route never got past relay 7 (`ring_past_routes = false`, the default; F4c
+    acts on the last ring only): radius 5 delivered, 4 s later."""
     net, rid, pid = _stale_branch_net(replace(EngineConfig(), ring_past_routes=True))
     t0 = net.now
     net.run_until(60.0)
@@ -73,6 +73,48 @@ def test_a_ring_search_goes_past_relays_whose_routes_run_into_the_same_dead_end(
     rings = [r[7] for r in net.tracer.of_kind("push_fallback") if r[3] == p and r[1] == "6" and r[0] < delivered[0]]
     assert rings == [1, 3]
     assert delivered[0] - t0 < 7.0
+
+
+def _sent_pushes(eng: Engine, peer: str, push: Push, t: float) -> list[tuple[str, int]]:
+    out = eng.receive_message(peer, push, t)
+    return sorted((e.peer, e.msg.ring) for e in out if isinstance(e, Send) and isinstance(e.msg, Push))
+
+
+def test_the_last_ring_goes_past_routes() -> None:
+    """F4c (the default). A relay with a route (via c) meets ring copies: those of the fixed rings (radius
+    1, 3, 5, 7 = radius left + hops) switch to route mode only (F4: a ring costs what it did); those of
+    the custodian's last ring, wider than 7 (the widest the fallback budget affords: 10 with 3
+    neighbours), follow the route and also go on to the relay's other neighbours (a, the sender,
+    excluded), as F4b does on every ring, while more than 2 hops are left. Radius-2 searches (local
+    repair, parked re-sends) never go on. `last_ring_past_routes = false`: captured every time."""
+    reg = _reg()
+    cases = [  # (attempt, radius left, hops so far, goes on)
+        (2, 1, 0, False), (3, 3, 0, False), (4, 3, 2, False), (5, 7, 0, False), (5, 2, 5, False),
+        (6, 10, 0, True), (6, 9, 1, True), (6, 3, 7, True), (6, 2, 8, False),
+        (1, 2, 12, False), (9, 2, 0, False)]
+    for on in (True, False):
+        eng = _relay()  # the defaults first
+        if not on:
+            eng.config = replace(eng.config, last_ring_past_routes=False)
+        eng.receive_message("c", _gossip(reg), 0.0)
+        for n, (attempt, ring, hops, past) in enumerate(cases):
+            pid = bytes([n + 1]) * 16
+            push = Push(pid, reg.route_id, b"t" * 16, b"x", 20, hops, attempt, ring, reg)
+            sent = _sent_pushes(eng, "a", push, 1.0)
+            want = [("b", ring - 1), ("c", 0), ("c", ring - 1)] if on and past else [("c", 0)]
+            assert sent == want, (attempt, ring, hops, sent)
+
+
+def test_the_last_ring_is_the_widest_the_budget_affords_on_three_neighbours_only() -> None:
+    """Where F4c acts: with 3 neighbours the default fallback budget leaves a last ring after 1, 3, 5, 7
+    (radius 10, C2), with 4 it does not (rings 1 to 7 spend it; the push goes along routes instead), so
+    random 4-neighbour meshes keep their rings' cost."""
+    from inri.core.custody import ring_cost, widest_ring
+    cfg = EngineConfig()
+    for degree, last in ((3, 10), (4, 0)):
+        spent = sum(ring_cost(r, degree) for r in (1, 3, 5, 7))
+        wide = widest_ring(cfg.fallback_budget - spent, degree, cfg.push_ttl)
+        assert (wide if wide > 7 else 0) == last
 
 
 def test_a_receipt_repairs_the_route_it_came_back_along() -> None:

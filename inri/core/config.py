@@ -93,6 +93,11 @@ class EngineConfig:
     # on sparse meshes under churn (geo-5k-3n) it rescues pushes that stale routes near the custodian
     # capture (delivery 0.97 -> 0.998), but it makes every ring cost its worst case (churn-2k: 3x messages).
     ring_past_routes: bool = False
+    # Rule F4c: the custodian's last ring (wider than 7: the widest the fallback budget affords after
+    # rings 1 to 7) goes past routes as F4b does; earlier rings stop at the first route. With 4
+    # neighbours the default budget has no last ring, so random meshes keep their cost (docs/protocol.md
+    # "Repair and fallback" item 5; figures: docs/metrics.md "Sparse geographic meshes").
+    last_ring_past_routes: bool = True
     reverse_ttl_s: float = 30.0  # reverse-path state (push id -> previous hop) lifetime
     reverse_max: int = 200_000
     custody_max: int = 100_000

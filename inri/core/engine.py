@@ -78,6 +78,8 @@ Push forwarding
       radius, and switched back to route mode by any relay holding a route.
   F4b. ([engine] ring_past_routes, off by default) ...and goes on to its       forwarding.py
       radius there too: stale routes cannot capture the search.
+  F4c. ([engine] last_ring_past_routes, on) ...on the custodian's last ring    forwarding.py
+      only (the widest the budget affords, radius > 7).
   F5. Receipts are signed by the home relay with the registration's receipt   forwarding.py
       key (over push id, route id, status). Every relay on the way back checks
       it against the push's (verified) registration; a receipt that does not

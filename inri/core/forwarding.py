@@ -357,10 +357,17 @@ class ForwardingRules(EngineState):
             if nh is not None:  # a route is known here: follow the route (once per attempt)...
                 # ...and (rule F4b, `ring_past_routes`) the ring goes on to its radius: routes broken by
                 # churn are not withdrawn, so every relay near the custodian may hold a route into the
-                # same dead end,
-                # and a ring that stopped at the first route would never search past them. The ring's
-                # worst case is what the fallback budget (C2) already charges.
-                go_on = msg.ring > 1 and self.config.ring_past_routes
+                # same dead end, and a ring that stopped at the first route would never search past them.
+                # The ring's worst case is what the fallback budget (C2) already charges.
+                # Rule F4c (`last_ring_past_routes`, on by default): the custodian's last ring (wider than
+                # the fixed radii 1, 3, 5, 7: the widest the fallback budget affords, C2, sent only after
+                # every cheaper ring failed; its radius is the copy's radius left + hops) goes past routes
+                # as F4b does, while it has more than LOCAL_REPAIR_RADIUS hops to go (so local repairs,
+                # home searches and parked searches never do). Earlier rings stop at the first route (F4),
+                # as before; where the budget has no last ring (4 neighbours) nothing changes.
+                last = (cfg.last_ring_past_routes and msg.ring > LOCAL_REPAIR_RADIUS
+                        and msg.ring + msg.hops > limits.RING_RADII[-1])
+                go_on = msg.ring > 1 and (cfg.ring_past_routes or last)
                 more = self._ring_flood(_onward(msg, msg.ring - 1), peer, now) if go_on else []
                 route_key = (pid, msg.attempt * 2)
                 if route_key in self._push_seen:
