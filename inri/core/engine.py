@@ -261,7 +261,7 @@ class Engine(MembershipRules, GossipRules, StemRules, TreeRules, ForwardingRules
         self._await_heap: list[tuple[float, bytes]] = []
         # F8 (forwarding.py): local repairs this relay started, until their answer is due (a receipt
         # passing back through here ends the wait: the reverse entry goes).
-        self._repair_heap: list[tuple[float, bytes, str, bytes]] = []
+        self._repair_heap: list[tuple[float, bytes, str, bytes, bool]] = []
         self._heard_any = -float("inf")  # custody.py (C7): when a frame last came from any neighbour
         self._hop_srtt = 0.0  # rtt.py (C4)
         self._hop_rttvar = 0.0
