@@ -91,6 +91,8 @@ Push forwarding
   F8. A local repair with no answer back within its expected round trip     forwarding.py
       sends `repair failed` upstream, passed on unchanged (no route changes);
       the custodian whose route attempt it answers takes its next step now.
+  F8b. A repair copy that meets a route says `repair found` back; a search    forwarding.py
+      that hears none within its radius's round trips reports failure now.
 
 Custody
   C1. A home app injects at any relay with a push credential's signed          custody.py
