@@ -1,6 +1,7 @@
 """Rule F8: a relay whose local repair (radius-2 search) finds nothing says so, and the custodian widens
-its search at once instead of re-sending into the same hole; on the in-memory harness
-(inri.core.testing.MiniNet)."""
+its search at once instead of re-sending into the same hole; rule F8b: a search's copy that meets a
+route says so, so a search that hears nothing knows it failed after its own radius. On the in-memory
+harness (inri.core.testing.MiniNet)."""
 
 from __future__ import annotations
 
@@ -82,6 +83,21 @@ def test_a_failed_local_repair_sends_the_custodian_to_its_next_step_at_once() ->
     assert stats.get("repair_failed_reported", 0) <= stats.get("push_local_repair", 0) <= 3
 
 
+def test_a_search_that_finds_nothing_is_known_after_its_own_radius() -> None:
+    """Rule F8b: 2's search reaches only 7 (radius 2: 7's neighbours are 2 alone), no copy meets a route,
+    so no `repair found` comes back, and 2 sends `repair failed` after two link round trips instead of
+    waiting out a successful repair's whole round trip to the home and back (F8's wait). Both route
+    attempts fail that way; the push is home by the first ring within 0.25 s (F8's wait alone: 0.36 s)."""
+    net, reg, tokens = _net()
+    _break_2_9(net)
+    t0 = net.now
+    pid = _inject(net, reg, tokens[0])
+    net.run_until(t0 + 0.25)
+    assert ("3", pid) in net.delivered
+    assert net.engines[0].stats().get("custody_escalated_repair_failed", 0) == 2
+    assert sum(e.stats().get("repair_found_sent", 0) for e in net.engines) == 0
+
+
 def test_a_repair_that_finds_the_home_reports_nothing() -> None:
     """The same hole, but 7 has a way home of its own (a link to 10): the search is answered (the
     receipt passes back through 2), so no `repair failed` is sent and the custodian does not escalate."""
@@ -100,3 +116,7 @@ def test_a_repair_that_finds_the_home_reports_nothing() -> None:
     assert ("3", pid) in net.delivered
     assert net.engines[2].stats().get("repair_failed_reported", 0) == 0
     assert net.engines[0].stats().get("custody_escalated_repair_failed", 0) == 0
+    # F8b: 7 met a route and said so to 2, which then left the verdict to F8's full wait.
+    found = [(a, b) for a, b, m in net.sent if isinstance(m, RouteError) and m.push_id == pid
+             and m.reason == RouteErrorReason.REPAIR_FOUND]
+    assert found == [("7", "2")]

@@ -93,6 +93,8 @@ Push forwarding
   F8. A local repair with no answer back within its expected round trip     forwarding.py
       sends `repair failed` upstream, passed on unchanged (no route changes);
       the custodian whose route attempt it answers takes its next step now.
+  F8b. A repair copy that meets a route says `repair found` back; a search    forwarding.py
+      that hears none within its radius's round trips reports failure now.
 
 Custody
   C1. A home app injects at any relay with a push credential's signed          custody.py
@@ -263,7 +265,7 @@ class Engine(MembershipRules, GossipRules, StemRules, TreeRules, ForwardingRules
         self._await_heap: list[tuple[float, bytes]] = []
         # F8 (forwarding.py): local repairs this relay started, until their answer is due (a receipt
         # passing back through here ends the wait: the reverse entry goes).
-        self._repair_heap: list[tuple[float, bytes, str, bytes]] = []
+        self._repair_heap: list[tuple[float, bytes, str, bytes, bool]] = []
         self._heard_any = -float("inf")  # custody.py (C7): when a frame last came from any neighbour
         self._hop_srtt = 0.0  # rtt.py (C4)
         self._hop_rttvar = 0.0

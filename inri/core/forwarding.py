@@ -60,6 +60,11 @@ _FULL = TraceLevel.FULL
 # Rule F6b: the push seen-cache key (push id, _ERROR_PASSED) marks a route error passed on for the last
 # copy received (seen keys of copies are attempt * 2 + mode >= 0).
 _ERROR_PASSED = -1
+# Rule F8b: seen-cache keys (push id, _REPAIR_WATCHED) marks a local repair of the push watched here (F8),
+# (push id, _REPAIR_FOUND) a `repair found` heard for it, (push id, _FOUND_PASSED) one passed on.
+_REPAIR_WATCHED = -2
+_REPAIR_FOUND = -3
+_FOUND_PASSED = -4
 
 
 def _onward(push: Push, ring: int) -> Push:
@@ -374,7 +379,16 @@ class ForwardingRules(EngineState):
                     self._count("push_seen_dropped")
                     return more
                 self._mark_seen(route_key, now)
-                return [self._forward(_onward(msg, 0), nh, now)] + more
+                out = [self._forward(_onward(msg, 0), nh, now)] + more
+                if msg.attempt < ROUTE_ATTEMPTS and cfg.adaptive_retry and peer in self._active:
+                    # Rule F8b: a local repair's copy (route attempts only: a custodian's rings are
+                    # later attempts) found a route: the searching relay, one or two links back, waits.
+                    self._count("repair_found_sent")
+                    if self._level:
+                        self._trace(now, "route_error", msg=pid.hex(), route=rid.hex(), peer=peer,
+                                    reason="repair_found", count=1)
+                    out.append(Send(peer, RouteError(pid, rid, RouteErrorReason.REPAIR_FOUND)))
+                return out
             if self._home_adjacent(rid):  # tell the custodian: widening the ring cannot help
                 return self._push_drop(peer, msg, now, "home_unreachable", RouteErrorReason.HOME_UNREACHABLE)
             if msg.ring <= 1:
@@ -427,10 +441,21 @@ class ForwardingRules(EngineState):
         back = msg.hops + 1  # links from the custodian to here
         if d <= 0:
             d = back  # no route held here any more: the path so far stands in for the rest
-        wait = (d + REPAIR_EXTRA_LINKS) * (srtt + 2.0 * self._hop_rttvar)
-        if back * srtt + wait >= self._path_period(back + d):
+        link = srtt + 2.0 * self._hop_rttvar
+        wait = (d + REPAIR_EXTRA_LINKS) * link
+        period = self._path_period(back + d)
+        # Rule F8b: the search's own verdict comes sooner. A copy that meets a route says so (`repair
+        # found`) from at most LOCAL_REPAIR_RADIUS links away; with no such word within that many link
+        # round trips the search found nothing (its other copies died quietly), and the custodian hears
+        # it now rather than after a successful repair's whole round trip.
+        quick = LOCAL_REPAIR_RADIUS * link
+        if back * srtt + quick >= period:
             return
-        heapq.heappush(self._repair_heap, (now + wait, msg.push_id, prev, msg.route_id))
+        self._mark_seen((msg.push_id, _REPAIR_WATCHED), now)
+        self._push_seen.pop((msg.push_id, _REPAIR_FOUND), None)
+        heapq.heappush(self._repair_heap, (now + quick, msg.push_id, prev, msg.route_id, True))
+        if back * srtt + wait < period:
+            heapq.heappush(self._repair_heap, (now + wait, msg.push_id, prev, msg.route_id, False))
 
     # Rule F8.
     def _repairs_unanswered(self, now: float) -> list[Effect]:
@@ -441,7 +466,9 @@ class ForwardingRules(EngineState):
         out: list[Effect] = []
         heap = self._repair_heap
         while heap and heap[0][0] <= now:
-            _, pid, prev, rid = heapq.heappop(heap)
+            _, pid, prev, rid, quick = heapq.heappop(heap)
+            if quick and (pid, _REPAIR_FOUND) in self._push_seen:
+                continue  # F8b: a copy found a route: the full wait (the entry after this one) decides
             back = self._reverse.get(pid)
             if back is None or back[0] != prev or prev not in self._active:
                 continue  # answered (a receipt took the reverse entry), or the way back is gone
@@ -480,6 +507,27 @@ class ForwardingRules(EngineState):
             return []
         self._active[prev].last_sent = now
         return [Send(prev, msg)]
+
+    # Rule F8b.
+    def _on_repair_found(self, peer: str, msg: RouteError, now: float) -> list[Effect]:
+        """`repair found`: a copy of a local repair met a route at peer (or beyond it). The searching
+        relay notes it (its quick verdict is then left to F8's full wait); a relay between (it passed a
+        repair's ring copy on) passes it back along the reverse path, once per push. Neutral: no route,
+        score or wait changes for it, so a relay that sends it wrongly only delays a notice."""
+        pid = msg.push_id
+        if (pid, _REPAIR_WATCHED) in self._push_seen:
+            self._mark_seen((pid, _REPAIR_FOUND), now)
+            return []
+        seen = self._push_seen
+        if ((pid, 1) not in seen and (pid, 3) not in seen) or (pid, _FOUND_PASSED) in seen:
+            return []  # no route attempt's ring copy passed here (F8b's word goes back one ring only)
+        self._mark_seen((pid, _FOUND_PASSED), now)
+        back = self._reverse.get(pid)
+        if back is None or isinstance(back[0], ReverseMark) or back[0] == peer or back[0] not in self._active:
+            return []
+        if self._level:
+            self._trace(now, "receipt_forwarded", msg=pid.hex(), peer=back[0], reason="repair_found", count=1)
+        return [Send(back[0], msg)]
 
     # Rule F6b.
     def _error_once(self, pid: bytes, now: float) -> bool:
@@ -756,6 +804,8 @@ class ForwardingRules(EngineState):
             return [Send(back[0], msg)]
         if msg.reason == RouteErrorReason.REPAIR_FAILED:
             return self._on_repair_failed(peer, msg, now)
+        if msg.reason == RouteErrorReason.REPAIR_FOUND:
+            return self._on_repair_found(peer, msg, now)
         # An answer, if not a receipt: no black hole there. It earns what a receipt earns, so a
         # neighbour blamed while the home behind it was down (not yet detected) recovers.
         # `next hop down` (F6) is neutral: it earns nothing, or a black hole could buy score with it.

@@ -62,6 +62,7 @@ class RouteErrorReason(IntEnum):
     HOME_UNREACHABLE = 6  # this relay's next hop WAS the home relay, and that link is gone
     DUPLICATE = 7  # this relay already handled this push attempt: its answer went back the first way
     REPAIR_FAILED = 8  # this relay's local repair (radius-2 search) got no answer in time (rule F8)
+    REPAIR_FOUND = 9  # a copy of the local repair upstream met a route here and follows it (rule F8b)
 
 
 class ErrorCode(IntEnum):
