@@ -112,7 +112,7 @@ async def tcp_frames() -> float:
     async def handler(stream: trio.SocketStream) -> None:
         buf = bytearray()
         n = 0
-        t0 = 0.0
+        t0: float | None = None
         while n < FRAMES:
             data = await stream.receive_some(65536)
             if t0 is None:
@@ -124,6 +124,7 @@ async def tcp_frames() -> float:
                     break
                 del buf[: 4 + size]
                 n += 1
+        assert t0 is not None
         rate.append((FRAMES - 1) / (time.perf_counter() - t0))
         done.set()
 
