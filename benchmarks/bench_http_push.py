@@ -7,6 +7,13 @@
 3. Throughput: pushes/s accepted by A's HTTP API (202) from CONCURRENCY concurrent clients, and pushes/s
    stored at B, beside a bare hypercorn ASGI endpoint answering 202 to the same load generator.
 
+4. The unloaded 1-hop latency of 2. side by side with an older tree (issue 16: "not worse than
+   today's"): BENCH_COMPARE_TREE (a source tree), else BENCH_BASELINE_REF (default 99856a6, main when
+   issue 16 was filed) unpacked with `git archive` from this checkout. Each tree runs its own mesh and
+   clients (benchmarks/latency_worker.py); BENCH_LATENCY_ROUNDS (4) interleaved rounds of
+   BENCH_LATENCY_ROUND_N (50) pushes each; medians of the rounds' p50 and p99 and their ratios. Skipped
+   (said so) when neither tree is at hand.
+
 Real processes: one bootstrap and two relays (`inri mesh up`); the load generator is this process.
 Env: BENCH_PUSHES (default 12000), BENCH_CONCURRENCY (32), BENCH_LATENCY_N (200), BENCH_WRK_SECONDS (5).
 """
@@ -18,6 +25,7 @@ import os
 import re
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -64,6 +72,74 @@ async def app(scope, receive, send):
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body})
 '''
+
+
+BASELINE_REF = os.environ.get("BENCH_BASELINE_REF", "99856a6")
+LAT_ROUNDS = int(os.environ.get("BENCH_LATENCY_ROUNDS", "4"))
+LAT_ROUND_N = int(os.environ.get("BENCH_LATENCY_ROUND_N", "50"))
+
+
+def compare_tree(tmp: Path) -> tuple[Path | None, str]:
+    """The older tree to measure beside this one, and what it is (or None and why not)."""
+    env = os.environ.get("BENCH_COMPARE_TREE")
+    if env:
+        return Path(env), env
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        return None, "no git checkout to unpack BENCH_BASELINE_REF from"
+    out = tmp / "baseline"
+    out.mkdir()
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", BASELINE_REF], capture_output=True)
+    if archive.returncode != 0:
+        return None, f"git archive {BASELINE_REF}: {archive.stderr.decode(errors='replace').strip()[:200]}"
+    subprocess.run(["tar", "-x", "-C", str(out)], input=archive.stdout, check=True)
+    return out, f"{BASELINE_REF} (git archive)"
+
+
+def latency_side_by_side(tmp: Path) -> dict[str, Any] | None:
+    """Unloaded 1-hop latency, this tree and an older one, in interleaved rounds (module docstring, 4.)."""
+    old, what = compare_tree(tmp)
+    if old is None:
+        print(f"unloaded latency side by side: skipped ({what})")
+        return None
+    trees = {"this tree": ROOT, what: old}
+    procs: dict[str, subprocess.Popen[str]] = {}
+    try:
+        for name, tree in trees.items():
+            procs[name] = subprocess.Popen(
+                [sys.executable, str(ROOT / "benchmarks" / "latency_worker.py")], cwd=tree, text=True,
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                env={**os.environ, "PYTHONPATH": str(tree)}, start_new_session=True)
+        for name, proc in procs.items():
+            assert proc.stdout is not None
+            line = proc.stdout.readline().strip()
+            if line != "ready":
+                raise RuntimeError(f"latency worker for {name} did not start ({line!r})")
+        rounds: dict[str, list[tuple[float, float]]] = {name: [] for name in trees}
+        for r in range(LAT_ROUNDS):
+            for name in (list(trees) if r % 2 == 0 else list(reversed(trees))):
+                proc = procs[name]
+                assert proc.stdin is not None and proc.stdout is not None
+                proc.stdin.write(f"{LAT_ROUND_N}\n")
+                proc.stdin.flush()
+                lat = json.loads(proc.stdout.readline())
+                rounds[name].append((pct(lat, 50), pct(lat, 99)))
+    finally:
+        for proc in procs.values():
+            try:
+                if proc.stdin is not None:
+                    proc.stdin.write("quit\n")
+                    proc.stdin.close()
+                proc.wait(60)
+            except (OSError, subprocess.TimeoutExpired):
+                proc.kill()
+    med = {name: (statistics.median(p for p, _ in rs), statistics.median(q for _, q in rs))
+           for name, rs in rounds.items()}
+    new, base = med["this tree"], med[what]
+    print(f"unloaded 1-hop latency, {LAT_ROUNDS} interleaved rounds of {LAT_ROUND_N} pushes, medians of the rounds:")
+    for name, (p50, p99) in med.items():
+        print(f"  {name:32s} p50 {p50 * 1000:6.1f} ms  p99 {p99 * 1000:6.1f} ms")
+    print(f"  this tree / {what}: p50 {new[0] / base[0]:.2f}x, p99 {new[1] / base[1]:.2f}x")
+    return {"baseline": what, "p50": new[0], "p99": new[1], "base_p50": base[0], "base_p99": base[1]}
 
 
 def pct(xs: list[float], p: float) -> float:
@@ -308,6 +384,8 @@ def main() -> None:
         finally:
             proc.terminate()
             proc.wait(10)
+    with tempfile.TemporaryDirectory(prefix="inri-bench-lat-") as d:
+        side = latency_side_by_side(Path(d))
     e2e = res["e2e"]
     print(f"end-to-end push latency, unloaded, 1 QUIC hop: p50 {pct(e2e, 50) * 1000:.1f} ms, "
           f"p99 {pct(e2e, 99) * 1000:.1f} ms (n={len(e2e)})")
@@ -327,7 +405,16 @@ def main() -> None:
          "note": f"p50 {res['lat'][0] * 1000:.1f} ms p99 {res['lat'][1] * 1000:.1f} ms, {res['tool']} {CONC} conns"},
         {"metric": "pushes stored/s at home (1 QUIC hop)", "value": round(res["stored_rate"]), "unit": "/s",
          "ceiling": "aim >= 2,000/s", "note": f"{res['ok']} pushes"},
-    ]}))
+    ] + ([] if side is None else [
+        {"metric": "unloaded 1-hop latency p50, this tree / baseline",
+         "value": round(side["p50"] / side["base_p50"], 2),
+         "unit": "x", "ceiling": "<= 1 (not worse than when issue 16 was filed)",
+         "note": f"{side['p50'] * 1000:.1f} vs {side['base_p50'] * 1000:.1f} ms ({side['baseline']})"},
+        {"metric": "unloaded 1-hop latency p99, this tree / baseline",
+         "value": round(side["p99"] / side["base_p99"], 2),
+         "unit": "x", "ceiling": "<= 1",
+         "note": f"{side['p99'] * 1000:.1f} vs {side['base_p99'] * 1000:.1f} ms ({side['baseline']})"},
+    ])}))
 
 
 if __name__ == "__main__":

@@ -63,6 +63,10 @@ class QuicSection:
     # the link's queue (bounded by send_queue_max_bytes): a relay on a thin uplink forwards no more
     # than it can carry, and its upstream sees slow receipts (never a black hole) and backpressure.
     link_push_rate_per_s: Annotated[float, NonNegative] = 0.0
+    # Link protocol inri/2 (docs/protocol.md, "Registration references"): a push's registration crosses
+    # a link once, later pushes for it refer to it (about half a push frame's bytes). Offered to every
+    # neighbour; one that speaks only inri/1 gets whole frames. false: offer inri/1 only.
+    registration_refs: bool = True
     # Lab only (inri.node.quic.LinkImpairment, `inri mesh up --link-delay-ms ...`): every datagram this
     # relay sends waits link_delay_ms +- link_jitter_ms (uniform) and a share link_loss of them is
     # dropped, so a loopback mesh has impaired links without kernel netem. 0 (off) in production.

@@ -70,7 +70,8 @@ class LinkManager:
         self.connect_timeout_s = connect_timeout_s
         self.send_queue_max_bytes = send_queue_max_bytes
         self.push_rate_per_s = push_rate_per_s  # 0: push frames are not paced
-        self._paced: dict[Link, deque[bytes]] = {}  # push frames waiting for their turn, per link
+        # Push frames (with their registration's bytes, Link.send_nowait) waiting for their turn, per link.
+        self._paced: dict[Link, deque[tuple[bytes, bytes | None]]] = {}
         self._paced_bytes: dict[Link, int] = {}
         self.events: LinkEvents | None = None
         self._links: dict[str, Link] = {}
@@ -85,24 +86,29 @@ class LinkManager:
 
     def send(self, peer: str, frame: bytes, delay: float) -> None:
         """Queue frame to peer (after delay seconds); a frame for a peer with no link is dropped."""
+        self.send_push(peer, frame, None, delay)
+
+    def send_push(self, peer: str, frame: bytes, reg: bytes | None, delay: float) -> None:
+        """send() for a push frame that ends with its registration's bytes reg (None: any frame), which
+        an inri/2 link sends by reference once the peer has them (node/regref.py)."""
         link = self._links.get(peer)
         if link is None:
             self.stats["frames_unroutable"] += 1
             return
         if delay > 0 and self._nursery is not None:
-            self._nursery.start_soon(self._send_later, link, frame, delay)
+            self._nursery.start_soon(self._send_later, link, frame, reg, delay)
             return
         if self.push_rate_per_s > 0 and self._nursery is not None and _is_push(frame):
-            self._send_paced(link, frame)
+            self._send_paced(link, frame, reg)
             return
-        self._send_now(link, frame)
+        self._send_now(link, frame, reg)
 
     def _congested(self, link: Link) -> None:
         self.stats["frames_dropped_congested"] += 1
         if self.events is not None and not link.closed:
             self.events.link_congested(link.peer_node_id)
 
-    def _send_paced(self, link: Link, frame: bytes) -> None:
+    def _send_paced(self, link: Link, frame: bytes, reg: bytes | None) -> None:
         queued = self._paced_bytes.get(link, 0)
         if link.send_backlog + queued + len(frame) + 4 > self.send_queue_max_bytes:
             self._congested(link)
@@ -112,40 +118,40 @@ class LinkManager:
             assert self._nursery is not None
             q = self._paced[link] = deque()
             self._nursery.start_soon(self._pace, link, q)
-        q.append(frame)
+        q.append((frame, reg))
         self._paced_bytes[link] = queued + len(frame) + 4
 
-    async def _pace(self, link: Link, q: deque[bytes]) -> None:
+    async def _pace(self, link: Link, q: deque[tuple[bytes, bytes | None]]) -> None:
         """Send link's queued push frames at push_rate_per_s until the queue is empty."""
         interval = 1.0 / self.push_rate_per_s
         next_at = trio.current_time()
         try:
             while q and not link.closed:
                 await trio.sleep_until(next_at)
-                frame = q.popleft()
+                frame, reg = q.popleft()
                 self._paced_bytes[link] -= len(frame) + 4
-                self._send_now(link, frame, paced=True)
+                self._send_now(link, frame, reg, paced=True)
                 next_at = max(next_at + interval, trio.current_time() - interval)
         finally:
             self._paced.pop(link, None)
             self._paced_bytes.pop(link, None)
 
-    def _send_now(self, link: Link, frame: bytes, *, paced: bool = False) -> None:
+    def _send_now(self, link: Link, frame: bytes, reg: bytes | None = None, *, paced: bool = False) -> None:
         if link in self._paced and not paced and _is_push(frame):
-            self._send_paced(link, frame)  # keep push order behind frames already waiting
+            self._send_paced(link, frame, reg)  # keep push order behind frames already waiting
             return
         if link.send_backlog + len(frame) + 4 > self.send_queue_max_bytes:  # 4: the length prefix
             self._congested(link)
             return
         try:
-            link.send_nowait(frame)
+            link.send_nowait(frame, reg)
             self.stats["frames_out"] += 1
         except LinkClosed:
             self.stats["frames_unroutable"] += 1
 
-    async def _send_later(self, link: Link, frame: bytes, delay: float) -> None:
+    async def _send_later(self, link: Link, frame: bytes, reg: bytes | None, delay: float) -> None:
         await trio.sleep(delay)
-        self._send_now(link, frame)
+        self._send_now(link, frame, reg)
 
     def connect(self, peer: str, addr: str) -> None:
         """Dial peer at addr in the background; reports peer_up or connect_failed."""

@@ -73,9 +73,10 @@ from cryptography.x509.oid import NameOID
 
 from inri.common.addr import format_addr, parse_addr
 from inri.common.identity import NodeIdentity
+from inri.node.regref import ALPN_REGREF, RegRefError, RegRefReceiver, RegRefSender
 from inri.protocol import keys, limits
 
-ALPN = "inri/1"
+ALPN = "inri/1"  # the link protocol; inri/2 adds registration references (regref.py)
 AUTH_CONTEXT = b"inri/link-auth/v1\x00"
 AUTH_TIMEOUT_S = 5.0  # an inbound connection that has not proved its key by then is dropped
 MAX_CONNECTIONS = 512  # per endpoint: bounds memory a flood of handshakes can take
@@ -209,9 +210,20 @@ class Link:
         self._conn.send_frame(frame)
         await trio.lowlevel.checkpoint()
 
-    def send_nowait(self, frame: bytes) -> None:
-        """Queue one frame without yielding (raises LinkClosed when the link is gone)."""
-        self._conn.send_frame(frame)
+    def send_nowait(self, frame: bytes, reg: bytes | None = None) -> None:
+        """Queue one frame without yielding (raises LinkClosed when the link is gone).
+
+        reg: a push frame's registration (the msgpack bytes it ends with), which an `inri/2` link
+        sends once and then refers to (node/regref.py)."""
+        if reg is None:
+            self._conn.send_frame(frame)
+        else:
+            self._conn.send_push(frame, reg)
+
+    @property
+    def regref(self) -> bool:
+        """True when this link refers to registrations it sent before (link protocol inri/2)."""
+        return self._conn.regref_tx is not None
 
     @property
     def send_backlog(self) -> int:
@@ -303,6 +315,9 @@ class _Connection:
         self.sleep_scope: trio.CancelScope | None = None
         # Datagrams aioquic produced that the socket had no room for (sent first, by the connection task).
         self.unsent: list[tuple[bytes, tuple[Any, ...]]] = []
+        # Registration references (regref.py), once the handshake chose inri/2.
+        self.regref_tx: RegRefSender | None = None
+        self.regref_rx: RegRefReceiver | None = None
 
     # -- driving aioquic --------------------------------------------------------------------------
 
@@ -318,6 +333,14 @@ class _Connection:
             self.endpoint.touch(self)  # flushed once per scheduling round or receive burst (module docstring)
         self.tx += (_LEN.pack(len(frame)), frame)
         self.tx_bytes += 4 + len(frame)
+
+    def send_push(self, frame: bytes, reg: bytes) -> None:
+        """send_frame for a push frame ending with its registration reg: by reference on an inri/2 link."""
+        tx = self.regref_tx
+        if (tx is not None and not self.closed and frame.endswith(reg)
+                and len(frame) + 6 <= limits.MAX_FRAME_BYTES):  # the table changes only for a frame sent
+            frame = tx.pack(frame, reg)
+        self.send_frame(frame)
 
     def flush(self) -> None:
         """Hand every queued frame to aioquic in one stream write; an acknowledgement that is waiting
@@ -424,6 +447,8 @@ class _Connection:
             if ev is None:
                 return
             if isinstance(ev, events.HandshakeCompleted):
+                if ev.alpn_protocol == ALPN_REGREF:
+                    self.regref_tx, self.regref_rx = RegRefSender(), RegRefReceiver()
                 self.handshake_done.set()
             elif isinstance(ev, events.StreamDataReceived):
                 if ev.stream_id != _STREAM:
@@ -454,7 +479,17 @@ class _Connection:
                 pos += 4 + n
                 if self.authed is None:
                     self._handle_auth(frame)
-                elif self.on_frame is not None:
+                    continue
+                if frame and frame[0] >= 0xE0:  # a registration reference (regref.py)
+                    try:
+                        if self.regref_rx is None:
+                            raise RegRefError("registration reference on an inri/1 link")
+                        frame = self.regref_rx.expand(frame)
+                    except RegRefError as exc:
+                        log.warning("link protocol violation", error=str(exc))
+                        self.close(str(exc)[:100], error_code=5)
+                        return
+                if self.on_frame is not None:
                     try:
                         self.on_frame(frame)
                     except Exception:  # the handler's bug must not break the connection
@@ -493,8 +528,10 @@ class QuicEndpoint:
     """One UDP socket, every QUIC connection on it, and the key that authenticates them."""
 
     def __init__(self, identity: NodeIdentity, *, idle_timeout_s: float = 30.0, listen_addr: str = "",
-                 impairment: LinkImpairment | None = None, rng: random.Random | None = None) -> None:
+                 impairment: LinkImpairment | None = None, rng: random.Random | None = None,
+                 regref: bool = True) -> None:
         self.identity = identity
+        self.regref = regref  # offer link protocol inri/2 (registration references; [quic] registration_refs)
         # Lab link impairment (module docstring); None or all 0: datagrams leave at once, as in production.
         self.impairment = impairment if impairment is not None and impairment.active else None
         self._rng = rng or random.Random()
@@ -526,7 +563,8 @@ class QuicEndpoint:
         self._burst: dict[_Connection, None] | None = None
 
     def _config(self, *, is_client: bool) -> QuicConfiguration:
-        cfg = QuicConfiguration(is_client=is_client, alpn_protocols=[ALPN], idle_timeout=self.idle_timeout_s)
+        alpn = [ALPN_REGREF, ALPN] if self.regref else [ALPN]  # the first both sides speak (the server's order)
+        cfg = QuicConfiguration(is_client=is_client, alpn_protocols=alpn, idle_timeout=self.idle_timeout_s)
         if is_client:
             cfg.verify_mode = ssl.CERT_NONE  # we check the key binding ourselves (_peer_key)
         return cfg

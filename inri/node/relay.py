@@ -219,7 +219,7 @@ async def run_relay(cfg: RelayConfig, *, shutdown: trio.Event | None = None) -> 
             log.warning("lab link impairment on: every QUIC datagram is delayed or dropped", delay_ms=q.link_delay_ms,
                         jitter_ms=q.link_jitter_ms, loss=q.link_loss)
         endpoint = QuicEndpoint(identity, idle_timeout_s=q.idle_timeout_s, listen_addr=cfg.relay.public_addr,
-                                impairment=impairment)
+                                impairment=impairment, regref=q.registration_refs)
         try:
             await endpoint.bind(qhost, qport)
         except OSError as exc:

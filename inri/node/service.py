@@ -44,7 +44,7 @@ from inri.core.config import EngineConfig
 from inri.core.engine import Engine
 from inri.core.verify import CachingVerifier
 from inri.node.store import Store
-from inri.protocol.codec import DecodeError, decode, encode, encode_unchecked
+from inri.protocol.codec import DecodeError, decode, encode, encode_unchecked, push_registration_bytes
 from inri.protocol.keys import receipt_public_key
 from inri.protocol.messages import (
     ErrorFrame,
@@ -164,6 +164,8 @@ class RelayService:
         if mailbox_max is not None:
             store.mailbox_max = mailbox_max
         self.network = network
+        # A network that sends a push's registration by reference (LinkManager over inri/2 links).
+        self._send_push: Callable[[str, bytes, bytes | None, float], None] | None = getattr(network, "send_push", None)
         # Two clocks (issue 13): `clock` is monotonic and is the engine's `now` (budgets, keepalives,
         # bans, custody timers, route lifetimes); `wall_clock` is unix time, for registrations'
         # issued_at/expires_at and for what is stored on disk (custody deadlines, message and status
@@ -217,6 +219,8 @@ class RelayService:
         attempts: list[tuple[bytes, int]] = []
         last_msg: object = None
         frame = b""
+        reg: bytes | None = None
+        send_push = self._send_push
         for e in effects:
             match e:  # every effect type is handled: assert_never makes mypy flag a new one
                 case Send():
@@ -228,9 +232,15 @@ class RelayService:
                             frame = rx[1]  # passed on unchanged: the frame that came
                         else:  # a forwarded push too: re-encoding (shared packer) is cheaper than patching
                             frame = encode_unchecked(msg) if type(msg) in _UNCHECKED else encode(msg)
+                        # A native push frame ends with its registration: the link may send it by reference.
+                        reg = (push_registration_bytes(msg.registration) if type(msg) is Push
+                               and msg.registration is not None and msg.webpush is None else None)
                     # Frames leave only once what they vouch for is committed (a receipt for a stored
                     # message, a forward of a push in custody): with group commit, after this round's.
-                    self.store.after_commit(functools.partial(self.network.send, e.peer, frame, e.delay))
+                    if reg is not None and send_push is not None:
+                        self.store.after_commit(functools.partial(send_push, e.peer, frame, reg, e.delay))
+                    else:
+                        self.store.after_commit(functools.partial(self.network.send, e.peer, frame, e.delay))
                     self._count(_OUT_NAMES[type(msg)])
                     if isinstance(msg, Push) and msg.attempt and msg.hops == 0 and msg.push_id in self._custody:
                         attempts.append((msg.push_id, msg.attempt))

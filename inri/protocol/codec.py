@@ -492,6 +492,21 @@ def _decode_checked(data: bytes) -> Message:
         raise DecodeError("malformed", f"{type(exc).__name__}") from None
 
 
+_REG_BYTES: dict[Registration, bytes] = {}
+
+
+def push_registration_bytes(reg: Registration) -> bytes:
+    """The msgpack bytes a push frame ends with for reg (the link layer refers to them: node/regref.py).
+
+    Cached by registration (REG_CACHE_MAX of them): a relay forwards many pushes per registration."""
+    got = _REG_BYTES.get(reg)
+    if got is None:
+        if len(_REG_BYTES) >= REG_CACHE_MAX:
+            _REG_BYTES.clear()
+        got = _REG_BYTES[reg] = _pack(_reg_to_list(reg))
+    return got
+
+
 def encode_registration(reg: Registration) -> bytes:
     """A registration alone (push credentials carry it over HTTP, base64-encoded)."""
     data: bytes = msgpack.packb([L.PROTOCOL_VERSION, *_reg_to_list(reg)], use_bin_type=True)
