@@ -152,3 +152,15 @@ def test_push_registration_bytes_is_what_a_push_frame_ends_with() -> None:
         assert frame.endswith(push_registration_bytes(reg))
         assert isinstance(decode(frame), Push)
     assert SLOTS >= 256
+
+
+async def test_an_inri1_link_hands_any_frame_to_the_relay_unchanged() -> None:
+    """Only inri/2 links read 0xE1/0xE2 as registration references: on an inri/1 link such a frame is
+    whatever the peer sent, for the relay to refuse with an error frame (as before inri/2)."""
+    with trio.fail_after(30):
+        async with trio.open_nursery() as n:
+            _, _, out, inbound = await _pair(n, True, False)
+            for frame in (b"\xe1\x00\x07\xc0", b"\xe2garbage", b"\xff"):
+                out.send_nowait(frame)
+                assert await inbound.receive() == frame
+            n.cancel_scope.cancel()

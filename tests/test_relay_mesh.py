@@ -234,6 +234,19 @@ async def test_thousand_pushes_from_concurrent_home_apps_delivered_exactly_once(
     accepted: dict[int, list[str]] = {i: [] for i in range(len(devices))}
     urls = [r["api"] for r in lab["relays"]]
 
+    async def link_refs() -> tuple[float, float, float]:
+        """(references, definitions, bytes saved) summed over the relays (link protocol inri/2)."""
+        tot = [0.0, 0.0, 0.0]
+        async with httpx.AsyncClient(timeout=10) as c:
+            for r in lab["relays"]:
+                m = parse_metrics((await c.get(r["api"] + "/metrics")).text)
+                tot[0] += m['inri_link_registration_refs_total{kind="reference"}']
+                tot[1] += m['inri_link_registration_refs_total{kind="define"}']
+                tot[2] += m["inri_link_registration_ref_bytes_saved_total"]
+        return tot[0], tot[1], tot[2]
+
+    refs0 = await link_refs()
+
     async def home_app(i: int) -> None:
         cred = devices[i].export_credential(250)
         async with httpx.AsyncClient(timeout=30) as client:
@@ -257,6 +270,10 @@ async def test_thousand_pushes_from_concurrent_home_apps_delivered_exactly_once(
             assert len(got) == len(set(got)) == 250 and set(got) == want
             texts = {m.plaintext for m in await d.pull(limit=1000)}
             assert texts == {f"m{i}-{k}".encode() for k in range(250)}
+    # The relays sent these pushes' registrations once per link, then by reference (inri/2): at most
+    # a few definitions per registration and link, and about 140 bytes saved per reference.
+    refs = [new - old for new, old in zip(await link_refs(), refs0, strict=True)]
+    assert refs[0] >= 500 and refs[1] <= 4 * 2 * len(lab["relays"]) and refs[2] >= 100 * refs[0]
 
 
 async def test_garbage_frames_from_a_peer_get_error_frames_and_the_relay_stays_up(lab: dict[str, Any]) -> None:

@@ -123,6 +123,16 @@ class RelayCollector(Collector):
             yield quic
             yield CounterMetricFamily("inri_quic_send_calls", "system calls that sent the datagrams out (one "
                                       "sendmsg sends several with UDP GSO)", value=endpoint.stats.get("send_calls", 0))
+            refs = CounterMetricFamily("inri_link_registration_refs", "push frames sent with their registration "
+                                       "by reference on inri/2 links (kind=define: the registration went along, "
+                                       "filling a slot)", labels=["kind"])
+            defined = endpoint.stats.get("regref_defined", 0)
+            refs.add_metric(["reference"], endpoint.stats.get("regref_sent", 0) - defined)
+            refs.add_metric(["define"], defined)
+            yield refs
+            yield CounterMetricFamily("inri_link_registration_ref_bytes_saved", "bytes of push frames not sent "
+                                      "thanks to registration references",
+                                      value=endpoint.stats.get("regref_bytes_saved", 0))
         limited = CounterMetricFamily("inri_rate_limited", "requests refused by a rate limit (per client, device, "
                                       "token)", labels=["key"])
         for key, limiter in (("client", api.rate), ("device", api.device_rate), ("token", api.token_rate),

@@ -73,9 +73,10 @@ from cryptography.x509.oid import NameOID
 
 from inri.common.addr import format_addr, parse_addr
 from inri.common.identity import NodeIdentity
-from inri.node.regref import ALPN_REGREF, RegRefError, RegRefReceiver, RegRefSender
+from inri.node.regref import ALPN_REGREF, DEFINE, REF, RegRefError, RegRefReceiver, RegRefSender
 from inri.protocol import keys, limits
 
+_REGREF_KINDS = (REF, DEFINE)  # the link frames of inri/2; anything else goes to the relay as it is
 ALPN = "inri/1"  # the link protocol; inri/2 adds registration references (regref.py)
 AUTH_CONTEXT = b"inri/link-auth/v1\x00"
 AUTH_TIMEOUT_S = 5.0  # an inbound connection that has not proved its key by then is dropped
@@ -339,7 +340,13 @@ class _Connection:
         tx = self.regref_tx
         if (tx is not None and not self.closed and frame.endswith(reg)
                 and len(frame) + 6 <= limits.MAX_FRAME_BYTES):  # the table changes only for a frame sent
+            whole = len(frame)
             frame = tx.pack(frame, reg)
+            stats = self.endpoint.stats
+            stats["regref_sent"] += 1
+            if frame[0] != REF:
+                stats["regref_defined"] += 1
+            stats["regref_bytes_saved"] += whole - len(frame)
         self.send_frame(frame)
 
     def flush(self) -> None:
@@ -480,10 +487,8 @@ class _Connection:
                 if self.authed is None:
                     self._handle_auth(frame)
                     continue
-                if frame and frame[0] >= 0xE0:  # a registration reference (regref.py)
+                if self.regref_rx is not None and frame and frame[0] in _REGREF_KINDS:  # inri/2 (regref.py)
                     try:
-                        if self.regref_rx is None:
-                            raise RegRefError("registration reference on an inri/1 link")
                         frame = self.regref_rx.expand(frame)
                     except RegRefError as exc:
                         log.warning("link protocol violation", error=str(exc))
@@ -553,6 +558,7 @@ class QuicEndpoint:
         self._server_config.private_key = key
         self._client_config = self._config(is_client=True)
         self.stats = {"datagrams_in": 0, "datagrams_out": 0, "send_calls": 0, "bad_datagrams": 0, "refused": 0,
+                      "regref_sent": 0, "regref_defined": 0, "regref_bytes_saved": 0,
                       "datagrams_impaired_lost": 0}
         # UDP GSO (_send_nowait): on Linux until the kernel refuses it once; datagrams per call at most.
         self.gso = sys.platform == "linux"

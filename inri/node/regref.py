@@ -24,7 +24,9 @@ The QUIC stream is reliable and ordered and the table lives and dies with the co
 ends always agree on what a slot holds. The sender decides which slot a registration takes (least
 recently used first, `SLOTS` of them). A reference to an empty slot, a frame shorter than its header
 or a slot number out of range is a protocol violation: the receiver closes the link (error code 5).
-What a slot holds is not trusted: the expanded frame is decoded and checked as any other frame.
+What a slot holds is not trusted: the expanded frame is decoded and checked as any other frame. Any
+other frame (whatever its first byte, and every frame on an inri/1 link) goes to the relay unchanged,
+so garbage is answered with an error frame as before.
 
 Measured on the 3-hop line of bench_poc (docs/protocol.md, "Registration references").
 """
