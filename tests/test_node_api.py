@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from trio_websocket import open_websocket_url
 
 from inri.client import ApiError, DeviceClient, HomeAppClient
-from inri.client.credential import b64e
+from inri.client.credential import b64e, seal
 from inri.node.api import create_app
 from inri.node.config import RelayConfig
 from inri.node.http1 import serve
@@ -25,6 +25,7 @@ from inri.node.metrics import parse_metrics
 from inri.node.service import RelayService
 from inri.node.store import Store
 from inri.node.tracefile import TraceFile
+from inri.protocol.codec import encode_registration
 
 
 class NullNetwork:
@@ -173,6 +174,27 @@ async def test_rate_limit_answers_429_with_retry_after(tmp_path: Path) -> None:
                 assert int(r.headers["retry-after"]) >= 1
                 assert (await c.get(url + "/healthz")).status_code == 200  # health is never limited
                 assert parse_metrics((await c.get(url + "/metrics")).text)['inri_rate_limited_total{key="client"}'] >= 4
+
+
+async def test_an_overloaded_relay_answers_its_429_at_once_only_rate_limits_are_tarpitted(tmp_path: Path) -> None:
+    """Backpressure (429 `overloaded`) asks a well-behaved app to slow down: it is answered at once
+    with its Retry-After, not held like a rate-limited client's 429 (`tarpit_s`; before, every 429 was
+    held, which put a 1 s p99 on a loaded entry relay's accept latency)."""
+    cfg = RelayConfig()
+    cfg = replace(cfg, api=replace(cfg.api, tarpit_s=5.0), engine=replace(cfg.engine, custody_max=0))
+    with trio.fail_after(30):
+        async with relay(tmp_path, cfg) as (url, _):
+            dev = DeviceClient(url)
+            await dev.register(tokens=3)
+            cred = dev.export_credential(3)
+            body = {"registration": b64e(encode_registration(cred.registration)), "token": b64e(cred.tokens[0]),
+                    "ciphertext": b64e(seal(cred.seal_key, b"x"))}
+            async with httpx.AsyncClient() as c:
+                t0 = trio.current_time()
+                r = await c.post(url + "/v1/push", json=body)
+                problem(r, 429, "overloaded")
+                assert int(r.headers["retry-after"]) >= 1
+                assert trio.current_time() - t0 < 2.5  # not held for tarpit_s (5 s)
 
 
 async def test_per_device_and_per_token_push_limits(tmp_path: Path) -> None:

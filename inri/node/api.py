@@ -263,7 +263,9 @@ class RelayApi:
         try:
             status, payload, *extra = await self._dispatch(scope, receive)
         except Problem as p:
-            if p.status == 429 and self.limits.tarpit_s > 0 and self.tarpitted < self.limits.tarpit_max:
+            # Only a rate limit is tarpitted (a client hammering): backpressure (`overloaded`) and a full
+            # mailbox ask a well-behaved app to slow down, and get their Retry-After at once.
+            if p.code == "rate_limited" and self.limits.tarpit_s > 0 and self.tarpitted < self.limits.tarpit_max:
                 self.tarpitted += 1
                 try:
                     await trio.sleep(min(self.limits.tarpit_s, float(p.retry_after or 1)))
