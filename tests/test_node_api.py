@@ -506,3 +506,43 @@ async def test_push_answer_is_the_documented_json_and_any_json_encoding_of_the_b
                     problem(await c.post(url + "/v1/push", content=bodies[3].replace(b64e(cred.tokens[3]), token)),
                             422, "invalid_field")
                 problem(await c.post(url + "/v1/push", content=b"{\x00"), 400, "malformed_json")
+
+
+async def test_the_fronts_push_shortcut_answers_exactly_as_the_asgi_path(tmp_path: Path) -> None:
+    """POST /v1/push goes through RelayApi.fast_post (no ASGI scope, router or Request); the same request
+    with a query string goes through __call__. Every answer (status, problem code, content type,
+    Retry-After) is the same on both, and both spend the client's rate limit."""
+    cfg = RelayConfig()
+    cfg = replace(cfg, api=replace(cfg.api, rate_per_s=0.01, rate_burst=14, tarpit_s=0.0))
+    with trio.fail_after(30):
+        async with relay(tmp_path, cfg) as (url, _):
+            dev = DeviceClient(url)
+            await dev.register(tokens=4)
+            cred = dev.export_credential(4)
+            reg = b64e(encode_registration(cred.registration))
+            ct = b64e(seal(cred.seal_key, b"x"))
+            cases = [
+                json.dumps({"registration": reg, "token": b64e(cred.tokens[0]), "ciphertext": ct}).encode(),
+                b"{not json",
+                b"[1, 2]",
+                json.dumps({"registration": reg, "token": "AAAA", "ciphertext": ct}).encode(),
+                json.dumps({"registration": "x" * 40, "token": b64e(cred.tokens[1]), "ciphertext": ct}).encode(),
+                json.dumps({"registration": reg, "token": b64e(cred.tokens[1]), "ciphertext": "y" * 20000}).encode(),
+            ]
+
+            def answer(r: httpx.Response) -> tuple[int, str, str | None, str | None]:
+                code = r.json().get("code") if r.status_code >= 400 else r.json().get("status")
+                return r.status_code, r.headers["content-type"], code, r.headers.get("retry-after")
+
+            async with httpx.AsyncClient() as c:
+                for body in cases:
+                    fast = await c.post(url + "/v1/push", content=body, headers={"content-type": "application/json"})
+                    slow = await c.post(url + "/v1/push?via=asgi", content=body,
+                                        headers={"content-type": "application/json"})
+                    assert answer(fast) == answer(slow), body[:60]  # 202 twice: a token re-sent is a retry
+                # 1 registration + 12 pushes spent 13 of the 14-token burst: the next two requests
+                # are one allowed and one refused, whichever path they take.
+                last = [await c.post(url + p, content=cases[1], headers={"content-type": "application/json"})
+                        for p in ("/v1/push", "/v1/push?via=asgi")]
+                assert [r.status_code for r in last] == [400, 429]
+                assert answer(await c.post(url + "/v1/push", content=cases[1])) == answer(last[1])

@@ -161,16 +161,21 @@ class Request:
         raw = await self.body()
         if optional and not raw.strip():
             return {}
-        try:
-            # json.loads of bytes detects the encoding (UTF-8, -16 or -32) first: a body that opens
-            # with two non-zero bytes is UTF-8 in that detection, decoded here as json.loads would.
-            data = json.loads(raw.decode("utf-8", "surrogatepass") if raw[:1] == b"{" and raw[1:2] not in (b"", b"\0")
-                              else raw)
-        except (ValueError, UnicodeDecodeError, RecursionError):  # deep nesting raises RecursionError
-            raise Problem(400, "malformed_json", "request body is not valid JSON") from None
-        if not isinstance(data, dict):
-            raise Problem(422, "invalid_field", "request body must be a JSON object")
-        return data
+        return json_object(raw)
+
+
+def json_object(raw: bytes) -> dict[str, Any]:
+    """A request body as a JSON object: Problem 400 malformed_json, 422 invalid_field when not an object."""
+    try:
+        # json.loads of bytes detects the encoding (UTF-8, -16 or -32) first: a body that opens
+        # with two non-zero bytes is UTF-8 in that detection, decoded here as json.loads would.
+        data = json.loads(raw.decode("utf-8", "surrogatepass") if raw[:1] == b"{" and raw[1:2] not in (b"", b"\0")
+                          else raw)
+    except (ValueError, UnicodeDecodeError, RecursionError):  # deep nesting raises RecursionError
+        raise Problem(400, "malformed_json", "request body is not valid JSON") from None
+    if not isinstance(data, dict):
+        raise Problem(422, "invalid_field", "request body must be a JSON object")
+    return data
 
 
 class StatusCounts(dict[int, int]):

@@ -23,7 +23,7 @@ import math
 import os
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import structlog
@@ -43,6 +43,7 @@ from inri.common.http import (
     Scope,
     Send,
     StatusCounts,
+    json_object,
     metrics_answer,
     problem_body,
     respond,
@@ -54,7 +55,7 @@ from inri.core.budget import KeyedBuckets
 from inri.node.config import ApiSection, RelayConfig
 from inri.node.metrics import relay_registry
 from inri.node.openapi import openapi_document
-from inri.node.ratelimit import RateLimiter, client_key
+from inri.node.ratelimit import RateLimiter, client_key, client_key_of
 from inri.node.service import RegistrationError, RelayService
 from inri.node.store import secret_hash
 from inri.node.webpush import (
@@ -205,6 +206,7 @@ class RelayApi:
         self.ws_open = 0
         body = self.limits.max_body_bytes
         dev = "/v1/devices/{device_id}"
+        self._push_max_body = body
         self.router = Router([
             Route("POST", "/v1/devices", self.register, body),
             Route("POST", dev + "/registration", self.refresh, body),
@@ -217,7 +219,7 @@ class RelayApi:
             Route("POST", dev + "/endpoints", self.mint_endpoint, body),
             Route("GET", dev + "/endpoints", self.list_endpoints),
             Route("DELETE", dev + "/endpoints/{endpoint_id}", self.revoke_endpoint),
-            Route("POST", "/v1/push", self.push, body),
+            Route("POST", "/v1/push", self.push, body),  # also fast_post (the HTTP front's shortcut)
             Route("POST", "/v1/push/batch", self.push_batch, body * PUSH_BATCH_MAX),
             Route("POST", "/wp/v1/{reg}/{endpoint}", self.webpush, limits.MAX_CIPHERTEXT_BYTES),
             Route("GET", "/_matrix/push/v1/notify", self.matrix_discovery),
@@ -260,8 +262,34 @@ class RelayApi:
             await serve_lifespan(receive, send)
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._answer(send, scope["path"], scope["method"], self._dispatch(scope, receive))
+
+    async def fast_post(self, target: bytes, client: tuple[Any, ...] | None, body: bytes, send: Send) -> bool:
+        """The HTTP front's shortcut (inri/node/http1.py) for the hot `POST /v1/push`, its body read: the same
+        limits, checks, answers and counts as through __call__, without building an ASGI scope, matching
+        routes or wrapping the body in a Request. False for any other target (it goes through __call__)."""
+        if target != b"/v1/push":
+            return False
+        await self._answer(send, "/v1/push", "POST", self._push_body(client, body))
+        return True
+
+    async def _push_body(self, client: tuple[Any, ...] | None, body: bytes) -> tuple[int, Any]:
+        """POST /v1/push as _dispatch runs it (the client's rate limit, then the handler), from its body."""
+        self._limit_client(client_key_of(client))
+        if len(body) > self._push_max_body:
+            raise Problem(413, "too_large", f"request body over {self._push_max_body} bytes")
+        return await self._pushed(json_object(body))
+
+    def _limit_client(self, key: str) -> None:
+        wait = self.rate.take(key)
+        if wait:
+            raise Problem(429, "rate_limited", "rate limit exceeded for this client",
+                          retry_after=max(1, math.ceil(wait)))
+
+    async def _answer(self, send: Send, path: str, method: str, work: Awaitable[tuple[Any, ...]]) -> None:
+        """Run a request's handler and answer: its result, its Problem (problem+json), or 500."""
         try:
-            status, payload, *extra = await self._dispatch(scope, receive)
+            status, payload, *extra = await work
         except Problem as p:
             # Only a rate limit is tarpitted (a client hammering): backpressure (`overloaded`) and a full
             # mailbox ask a well-behaved app to slow down, and get their Retry-After at once.
@@ -271,12 +299,11 @@ class RelayApi:
                     await trio.sleep(min(self.limits.tarpit_s, float(p.retry_after or 1)))
                 finally:
                     self.tarpitted -= 1
-            await respond_problem(send, self.http_codes, p, scope["path"], TITLES)
+            await respond_problem(send, self.http_codes, p, path, TITLES)
             return
         except Exception:  # never let a bug become a dropped connection without an answer
-            log.exception("request failed", path=scope["path"], method=scope["method"])
-            await respond_problem(send, self.http_codes, Problem(500, "internal", "internal error"), scope["path"],
-                                  TITLES)
+            log.exception("request failed", path=path, method=method)
+            await respond_problem(send, self.http_codes, Problem(500, "internal", "internal error"), path, TITLES)
             return
         await respond(send, self.http_codes, status, payload, headers=extra[0] if extra else None)
 
@@ -286,10 +313,7 @@ class RelayApi:
         # Web Push is limited per VAPID key (or per address when unsigned) in its handler: big app
         # servers push from few addresses.
         if path not in UNLIMITED_PATHS and route.handler != self.webpush:
-            wait = self.rate.take(client_key(scope))
-            if wait:
-                raise Problem(429, "rate_limited", "rate limit exceeded for this client",
-                              retry_after=max(1, math.ceil(wait)))
+            self._limit_client(client_key(scope))
         return await route.handler(Request(scope, receive, route.max_body), **params)
 
     # -- auth -------------------------------------------------------------------------------------
@@ -457,7 +481,10 @@ class RelayApi:
         return 204, None
 
     async def push(self, req: Request) -> tuple[int, Any]:
-        push_id = self._inject(await req.json())
+        return await self._pushed(await req.json())
+
+    async def _pushed(self, body: dict[str, Any]) -> tuple[int, Any]:
+        push_id = self._inject(body)
         await self.service.store.durable()  # 202 only once custody is committed (grouped per round)
         # {"push_id": ..., "status": "pending"} as respond() encodes it, without the encoder (every push).
         return 202, b'{"push_id":"%s","status":"pending"}' % push_id.hex().encode()

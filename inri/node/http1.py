@@ -317,8 +317,11 @@ class _Connection:
     async def _fast_request(self, method: bytes, target: bytes, headers: list[tuple[bytes, bytes]],
                             body: bytes) -> None:
         exchange = _FastExchange(self, body)
+        fast_post = self.server.fast_post
         try:
-            await self.server.app(self._scope(method, target, headers), exchange.receive, exchange.send)
+            if (method != b"POST" or fast_post is None
+                    or not await fast_post(target, self.client, body, exchange.send)):
+                await self.server.app(self._scope(method, target, headers), exchange.receive, exchange.send)
         except (_Closed, trio.BrokenResourceError, trio.ClosedResourceError):
             raise
         except Exception:  # noqa: BLE001 - as _call_app: an app failure is a 500, never a dropped server
@@ -667,6 +670,10 @@ class _WebSocket:
 class _Server:
     def __init__(self, app: ASGIApp, config: Config) -> None:
         self.app = app
+        # An app may serve hot POST targets from the parsed body without an ASGI scope (RelayApi.fast_post:
+        # `await fast_post(target, client, body, send) -> bool`, False: not one of its targets).
+        self.fast_post: Callable[[bytes, Any, bytes, Callable[[dict[str, Any]], Awaitable[None]]],
+                                 Awaitable[bool]] | None = getattr(app, "fast_post", None)
         self.config = config
         self.closing = False
         self.connections: set[_Connection] = set()

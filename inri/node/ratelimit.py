@@ -23,8 +23,12 @@ KEYS_CACHED_MAX = 4096  # the cache is cleared when it holds this many
 
 def client_key(scope: dict[str, Any]) -> str:
     """Rate-limit key of a request's client: the IPv4 address, or the IPv6 /64."""
-    client = scope.get("client") or ("unknown", 0)
-    host = str(client[0])
+    return client_key_of(scope.get("client"))
+
+
+def client_key_of(client: tuple[Any, ...] | None) -> str:
+    """client_key of an ASGI scope's `client` (host, port)."""
+    host = str((client or ("unknown", 0))[0])
     key = _KEYS.get(host)
     if key is None:
         if len(_KEYS) >= KEYS_CACHED_MAX:
