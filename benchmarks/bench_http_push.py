@@ -47,6 +47,9 @@ from inri.common.identity import NodeIdentity  # noqa: E402
 from inri.node.quic import QuicEndpoint  # noqa: E402
 from inri.protocol.codec import encode_registration  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from latency_worker import e2e_latencies  # noqa: E402
+
 PUSHES = int(os.environ.get("BENCH_PUSHES", "12000"))  # distinct pushes (tokens) the load cycles through
 CONC = int(os.environ.get("BENCH_CONCURRENCY", "32"))
 LAT_N = int(os.environ.get("BENCH_LATENCY_N", "200"))
@@ -295,17 +298,7 @@ async def relay_bench(info: dict[str, Any]) -> dict[str, Any]:
         while (await c.get(a["api"] + "/v1/status")).json()["routes"] < 1:
             await trio.sleep(0.05)
     # Unloaded end-to-end latency, one QUIC hop.
-    cred = dev.export_credential(LAT_N)
-    app = HomeAppClient([a["api"]])
-    e2e: list[float] = []
-    async with dev.stream() as messages:
-        for _ in range(LAT_N):
-            t = time.perf_counter()
-            receipt = await app.push(cred, b"x" * 64)
-            while (await messages.receive()).id != receipt.push_id:
-                pass
-            e2e.append(time.perf_counter() - t)
-    await dev.ack([m.id for m in await dev.pull(limit=1000)])
+    e2e = await e2e_latencies(dev, HomeAppClient([a["api"]]), LAT_N)
     # Throughput.
     bodies = []
     for d in devices:

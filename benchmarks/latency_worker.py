@@ -22,6 +22,21 @@ from inri import mesh
 from inri.client import DeviceClient, HomeAppClient
 
 
+async def e2e_latencies(dev: DeviceClient, app: HomeAppClient, n: int) -> list[float]:
+    """n pushes one after another, each timed from the push sent to the message on the device's stream."""
+    cred = dev.export_credential(n)
+    out: list[float] = []
+    async with dev.stream() as messages:
+        for _ in range(n):
+            t = time.perf_counter()
+            receipt = await app.push(cred, b"x" * 64)
+            while (await messages.receive()).id != receipt.push_id:
+                pass
+            out.append(time.perf_counter() - t)
+    await dev.ack([m.id for m in await dev.pull(limit=1000)])
+    return out
+
+
 async def serve(info: dict) -> None:  # type: ignore[type-arg]
     a, b = info["relays"][0], info["relays"][1]
     dev = DeviceClient(b["api"])
@@ -38,17 +53,7 @@ async def serve(info: dict) -> None:  # type: ignore[type-arg]
         n = int(line)
         while len(dev.tokens) < n + 10:
             await dev.more_tokens(500)
-        cred = dev.export_credential(n)
-        out: list[float] = []
-        async with dev.stream() as messages:
-            for _ in range(n):
-                t = time.perf_counter()
-                receipt = await app.push(cred, b"x" * 64)
-                while (await messages.receive()).id != receipt.push_id:
-                    pass
-                out.append(time.perf_counter() - t)
-        await dev.ack([m.id for m in await dev.pull(limit=1000)])
-        print(json.dumps(out), flush=True)
+        print(json.dumps(await e2e_latencies(dev, app, n)), flush=True)
 
 
 def main() -> None:
