@@ -20,8 +20,9 @@ from inri.protocol.messages import Push, Registration, RouteError, RouteErrorRea
 # a dead end. When the link 2-9 breaks, 2's local repair can only ask 7, which has no route of its own.
 EDGES = [(0, 1), (1, 2), (2, 9), (9, 3), (2, 7), (0, 5), (5, 6), (6, 8), (8, 10), (10, 3)]
 # The custodian's own retry comes no sooner than 1 s (as on a long route under load): what is measured
-# here is how soon the failed repair is known.
-CFG = replace(EngineConfig(), receipt_timeout_min_s=1.0)
+# here is how soon the failed repair is known. The F8/F8b tests run without F9 (`repair_steer`), which
+# skips the second route attempt they show; F9's own test turns it on.
+CFG = replace(EngineConfig(), receipt_timeout_min_s=1.0, repair_steer=False)
 
 
 def _net(config: EngineConfig = CFG) -> tuple[MiniNet, Registration, list[bytes]]:
@@ -120,3 +121,69 @@ def test_a_repair_that_finds_the_home_reports_nothing() -> None:
     found = [(a, b) for a, b, m in net.sent if isinstance(m, RouteError) and m.push_id == pid
              and m.reason == RouteErrorReason.REPAIR_FOUND]
     assert found == [("7", "2")]
+
+
+def _delivered_at(net: MiniNet, pid: bytes, t0: float, until: float, step: float = 0.005) -> float:
+    t = t0
+    while ("3", pid) not in net.delivered and t < until:
+        t += step
+        net.run_until(t)
+    return t - t0
+
+
+def test_a_dead_end_sends_the_custodian_to_its_first_ring_at_once() -> None:
+    """Rule F9: 2's search finds nothing and neither 1 nor the custodian has another next hop for the
+    route, so the notice comes back as `dead end` (2 -> 1 -> 0, unchanged: nobody on the way could go
+    around) and the custodian skips its second route attempt (it would only meet the same search at 2)
+    and sends its first ring at once, where 5 carries the push home: one route copy 0 -> 1, not two, and
+    the push is home one round trip to 2 sooner than with F9 off (the F8b behaviour)."""
+    net, reg, tokens = _net(replace(CFG, repair_steer=True))
+    _break_2_9(net)
+    t0 = net.now
+    pid = _inject(net, reg, tokens[0])
+    took = _delivered_at(net, pid, t0, t0 + 1.0)
+    assert ("3", pid) in net.delivered
+    net.run_until(t0 + 0.6)
+    assert net.custody.get(pid) is not None and net.custody[pid].value == "delivered"
+    assert net.engines[0].stats().get("custody_skipped_dead_end", 0) == 1
+    reasons = [(a, b, m.reason) for a, b, m in net.sent if isinstance(m, RouteError) and m.push_id == pid]
+    assert ("2", "1", RouteErrorReason.DEAD_END) in reasons
+    assert ("1", "0", RouteErrorReason.DEAD_END) in reasons
+    assert _route_copies(net, "0", "1", pid) == 1  # the first route attempt; then the ring
+    assert [h for h, _ in net.engines[1].next_hops(reg.route_id)] == ["2"]  # notices change no route
+    # The same push with F9 off: the second route attempt goes to 2 again first.
+    old, reg2, tokens2 = _net(replace(CFG, repair_steer=False))
+    _break_2_9(old)
+    t1 = old.now
+    pid2 = _inject(old, reg2, tokens2[0])
+    took_old = _delivered_at(old, pid2, t1, t1 + 1.0)
+    assert _route_copies(old, "0", "1", pid2) == 2
+    assert took < took_old - 0.02, (took, took_old)
+
+
+def test_a_dead_end_becomes_repair_failed_where_a_relay_can_go_around() -> None:
+    """Rule F9: the same hole, but relay 1 has a backup next hop (11, a slower way to 9). 2's `dead end`
+    reaches 1, which could go around: it passes `repair failed` on, so the custodian takes its second
+    route attempt (not a ring), and 1 sends that copy over 11, not into 2 again."""
+    edges = EDGES + [(1, 11), (11, 9)]
+    slow = {(1, 11): 0.03, (11, 1): 0.03}
+    net = MiniNet(12, edges, config=replace(CFG, repair_steer=True), latency=slow)
+    net.run_until(1.0)
+    reg = make_registration(new_signing_key(), 1, 0, 3600)
+    tokens = [os.urandom(16)]
+    net.homes[3].add_registration(reg, tokens)
+    net.apply("3", net.engines[3].register(reg, net.now))
+    net.run_until(4.0)
+    assert [h for h, _ in net.engines[1].next_hops(reg.route_id)] == ["2", "11"]
+    _break_2_9(net)
+    t0 = net.now
+    pid = _inject(net, reg, tokens[0])
+    net.run_until(t0 + 1.0)
+    assert ("3", pid) in net.delivered
+    reasons = [(a, b, m.reason) for a, b, m in net.sent if isinstance(m, RouteError) and m.push_id == pid]
+    assert ("2", "1", RouteErrorReason.DEAD_END) in reasons
+    assert ("1", "0", RouteErrorReason.REPAIR_FAILED) in reasons
+    assert net.engines[0].stats().get("custody_skipped_dead_end", 0) == 0
+    assert _route_copies(net, "0", "1", pid) == 2  # both route attempts
+    assert _route_copies(net, "1", "2", pid) == 1  # the second went around the hole
+    assert _route_copies(net, "1", "11", pid) == 1

@@ -98,6 +98,10 @@ class EngineConfig:
     # neighbours the default budget has no last ring, so random meshes keep their cost (docs/protocol.md
     # "Repair and fallback" item 5; figures: docs/metrics.md "Sparse geographic meshes").
     last_ring_past_routes: bool = True
+    # Rule F9: a failed local repair steers the push's next copies: relays that passed its `repair failed`
+    # back take another live next hop for them, and the searching relay answers `repair failed` at once
+    # instead of searching the same neighbourhood again (false: as before F9).
+    repair_steer: bool = True
     reverse_ttl_s: float = 30.0  # reverse-path state (push id -> previous hop) lifetime
     reverse_max: int = 200_000
     custody_max: int = 100_000

@@ -177,6 +177,8 @@ class CustodyRules(EngineState):
         if c.attempt < ROUTE_ATTEMPTS or c.home_down:
             c.home_down = False
             nh = self._next_hop(push.route_id, None, alternate=c.attempt == 1)
+            if c.attempt and pid in self._steer:  # rule F9: not into the hole a search found
+                nh = self._steer_hop(pid, push.route_id, None, nh, now)
             if nh is not None:
                 c.routed = True
                 self._sent_to(c, nh, now)

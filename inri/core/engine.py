@@ -95,6 +95,10 @@ Push forwarding
       the custodian whose route attempt it answers takes its next step now.
   F8b. A repair copy that meets a route says `repair found` back; a search    forwarding.py
       that hears none within its radius's round trips reports failure now.
+  F9. A failed search steers the push's next copies: relays that pass its    forwarding.py
+      notice back go around the hole when they can; a `dead end` (nobody
+      could) sends the custodian to its first ring without a second route
+      attempt; the searching relay does not search again for the push.
 
 Custody
   C1. A home app injects at any relay with a push credential's signed          custody.py
@@ -266,6 +270,9 @@ class Engine(MembershipRules, GossipRules, StemRules, TreeRules, ForwardingRules
         # F8 (forwarding.py): local repairs this relay started, until their answer is due (a receipt
         # passing back through here ends the wait: the reverse entry goes).
         self._repair_heap: list[tuple[float, bytes, str, bytes, bool]] = []
+        # F9 (forwarding.py): push id -> (the next hop a `repair failed` for it came from, expiry), or
+        # (None, expiry) where this relay's own search for it found nothing.
+        self._steer: BoundedMap[bytes, tuple[str | None, float]] = BoundedMap(config.reverse_max)
         self._heard_any = -float("inf")  # custody.py (C7): when a frame last came from any neighbour
         self._hop_srtt = 0.0  # rtt.py (C4)
         self._hop_rttvar = 0.0
@@ -500,6 +507,7 @@ class Engine(MembershipRules, GossipRules, StemRules, TreeRules, ForwardingRules
         self._push_seen.sweep(lambda exp: exp <= now)
         self._reverse.sweep(lambda v: v[1] <= now and v[0] is not _LOCAL)
         self._blamed.sweep(lambda v: v[2] <= now)
+        self._steer.sweep(lambda v: v[1] <= now)
         for pid in [pid for pid, c in self._custody.items() if now >= c.deadline]:
             del self._custody[pid]
             self._count("custody_expired")

@@ -395,6 +395,11 @@ class ForwardingRules(EngineState):
                 return self._push_drop(peer, msg, now, "ring_end", None)
             return self._ring_flood(_onward(msg, msg.ring - 1), peer, now)
         nh = self._next_hop(rid, peer, alternate=(msg.attempt & 1) == 1)
+        if msg.attempt and cfg.repair_steer and pid in self._steer:  # rule F9: a search for it failed
+            steer = self._steered(msg, peer, nh, now)
+            if steer is not None:
+                return steer
+            nh = self._steer_hop(pid, rid, peer, nh, now)
         if nh is None:
             low = self._next_hop(rid, peer, low_ok=True)  # a live next hop with a low score (S2)
             if low is not None and (msg.attempt == 0 or self._active[low].score > cfg.score_avoid_below):
@@ -422,6 +427,53 @@ class ForwardingRules(EngineState):
                 return [self._forward(_onward(msg, 0), low, now)]
             return self._push_drop(peer, msg, now, "no_route", RouteErrorReason.NO_ROUTE)
         return [self._forward(_onward(msg, 0), nh, now)]
+
+    # Rule F9.
+    def _steer_hop(self, pid: bytes, rid: bytes, prev: str | None, nh: str | None, now: float) -> str | None:
+        """The next hop for a later copy of push pid: nh, unless a `repair failed` for an earlier copy came
+        back from nh (rule F9) and another live next hop of the route (not prev, score not low, not
+        unresponsive) is left: that one, so the copy does not walk into the hole the search found."""
+        got = self._steer.get(pid)
+        if got is None or nh is None or got[0] != nh or got[1] <= now:
+            return nh
+        other = self._other_hop(rid, prev, nh)
+        if other is None:
+            return nh
+        self._count("push_steered")
+        return other
+
+    # Rule F9.
+    def _other_hop(self, rid: bytes, prev: str | None, avoid: str) -> str | None:
+        """A live next hop of rid other than prev and avoid, whose score is not low and that is not
+        unresponsive (None: none)."""
+        active = self._active
+        floor = self.config.score_prefer_below
+        for p in self._routes.next_hops_of(rid):
+            st = active.get(p)
+            if (p != avoid and p != prev and st is not None and st.score >= floor
+                    and st.unresponsive_at <= st.last_heard):
+                return p
+        return None
+
+    # Rule F9.
+    def _steered(self, msg: Push, peer: str, nh: str | None, now: float) -> list[Effect] | None:
+        """A later route attempt's copy (attempt 1) reaches the relay whose own search for an earlier
+        copy found nothing (it sent `repair failed`) and still has no live next hop: the same search
+        would find the same nothing. Answer `repair failed` at once (the custodian goes on to its
+        rings) instead of searching again. None: nothing to do here (the copy goes on as usual)."""
+        got = self._steer.get(msg.push_id)
+        if (got is None or got[0] is not None or got[1] <= now or nh is not None
+                or msg.attempt >= ROUTE_ATTEMPTS or self._next_hop(msg.route_id, peer, low_ok=True) is not None
+                or self._home_adjacent(msg.route_id)):
+            return None
+        if not self._error_once(msg.push_id, now):
+            return []
+        self._count("repair_failed_repeated")
+        self._active[peer].last_sent = now
+        if self._level:
+            self._trace(now, "route_error", msg=msg.push_id.hex(), route=msg.route_id.hex(), peer=peer,
+                        reason="repair_failed", count=1)
+        return [Send(peer, RouteError(msg.push_id, msg.route_id, RouteErrorReason.DEAD_END))]
 
     # Rule F8.
     def _watch_repair(self, msg: Push, prev: str, now: float) -> None:
@@ -476,10 +528,14 @@ class ForwardingRules(EngineState):
                 continue  # an answer (a route error) already went back for this copy (F6b)
             self._count("repair_failed_reported")
             self._active[prev].last_sent = now
+            if self.config.repair_steer:  # F9: this relay's search for it found nothing
+                self._steer.put(pid, (None, now + self.config.reverse_ttl_s))
             if self._level:
                 self._trace(now, "route_error", msg=pid.hex(), route=rid.hex(), peer=prev, reason="repair_failed",
                             count=1)
-            out.append(Send(prev, RouteError(pid, rid, RouteErrorReason.REPAIR_FAILED)))
+            # F9: `dead end` (a `repair failed` that says no relay on its way back could go around yet)
+            reason = RouteErrorReason.DEAD_END if self.config.repair_steer else RouteErrorReason.REPAIR_FAILED
+            out.append(Send(prev, RouteError(pid, rid, reason)))
         return out
 
     # Rule F8.
@@ -502,9 +558,22 @@ class ForwardingRules(EngineState):
                 return []
             self._count("custody_escalated_repair_failed")
             c.attempt += 1
+            if self.config.repair_steer:  # F9: the next attempt goes another way if there is one
+                self._steer.put(msg.push_id, (peer, now + self.config.reverse_ttl_s))
+                if (msg.reason == RouteErrorReason.DEAD_END and c.attempt < ROUTE_ATTEMPTS
+                        and c.attempt + 1 < self.config.custody_max_attempts
+                        and self._other_hop(msg.route_id, None, peer) is None):
+                    # ...and where none is, on the whole way to the search, the second route attempt would
+                    # only meet the same search: the first ring goes now.
+                    self._count("custody_skipped_dead_end")
+                    c.attempt += 1
             return self._attempt(c, now)
         if isinstance(prev, ReverseMark) or prev not in self._active or not self._error_once(msg.push_id, now):
             return []
+        if self.config.repair_steer:  # F9: the push's next copy through here avoids peer if it can
+            self._steer.put(msg.push_id, (peer, now + self.config.reverse_ttl_s))
+            if msg.reason == RouteErrorReason.DEAD_END and self._other_hop(msg.route_id, prev, peer) is not None:
+                msg = RouteError(msg.push_id, msg.route_id, RouteErrorReason.REPAIR_FAILED)  # a way around here
         self._active[prev].last_sent = now
         return [Send(prev, msg)]
 
@@ -802,7 +871,7 @@ class ForwardingRules(EngineState):
                 self._trace(now, "receipt_forwarded", msg=msg.push_id.hex(), peer=back[0], reason="duplicate",
                             count=1)
             return [Send(back[0], msg)]
-        if msg.reason == RouteErrorReason.REPAIR_FAILED:
+        if msg.reason == RouteErrorReason.REPAIR_FAILED or msg.reason == RouteErrorReason.DEAD_END:
             return self._on_repair_failed(peer, msg, now)
         if msg.reason == RouteErrorReason.REPAIR_FOUND:
             return self._on_repair_found(peer, msg, now)

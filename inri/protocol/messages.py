@@ -63,6 +63,9 @@ class RouteErrorReason(IntEnum):
     DUPLICATE = 7  # this relay already handled this push attempt: its answer went back the first way
     REPAIR_FAILED = 8  # this relay's local repair (radius-2 search) got no answer in time (rule F8)
     REPAIR_FOUND = 9  # a copy of the local repair upstream met a route here and follows it (rule F8b)
+    # REPAIR_FAILED, and no relay between the search and here has another next hop for the route: the
+    # push's second route attempt would meet the same search again (rule F9)
+    DEAD_END = 10
 
 
 class ErrorCode(IntEnum):
