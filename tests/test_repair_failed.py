@@ -25,8 +25,9 @@ EDGES = [(0, 1), (1, 2), (2, 9), (9, 3), (2, 7), (0, 5), (5, 6), (6, 8), (8, 10)
 CFG = replace(EngineConfig(), receipt_timeout_min_s=1.0, repair_steer=False)
 
 
-def _net(config: EngineConfig = CFG) -> tuple[MiniNet, Registration, list[bytes]]:
-    net = MiniNet(11, EDGES, config=config)
+def _net(config: EngineConfig = CFG, edges: list[tuple[int, int]] = EDGES,
+         latency: dict[tuple[int, int], float] | None = None) -> tuple[MiniNet, Registration, list[bytes]]:
+    net = MiniNet(1 + max(max(e) for e in edges), edges, config=config, latency=latency)
     net.run_until(1.0)
     secret = os.urandom(32)
     reg = make_registration(new_signing_key(), 1, 0, 3600, receipt_public_key(secret))
@@ -165,15 +166,8 @@ def test_a_dead_end_becomes_repair_failed_where_a_relay_can_go_around() -> None:
     """Rule F9: the same hole, but relay 1 has a backup next hop (11, a slower way to 9). 2's `dead end`
     reaches 1, which could go around: it passes `repair failed` on, so the custodian takes its second
     route attempt (not a ring), and 1 sends that copy over 11, not into 2 again."""
-    edges = EDGES + [(1, 11), (11, 9)]
-    slow = {(1, 11): 0.03, (11, 1): 0.03}
-    net = MiniNet(12, edges, config=replace(CFG, repair_steer=True), latency=slow)
-    net.run_until(1.0)
-    reg = make_registration(new_signing_key(), 1, 0, 3600)
-    tokens = [os.urandom(16)]
-    net.homes[3].add_registration(reg, tokens)
-    net.apply("3", net.engines[3].register(reg, net.now))
-    net.run_until(4.0)
+    net, reg, tokens = _net(replace(CFG, repair_steer=True), EDGES + [(1, 11), (11, 9)],
+                            latency={(1, 11): 0.03, (11, 1): 0.03})
     assert [h for h, _ in net.engines[1].next_hops(reg.route_id)] == ["2", "11"]
     _break_2_9(net)
     t0 = net.now
