@@ -137,3 +137,39 @@ async def test_gossip_from_a_link_still_pending_is_kept_until_it_is_admitted(tmp
             assert service.engine.next_hops(reg.route_id)[0][0] == p2.node_id
             assert service.status()["pending_neighbours"] == []
             n.cancel_scope.cancel()
+
+
+async def test_a_neighbour_that_restarted_replaces_its_dead_link_at_once(tmp_path: Path) -> None:
+    """A neighbour killed (-9: no QUIC close reaches us) and started again with the same identity dials
+    us while we still hold its old link: the new link replaces the old one at once (the engine sees the
+    old go down and the new come up), whichever node id is larger. Before, the duplicate-link rule kept
+    the old, dead link when the dialler's id was the larger one, and the restarted relay stayed cut off
+    from us until our keepalives timed out."""
+    with trio.fail_after(30):
+        async with relay(tmp_path, connect_timeout_s=0.5) as (service, links):
+            me = service.node_id
+            peer = NodeIdentity.generate()
+            while peer.node_id < me:  # the case the old rule got wrong
+                peer = NodeIdentity.generate()
+            async with trio.open_nursery() as crash:  # the first process of the peer
+                ep1 = QuicEndpoint(peer, idle_timeout_s=30.0)
+                await ep1.bind("127.0.0.1", 0)
+                await crash.start(ep1.serve, None)
+                old = await ep1.connect(links.endpoint.listen_addr, expect_node_id=me)
+                await _wait(lambda: peer.node_id in service.active_peers())
+                crash.cancel_scope.cancel()  # gone without a word: its socket just stops answering
+            ep1._sock.close()
+            await trio.sleep(0.6)  # older than a connect timeout: not a simultaneous dial
+            assert peer.node_id in service.active_peers() and not links._links[peer.node_id].closed
+            async with trio.open_nursery() as n:  # the restarted process: same identity, new port
+                ep2 = QuicEndpoint(peer, idle_timeout_s=30.0)
+                await ep2.bind("127.0.0.1", 0)
+                await n.start(ep2.serve, None)
+                new = await ep2.connect(links.endpoint.listen_addr, expect_node_id=me)
+                await _wait(lambda: links.stats["links_replaced"] == 1)
+                assert links._links[peer.node_id].remote_addr == ep2.listen_addr
+                assert peer.node_id in service.active_peers()
+                frame = await new.receive()  # the new link carries our frames (keepalives at least)
+                assert frame and not new.closed
+                n.cancel_scope.cancel()
+            assert old is not new

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import msgpack
 import pytest
 import trio
 from hypothesis import given
@@ -18,12 +19,14 @@ from hypothesis import strategies as st
 
 from inri import mesh
 from inri.client import DeviceClient, HomeAppClient
+from inri.core.api import Connect
 from inri.core.engine import Engine
 from inri.core.testing import MiniNet
 from inri.node import routesnap
 from inri.node.metrics import parse_metrics
 from inri.protocol.codec import make_registration
 from inri.protocol.keys import new_signing_key
+from inri.protocol.messages import PeerInfo
 
 
 def _learned(n: int = 4) -> tuple[MiniNet, bytes]:
@@ -41,11 +44,20 @@ def test_exported_routes_come_back_in_a_fresh_engine_and_through_the_file(tmp_pa
     rows = net.engines[0].export_routes()
     assert [(r[0], r[3]) for r in rows] == [(rid, (("1", 3),))]
     assert net.engines[3].export_routes() == []  # the home keeps its registrations in its store
-    routesnap.save_now(tmp_path, rows)
+    anchors = net.engines[1].export_anchors()
+    assert anchors == [("0", "addr-0"), ("2", "addr-2")]
+    routesnap.save_now(tmp_path, rows, anchors)
     fresh = Engine("0", net.config, verifier=net.verifier, home=net.homes[0], tracer=net.tracer,
                    rng=random.Random(1), listen_addr="addr-0")
-    assert fresh.restore_routes(routesnap.load(tmp_path), 5.0) == 1
+    got_rows, got_anchors = routesnap.load(tmp_path)
+    assert fresh.restore_routes(got_rows, 5.0) == 1
     assert fresh.next_hops(rid) == [("1", 3)]
+    # Former neighbours are dialled first, before the passive view's candidates (rule M6), and this
+    # relay itself is skipped.
+    assert got_anchors == anchors
+    assert fresh.restore_anchors(got_anchors, 5.0) == 1
+    effects = fresh.add_candidates([PeerInfo("9", "addr-9")], 5.0) + fresh.start(5.0)
+    assert [(e.peer, e.addr) for e in effects if isinstance(e, Connect)][0] == ("2", "addr-2")
     # Expired routes stay out (the expiry is wall-clock time: 3600 s after the registration's issue).
     late = Engine("0", net.config, verifier=net.verifier, home=net.homes[0], tracer=net.tracer,
                   rng=random.Random(1), listen_addr="addr-0")
@@ -55,16 +67,22 @@ def test_exported_routes_come_back_in_a_fresh_engine_and_through_the_file(tmp_pa
 @given(st.binary(max_size=300))
 def test_a_damaged_snapshot_is_refused_with_value_error_never_a_crash(data: bytes) -> None:
     try:
-        rows = routesnap.decode_rows(data)
+        rows, anchors = routesnap.decode(data)
     except ValueError:
         return
-    assert isinstance(rows, list)
+    assert isinstance(rows, list) and isinstance(anchors, list)
+
+
+def test_a_format_1_snapshot_still_loads_its_routes() -> None:
+    rid = os.urandom(16)
+    old = msgpack.packb([1, [[rid, 3, 1e10, [["n1", 2]]]]], use_bin_type=True)
+    assert routesnap.decode(old) == ([(rid, 3, 1e10, (("n1", 2),))], [])
 
 
 def test_an_unreadable_snapshot_is_ignored(tmp_path: Path) -> None:
     (tmp_path / routesnap.SNAPSHOT_FILE).write_bytes(b"\x92\x01\x91\x94garbage")
-    assert routesnap.load(tmp_path) == []
-    assert routesnap.load(tmp_path / "nowhere") == []
+    assert routesnap.load(tmp_path) == ([], [])
+    assert routesnap.load(tmp_path / "nowhere") == ([], [])
 
 
 def _pushes_out(metrics: dict[str, float]) -> float:
@@ -80,8 +98,10 @@ async def test_a_restarted_relay_routes_its_pushes_without_a_device_refresh(tmp_
     """6 real relays; a device homed at R1; the relay farthest from it is stopped and started again on its
     data directory; 20 pushes entered there follow the route (push frames per push about the path length)
     with no device refresh and no search."""
+    # The home keeps at most 3 of the 5 others as neighbours, so some relay is not one.
     info = await trio.to_thread.run_sync(lambda: mesh.up(tmp_path, relays=6, bootstraps=1, timeout_s=120,
-                                                         min_neighbours=2, trace_level="off"))
+                                                         min_neighbours=2, trace_level="off",
+                                                         engine={"R1": {"active_max": 3}}))
     try:
         by_name = {r["name"]: r for r in info["relays"]}
         home = by_name["R1"]
@@ -89,28 +109,39 @@ async def test_a_restarted_relay_routes_its_pushes_without_a_device_refresh(tmp_
         await dev.register(tokens=20)
         cred = dev.export_credential(20)
         async with httpx.AsyncClient(timeout=5) as c:
-            status = {}
+            # Every relay has the route, and one of them is not the home's neighbour (in the views of
+            # both ends: the home keeps at most 3 of the 5 others).
+            status: dict[str, Any] = {}
+            far: dict[str, Any] | None = None
             with trio.fail_after(60):
-                while True:
+                while far is None:
                     status = {r["name"]: (await c.get(r["api"] + "/v1/status")).json() for r in info["relays"]}
+                    linked = {n["node_id"] for n in status["R1"]["neighbours"]}
                     if all(s["routes"] >= 1 for name, s in status.items() if name != "R1"):
-                        break
+                        far = next((r for r in info["relays"] if r is not home and r["node_id"] not in linked
+                                    and home["node_id"] not in
+                                    {n["node_id"] for n in status[r["name"]]["neighbours"]}), None)
                     await trio.sleep(0.1)
-            # A relay that is not the home's neighbour (the home's own link-up announcements would give
-            # it the route back anyway, rule G5).
-            far = next(r for r in info["relays"] if r is not home and home["node_id"] not in
-                       {n["node_id"] for n in status[r["name"]]["neighbours"]})
             os.kill(far["pid"], signal.SIGTERM)  # an upgrade: stopped, started again on its data directory
             with trio.fail_after(30):
                 await trio.to_thread.run_sync(os.waitpid, far["pid"], 0)  # our child: reaped here
+            rows, anchors = routesnap.load(far["data_dir"])  # what it wrote when it stopped
+            next_hops = {p for row in rows for p, _ in row[3]}
+            assert next_hops & {a[0] for a in anchors}  # its neighbours then, one of them a next hop
             await trio.to_thread.run_sync(lambda: mesh.restart_relay(info, far))
             # Up again: the route is known before any device refresh, and before a link to the home
             # (if it gets one) could announce it (rule G5).
             assert (await c.get(far["api"] + "/v1/status")).json()["routes"] >= 1
-            with trio.fail_after(60):
-                while len((await c.get(far["api"] + "/v1/status")).json()["neighbours"]) < 2:
+            # Its former neighbours are dialled first (routes.msgpack keeps them): a next hop of its
+            # route, or the home itself, comes back as a neighbour, in the views of both ends.
+            with trio.fail_after(30):
+                while True:
+                    linked = {n["node_id"] for n in (await c.get(far["api"] + "/v1/status")).json()["neighbours"]}
+                    both = {r["node_id"] for r in info["relays"] if r["node_id"] in linked and far["node_id"] in
+                            {n["node_id"] for n in (await c.get(r["api"] + "/v1/status")).json()["neighbours"]}}
+                    if both & (next_hops | {home["node_id"]}):
+                        break
                     await trio.sleep(0.1)
-            assert (await c.get(far["api"] + "/v1/status")).json()["routes"] >= 1
             before = await _mesh_pushes_out(c, info["relays"])
             app = HomeAppClient([far["api"]])
             pids = [(await app.push(cred, f"p{k}".encode())).push_id for k in range(20)]

@@ -258,6 +258,7 @@ class Engine(MembershipRules, GossipRules, StemRules, TreeRules, ForwardingRules
         self._banned: dict[str, float] = {}  # node id -> until (cut for its score)
         self._probation: dict[str, tuple[float, str]] = {}  # inbound links held while full: -> (until, addr)
         self._next_make_room = 0.0
+        self._next_rejoin = 0.0  # M6, the other side: its own limiter (membership.py)
         self._started_at = 0.0  # M6: former neighbours get back in for a while after start()
         self._rejoined: set[str] = set()
         # Pushes forwarded along a route, awaiting an answer: push id -> (next hop, deadline, sent,
@@ -568,6 +569,25 @@ class Engine(MembershipRules, GossipRules, StemRules, TreeRules, ForwardingRules
                     routes.add_backup(rid, entry, p, d)
             n += 1
         self._count("routes_restored", n)
+        return n
+
+    def export_anchors(self) -> list[tuple[str, str]]:
+        """The active neighbours with a known address, [(node id, address), ...]: kept across a restart
+        (inri/node/routesnap.py) so that the next hops of the restored routes are dialled first."""
+        return sorted((p, st.addr) for p, st in self._active.items() if st.addr)
+
+    def restore_anchors(self, anchors: list[tuple[str, str]], now: float) -> int:
+        """Former neighbours (export_anchors) into the redial list of rule M6, due now: the next _refill
+        (start) dials them before any candidate of the passive view. Returns how many (at most
+        active_max; banned relays and this relay skipped)."""
+        n = 0
+        for peer, addr in anchors:
+            if n >= self.config.active_max:
+                break
+            if peer == self.relay_id or peer in self._banned or peer in self._lost or not addr:
+                continue
+            self._lost[peer] = [addr, now, 0]
+            n += 1
         return n
 
     def routes_with_next_hops(self, route_ids: list[bytes], k: int) -> int:

@@ -144,12 +144,14 @@ class MembershipRules(EngineState):
             dialled = sum(1 for st in self._active.values() if st.outbound)
             inbound = sorted(p for p, st in self._active.items() if not st.outbound)
             if not (outbound and dialled < self.config.outbound_min and inbound):
-                if not outbound and peer in self._lost and now >= self._next_make_room:
+                if not outbound and peer in self._lost and now >= self._next_rejoin:
                     # M6 (the other side): a neighbour we lost to a link failure dials us back before
                     # our own re-dial reached it (it restarted: it does not know us, so no "back" in
                     # its Hello). Holding it on probation would swallow our re-dial too (the link
                     # exists), and a home kept out so would stay unreachable from here. One such
-                    # eviction per MAKE_ROOM_INTERVAL_S, as for "low" relays.
+                    # eviction per MAKE_ROOM_INTERVAL_S, counted apart from the "low" relays' (M4): a
+                    # mesh that formed a minute ago made room for those, and a relay restarted then
+                    # found every former neighbour closed to it (its restored routes' next hops).
                     return self._rejoin(peer, now, addr)
                 if not outbound and peer not in self._probation:
                     # M4: wait for the dialler's Hello: a relay below active_min gets in anyway.
@@ -234,7 +236,7 @@ class MembershipRules(EngineState):
     # Rule M6.
     def _rejoin(self, peer: str, now: float, addr: str) -> list[Effect]:
         """Let the lost neighbour peer back in, in place of a random neighbour (made room for)."""
-        self._next_make_room = now + MAKE_ROOM_INTERVAL_S
+        self._next_rejoin = now + MAKE_ROOM_INTERVAL_S
         victim = self._rng.choice(sorted(self._active))
         victim_addr = self._active[victim].addr
         self._count("peer_rejoined")

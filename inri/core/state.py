@@ -266,6 +266,7 @@ class EngineState:
     _banned: dict[str, float]
     _probation: dict[str, tuple[float, str]]
     _next_make_room: float
+    _next_rejoin: float
     _started_at: float  # membership.py (M6): when start() ran
     _rejoined: set[str]  # former neighbours let back in since (M6)
     # push id -> (next hop, deadline, sent, route id, the copy sent): rules S1, F6, C4 (round trips), C5

@@ -79,7 +79,7 @@ class LinkManager:
         self._dialling: set[str] = set()
         self._nursery: trio.Nursery | None = None
         self.stats = {"frames_out": 0, "frames_in": 0, "frames_unroutable": 0, "links_opened": 0,
-                      "links_closed": 0, "dial_failures": 0, "duplicate_links": 0,
+                      "links_closed": 0, "dial_failures": 0, "duplicate_links": 0, "links_replaced": 0,
                       "frames_dropped_congested": 0, "links_unresponsive": 0}
 
     # -- NetworkSink ------------------------------------------------------------------------------
@@ -220,7 +220,24 @@ class LinkManager:
     async def _serve_link(self, link: Link, addr: str) -> None:
         peer = link.peer_node_id
         existing = self._links.get(peer)
-        if existing is not None and not existing.closed:
+        if (existing is not None and not existing.closed and not link.outbound
+                and link.opened_at - existing.opened_at > self.connect_timeout_s):
+            # The peer dialled us while we hold an older link with it: a relay never dials a peer it
+            # holds a link with (connect), so its end of that link is gone: it restarted (kill -9,
+            # an upgrade) or the close never reached us. The new link replaces the old one at once,
+            # as a new link: the engine sees the old one go down and the new one come up (its
+            # announcements, receipts awaited over the old link re-routed). Before, the rule below
+            # refused the new link as a duplicate whenever the peer's node id was the larger one,
+            # and the restarted relay stayed cut off from us until our keepalives timed out.
+            self.stats["links_replaced"] += 1
+            self._links[peer] = link
+            self._dropped_by_us.add(existing)
+            self._nursery_close(existing, "replaced by a new link")
+            log.info("link replaced", peer=peer, addr=addr)
+            if self.events is not None:
+                self.events.peer_down(peer, DisconnectReason.LINK_LOST)
+                self.events.peer_up(peer, outbound=False, addr=addr)
+        elif existing is not None and not existing.closed:
             # Simultaneous dials: keep the link whose dialler has the smaller node id.
             me = self.endpoint.identity.node_id
             keep_new = (link.outbound and me < peer) or (not link.outbound and peer < me)

@@ -133,6 +133,9 @@ class RelayCollector(Collector):
             yield CounterMetricFamily("inri_link_registration_ref_bytes_saved", "bytes of push frames not sent "
                                       "thanks to registration references",
                                       value=endpoint.stats.get("regref_bytes_saved", 0))
+            yield CounterMetricFamily("inri_links_replaced", "links replaced by a new one the same neighbour "
+                                      "dialled (it restarted: links.py)",
+                                      value=getattr(service.network, "stats", {}).get("links_replaced", 0))
         limited = CounterMetricFamily("inri_rate_limited", "requests refused by a rate limit (per client, device, "
                                       "token)", labels=["key"])
         for key, limiter in (("client", api.rate), ("device", api.device_rate), ("token", api.token_rate),

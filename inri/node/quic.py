@@ -53,6 +53,7 @@ import socket
 import ssl
 import struct
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -205,6 +206,7 @@ class Link:
         self.remote_addr = format_addr(*conn.addr[:2])
         self.listen_addr = listen_addr  # where the peer accepts links ("" if it said none)
         self.outbound = outbound
+        self.opened_at = time.monotonic()
 
     async def send(self, frame: bytes) -> None:
         """Queue one frame (at most limits.MAX_FRAME_BYTES); raises LinkClosed when the link is gone."""

@@ -211,6 +211,7 @@ async def run_relay(cfg: RelayConfig, *, shutdown: trio.Event | None = None) -> 
     store = Store(data / "relay.sqlite3", synchronous=cfg.store.synchronous)
     shutdown = shutdown or trio.Event()
     ready = False
+    stop_anchors: list[tuple[str, str]] = []
     try:
         qhost, qport = parse_addr(cfg.relay.quic)
         q = cfg.quic
@@ -247,9 +248,11 @@ async def run_relay(cfg: RelayConfig, *, shutdown: trio.Event | None = None) -> 
                  data_dir=str(data))
         snapshot_s = cfg.relay.route_snapshot_s
         if snapshot_s > 0:  # learned routes from before a restart (routesnap.py), before any link is up
-            restored = service.restore_routes(routesnap.load(data))
-            if restored:
-                log.info("routes restored", routes=restored)
+            rows, anchors = routesnap.load(data)
+            restored = service.restore_routes(rows)
+            redial = service.restore_anchors(anchors)  # former neighbours: dialled first (rule M6)
+            if restored or redial:
+                log.info("routes restored", routes=restored, neighbours=redial)
         try:
             async with trio.open_nursery() as nursery:
                 await nursery.start(store.run)  # group commit (store.py): before anything writes
@@ -271,15 +274,20 @@ async def run_relay(cfg: RelayConfig, *, shutdown: trio.Event | None = None) -> 
                         await shutdown.wait()
                         watch.cancel_scope.cancel()
                 log.info("relay stopping")
+                stop_anchors = service.export_anchors()  # before the links close (routesnap.py)
                 # hypercorn finishes in-flight requests (graceful_timeout), then we stop the rest.
                 with trio.move_on_after(cfg.relay.shutdown_grace_s + 1):
                     while _api_running(nursery):
                         await trio.sleep(0.05)
+                # Close the links (QUIC CONNECTION_CLOSE) and give the datagrams a moment to leave:
+                # neighbours learn at once that this relay stopped, not after their keepalives time out.
+                await endpoint.aclose()
+                await trio.sleep(0.1)
                 nursery.cancel_scope.cancel()
         finally:
             if ready and snapshot_s > 0:
                 try:
-                    routesnap.save_now(data, service.export_routes())
+                    routesnap.save_now(data, service.export_routes(), stop_anchors or service.export_anchors())
                 except OSError as exc:
                     log.warning("route snapshot not written", error=str(exc))
             tracer.close()
@@ -301,7 +309,7 @@ async def _route_snapshots(service: RelayService, data: Path, interval_s: float)
     while True:
         await trio.sleep(interval_s)
         try:
-            await routesnap.save(data, service.export_routes())
+            await routesnap.save(data, service.export_routes(), service.export_anchors())
         except OSError as exc:
             log.warning("route snapshot not written", error=str(exc))
 

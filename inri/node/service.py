@@ -453,6 +453,14 @@ class RelayService:
         self._now()  # wall_offset up to date: expiries are written as wall-clock times
         return self.engine.export_routes()
 
+    def export_anchors(self) -> list[tuple[str, str]]:
+        """The neighbours of the moment (node id, QUIC address), dialled first after a restart."""
+        return self.engine.export_anchors()
+
+    def restore_anchors(self, anchors: list[tuple[str, str]]) -> int:
+        """Former neighbours into the engine's redial list (before its links come up)."""
+        return self.engine.restore_anchors(anchors, self._now())
+
     # -- the timer task ---------------------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
