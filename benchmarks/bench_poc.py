@@ -363,16 +363,21 @@ async def line_push(info: dict[str, Any], workdir: Path) -> dict[str, Any]:
     if LINE_SPREAD:
         bodies = [bodies[d * 1000 + k] for k in range(1000) for d in range(len(bodies) // 1000)]
     async with httpx.AsyncClient(timeout=10) as c:
-        with trio.fail_after(120):
+        with trio.move_on_after(120) as waited:
             while (await c.get(entry["api"] + "/v1/status")).json()["routes"] < routes0 + len(bodies) // 1000:
                 await trio.sleep(0.2)
+        if waited.cancelled_caught:
+            raise RuntimeError(f"the entry relay did not learn the {len(bodies) // 1000} new routes in 120 s")
         pids = [r["pid"] for r in info["relays"]]
         c0 = [cpu_s(p) for p in pids]
         t0 = time.perf_counter()
         r = await trio.to_thread.run_sync(wrk, entry["api"] + "/v1/push", bodies, workdir, LINE_SECONDS)
-        with trio.fail_after(300):
+        with trio.move_on_after(300) as waited:
             while (await c.get(entry["api"] + "/v1/status")).json()["custody"] > 0:
                 await trio.sleep(0.05)
+        if waited.cancelled_caught:
+            left = (await c.get(entry["api"] + "/v1/status")).json()["custody"]
+            raise RuntimeError(f"the entry relay still held {left} pushes in custody 300 s after the load")
         wall = time.perf_counter() - t0
         cpu = [cpu_s(p) - c for p, c in zip(pids, c0, strict=True)]
         metrics = (await c.get(entry["api"] + "/metrics")).text
@@ -467,7 +472,10 @@ def main() -> None:
                 line["cpu_worst"] = [max(r["cpu_ms"][i] for r in runs) for i in range(4)]
                 line["runs"] = len(runs)
             except (RuntimeError, trio.TooSlowError, httpx.HTTPError) as exc:
-                print(f"  the 3-hop line failed: {exc!r} (logs were in {d / 'line'})")
+                kept = Path(tempfile.mkdtemp(prefix="inri-bench-line-failed-"))
+                for log in (d / "line").glob("*.log"):
+                    shutil.copy(log, kept)
+                print(f"  the 3-hop line failed: {exc!r} (its logs: {kept})")
             finally:
                 for proc in line_procs:
                     stop(proc)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 
-from inri.core.api import Disconnect, Send, TraceLevel
+from inri.core.api import Disconnect, InjectOutcome, Send, TraceLevel
 from inri.core.config import EngineConfig
 from inri.core.engine import Engine
 from inri.core.home import MemoryHomeStore
@@ -132,7 +132,15 @@ def test_replays_and_push_floods_count_against_the_sender() -> None:
     sent = push_from_c(eng, r, 30, 1.0)
     assert len(sent) == 10  # the burst; the other 20 are over c's push budget
     assert eng.stats()["push_dropped_budget_peer"] == 20
-    # 20 x -1 reaches the cut (-20): the flooding neighbour is gone.
+    # The drops protect us; one burst over budget costs one penalty (at most one per second), not
+    # the link: an honest entry relay briefly faster than its path is not cut.
+    assert eng.peer_scores()["c"] == cfg.score_budget_drop and "c" in eng.active_peers()
+    # A neighbour that keeps flooding, second after second, reaches the cut (-20) and is gone.
+    for k in range(1, 19):
+        push_from_c(eng, r, 5, 1.0 + k)
+    assert "c" in eng.active_peers()
+    for k in range(19, 25):
+        push_from_c(eng, r, 5, 1.0 + k)
     assert "c" not in eng.active_peers() and eng.stats()["peer_cut_score"] == 1
 
 
@@ -258,3 +266,21 @@ def test_missing_receipts_never_cut_the_last_link() -> None:
         eng.handle_timer(1.0 + k * 0.5)
     assert eng.stats()["push_no_answer"] >= 30 and eng.stats()["peer_cut_spared_last_link"] >= 1
     assert eng.active_peers() == ["a"] and not eng.stats().get("peer_cut_score")
+
+
+def test_pushes_injected_for_one_next_hop_stay_within_its_push_budget() -> None:
+    """Rule C1: an entry relay does not send a next hop more pushes than its push budget takes (it would
+    drop them and score us down); past 90% of it the push is refused (429 at the API), nothing kept."""
+    cfg = replace(CFG, push_budget_peer_burst=40, push_budget_per_peer_per_s=10.0)
+    eng, _ = engine(cfg)
+    r = reg()
+    routed(eng, r)
+    results = [eng.inject_push(r, b"t" * 16, b"x", 1.0) for _ in range(30)]
+    accepted = [x for x in results if x.outcome == InjectOutcome.ACCEPTED]
+    refused = [x for x in results if x.outcome != InjectOutcome.ACCEPTED]
+    assert len(accepted) == 20  # half the burst at once
+    assert {(x.outcome, x.reason, x.push_id) for x in refused} == {(InjectOutcome.OVERLOADED, "next_hop_busy", None)}
+    assert eng.stats()["custody"] == 20 and eng.stats()["push_refused_next_hop_busy"] == 10
+    # A second later: 90% of the rate again.
+    later = [eng.inject_push(r, b"t" * 16, b"x", 2.0).outcome for _ in range(12)]
+    assert later.count(InjectOutcome.ACCEPTED) == 9

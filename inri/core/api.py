@@ -237,3 +237,4 @@ class InjectResult:
     outcome: InjectOutcome
     push_id: bytes | None
     effects: list[Effect] = field(default_factory=list)
+    reason: str = ""  # why a push was refused (the engine's push_refused_<reason> counter)

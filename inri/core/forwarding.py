@@ -295,11 +295,18 @@ class ForwardingRules(EngineState):
         pid = msg.push_id
         rid = msg.route_id
         cfg = self.config
-        if not self._active[peer].push_budget.take(now, cfg.push_budget_per_peer_per_s, cfg.push_budget_peer_burst):
+        state = self._active[peer]
+        if not state.push_budget.take(now, cfg.push_budget_per_peer_per_s, cfg.push_budget_peer_burst):
             self._count("push_dropped_budget_peer")
             if self._level:
                 self._trace(now, "push_dropped", msg=pid.hex(), route=msg.route_id.hex(), peer=peer, hops=msg.hops + 1,
                             ttl=msg.ttl, reason="budget_peer")
+            # The drop is the protection; the score is for a neighbour that keeps flooding: at most
+            # one penalty per second. Per dropped push, 20 pushes over budget cut an honest entry
+            # relay briefly faster than its path (its custodian re-sends what was dropped).
+            if now - state.budget_penalized_at < 1.0:
+                return []
+            state.budget_penalized_at = now
             return self._score(peer, cfg.score_budget_drop, now, "budget_peer")
         # Seen per (push, attempt, mode): a ring copy that met a route continues in route mode through
         # relays that already saw (and flooded) the ring copy of the same attempt.

@@ -177,7 +177,7 @@ class Neighbour:
 
     __slots__ = ("addr", "outbound", "last_heard", "last_sent", "reg_budget", "nonce", "score", "push_budget",
                  "congested_at", "answered_at", "answer_delay", "answers", "silences", "ka_sent", "unresponsive_at",
-                 "queue_order", "queue_sent", "queue_delay", "queue_heard")
+                 "queue_order", "queue_sent", "queue_delay", "queue_heard", "push_out", "budget_penalized_at")
 
     def __init__(self, addr: str, outbound: bool, now: float, burst: float, push_burst: float) -> None:
         self.addr = addr
@@ -188,6 +188,10 @@ class Neighbour:
         self.nonce = 0
         self.score = 0.0  # peer score: see EngineConfig.score_*
         self.push_budget = TokenBucket(push_burst, now)  # push frame budget
+        # Pushes injected here whose route's next hop is this neighbour (rule C1): kept within its push
+        # budget (custody.py, OUT_BUDGET_SHARE), and when its budget last cost it score (forwarding.py).
+        self.push_out = TokenBucket(push_burst / 2, now)
+        self.budget_penalized_at = -float("inf")
         self.congested_at = -float("inf")  # when link_congested last cost it score
         # Slowness is not silence (rule S1): when it last answered a push we forwarded (receipt or
         # route error), and the moving average of how long its answers took (late ones included).

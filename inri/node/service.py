@@ -586,7 +586,9 @@ class RelayService:
             self._count("pushes_accepted")
         else:
             if result.outcome == InjectOutcome.OVERLOADED:
-                self.retry_after_s = RETRY_AFTER_MAX_S // 12  # the engine's custody table is full
+                # The route's next hop takes no more pushes this second (its push budget), or the
+                # engine's custody table is full.
+                self.retry_after_s = 1 if result.reason == "next_hop_busy" else RETRY_AFTER_MAX_S // 12
             self._count("pushes_refused_" + result.outcome.name.lower())
         return result
 
