@@ -23,6 +23,13 @@ def test_token_bucket_refills_caps_and_refuses() -> None:
     assert b.take(100.0, 1.0, 2.0) and b.take(100.0, 1.0, 2.0) and not b.take(100.0, 1.0, 2.0)  # capped at burst
 
 
+def test_token_bucket_never_refills_negatively_when_the_clock_goes_back() -> None:
+    b = TokenBucket(5.0, 10.0)
+    assert b.take(1.0, 100.0, 10.0)  # 9 s earlier: no refill, but no debt of 900 tokens either
+    assert b.tokens == 4.0 and b.t == 10.0
+    assert b.take(10.5, 2.0, 10.0) and b.tokens == 4.0  # + 0.5 s x 2, - 1
+
+
 def test_token_bucket_caps_exactly_like_min() -> None:
     # take() caps without min(): the result must be the same float, bit for bit (simulator traces)
     for tokens, elapsed, rate, burst in [(0.5, 0.3, 1.0, 3), (2.9, 0.1, 1.0, 3), (2.0, 1.0, 1.0, 3),

@@ -26,10 +26,14 @@ class TokenBucket:
 
     def take(self, now: float, rate: float, burst: float) -> bool:
         """Refill up to `now`; spend one token if there is one. False: over budget (nothing spent)."""
-        tokens = self.tokens + (now - self.t) * rate
-        if tokens > burst:  # the cap, as min(burst, tokens) but without a builtin call (hot path)
-            tokens = burst
-        self.t = now
+        dt = now - self.t
+        if dt > 0.0:
+            tokens = self.tokens + dt * rate
+            if tokens > burst:  # the cap, as min(burst, tokens) but without a builtin call (hot path)
+                tokens = burst
+            self.t = now
+        else:  # a clock that went back (a test's, a caller's): no refill, and never a negative one
+            tokens = self.tokens
         if tokens < 1.0:
             self.tokens = tokens
             return False
