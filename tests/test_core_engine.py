@@ -8,6 +8,7 @@ from typing import Any
 
 from inri.core.api import Connect, CustodyStatus, Disconnect, DisconnectReason, InjectOutcome, Send, TraceLevel
 from inri.core.config import EngineConfig
+from inri.core.custody import PARK_BACKOFF_MAX, PARK_FACTOR
 from inri.core.engine import Engine
 from inri.core.home import MemoryHomeStore
 from inri.core.testing import MiniNet
@@ -325,6 +326,25 @@ def test_custody_parks_after_the_escalation_and_delivers_when_the_home_returns()
     net.run_until(net.now + 60.0)
     assert net.custody.get(pid) == "delivered"
     assert sum(1 for d in net.delivered if d[1] == pid) == 1
+
+
+def test_parked_re_sends_back_off_while_the_home_stays_down() -> None:
+    """Rule C3: after the escalation, a push whose home stays down is re-sent along its route 4, 8, 16
+    retry periods after the re-send before, then every PARK_BACKOFF_MAX: a home down for minutes costs each custodian a
+    few re-sends per push (the sweep of a churned mesh: a third of all push messages went to homes
+    that never came back), not one every 4 retry periods until the deadline."""
+    net, reg = registered_net()
+    cfg = net.config
+    net.kill(0)  # the home relay is down for good
+    pid = push(net, 5, reg, TOKENS[0])
+    net.run_until(net.now + 200.0)
+    retries = [(t, count) for t, relay, kind, msg, *_, count, _n, _r in net.tracer.rows
+               if kind == "push_retry" and relay == "5" and msg == pid.hex()]
+    parked = [t for t, count in retries if count is not None and count >= cfg.custody_max_attempts]
+    gaps = [round((b - a) / cfg.custody_retry_s, 6) for a, b in zip(parked, parked[1:], strict=False)]
+    assert gaps[:3] == [PARK_FACTOR, 2 * PARK_FACTOR, 4 * PARK_FACTOR], gaps  # doubling from the first
+    assert set(gaps[2:]) == {PARK_BACKOFF_MAX}, gaps
+    assert pid in net.engines[5]._custody  # still kept for the home's return, up to the deadline
 
 
 def test_routes_expire_with_their_registration_and_sweeps_skip_tables_with_nothing_due() -> None:

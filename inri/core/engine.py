@@ -108,8 +108,8 @@ Custody
   C2. The custodian re-sends with the same push id and the next attempt when   custody.py
       no receipt came in time or a route error came back: route, then backups,
       then expanding rings of radius 1, 3, 5, 7, then the full TTL.
-  C3. After the escalation the push is parked: re-sent along the route every   custody.py
-      PARK_FACTOR retry periods until the deadline, then released as expired
+  C3. After the escalation the push is parked: re-sent along the route after   custody.py
+      4, 8, 16, 16, ... retry periods until the deadline, then released as expired
       or unreachable; a late receipt still corrects the status. A restarted
       relay re-adopts its custody from disk (restore_custody).
   C4. Route attempts are re-sent after the route's measured round trip         rtt.py
