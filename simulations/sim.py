@@ -379,6 +379,14 @@ class Simulator:
             original = self.adjacent[a]
             self._apply(a, fresh.add_candidates([PeerInfo(self.names[v], self.names[v]) for v in original], t))
             self._apply(a, fresh.start(t))
+            # As the daemon does at startup (service.run): the registrations its home store kept are
+            # registered again (with the stem on at a new route generation, G10), so the relay is their
+            # home again. It was not: a rejoined home took its own registration as a stem relay from its
+            # successor's link-up announcement (G5) and no broken stem of its could be re-stemmed.
+            wall = t + fresh.wall_offset
+            for reg in self.homes[a].homed():
+                if reg.expires_at > wall:
+                    self._apply(a, fresh.register(reg, t, restart=True))
             self._rearm(a)
             self.components.rejoined(a)
         elif kind == EventKind.ARRIVE:

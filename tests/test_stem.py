@@ -417,6 +417,50 @@ def test_a_stem_relay_keeps_its_stem_route_through_a_no_route_answer_from_its_pr
     assert not net.tracer.of_kind("push_fallback")  # no neighbourhood search was needed
 
 
+def _push_to_dead_home(stem: bool, silent: bool) -> tuple[MiniNet, Registration, bytes]:
+    net = MiniNet(7, CHAIN, config=replace(STEM, stem=stem))
+    net.run_until(1.0)
+    reg = make_registration(KEYS[0], 1, 0, 3600)
+    net.homes[HOME].add_registration(reg, TOKENS)
+    net.apply(str(HOME), net.engines[HOME].register(reg, net.now))
+    net.run_until(3.0)
+    net.kill(HOME, silent=silent)
+    if not silent:
+        net.run_until(10.0)  # 5 has noticed (keepalive) that its link to the home is gone
+    res = net.engines[0].inject_push(reg, TOKENS[0], b"sealed", net.now)
+    assert res.push_id is not None
+    net.apply("0", res.effects)
+    net.run_until(net.now + 200.0)
+    assert res.push_id not in net.custody  # still in custody: retried along the route
+    net.run_until(net.now + 200.0)
+    assert net.custody[res.push_id] == "expired"  # routes existed; the home never answered
+    return net, reg, res.push_id
+
+
+@pytest.mark.parametrize("silent", [False, True])
+def test_a_dead_home_behind_its_stem_is_reported_home_unreachable_and_never_flooded_for(silent: bool) -> None:
+    # As tests/test_core_engine.py's dead home, stem on: the home's neighbour is its stem successor, at
+    # distance 2, and cannot tell its predecessor is the home (G6). A stem relay whose predecessor (its
+    # only next hop, G7) is down, or silent since the push left (F6), answers `home unreachable` as the
+    # home's neighbour does with the stem off: behind it is the home, or a failed stem relay the home
+    # re-stems around (G10), and no ring finds a way in meanwhile. It answered `no route` (or nothing)
+    # before: the custodian then flooded rings 1 to 7 for every push to a dead home and relays upstream
+    # dropped their routes (churn-2k seed 3: 101 pushes to dead homes cost 67 messages per delivered
+    # push, 14 with the stem off). Now a dead home costs what it costs with the stem off.
+    net, reg, pid = _push_to_dead_home(True, silent)
+    off, _, pid_off = _push_to_dead_home(False, silent)
+    rid = reg.route_id
+    assert net.engines[5].next_hops(rid) == [(str(HOME), 2)]  # the home's stem successor (G7) ...
+    assert {r[11] for r in net.tracer.of_kind("route_error")} == {"home_unreachable"}  # ... says so
+
+    def rings(n: MiniNet) -> list[tuple[str, int]]:
+        return [(r[1], r[7]) for r in n.tracer.of_kind("push_fallback")]
+
+    # the custodian's own retries beat the F6 timeout of a silent home's neighbour: one ring 1, as stem off
+    assert rings(net) == rings(off) == ([("0", 1)] if silent else [])
+    assert all(net.engines[i].has_route(rid) for i in range(5))  # every route upstream stays, for its return
+
+
 # -- G10: route generations (the home re-stems a registration whose stem broke) ---------------------
 
 RECEIPT_SECRETS = [bytes([0x40 + i]) * 32 for i in range(8)]
@@ -475,6 +519,78 @@ def test_a_failed_stem_relay_is_routed_around_by_a_re_stem_the_home_signs(broken
     alive = [i for i in range(len(net.engines)) if str(i) != dead]
     assert all(net.engines[i].route_epoch(reg.route_id) == 1 for i in alive)
     assert all(dead not in {p for p, _ in net.engines[i].next_hops(reg.route_id)} for i in alive)
+
+
+def test_a_lost_stem_repair_is_asked_again_until_the_home_re_stems() -> None:
+    # G10 with the first StemRepair lost on its way up the stem (1% frame loss: churn-10k). The stem relay
+    # below the failed one answers `home unreachable` (G7), so custodians wait for the re-stem rather
+    # than search around the break: the request is repeated (once per stem_embargo_s, REPAIR_TRIES in
+    # all) until a new generation comes back, or the routes below the break stayed dead for good.
+    net, reg, path = signed_stem(3)
+    dead = path[1][1]
+    lost: list[StemRepair] = []
+    apply = net.apply
+
+    def lossy(src: str, effects: list[Any]) -> None:
+        keep = []
+        for e in effects:
+            if not lost and isinstance(e, Send) and isinstance(e.msg, StemRepair):
+                lost.append(e.msg)
+            else:
+                keep.append(e)
+        apply(src, keep)
+
+    net.apply = lossy  # type: ignore[method-assign]
+    net.kill(int(dead))
+    net.run_until(3.0)
+    pid = push_from_far(net, reg, path)
+    net.run_until(40.0)
+    assert lost and lost[0].route_id == reg.route_id
+    assert net.delivered == [("0", pid)] and net.custody[pid] == "delivered"
+    assert net.engines[0].stats().get("stem_restemmed") == 1
+    assert net.engines[int(path[0][1])].stats().get("stem_repair_repeated") == 1
+    repairs = [(a, b) for a, b, m in net.sent if isinstance(m, StemRepair)]
+    assert repairs == [(path[0][1], "0")]  # the repeat (the first never got onto the wire)
+
+
+def test_a_home_whose_fail_safe_flooded_still_re_stems_when_its_stem_successor_fails() -> None:
+    # The stem stalls below the home's successor (its frame onward is lost) and the home's own embargo
+    # fires first: the home floods (G8). Its successor keeps the stem route to it, and so does every relay
+    # whose flood copy came through it; when that successor fails, the home must still re-stem (G10): the
+    # relays below answer `home unreachable` (G7) and wait for it. The fail-safe used to forget the
+    # successor, so no re-stem came and those pushes expired (churn-10k).
+    for seed in range(1, 200):
+        net = stem_net(seed=seed)
+        apply = net.apply
+        dropped: list[tuple[str, str]] = []
+
+        def lossy(src: str, effects: list[Any], apply: Any = apply, dropped: list[tuple[str, str]] = dropped) -> None:
+            keep = []
+            for e in effects:
+                stem_frame = isinstance(e, Send) and isinstance(e.msg, RegGossip) and e.msg.stem
+                if stem_frame and src != "0" and not dropped:
+                    dropped.append((src, e.peer))
+                else:
+                    keep.append(e)
+            apply(src, keep)
+
+        net.apply = lossy  # type: ignore[method-assign]
+        reg = register_signed(net, 0, 0)
+        net.run_until(30.0)
+        net.apply = apply  # type: ignore[method-assign]
+        path = stem_path(net, reg)
+        if len(path) == 1 and dropped and net.engines[0].stats().get("stem_embargo_fired"):
+            break
+    else:
+        pytest.fail("no seed had the home's fail-safe fire first")
+    succ = path[0][1]
+    assert net.engines[int(succ)].next_hops(reg.route_id) == [("0", 2)]
+    net.kill(int(succ))
+    net.run_until(40.0)
+    assert net.engines[0].stats().get("stem_restemmed") == 1
+    pid = push_from_far(net, reg, path)
+    net.run_until(60.0)
+    assert net.delivered == [("0", pid)] and net.custody[pid] == "delivered"
 
 
 def test_a_generation_not_signed_by_the_home_is_refused_and_a_stranger_cannot_ask_for_a_re_stem() -> None:

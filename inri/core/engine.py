@@ -38,15 +38,17 @@ Registration gossip
       Successor and coin are keyed pseudo-random per (relay, period, route id):
       refreshes of a route id retrace its path.
   G7. A stem relay's route is the reverse path (next hop = predecessor,       stem.py
-      distance 2, no backups), kept through `no route` answers; a looping
-      stem, or one at a dead end, is bounced, its sender fluffs.
+      distance 2, no backups), kept through `no route` answers; with the
+      predecessor down (or silent) it answers `home unreachable` (as F3); a
+      looping stem, or one at a dead end, is bounced, its sender fluffs.
   G8. Fail-safe: a stem relay (the home too) that does not get the flood back  stem.py
       within its embargo timer floods the registration itself. The fluff relay
       floods its predecessor too, and a stem relay forwards its first flood
       copy like any relay (its route stays the stem): the flood walks back
       down the stem, and pushes enter it where their path meets it.
   G10. Re-stem (stem on): a relay whose stem successor's link drops asks its  stem.py
-      predecessor (StemRepair, back along the stem); the home re-stems the
+      predecessor (StemRepair, back along the stem; repeated until a new
+      generation comes, 3 requests at most); the home re-stems the
       registration at generation + 1, signed with the registration's receipt
       key; a higher generation replaces every route of the epoch, a lower one
       is dropped, and one not signed by the home costs its sender.
@@ -306,7 +308,8 @@ class Engine(MembershipRules, GossipRules, StemRules, TreeRules, ForwardingRules
         self._stem_next: dict[bytes, str] = {}
         self._restem_at: dict[bytes, float] = {}
         self._restem_due: dict[bytes, float] = {}
-        self._repair_asked: dict[bytes, tuple[int, int]] = {}
+        self._repair_asked: dict[bytes, tuple[int, int, float]] = {}
+        self._repair_due: dict[bytes, tuple[float, int]] = {}
         self._announce: dict[str, list[bytes]] = {}  # neighbour -> homed route ids still to announce
         self._down_since: dict[str, float] = {}  # former neighbour -> when its link went down
         # Tree gossip (tree.py, rule G9); the tables stay empty with gossip_scheme "flood".
@@ -490,6 +493,8 @@ class Engine(MembershipRules, GossipRules, StemRules, TreeRules, ForwardingRules
             out += self._stem_embargo(now)
         if self._restem_due:  # G10
             out += self._restem_due_now(now)
+        if self._repair_due:  # G10
+            out += self._repair_due_now(now)
         if len(self._active) + len(self._connecting) < cfg.active_max:
             out += self._refill(now)
         if now >= self._next_exchange and self._active:

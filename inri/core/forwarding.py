@@ -20,7 +20,7 @@ from inri.core.state import (
     make_send,
     readdress,
 )
-from inri.core.tables import RouteTable
+from inri.core.tables import RouteEntry, RouteTable
 from inri.protocol import limits
 from inri.protocol.keys import receipt_signed_bytes, receipts_signed_bytes
 from inri.protocol.messages import (
@@ -132,15 +132,32 @@ class ForwardingRules(EngineState):
         self._mark_seen(ring_key, now)
         return self._ring_flood(_onward(msg, LOCAL_REPAIR_RADIUS), peer, now)
 
-    # Rules F3 (home unreachable).
+    # Rules F3 (home unreachable), G7.
     def _home_adjacent(self, rid: bytes) -> bool:
         """True when our route for rid had distance 1 (the home relay was our neighbour) and no live
-        next hop remains: the home relay itself is unreachable from here, not just a path to it."""
+        next hop remains: the home relay itself is unreachable from here, not just a path to it. With
+        the stem on, also on a stem relay whose predecessor (its only next hop, G7) is down: see
+        _home_hop."""
         entry = self._routes.get(rid)
-        if entry is None or RouteTable.distance(entry) != 1:
+        if entry is None:
             return False
         primary = RouteTable.primary(entry)
-        return primary is None or primary not in self._active
+        if RouteTable.distance(entry) == 1:
+            return primary is None or primary not in self._active
+        return primary is not None and primary not in self._active and self._home_hop(rid, entry, primary)
+
+    # Rules F3, F6, C5, C6 (home unreachable), G7.
+    def _home_hop(self, rid: bytes, entry: RouteEntry, nh: str) -> bool:
+        """nh stands for the home relay here: the home itself (a next hop at distance 1), or, with the
+        stem on, this stem relay's predecessor (rule G7: its only next hop and the only way to the
+        home). Behind a stem predecessor that is down (or silent) is the home, or a stem relay whose
+        failure the home re-stems around (G10): either way no ring search finds a way in meanwhile
+        (every flood route leads into the stem), so the custodian hears `home unreachable` and
+        retries along the route, as next to a home that is down. The answer is the same whether the
+        predecessor is the home or not, so it does not single the home out."""
+        if (nh, 1) in RouteTable.vector(entry):
+            return True
+        return bool(self._stem_held) and self._stem_keeps(rid, entry, nh)
 
     # Rule F1.
     def has_route(self, route_id: bytes) -> bool:
@@ -224,7 +241,7 @@ class ForwardingRules(EngineState):
         that is merely restarting (a `no route` from the next relay back would: every relay between
         the custodian and the home then lost the route until the device refreshed it)."""
         entry = self._routes.get(rid)
-        if entry is None or (nh, 1) not in RouteTable.vector(entry):
+        if entry is None or not self._home_hop(rid, entry, nh):
             return []
         back = self._reverse.get(pid)
         if back is None:

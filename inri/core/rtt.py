@@ -179,7 +179,7 @@ class RttRules(EngineState):
         ring_key = (msg.push_id, msg.attempt * 2 + 1)
         entry = self._routes.get(msg.route_id)
         if (msg.registration is None or len(self._active) < 2 or ring_key in self._push_seen
-                or (entry is not None and (suspect, 1) in RouteTable.vector(entry))):
+                or (entry is not None and self._home_hop(msg.route_id, entry, suspect))):
             return []
         self._count("push_local_repair")
         self._mark_seen(ring_key, now)

@@ -21,6 +21,12 @@ relay at distance 2 + noise. The stem length L is geometric: P(L = k) = (1 - q)^
   route ends at the fluff relay, every stem route at the home. A stem that comes back to a relay
   already on it (a loop) is bounced back to its sender, which fluffs. The predecessor being the only
   way to the home, a `no route` answer or an unanswered push from it drops nothing (`_stem_keeps`).
+  With the predecessor down, or silent since a push left, the stem relay answers `home unreachable`
+  (forwarding.py, `_home_hop`), as the home's own neighbour does with the stem off (F3, F6): behind
+  it is the home, or a failed stem relay the home re-stems around (G10), and no ring search finds a
+  way in meanwhile (every flood route leads into the stem). It answered `no route` before, and every
+  push to a dead home then cost a cascade of local repairs and rings 1-7 (churn-10k: 480 messages per
+  delivered push, 96.7 with the stem off).
 - G8. Fail-safe (Dandelion++ embargo): every stem relay, the home included, arms a timer of
   stem_embargo_s x (1 + U[0, 1)); the flood of its (route id, epoch) coming back cancels it; if it
   expires first (a stem relay dropped the frame, or crashed) the relay fluffs itself. The fluff relay
@@ -35,7 +41,9 @@ relay at distance 2 + noise. The stem length L is geometric: P(L = k) = (1 - q)^
   at route generation g + 1 (at least the seconds since the registration was issued), signed with the
   registration's receipt key, whose private half only the home holds; a stem relay asks for it with a
   StemRepair frame to its predecessor, passed back along the stem (each relay accepts one only from its
-  own stem successor, once per generation; the home re-stems at most once per stem_embargo_s). The new
+  own stem successor, once per generation and half stem_embargo_s; the relay that started it asks
+  again every stem_embargo_s, REPAIR_TRIES requests in all, until a new generation reaches it; the home
+  re-stems at most once per stem_embargo_s). The new
   stem takes the same keyed draws (G6), so it retraces the stem up to the break and goes around the
   failed relay; its flood replaces every route of an older generation of the epoch, and frames of an
   older generation are dropped. A relay cannot forge a generation (it would redirect a route id's
@@ -60,6 +68,11 @@ from inri.protocol.messages import RegGossip, Registration, StemRepair
 # copy ever becomes a backup at a stem relay. Not 1: distance 1 means "the home is my neighbour" to
 # rule F3 (home unreachable), which a stem relay must neither claim nor reveal.
 STEM_DISTANCE = 2
+# G10: a relay whose stem successor's link went down sends its StemRepair this many times in all (once per
+# stem_embargo_s) until a new generation of the epoch reaches it: one lost frame on the way back up the
+# stem must not leave the routes below the break dead (a stem relay below it answers `home unreachable`,
+# G7, so custodians wait for the re-stem instead of searching).
+REPAIR_TRIES = 3
 _SCALE = float(1 << 64)
 
 
@@ -271,7 +284,6 @@ class StemRules(EngineState):
         cfg = self.config
         hops = STEM_DISTANCE + (self._rng.randint(0, cfg.stem_hop_noise) if cfg.stem_hop_noise else 0)
         gossip = self._gossip(reg, cfg.gossip_ttl, hops)
-        self._stem_next.pop(reg.route_id, None)
         out: list[Effect] = []
         for p, st in self._active.items():
             if p != skip:
@@ -319,7 +331,11 @@ class StemRules(EngineState):
                 self._embargo[key] = (now + self.config.stem_embargo_s, reg, pred, succ)
                 continue
             self._count("stem_embargo_fired")
-            out += self._stem_fluff(reg, succ, now)  # not to the successor: its route points here
+            # Not to the successor: its route points here. And this relay (the home too) keeps it as its
+            # stem successor (G10): that route still leads through here, so its link going down still
+            # re-stems. It did not (the fail-safe forgot it): a home that had flooded itself left the
+            # relays below its successor answering `home unreachable` (G7) with no re-stem to come.
+            out += self._stem_fluff(reg, succ, now)
         return out
 
     # Rule G10: route generations, issued by the home to re-stem a registration whose stem broke.
@@ -332,6 +348,7 @@ class StemRules(EngineState):
         self._gen.pop(rid, None)
         self._stem_next.pop(rid, None)
         self._repair_asked.pop(rid, None)
+        self._repair_due.pop(rid, None)
         self._restem_at.pop(rid, None)
         self._restem_due.pop(rid, None)
 
@@ -397,26 +414,57 @@ class StemRules(EngineState):
             if RouteTable.distance(entry) == 0:
                 out += self._restem(rid, now)
             else:
-                out += self._ask_repair(rid, entry, now)
+                asked = self._ask_repair(rid, entry, now)
+                if asked:
+                    self._repair_due[rid] = (now + self.config.stem_embargo_s, REPAIR_TRIES - 1)
+                out += asked
         return out
 
     def _ask_repair(self, rid: bytes, entry: RouteEntry, now: float) -> list[Effect]:
-        """A stem relay whose stem broke below it: one StemRepair per (epoch, generation) to its predecessor."""
+        """A stem relay whose stem broke below it: a StemRepair to its predecessor, once per (epoch,
+        generation), again only after half a stem_embargo_s (the relay below the break repeats its
+        request when no new generation came: REPAIR_TRIES)."""
         epoch = RouteTable.epoch(entry)
         held = self._stem_held.get(rid)
         pred = RouteTable.primary(entry)
         if (held is None or held.epoch != epoch or RouteTable.distance(entry) != STEM_DISTANCE
                 or pred is None or pred not in self._active):
             return []
-        asked = (epoch, self._generation_of(rid, epoch))
-        if self._repair_asked.get(rid) == asked:
+        generation = self._generation_of(rid, epoch)
+        last = self._repair_asked.get(rid)
+        if (last is not None and last[:2] == (epoch, generation)
+                and now - last[2] < self.config.stem_embargo_s / 2):
             return []
         if len(self._repair_asked) >= self.config.route_max:
             self._repair_asked.clear()
-        self._repair_asked[rid] = asked
+        self._repair_asked[rid] = (epoch, generation, now)
         self._count("stem_repair_sent")
         self._active[pred].last_sent = now
-        return [Send(pred, StemRepair(rid, epoch, asked[1]))]
+        return [Send(pred, StemRepair(rid, epoch, generation))]
+
+    def _repair_due_now(self, now: float) -> list[Effect]:
+        """G10: a StemRepair this relay started (its stem successor's link went down) brought no new
+        generation within stem_embargo_s (a frame lost on the way up, or the home is down): ask again,
+        REPAIR_TRIES times in all."""
+        out: list[Effect] = []
+        for rid, (due, left) in list(self._repair_due.items()):
+            if due > now:
+                continue
+            del self._repair_due[rid]
+            entry = self._routes.get(rid)
+            last = self._repair_asked.get(rid)
+            if entry is None or last is None:
+                continue
+            epoch = RouteTable.epoch(entry)
+            if last[:2] != (epoch, self._generation_of(rid, epoch)):
+                continue  # a new generation (or epoch) came: the stem was mended
+            sent = self._ask_repair(rid, entry, now)
+            if sent:
+                self._count("stem_repair_repeated")
+                if left > 1:
+                    self._repair_due[rid] = (now + self.config.stem_embargo_s, left - 1)
+            out += sent
+        return out
 
     def _on_stem_repair(self, peer: str, msg: StemRepair, now: float) -> list[Effect]:
         """G10: peer, to which this relay passed the stem of (route id, epoch, generation), says the stem
