@@ -25,9 +25,10 @@ def _relay(args: argparse.Namespace) -> int:
     import trio
 
     from inri.common.logs import configure_logging
-    from inri.node.relay import StartupError, run_relay
+    from inri.node.relay import StartupError, run_relay, tune_gc
 
     configure_logging(cfg.relay.log_format, cfg.relay.log_level)
+    tune_gc()
     try:
         trio.run(run_relay, cfg)
     except KeyboardInterrupt:

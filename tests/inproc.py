@@ -31,8 +31,9 @@ class NullNetwork:
 
 
 @asynccontextmanager
-async def relay_api(tmp: Path, cfg: RelayConfig | None = None) -> AsyncIterator[str]:
-    """A relay service with no mesh and its API; yields the API's URL."""
+async def relay_api(tmp: Path, cfg: RelayConfig | None = None, *, group_commit: bool = False) -> AsyncIterator[str]:
+    """A relay service with no mesh and its API; yields the API's URL. group_commit: the store commits
+    once per scheduling round (Store.run), as in the daemon."""
     cfg = cfg or RelayConfig()
     store = Store(tmp / "relay.sqlite3")
     service = RelayService("a" * 32, cfg.engine.test_profile(), store, NullNetwork(),
@@ -41,13 +42,17 @@ async def relay_api(tmp: Path, cfg: RelayConfig | None = None) -> AsyncIterator[
     hc.bind = ["127.0.0.1:0"]
     hc.accesslog = None
     stop = trio.Event()
-    async with trio.open_nursery() as n:
-        await n.start(service.run)
-        binds = await n.start(lambda task_status: serve(create_app(service, config=cfg), hc,
-                                                        shutdown_trigger=stop.wait, task_status=task_status))
-        try:
-            yield binds[0]
-        finally:
-            stop.set()
-            n.cancel_scope.cancel()
-            store.close()
+    try:
+        async with trio.open_nursery() as n:
+            if group_commit:
+                await n.start(store.run)
+            await n.start(service.run)
+            binds = await n.start(lambda task_status: serve(create_app(service, config=cfg), hc,
+                                                            shutdown_trigger=stop.wait, task_status=task_status))
+            try:
+                yield binds[0]
+            finally:
+                stop.set()
+                n.cancel_scope.cancel()
+    finally:
+        store.close()  # after Store.run's last commit

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import re
+import sqlite3
 from pathlib import Path
 
 import trio
 
+from inri.client import DeviceClient
+from inri.client.credential import b64e, seal
+from inri.protocol.codec import encode_registration
 from tests.inproc import relay_api
 
 
@@ -36,6 +41,36 @@ async def test_pipelined_requests_are_answered_in_order_on_one_connection(tmp_pa
     statuses = re.findall(rb"HTTP/1\.1 (\d{3}) ", answer)
     assert statuses == [b"200", b"422", b"404"], answer  # health, a push without fields, an unknown push id
     assert answer.count(b"application/problem+json") == 2
+
+
+async def test_pipelined_pushes_are_answered_after_their_commit_and_before_the_next_answer(tmp_path: Path) -> None:
+    """With group commit, a push's 202 is written by the committing task (the request's task goes on
+    reading): a request pipelined behind pushes is still answered after them, and each 202 comes
+    only once its push is committed (another connection to the database sees it)."""
+    with trio.fail_after(30):
+        async with relay_api(tmp_path, group_commit=True) as url:
+            dev = DeviceClient(url)
+            await dev.register(tokens=3)
+            cred = dev.export_credential(3)
+            reg, ct = b64e(encode_registration(cred.registration)), b64e(seal(cred.seal_key, b"x"))
+            raw = b""
+            for token in cred.tokens:
+                body = json.dumps({"registration": reg, "token": b64e(token), "ciphertext": ct}).encode()
+                raw += (b"POST /v1/push HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                        b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+            raw += b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+            answer = await _exchange(url, raw, b"HTTP/1.1 ", 4)
+            statuses = re.findall(rb"HTTP/1\.1 (\d{3}) ", answer)
+            assert statuses == [b"202", b"202", b"202", b"200"], answer
+            push_ids = [bytes.fromhex(p.decode()) for p in re.findall(rb'"push_id":"([0-9a-f]{32})"', answer)]
+            assert len(push_ids) == 3
+            db = sqlite3.connect(tmp_path / "relay.sqlite3")
+            try:  # committed: homed here, each is in the mailbox (or its status row says where it went)
+                held = db.execute(f"SELECT COUNT(*) FROM mailbox WHERE push_id IN ({','.join('?' * 3)})",
+                                  push_ids).fetchone()[0]
+            finally:
+                db.close()
+            assert held == 3
 
 
 async def test_oversized_body_gets_413_and_the_connection_closes_after_it(tmp_path: Path) -> None:

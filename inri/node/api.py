@@ -16,6 +16,7 @@ answer 401 `bad_credentials` after the same work (one indexed lookup, one keyed-
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import json
@@ -264,21 +265,27 @@ class RelayApi:
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self._answer(send, scope["path"], scope["method"], self._dispatch(scope, receive))
 
-    async def fast_post(self, target: bytes, client: tuple[Any, ...] | None, body: bytes, send: Send) -> bool:
+    async def fast_post(self, target: bytes, client: tuple[Any, ...] | None, body: bytes, exchange: Any) -> bool:
         """The HTTP front's shortcut (inri/node/http1.py) for the hot `POST /v1/push`, its body read: the same
         limits, checks, answers and counts as through __call__, without building an ASGI scope, matching
-        routes or wrapping the body in a Request. False for any other target (it goes through __call__)."""
+        routes or wrapping the body in a Request. False for any other target (it goes through __call__).
+
+        exchange: the front's request, with `send` (ASGI) and `answer_json(status, body)`, which writes a
+        complete application/json answer without ASGI messages (the 202 of every push)."""
         if target != b"/v1/push":
             return False
-        await self._answer(send, "/v1/push", "POST", self._push_body(client, body))
+        # The 202 leaves once the push is committed, written by the group commit's task (http1.py,
+        # answer_json's `after`): the request's task does not wait for the commit.
+        await self._answer(exchange.send, "/v1/push", "POST", self._push_body(client, body, durable=False),
+                           functools.partial(exchange.answer_json, after=self.service.store.after_commit))
         return True
 
-    async def _push_body(self, client: tuple[Any, ...] | None, body: bytes) -> tuple[int, Any]:
+    async def _push_body(self, client: tuple[Any, ...] | None, body: bytes, *, durable: bool = True) -> tuple[int, Any]:
         """POST /v1/push as _dispatch runs it (the client's rate limit, then the handler), from its body."""
         self._limit_client(client_key_of(client))
         if len(body) > self._push_max_body:
             raise Problem(413, "too_large", f"request body over {self._push_max_body} bytes")
-        return await self._pushed(json_object(body))
+        return await self._pushed(json_object(body), durable=durable)
 
     def _limit_client(self, key: str) -> None:
         wait = self.rate.take(key)
@@ -286,8 +293,12 @@ class RelayApi:
             raise Problem(429, "rate_limited", "rate limit exceeded for this client",
                           retry_after=max(1, math.ceil(wait)))
 
-    async def _answer(self, send: Send, path: str, method: str, work: Awaitable[tuple[Any, ...]]) -> None:
-        """Run a request's handler and answer: its result, its Problem (problem+json), or 500."""
+    async def _answer(self, send: Send, path: str, method: str, work: Awaitable[tuple[Any, ...]],
+                      answer_json: Callable[[int, bytes], Awaitable[None]] | None = None) -> None:
+        """Run a request's handler and answer: its result, its Problem (problem+json), or 500.
+
+        answer_json: the front's writer of a complete JSON answer, for a result that is JSON bytes
+        already (as respond() would send it: application/json, its length)."""
         try:
             status, payload, *extra = await work
         except Problem as p:
@@ -304,6 +315,11 @@ class RelayApi:
         except Exception:  # never let a bug become a dropped connection without an answer
             log.exception("request failed", path=path, method=method)
             await respond_problem(send, self.http_codes, Problem(500, "internal", "internal error"), path, TITLES)
+            return
+        if answer_json is not None and not extra and type(payload) is bytes:
+            codes = self.http_codes
+            codes[status] = codes.get(status, 0) + 1  # as respond() counts it
+            await answer_json(status, payload)
             return
         await respond(send, self.http_codes, status, payload, headers=extra[0] if extra else None)
 
@@ -483,9 +499,11 @@ class RelayApi:
     async def push(self, req: Request) -> tuple[int, Any]:
         return await self._pushed(await req.json())
 
-    async def _pushed(self, body: dict[str, Any]) -> tuple[int, Any]:
+    async def _pushed(self, body: dict[str, Any], *, durable: bool = True) -> tuple[int, Any]:
+        """durable=False: the caller answers only once the store committed (an after-commit action)."""
         push_id = self._inject(body)
-        await self.service.store.durable()  # 202 only once custody is committed (grouped per round)
+        if durable:
+            await self.service.store.durable()  # 202 only once custody is committed (grouped per round)
         # {"push_id": ..., "status": "pending"} as respond() encodes it, without the encoder (every push).
         return 202, b'{"push_id":"%s","status":"pending"}' % push_id.hex().encode()
 

@@ -70,6 +70,9 @@ ASGIApp = Callable[[Scope, Callable[[], Awaitable[dict[str, Any]]], Callable[[di
                    Awaitable[None]]
 
 READ_TIMEOUT_S = 30.0  # a request's head or body that stalls this long closes its connection
+# A closing connection waits this long at most for its answers still waiting on a group commit (one
+# scheduling round as a rule; the store commits what is pending when it stops).
+ANSWERS_FLUSH_S = 5.0
 RECEIVE_BYTES = 65536
 LISTEN_BACKLOG = 1024
 DRAIN_MAX_BYTES = 256 * 1024  # unread body the server reads and drops to keep a connection (413, 404 ...)
@@ -134,6 +137,15 @@ class _Connection:
         # Fast path: while waiting on the socket, the trio time after which the server's sweeper closes
         # the connection (no deadline moved per read: one sweeper per server checks them all).
         self.wait_until = math.inf
+        # Answers written after the group commit by the committing task (answer_json's `after`): the
+        # connection task does not wait for the commit (a task switch per push saved). `pending`: such
+        # answers not written yet; `rest`: bytes of them the socket had no room for (a writer task sends
+        # them, in order). Nothing else is written, nor the connection closed, before both are empty.
+        self.pending = 0
+        self.rest: list[bytes] = []
+        self.writing = False
+        self.flushed: trio.Event | None = None
+        self.closed = False
 
     async def run(self) -> None:
         try:
@@ -145,12 +157,70 @@ class _Connection:
             self.server.log_error("connection failed", exc_info=True)
         finally:
             self.server.connections.discard(self)
+            with trio.CancelScope(shield=True), trio.move_on_after(ANSWERS_FLUSH_S):
+                await self._flush_answers()  # a push answered 202 gets its answer (its commit is near)
+            self.closed = True
             with trio.CancelScope(shield=True), trio.move_on_after(1.0):
                 await self.stream.aclose()
 
     async def _serve(self) -> None:
         if await self._serve_fast():
+            await self._flush_answers()  # h11 writes only after them
             await self._serve_h11()
+
+    def answer_committed(self, data: bytes) -> None:
+        """An answer that waited for the group commit, written by the committing task (an after-commit
+        action) in the order the requests came; what the socket buffer cannot take now goes to a writer task."""
+        self.pending -= 1
+        if self.closed:
+            self._check_flushed()
+            return
+        if not self.rest:
+            try:
+                n = os.write(self.fd, data)
+            except BlockingIOError:
+                n = 0
+            except OSError:  # the peer is gone: the connection task finds out on its next read
+                self.closed = True
+                self._check_flushed()
+                return
+            if n == len(data):
+                self._check_flushed()
+                return
+            data = data[n:]
+        self.rest.append(data)
+        if not self.writing:
+            self.writing = True
+            self.server.spawn(self._write_rest)
+
+    async def _write_rest(self) -> None:
+        try:
+            while self.rest and not self.closed:
+                await self.send_raw(self.rest[0])
+                del self.rest[0]
+        except OSError:
+            self.closed = True
+        finally:
+            self.writing = False
+            if self.closed:
+                self.rest.clear()
+            self._check_flushed()
+
+    def _check_flushed(self) -> None:
+        if self.pending or self.rest:
+            return
+        if self.flushed is not None:
+            self.flushed.set()
+            self.flushed = None
+        if self.server.closing and self.idle:  # the server stops: an idle connection closes once answered
+            self.deadline.cancel()
+
+    async def _flush_answers(self) -> None:
+        """Return once every answer written after a commit is out (or the peer is gone)."""
+        while self.pending or self.rest:
+            if self.flushed is None:
+                self.flushed = trio.Event()
+            await self.flushed.wait()
 
     async def _serve_fast(self) -> bool:
         """Requests h11 would parse the same way, parsed here (most of hypercorn's and h11's per-request
@@ -188,6 +258,8 @@ class _Connection:
                         end = buf.find(b"\r\n\r\n", max(0, len(buf) - len(data) - 3))
                 finally:
                     self.idle = False
+            if self.pending or self.rest:  # a pipelined request: the answers before it go first
+                await self._flush_answers()
             if end > max_head:
                 return self._to_h11(buf)
             lines = buf[:end].split(b"\r\n")
@@ -320,7 +392,7 @@ class _Connection:
         fast_post = self.server.fast_post
         try:
             if (method != b"POST" or fast_post is None
-                    or not await fast_post(target, self.client, body, exchange.send)):
+                    or not await fast_post(target, self.client, body, exchange)):
                 await self.server.app(self._scope(method, target, headers), exchange.receive, exchange.send)
         except (_Closed, trio.BrokenResourceError, trio.ClosedResourceError):
             raise
@@ -455,6 +527,28 @@ class _FastExchange:
             out.append(b"connection: close\r\n")
         out += (b"\r\n", body)
         await c.send_raw(b"".join(out))
+
+
+    async def answer_json(self, status: int, body: bytes,
+                          after: Callable[[Callable[[], None]], None] | None = None) -> None:
+        """A complete application/json answer, as answer() writes it for the same status, content type
+        and length, without the ASGI messages and header list (the app's hottest answer: a push's 202).
+
+        after: the store's after_commit. The answer then leaves once what the request wrote is committed,
+        written by the committing task, and this returns at once: the connection goes on reading."""
+        c = self.c
+        self.sent = True
+        closing = c.server.closing and not c.close_after
+        if closing:
+            c.close_after = True
+        data = b"%scontent-type: application/json\r\ncontent-length: %d\r\ndate: %s\r\n%s\r\n%s" % (
+            _STATUS_LINES.get(status) or b"HTTP/1.1 %d \r\n" % status, len(body), _DATE.header(),
+            b"connection: close\r\n" if closing else b"", body)
+        if after is None:
+            await c.send_raw(data)
+            return
+        c.pending += 1
+        after(functools.partial(c.answer_committed, data))
 
 
 class _Exchange:
@@ -671,17 +765,24 @@ class _Server:
     def __init__(self, app: ASGIApp, config: Config) -> None:
         self.app = app
         # An app may serve hot POST targets from the parsed body without an ASGI scope (RelayApi.fast_post:
-        # `await fast_post(target, client, body, send) -> bool`, False: not one of its targets).
-        self.fast_post: Callable[[bytes, Any, bytes, Callable[[dict[str, Any]], Awaitable[None]]],
-                                 Awaitable[bool]] | None = getattr(app, "fast_post", None)
+        # `await fast_post(target, client, body, exchange) -> bool`, False: not one of its targets; the
+        # exchange has `send`, ASGI's, and `answer_json(status, body)`).
+        self.fast_post: Callable[[bytes, Any, bytes, _FastExchange], Awaitable[bool]] | None = getattr(
+            app, "fast_post", None)
         self.config = config
         self.closing = False
         self.connections: set[_Connection] = set()
+        self.nursery: trio.Nursery | None = None  # the connections' nursery (writer tasks start there)
         self.errorlog: logging.Logger | None = getattr(config.log, "error_logger", None)
 
     def log_error(self, message: str, **kw: Any) -> None:
         if self.errorlog is not None:
             self.errorlog.error(message, **kw)
+
+    def spawn(self, fn: Callable[[], Awaitable[None]]) -> None:
+        """Run fn as a task of the server's connections (closed with them)."""
+        assert self.nursery is not None
+        self.nursery.start_soon(fn)
 
     async def handle(self, stream: trio.SocketStream) -> None:
         try:
@@ -744,6 +845,7 @@ async def _serve_connections(server: _Server, config: Config, listeners: list[tr
                              task_status: trio.TaskStatus[list[str]]) -> None:
     urls = [f"http://{format_addr(*listener.socket.getsockname()[:2])}" for listener in listeners]
     async with trio.open_nursery() as conns:
+        server.nursery = conns
         async with trio.open_nursery() as accept:
             for listener in listeners:
                 accept.start_soon(functools.partial(trio.serve_listeners, server.handle, [listener],
@@ -755,6 +857,6 @@ async def _serve_connections(server: _Server, config: Config, listeners: list[tr
             await listener.aclose()
         server.closing = True
         for connection in list(server.connections):
-            if connection.idle:
-                connection.deadline.cancel()
+            if connection.idle and not connection.pending and not connection.rest:
+                connection.deadline.cancel()  # (one with answers still to write closes once they are out)
         conns.cancel_scope.deadline = trio.current_time() + config.graceful_timeout

@@ -10,6 +10,7 @@ accepted is lost by stopping — or by being killed.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import logging
 import os
@@ -200,6 +201,21 @@ class _BootstrapLoop:
                 await trio.sleep(self.peers_backoff.next())
             else:
                 await trio.sleep(cfg.peers_interval_s)
+
+
+# The relay daemon's garbage collector (tune_gc; the `inri relay` command sets it, not a library user).
+# Every push allocates objects that outlive a few hundred allocations (its custody, rate-limit
+# buckets, receipts waiting for a batch): at CPython's default (700, 10, 10) the young generation is
+# collected every ~100 pushes and each collection walks them all. With a larger first threshold most
+# of them are gone before it runs. Measured (instructions per push through the HTTP front, engine and
+# store, callgrind, 2026-11-26): -1.8%. The push path makes no reference cycles (checked with
+# gc.DEBUG_SAVEALL), so memory held by cyclic garbage does not grow with the larger thresholds.
+GC_THRESHOLDS = (20_000, 50, 50)
+
+
+def tune_gc() -> None:
+    """Set the daemon's garbage collector thresholds (GC_THRESHOLDS)."""
+    gc.set_threshold(*GC_THRESHOLDS)
 
 
 async def run_relay(cfg: RelayConfig, *, shutdown: trio.Event | None = None) -> None:
