@@ -18,6 +18,8 @@
    batch). wrk sends each device's pushes back to back (1,000 per device, 40 devices), which suits
    batches; BENCH_LINE_SPREAD=1 sends them round robin over the devices (a few receipts per batch).
    BENCH_LINE_RUNS (3) wrk runs on the same line, each with fresh devices: medians and the worst run.
+   With BENCH_COMPARE_TREE, a second line runs that tree's code, its runs interleaved with this
+   tree's: both lines' figures and the ratio of their CPU per push are printed.
 
 System packages (wrk, rabbitmq-server) are installed by `make bench` (benchmarks/install_bench_deps.sh);
 the PoC's Python packages are the `bench` extra. Missing any: this benchmark says so and skips.
@@ -298,9 +300,17 @@ def one_relay_rounds(d: Path, poc_url: str, poc_pids: list[int]) -> dict[str, di
 
 # -- 3. the 3-hop line ------------------------------------------------------------------------------
 
-def start_line(d: Path, procs: list[subprocess.Popen[bytes]]) -> dict[str, Any]:
+def start_line(d: Path, procs: list[subprocess.Popen[bytes]], tree: str | None = None) -> dict[str, Any]:
     """Relays R1 - R2 - R3 - R4 on a line: bootstrap Bk knows only Rk and Rk+1 (each relay asks only
-    the bootstraps of its links); the ends keep one neighbour, the middle relays two."""
+    the bootstraps of its links); the ends keep one neighbour, the middle relays two. tree: run another
+    checkout's code (the processes start in it: `python -m` puts it first on sys.path)."""
+    if tree:
+        cwd = os.getcwd()
+        os.chdir(tree)
+        try:
+            return start_line(d.resolve(), procs)
+        finally:
+            os.chdir(cwd)
     d.mkdir()
     py = sys.executable
     boots: list[str] = []
@@ -327,7 +337,7 @@ def start_line(d: Path, procs: list[subprocess.Popen[bytes]]) -> dict[str, Any]:
         procs.append(mesh._spawn([py, "-m", "inri.cli", "relay", "--config", str(rdir / "relay.toml")], log, LOAD_ENV))
         info["relays"].append({"name": f"R{i + 1}", "pid": procs[-1].pid, "data_dir": str(rdir), "log": str(log),
                                "boots": mine})
-    for r, proc in zip(info["relays"], procs[3:], strict=True):
+    for r, proc in zip(info["relays"], procs[-4:], strict=True):  # this line's relays (procs may hold more)
         ready = mesh.relay_ready(Path(r["data_dir"]), proc, Path(r["log"]), deadline)
         r.update(api=ready["api"], quic=ready["quic"], node_id=ready["node_id"])
     # A relay announces to ONE of its bootstraps: announce each middle relay to both of its own, so
@@ -430,6 +440,16 @@ def bare_servers(d: Path) -> dict[str, dict[str, float]]:
     return {name: {k: median(v) for k, v in figs.items()} for name, figs in out.items()}
 
 
+def _line_medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    line: dict[str, Any] = {k: median([r[k] for r in runs]) for k in ("accepted", "stored_rate", "receipt_batches",
+                                                                      "receipts_per_batch")}
+    line["stored"] = sum(r["stored"] for r in runs)
+    line["cpu_ms"] = [median([r["cpu_ms"][i] for r in runs]) for i in range(4)]
+    line["cpu_worst"] = [max(r["cpu_ms"][i] for r in runs) for i in range(4)]
+    line["runs"] = len(runs)
+    return line
+
+
 def main() -> None:
     lacking = missing()
     if lacking:
@@ -455,26 +475,29 @@ def main() -> None:
             bare = bare_servers(d)
             print("3. a 3-hop line R1 (entry) - R2 - R3 - R4 (home)", flush=True)
             line: dict[str, Any] = {}
+            compare_line: dict[str, Any] = {}
             line_procs: list[subprocess.Popen[bytes]] = []
             try:
-                line_info = start_line(d / "line", line_procs)
-                runs = []
+                lines = {"this tree": start_line(d / "line", line_procs)}
+                if COMPARE_TREE:
+                    lines[COMPARE_TREE] = start_line(d / "line-compare", line_procs, COMPARE_TREE)
+                runs: dict[str, list[dict[str, Any]]] = {name: [] for name in lines}
                 for i in range(LINE_RUNS):
-                    one = trio.run(line_push, line_info, d)
-                    runs.append(one)
-                    print(f"  run {i + 1}: stored {one['stored_rate']:,.0f}/s, CPU per push "
-                          + " / ".join(f"{x:.3f}" for x in one["cpu_ms"]) + " ms (entry / fwd / fwd / home)",
-                          flush=True)
-                line = {k: median([r[k] for r in runs]) for k in ("accepted", "stored_rate", "receipt_batches",
-                                                                "receipts_per_batch")}
-                line["stored"] = sum(r["stored"] for r in runs)
-                line["cpu_ms"] = [median([r["cpu_ms"][i] for r in runs]) for i in range(4)]
-                line["cpu_worst"] = [max(r["cpu_ms"][i] for r in runs) for i in range(4)]
-                line["runs"] = len(runs)
+                    for name in (list(lines) if i % 2 == 0 else list(lines)[::-1]):  # interleaved
+                        one = trio.run(line_push, lines[name], d)
+                        runs[name].append(one)
+                        print(f"  run {i + 1}{'' if len(lines) == 1 else ' (' + name + ')'}: stored "
+                              f"{one['stored_rate']:,.0f}/s, CPU per push "
+                              + " / ".join(f"{x:.3f}" for x in one["cpu_ms"]) + " ms (entry / fwd / fwd / home)",
+                              flush=True)
+                line = _line_medians(runs["this tree"])
+                if COMPARE_TREE:
+                    compare_line = _line_medians(runs[COMPARE_TREE])
             except (RuntimeError, trio.TooSlowError, httpx.HTTPError) as exc:
                 kept = Path(tempfile.mkdtemp(prefix="inri-bench-line-failed-"))
-                for log in (d / "line").glob("*.log"):
-                    shutil.copy(log, kept)
+                for name in ("line", "line-compare"):
+                    for log in (d / name).glob("*.log"):
+                        shutil.copy(log, kept / f"{name}-{log.name}")
                 print(f"  the 3-hop line failed: {exc!r} (its logs: {kept})")
             finally:
                 for proc in line_procs:
@@ -510,6 +533,12 @@ def main() -> None:
     print(f"receipts from the home: {line.get('receipt_batches', 0):,.0f} batches (rule F5b), "
           f"{line.get('receipts_per_batch', 0.0):.1f} receipts each" + (" (pushes spread over the devices)"
                                                                          if LINE_SPREAD else ""))
+    if compare_line:
+        ccpu = compare_line["cpu_ms"]
+        print(f"3-hop line of {COMPARE_TREE} (runs interleaved with this tree's): stored "
+              f"{compare_line['stored_rate']:,.0f}/s, CPU per push entry {ccpu[0]:.3f} ms, forwarding {ccpu[1]:.3f} / "
+              f"{ccpu[2]:.3f} ms, home {ccpu[3]:.3f} ms; this tree / that tree: entry {cpu[0] / ccpu[0]:.3f}, "
+              f"forwarding {cpu[1] / ccpu[1]:.3f} / {cpu[2] / ccpu[2]:.3f}, home {cpu[3] / ccpu[3]:.3f}")
     relay = med["relay"]
     figures = [
         {"metric": "one relay pushes/s vs seed PoC", "value": round(relay["rps"] / poc_rps, 2), "unit": "x",
@@ -528,6 +557,11 @@ def main() -> None:
         figures.append({"metric": f"one relay, push batch of {BATCH}, vs seed PoC", "value":
                         round(batch["rps"] / poc_rps, 2), "unit": "x",
                         "note": f"{batch['rps']:,.0f} pushes/s, CPU/push {batch['cpu_ms']:.3f} ms"})
+    if compare_line:
+        figures.append({"metric": "3-hop entry CPU per push vs compare tree", "unit": "x",
+                        "value": round(cpu[0] / compare_line["cpu_ms"][0], 3),
+                        "note": f"{COMPARE_TREE}: entry {compare_line['cpu_ms'][0]:.3f} ms (medians of "
+                                f"{compare_line['runs']} interleaved runs)"})
     if "compare" in med:
         figures.append({"metric": "one relay vs compare tree", "value": round(relay["rps"] / med["compare"]["rps"], 2),
                         "unit": "x", "note": f"{COMPARE_TREE}: {med['compare']['rps']:,.0f}/s"})
