@@ -528,7 +528,6 @@ class _FastExchange:
         out += (b"\r\n", body)
         await c.send_raw(b"".join(out))
 
-
     async def answer_json(self, status: int, body: bytes,
                           after: Callable[[Callable[[], None]], None] | None = None) -> None:
         """A complete application/json answer, as answer() writes it for the same status, content type
