@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import sqlite3
+from dataclasses import replace
 from pathlib import Path
 
+import pytest
 import trio
 
 from inri.client import DeviceClient
 from inri.client.credential import b64e, seal
+from inri.node import http1
+from inri.node.config import RelayConfig
 from inri.protocol.codec import encode_registration
 from tests.inproc import relay_api
 
@@ -70,6 +75,63 @@ async def test_pipelined_pushes_are_answered_after_their_commit_and_before_the_n
             finally:
                 db.close()
             assert held == 3
+
+
+async def test_answers_a_slow_reader_has_no_room_for_are_written_later_in_order(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client that pipelines hundreds of pushes and reads nothing for a while: the committed 202s
+    the socket cannot take go to a writer task; every push gets its 202, in order, then the request
+    behind them its answer."""
+    writers = []
+    original = http1._Connection._write_rest
+
+    async def counted(self: http1._Connection) -> None:
+        writers.append(len(self.rest))
+        await original(self)
+
+    monkeypatch.setattr(http1._Connection, "_write_rest", counted)
+    n = 700
+    cfg = RelayConfig()
+    cfg = replace(cfg, api=replace(cfg.api, rate_per_s=1e6, rate_burst=10**6, device_rate_per_s=1e6,
+                                   device_rate_burst=10**6))
+    with trio.fail_after(60):
+        async with relay_api(tmp_path, cfg, group_commit=True) as url:
+            dev = DeviceClient(url)
+            await dev.register(tokens=500)
+            await dev.more_tokens(500)
+            cred = dev.export_credential(n)
+            reg, ct = b64e(encode_registration(cred.registration)), b64e(seal(cred.seal_key, b"x"))
+            raw = b""
+            for token in cred.tokens[:n]:
+                body = json.dumps({"registration": reg, "token": b64e(token), "ciphertext": ct}).encode()
+                raw += (b"POST /v1/push HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                        b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+            raw += b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+            host, port = url.removeprefix("http://").rsplit(":", 1)
+            sock = trio.socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a small window: the relay's buffer fills
+            await sock.connect((host, int(port)))
+            stream = trio.SocketStream(sock)
+            answer = b""
+
+            async def read_later() -> None:
+                nonlocal answer
+                with trio.move_on_after(20):  # the relay answers meanwhile, until its socket buffer is full
+                    while not writers:
+                        await trio.sleep(0.05)
+                while answer.count(b"HTTP/1.1 ") < n + 1:
+                    data = await stream.receive_some(65536)
+                    assert data, "the relay closed the connection"
+                    answer += data
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(stream.send_all, raw)
+                nursery.start_soon(read_later)
+            await stream.aclose()
+    statuses = re.findall(rb"HTTP/1\.1 (\d{3}) ", answer)
+    assert statuses == [b"202"] * n + [b"200"]
+    assert len(set(re.findall(rb'"push_id":"([0-9a-f]{32})"', answer))) == n
+    assert writers, "the socket never ran out of room: the test did not reach the writer task"
 
 
 async def test_oversized_body_gets_413_and_the_connection_closes_after_it(tmp_path: Path) -> None:
