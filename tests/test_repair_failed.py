@@ -163,10 +163,10 @@ def test_a_dead_end_sends_the_custodian_to_its_first_ring_at_once() -> None:
 
 
 def test_a_dead_end_becomes_repair_failed_where_a_relay_can_go_around() -> None:
-    """Rule F9: the same hole, but relay 1 has a backup next hop (11, a slower way to 9). 2's `dead end`
-    reaches 1, which could go around: it passes `repair failed` on, so the custodian takes its second
-    route attempt (not a ring), and 1 sends that copy over 11, not into 2 again."""
-    net, reg, tokens = _net(replace(CFG, repair_steer=True), EDGES + [(1, 11), (11, 9)],
+    """Rule F9 (without F10): the same hole, but relay 1 has a backup next hop (11, a slower way to 9).
+    2's `dead end` reaches 1, which could go around: it passes `repair failed` on, so the custodian
+    takes its second route attempt (not a ring), and 1 sends that copy over 11, not into 2 again."""
+    net, reg, tokens = _net(replace(CFG, repair_steer=True, repair_reroute=False), EDGES + [(1, 11), (11, 9)],
                             latency={(1, 11): 0.03, (11, 1): 0.03})
     assert [h for h, _ in net.engines[1].next_hops(reg.route_id)] == ["2", "11"]
     _break_2_9(net)
@@ -181,3 +181,68 @@ def test_a_dead_end_becomes_repair_failed_where_a_relay_can_go_around() -> None:
     assert _route_copies(net, "0", "1", pid) == 2  # both route attempts
     assert _route_copies(net, "1", "2", pid) == 1  # the second went around the hole
     assert _route_copies(net, "1", "11", pid) == 1
+
+
+def test_a_relay_that_can_go_around_a_dead_end_sends_the_push_around_itself() -> None:
+    """Rule F10: the same hole and the same backup at 1 (11). 2's `dead end` stops at 1, which sends the
+    first attempt's copy over 11 at once: no notice reaches the custodian, no second route attempt
+    leaves it, and the push is home one round trip between 1 and the custodian sooner than with F10
+    off (F9: the notice goes back to 0, whose second attempt 1 steers over 11)."""
+    edges = EDGES + [(1, 11), (11, 9)]
+    latency = {(1, 11): 0.03, (11, 1): 0.03}
+    took = {}
+    for reroute in (True, False):
+        net, reg, tokens = _net(replace(CFG, repair_steer=True, repair_reroute=reroute), edges, latency)
+        assert [h for h, _ in net.engines[1].next_hops(reg.route_id)] == ["2", "11"]
+        _break_2_9(net)
+        t0 = net.now
+        pid = _inject(net, reg, tokens[0])
+        took[reroute] = _delivered_at(net, pid, t0, t0 + 1.0)
+        net.run_until(t0 + 1.0)
+        assert ("3", pid) in net.delivered
+        assert net.custody.get(pid) is not None and net.custody[pid].value == "delivered"
+        reasons = [(a, b, m.reason) for a, b, m in net.sent if isinstance(m, RouteError) and m.push_id == pid]
+        assert ("2", "1", RouteErrorReason.DEAD_END) in reasons
+        assert _route_copies(net, "1", "11", pid) == 1
+        if reroute:
+            assert net.engines[1].stats().get("push_rerouted_dead_end", 0) == 1
+            assert not [r for r in reasons if r[1] == "0"]  # the notice stopped at 1
+            assert _route_copies(net, "0", "1", pid) == 1  # no second route attempt
+            assert _route_copies(net, "1", "2", pid) == 1
+            assert net.engines[0].stats().get("custody_escalated_repair_failed", 0) == 0
+        else:
+            assert _route_copies(net, "0", "1", pid) == 2
+    assert took[True] < took[False] - 0.015, took  # 0-1 and back: 0.02 s
+
+
+def test_a_find_that_leads_back_into_the_path_is_refuted() -> None:
+    """Rule F8c: 2's search reaches 7 (no route but through 2) and 7's neighbour 12, whose route leads to
+    the home through 1, a relay on the push's own path. 12 says `repair found` and follows its route,
+    but 1 has this attempt's copy already and answers `duplicate`: the find led back into the hole.
+    12 passes the `duplicate` back to 7, 7 to 2, and 2, whose every find is now refuted, tells the
+    custodian `dead end` at once instead of after F8's full wait (the successful repair's round trip)."""
+    edges = EDGES + [(7, 12), (12, 1)]
+    took = {}
+    for refute in (True, False):
+        net, reg, tokens = _net(replace(CFG, repair_steer=True, repair_refute=refute), edges,
+                                {(12, 1): 0.002, (1, 12): 0.002})
+        assert "1" in [h for h, _ in net.engines[12].next_hops(reg.route_id)]
+        assert [h for h, _ in net.engines[7].next_hops(reg.route_id)] == ["2"]
+        _break_2_9(net)
+        t0 = net.now
+        pid = _inject(net, reg, tokens[0])
+        took[refute] = _delivered_at(net, pid, t0, t0 + 1.5)
+        assert ("3", pid) in net.delivered
+        found = [(a, b) for a, b, m in net.sent if isinstance(m, RouteError) and m.push_id == pid
+                 and m.reason == RouteErrorReason.REPAIR_FOUND]
+        assert ("12", "7") in found and ("7", "2") in found
+        dups = [(a, b) for a, b, m in net.sent if isinstance(m, RouteError) and m.push_id == pid
+                and m.reason == RouteErrorReason.DUPLICATE]
+        assert ("1", "12") in dups and ("12", "7") in dups
+        if refute:
+            assert ("7", "2") in dups
+            assert net.engines[2].stats().get("repair_found_refuted", 0) == 1
+        else:
+            assert ("7", "2") not in dups
+        assert net.engines[0].stats().get("custody_escalated_repair_failed", 0) >= 1
+    assert took[True] < took[False] - 0.03, took

@@ -102,6 +102,13 @@ class EngineConfig:
     # back take another live next hop for them, and the searching relay answers `repair failed` at once
     # instead of searching the same neighbourhood again (false: as before F9).
     repair_steer: bool = True
+    # Rule F10 (with F9): a relay that hears `repair failed` / `dead end` for a route attempt's copy it sent,
+    # and has another live next hop for the route, sends that copy over it at once instead of passing
+    # the notice back to the custodian (false: as before F10, for comparisons).
+    repair_reroute: bool = True
+    # Rule F8c: a local repair's find whose copy comes back as `duplicate` (it led into the push's own path)
+    # is refuted, and a search whose finds are all refuted is reported failed at once (false: as before).
+    repair_refute: bool = True
     reverse_ttl_s: float = 30.0  # reverse-path state (push id -> previous hop) lifetime
     reverse_max: int = 200_000
     custody_max: int = 100_000

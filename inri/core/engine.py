@@ -276,6 +276,9 @@ class Engine(MembershipRules, GossipRules, StemRules, TreeRules, ForwardingRules
         # F9 (forwarding.py): push id -> (the next hop a `repair failed` for it came from, expiry), or
         # (None, expiry) where this relay's own search for it found nothing.
         self._steer: BoundedMap[bytes, tuple[str | None, float]] = BoundedMap(config.reverse_max)
+        # F8c (forwarding.py): push id -> (`repair found` words heard for a local repair of it, refutations
+        # heard, expiry), on the searching relay and on relays between it and a find.
+        self._finds: BoundedMap[bytes, tuple[int, int, float]] = BoundedMap(config.reverse_max)
         self._heard_any = -float("inf")  # custody.py (C7): when a frame last came from any neighbour
         self._hop_srtt = 0.0  # rtt.py (C4)
         self._hop_rttvar = 0.0
@@ -514,6 +517,7 @@ class Engine(MembershipRules, GossipRules, StemRules, TreeRules, ForwardingRules
         self._reverse.sweep(lambda v: v[1] <= now and v[0] is not _LOCAL)
         self._blamed.sweep(lambda v: v[2] <= now)
         self._steer.sweep(lambda v: v[1] <= now)
+        self._finds.sweep(lambda v: v[2] <= now)
         for pid in [pid for pid, c in self._custody.items() if now >= c.deadline]:
             del self._custody[pid]
             self._count("custody_expired")

@@ -65,6 +65,12 @@ _ERROR_PASSED = -1
 _REPAIR_WATCHED = -2
 _REPAIR_FOUND = -3
 _FOUND_PASSED = -4
+# Rule F10: (push id, _REROUTED) marks a push this relay sent around a dead end its copy met (once per push).
+_REROUTED = -5
+# Rule F8c: (push id, _QUICK_PASSED) marks a search whose quick verdict (F8b) was left to F8's full wait by a
+# `repair found`; (push id, _REFUTE_PASSED) a refutation (`duplicate`) passed back to the searching relay.
+_QUICK_PASSED = -6
+_REFUTE_PASSED = -7
 
 
 def _onward(push: Push, ring: int) -> Push:
@@ -529,6 +535,8 @@ class ForwardingRules(EngineState):
             return
         self._mark_seen((msg.push_id, _REPAIR_WATCHED), now)
         self._push_seen.pop((msg.push_id, _REPAIR_FOUND), None)
+        self._push_seen.pop((msg.push_id, _QUICK_PASSED), None)
+        self._finds.pop(msg.push_id, None)  # F8c: this search's finds only
         heapq.heappush(self._repair_heap, (now + quick, msg.push_id, prev, msg.route_id, True))
         if back * srtt + wait < period:
             heapq.heappush(self._repair_heap, (now + wait, msg.push_id, prev, msg.route_id, False))
@@ -544,23 +552,32 @@ class ForwardingRules(EngineState):
         while heap and heap[0][0] <= now:
             _, pid, prev, rid, quick = heapq.heappop(heap)
             if quick and (pid, _REPAIR_FOUND) in self._push_seen:
-                continue  # F8b: a copy found a route: the full wait (the entry after this one) decides
-            back = self._reverse.get(pid)
-            if back is None or back[0] != prev or prev not in self._active:
-                continue  # answered (a receipt took the reverse entry), or the way back is gone
-            if not self._error_once(pid, now):
-                continue  # an answer (a route error) already went back for this copy (F6b)
-            self._count("repair_failed_reported")
-            self._active[prev].last_sent = now
-            if self.config.repair_steer:  # F9: this relay's search for it found nothing
-                self._steer.put(pid, (None, now + self.config.reverse_ttl_s))
-            if self._level:
-                self._trace(now, "route_error", msg=pid.hex(), route=rid.hex(), peer=prev, reason="repair_failed",
-                            count=1)
-            # F9: `dead end` (a `repair failed` that says no relay on its way back could go around yet)
-            reason = RouteErrorReason.DEAD_END if self.config.repair_steer else RouteErrorReason.REPAIR_FAILED
-            out.append(Send(prev, RouteError(pid, rid, reason)))
+                # F8b: a copy found a route: the full wait (the entry after this one) decides, unless every
+                # find is refuted first (F8c, _find_refuted)
+                self._mark_seen((pid, _QUICK_PASSED), now)
+                continue
+            out += self._report_repair_failed(pid, prev, rid, now)
         return out
+
+    # Rules F8, F8c.
+    def _report_repair_failed(self, pid: bytes, prev: str, rid: bytes, now: float) -> list[Effect]:
+        """This relay's search for push pid (received from prev) found nothing: `repair failed` (F9: `dead
+        end`) to prev, once per copy, unless the push was answered meanwhile."""
+        back = self._reverse.get(pid)
+        if back is None or back[0] != prev or prev not in self._active:
+            return []  # answered (a receipt took the reverse entry), or the way back is gone
+        if not self._error_once(pid, now):
+            return []  # an answer (a route error) already went back for this copy (F6b)
+        self._count("repair_failed_reported")
+        self._active[prev].last_sent = now
+        if self.config.repair_steer:  # F9: this relay's search for it found nothing
+            self._steer.put(pid, (None, now + self.config.reverse_ttl_s))
+        if self._level:
+            self._trace(now, "route_error", msg=pid.hex(), route=rid.hex(), peer=prev, reason="repair_failed",
+                        count=1)
+        # F9: `dead end` (a `repair failed` that says no relay on its way back could go around yet)
+        reason = RouteErrorReason.DEAD_END if self.config.repair_steer else RouteErrorReason.REPAIR_FAILED
+        return [Send(prev, RouteError(pid, rid, reason))]
 
     # Rule F8.
     def _on_repair_failed(self, peer: str, msg: RouteError, now: float) -> list[Effect]:
@@ -592,14 +609,43 @@ class ForwardingRules(EngineState):
                     self._count("custody_skipped_dead_end")
                     c.attempt += 1
             return self._attempt(c, now)
-        if isinstance(prev, ReverseMark) or prev not in self._active or not self._error_once(msg.push_id, now):
+        if isinstance(prev, ReverseMark) or prev not in self._active:
+            return []
+        if self.config.repair_steer and self.config.repair_reroute:
+            rerouted = self._reroute_dead_end(peer, msg, prev, now)
+            if rerouted is not None:
+                return rerouted
+        if not self._error_once(msg.push_id, now):
             return []
         if self.config.repair_steer:  # F9: the push's next copy through here avoids peer if it can
             self._steer.put(msg.push_id, (peer, now + self.config.reverse_ttl_s))
-            if msg.reason == RouteErrorReason.DEAD_END and self._other_hop(msg.route_id, prev, peer) is not None:
+            if (msg.reason == RouteErrorReason.DEAD_END and (msg.push_id, _REROUTED) not in self._push_seen
+                    and self._other_hop(msg.route_id, prev, peer) is not None):
                 msg = RouteError(msg.push_id, msg.route_id, RouteErrorReason.REPAIR_FAILED)  # a way around here
         self._active[prev].last_sent = now
         return [Send(prev, msg)]
+
+    # Rule F10.
+    def _reroute_dead_end(self, peer: str, msg: RouteError, prev: str, now: float) -> list[Effect] | None:
+        """A `repair failed` (or `dead end`) for the copy of a route attempt this relay sent to peer, and
+        another live next hop of the route here (not prev, not peer; score not low, not unresponsive): send
+        that copy over it now, once per push, instead of passing the notice back for the custodian to
+        send its next attempt the same way (rule F10). The notice stops here; peer stays awaited (F6
+        blames it as before unless the push is answered), and later copies avoid it (F9). None: nothing
+        done here (the notice goes back as before)."""
+        pid = msg.push_id
+        w = self._await.get(pid)
+        if w is None or w[0] != peer or w[4].ring or w[4].attempt >= ROUTE_ATTEMPTS:
+            return None
+        if (pid, _REROUTED) in self._push_seen:
+            return None  # the copy sent around met a dead end too: the custodian hears of it
+        other = self._other_hop(msg.route_id, prev, peer)
+        if other is None:
+            return None
+        self._mark_seen((pid, _REROUTED), now)
+        self._steer.put(pid, (peer, now + self.config.reverse_ttl_s))
+        self._count("push_rerouted_dead_end")
+        return [self._forward(w[4], other, now)]
 
     # Rule F8b.
     def _on_repair_found(self, peer: str, msg: RouteError, now: float) -> list[Effect]:
@@ -610,10 +656,14 @@ class ForwardingRules(EngineState):
         pid = msg.push_id
         if (pid, _REPAIR_WATCHED) in self._push_seen:
             self._mark_seen((pid, _REPAIR_FOUND), now)
+            self._count_find(pid, 1, now)  # F8c
             return []
         seen = self._push_seen
-        if ((pid, 1) not in seen and (pid, 3) not in seen) or (pid, _FOUND_PASSED) in seen:
+        if (pid, 1) not in seen and (pid, 3) not in seen:
             return []  # no route attempt's ring copy passed here (F8b's word goes back one ring only)
+        self._count_find(pid, 1, now)  # F8c: every find counts here, the word goes back once
+        if (pid, _FOUND_PASSED) in seen:
+            return []
         self._mark_seen((pid, _FOUND_PASSED), now)
         back = self._reverse.get(pid)
         if back is None or isinstance(back[0], ReverseMark) or back[0] == peer or back[0] not in self._active:
@@ -621,6 +671,50 @@ class ForwardingRules(EngineState):
         if self._level:
             self._trace(now, "receipt_forwarded", msg=pid.hex(), peer=back[0], reason="repair_found", count=1)
         return [Send(back[0], msg)]
+
+    # Rule F8c.
+    def _count_find(self, pid: bytes, found: int, now: float) -> tuple[int, int]:
+        """Add a `repair found` (found = 1) or its refutation (0) heard here for push pid's search: (finds,
+        refutations) so far."""
+        got = self._finds.get(pid)
+        finds, refuted = (0, 0) if got is None else (got[0], got[1])
+        finds += found
+        refuted += 1 - found
+        self._finds.put(pid, (finds, refuted, now + self.config.seen_ttl_s))
+        return finds, refuted
+
+    # Rule F8c.
+    def _find_refuted(self, peer: str, msg: RouteError, now: float) -> list[Effect]:
+        """An unexpected `duplicate` (not awaited from peer): the copy of a local repair's find (F8b) met a
+        relay that had this attempt's route copy already, so the route it found leads back into the
+        push's own path (through the searching relay), not around the hole. Counted against the finds
+        heard here; when every find is refuted, the searching relay's verdict is `repair failed` after
+        all (now, if its quick verdict was already left to F8's full wait), and a relay between passes
+        the refutation back once."""
+        pid = msg.push_id
+        if pid not in self._finds or not self.config.repair_refute:
+            self._count("route_error_unexpected")
+            return []
+        finds, refuted = self._count_find(pid, 0, now)
+        if refuted < finds:
+            return []
+        seen = self._push_seen
+        back = self._reverse.get(pid)
+        if back is None or isinstance(back[0], ReverseMark) or back[0] not in self._active:
+            return []
+        prev = back[0]
+        if (pid, _REPAIR_WATCHED) in seen:  # the searching relay: its search found nothing after all
+            self._count("repair_found_refuted")
+            seen.pop((pid, _REPAIR_FOUND), None)
+            if (pid, _QUICK_PASSED) in seen:
+                return self._report_repair_failed(pid, prev, msg.route_id, now)
+            return []  # the quick verdict, still due, decides
+        if (pid, _FOUND_PASSED) not in seen or (pid, _REFUTE_PASSED) in seen or prev == peer:
+            return []
+        self._mark_seen((pid, _REFUTE_PASSED), now)
+        if self._level:
+            self._trace(now, "receipt_forwarded", msg=pid.hex(), peer=prev, reason="duplicate", count=1)
+        return [Send(prev, msg)]
 
     # Rule F6b.
     def _error_once(self, pid: bytes, now: float) -> bool:
@@ -884,8 +978,7 @@ class ForwardingRules(EngineState):
             # copy came): no black hole and no broken route. Neutral for the score; passed back along
             # this copy's reverse path so no relay on it blames its next hop; a custodian keeps custody.
             if not self._answered(peer, msg.push_id, now, reward=False):
-                self._count("route_error_unexpected")
-                return []
+                return self._find_refuted(peer, msg, now)  # F8c: a repair's find led back into the path?
             self._count("route_error_duplicate")
             back = self._reverse.get(msg.push_id)
             if back is None or isinstance(back[0], ReverseMark) or back[0] not in self._active:

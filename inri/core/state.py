@@ -279,6 +279,7 @@ class EngineState:
     # forwarding.py (F8): local repairs awaiting an answer: (deadline, push id, previous hop, route id)
     _repair_heap: list[tuple[float, bytes, str, bytes, bool]]
     _steer: BoundedMap[bytes, tuple[str | None, float]]  # forwarding.py (F9)
+    _finds: BoundedMap[bytes, tuple[int, int, float]]  # forwarding.py (F8c)
     _hop_srtt: float  # rtt.py (C4): per-link round-trip estimate (0: no sample yet) and its variation
     _hop_rttvar: float
     _rtt_from_paths: bool  # rtt.py: a receipt sample came (keepalive samples are ignored from then on)
