@@ -109,6 +109,11 @@ class EngineConfig:
     # Rule F8c: a local repair's find whose copy comes back as `duplicate` (it led into the push's own path)
     # is refuted, and a search whose finds are all refuted is reported failed at once (false: as before).
     repair_refute: bool = True
+    # Rule C3b: a parked push (escalation over) whose home is not known to be down alternates its parked
+    # re-sends: along the route, then a search of the custodian's neighbourhood (radius 2, within the
+    # fallback budget), and so on. A route that keeps failing (stale routes into a hole nobody on it
+    # can repair) is then not the only way tried until the deadline (false: route re-sends only).
+    parked_search: bool = True
     reverse_ttl_s: float = 30.0  # reverse-path state (push id -> previous hop) lifetime
     reverse_max: int = 200_000
     custody_max: int = 100_000

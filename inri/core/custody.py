@@ -312,6 +312,12 @@ class CustodyRules(EngineState):
         nh = self._next_hop(c.push.route_id, None, low_ok=True)
         if nh is None:
             return self._parked_search(c, now)
+        if parked & 1 and cfg.parked_search and not c.home_down:
+            # Rule C3b: every other parked re-send searches the neighbourhood instead of the route that
+            # has failed since the escalation began (a home reported down is waited for on the route).
+            searched = self._parked_search(c, now)
+            if searched:
+                return searched
         c.routed = True
         self._sent_to(c, nh, now)
         self._reverse.put(pid, (_LOCAL, now + cfg.reverse_ttl_s, None, -1))
