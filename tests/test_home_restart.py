@@ -177,6 +177,46 @@ def test_a_custodian_left_without_next_hops_searches_near_when_parked() -> None:
     assert net.engines[0].counters.get("custody_parked_search", 0) >= 1
 
 
+@pytest.mark.parametrize("parked_search", [True, False])
+def test_a_parked_push_whose_live_route_keeps_failing_searches_near(parked_search: bool) -> None:
+    """A parked push whose custodian still has a live next hop, into a hole nobody on it can repair
+    (its searches answer `dead end`, which drops no route), alternates its parked re-sends between
+    the route and a search of the custodian's neighbourhood (rule C3b). A neighbour two links away
+    that meanwhile has a way to the home then carries it. Route re-sends alone kept it until its
+    deadline (traced: churn-10k seed 3, a push never delivered)."""
+    cfg = replace(MiniNet(1, []).config, custody_retry_s=0.5, parked_search=parked_search)
+    # 0 (custodian) - 1 - 4 - 2 (home); 1 - 6 (a dead end beside the hole); 0 - 3 - 5 (5 meets the
+    # home later).
+    net = MiniNet(7, [(0, 1), (1, 4), (4, 2), (0, 3), (3, 5), (1, 6)], config=cfg)
+    net.run_until(1.0)
+    reg = make_registration(new_signing_key(), 1, 0, 3600)
+    tokens = [os.urandom(16)]
+    net.homes[2].add_registration(reg, tokens)
+    net.apply("2", net.engines[2].register(reg, net.now))
+    net.run_until(3.0)
+    assert [h for h, _ in net.engines[0].next_hops(reg.route_id)] == ["1"]
+    del net.links[("1", "4")], net.links[("4", "1")]  # the hole: 1 loses its way, 0 keeps 1
+    net.apply("1", net.engines[1].peer_down("4", net.now, DisconnectReason.LINK_LOST))
+    net.apply("4", net.engines[4].peer_down("1", net.now, DisconnectReason.LINK_LOST))
+    res = net.engines[0].inject_push(reg, tokens[0], b"x", net.now)
+    assert res.push_id is not None
+    net.apply("0", res.effects)
+    net.run_until(20.0)  # the escalation is over (the home's side is cut off): parked
+    assert res.push_id not in net.custody
+    assert [h for h, _ in net.engines[0].next_hops(reg.route_id)] == ["1"]  # the live next hop stays
+    net.links[("2", "5")] = net.links[("5", "2")] = 0.01  # the home meets 5: a way round the hole
+    net.link_up("2", "5")
+    net.run_until(21.0)
+    assert net.engines[5].has_route(reg.route_id)
+    assert [h for h, _ in net.engines[3].next_hops(reg.route_id)] == ["0"]  # 3's own way leads back to 0
+    net.run_until(60.0)
+    if parked_search:
+        assert net.custody.get(res.push_id) == CustodyStatus.DELIVERED
+        assert net.engines[0].counters.get("custody_parked_search", 0) >= 1
+    else:  # as before C3b: the route re-sends meet the same dead end
+        assert res.push_id not in net.custody
+
+
 def test_a_full_relay_lets_back_a_lost_neighbour_that_dials_it_after_a_restart() -> None:
     """A relay full when the neighbour it lost (a kill -9) dials it back, without a `back` Hello (it
     restarted: it knows nothing of us): held on probation, it also swallowed our own re-dial (the link
