@@ -680,3 +680,46 @@ def test_a_home_restarted_next_to_its_own_stem_re_stems_at_a_new_generation_and_
     assert net.custody.get(res.push_id) == "delivered"
     assert net.engines[HOME].stats().get("stem_restemmed") == 1
     assert net.engines[3].next_hops(reg.route_id)[0][0] == str(HOME)
+
+
+def test_a_restarted_home_re_stems_when_a_neighbour_it_announced_its_stem_to_fails() -> None:
+    # A home restarting issues a new generation before any link is up (no stem successor), and each
+    # neighbour then takes it from a link-up announcement (G5) as a stem of its own. When one of them fails,
+    # the relays of its stem answer `home unreachable` (G7) and wait for a re-stem: the home must issue it,
+    # as it does for its stem successor. It did not (churn-10k seed 3, stem on: a push waited 32 s).
+    for seed in range(1, 60):
+        net = stem_net(seed=seed)
+        reg = register_signed(net, 0, 0)
+        net.run_until(3.0)
+        net.kill(0)
+        net.run_until(4.0)
+        start = len(net.sent)
+        net.restart(0)
+        net.run_until(8.0)
+        frames = [(a, b) for a, b, m in net.sent[start:] if isinstance(m, RegGossip) and m.stem and m.generation]
+        announced = {b for a, b in frames if a == "0"}
+        branch = [(a, b) for a, b in frames if a in announced and b != "0"
+                  and net.engines[int(b)].next_hops(reg.route_id) == [(a, 2)]]
+        # a relay routing into that stem, not next to the home (whose search would find it at once)
+        far = [i for i in range(24) if branch and i not in (0, 1, 2, 22, 23) and str(i) not in branch[0]
+               and [p for p, _ in net.engines[i].next_hops(reg.route_id)][:1] == [branch[0][1]]]
+        if far:
+            break
+    else:
+        pytest.fail("no seed had an announced neighbour pass the stem on")
+    dead = branch[0][0]
+    assert net.engines[0].stats().get("stem_restemmed") == 1  # the restart's generation
+    net.run_until(10.0)  # past the re-stem pacing (one generation per stem_embargo_s)
+    net.kill(int(dead))
+    net.run_until(11.0)
+    kill_at = len(net.sent)
+    res = net.engines[far[0]].inject_push(reg, TOKENS[0], b"sealed", net.now)
+    assert res.push_id is not None
+    net.apply(str(far[0]), res.effects)
+    net.run_until(13.0)
+    assert net.custody.get(res.push_id) == "delivered"
+    assert net.engines[0].stats().get("stem_restemmed") == 2
+    assert not [m for _, _, m in net.sent[kill_at:]
+                if isinstance(m, RouteError) and m.reason == RouteErrorReason.HOME_UNREACHABLE]
+    alive = [i for i in range(len(net.engines)) if str(i) != dead]
+    assert all(dead not in {p for p, _ in net.engines[i].next_hops(reg.route_id)} for i in alive)

@@ -309,6 +309,7 @@ class Engine(MembershipRules, GossipRules, StemRules, TreeRules, ForwardingRules
         # Route generations and stem repair (stem.py, G10); empty unless a stem broke (or stem is off).
         self._gen: dict[bytes, tuple[int, int, bytes]] = {}
         self._stem_next: dict[bytes, str] = {}
+        self._stem_branches: dict[bytes, set[str]] = {}
         self._restem_at: dict[bytes, float] = {}
         self._restem_due: dict[bytes, float] = {}
         self._repair_asked: dict[bytes, tuple[int, int, float]] = {}

@@ -125,6 +125,9 @@ class GossipRules(EngineState):
                 if frame is not None:
                     out.append(Send(peer, frame))
                     n -= 1
+                    branches = self._stem_branches.get(rid) if reg is not None else None
+                    if branches is not None:  # G10b: a stem of its own at that neighbour (stem.py)
+                        branches.add(peer)
             elif reg is not None and reg.expires_at > now + self.wall_offset:
                 out.append(Send(peer, RegGossip(reg, 1, 0)))
                 n -= 1
@@ -302,7 +305,7 @@ class GossipRules(EngineState):
     def _evict_route(self, now: float) -> None:
         # Table full: drop the entry that expires first (bounded memory; traced as a drop).
         victim = self._routes.evict_first_expiring()
-        if self._gen or self._stem_next or self._restem_at:  # G10 state of the route evicted
+        if self._gen or self._stem_next or self._stem_branches or self._restem_at:  # G10 state of the route evicted
             self._forget_generation(victim)
         self._count("routes_evicted")
         if self._level >= _FULL:
@@ -313,7 +316,7 @@ class GossipRules(EngineState):
         for r in self._routes.expire(now):
             self._origin_bucket.pop(r, None)
             self._stem_held.pop(r, None)
-            if self._gen or self._stem_next or self._restem_at:  # G10 state of a route gone
+            if self._gen or self._stem_next or self._stem_branches or self._restem_at:  # G10 state of a route gone
                 self._forget_generation(r)
             if self._level >= _FULL:
                 self._trace(now, "route_expired", route=r.hex(), reason="lifetime")

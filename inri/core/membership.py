@@ -215,7 +215,7 @@ class MembershipRules(EngineState):
         if self._level:
             self._trace(now, "peer_down", peer=peer, reason=reason)
         out = self._reroute_awaited(peer, now) + self._refill(now)  # rtt.py (C5)
-        if self._stem_next:  # G10: a stem successor lost: re-stem (home) or ask the home to (stem.py)
+        if self._stem_next or self._stem_branches:  # G10, G10b: a stem successor lost (stem.py)
             out += self._stem_successor_down(peer, now)
         return out
 

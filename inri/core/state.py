@@ -308,6 +308,7 @@ class EngineState:
     # at a stem relay: the (epoch, generation) it already asked its predecessor to repair.
     _gen: dict[bytes, tuple[int, int, bytes]]
     _stem_next: dict[bytes, str]
+    _stem_branches: dict[bytes, set[str]]
     _restem_at: dict[bytes, float]
     _restem_due: dict[bytes, float]
     _repair_asked: dict[bytes, tuple[int, int, float]]

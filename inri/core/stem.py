@@ -99,6 +99,9 @@ class StemRules(EngineState):
         if succ is not None:
             self._arm_embargo(registration, None, succ, now)
             self._stem_next[registration.route_id] = succ  # G10: its link going down re-stems
+            self._stem_branches.pop(registration.route_id, None)
+        else:  # G10b: every neighbour the link-up announcements give it to starts a stem of its own
+            self._stem_branches[registration.route_id] = set()
         if self._level:
             self._trace(now, "reg_originated", msg=f"{registration.route_id.hex()}:{registration.epoch}",
                         route=registration.route_id.hex(), epoch=registration.epoch, ttl=self.config.gossip_ttl,
@@ -347,6 +350,7 @@ class StemRules(EngineState):
         """rid's route is gone (expired, evicted, unregistered): so is its G10 state."""
         self._gen.pop(rid, None)
         self._stem_next.pop(rid, None)
+        self._stem_branches.pop(rid, None)
         self._repair_asked.pop(rid, None)
         self._repair_due.pop(rid, None)
         self._restem_at.pop(rid, None)
@@ -418,6 +422,9 @@ class StemRules(EngineState):
                 if asked:
                     self._repair_due[rid] = (now + self.config.stem_embargo_s, REPAIR_TRIES - 1)
                 out += asked
+        for rid in [r for r, s in self._stem_branches.items() if peer in s]:  # G10b: at a home
+            self._stem_branches[rid].discard(peer)
+            out += self._restem(rid, now)
         return out
 
     def _ask_repair(self, rid: bytes, entry: RouteEntry, now: float) -> list[Effect]:
@@ -472,7 +479,8 @@ class StemRules(EngineState):
         stranger cannot make the home re-stem, and the home re-stems at most once per stem_embargo_s."""
         rid = msg.route_id
         entry = self._routes.get(rid)
-        if (entry is None or RouteTable.epoch(entry) != msg.epoch or self._stem_next.get(rid) != peer
+        successor = self._stem_next.get(rid) == peer or peer in self._stem_branches.get(rid, ())
+        if (entry is None or RouteTable.epoch(entry) != msg.epoch or not successor
                 or self._generation_of(rid, msg.epoch) != msg.generation):
             self._count("stem_repair_ignored")
             return []
