@@ -33,7 +33,9 @@ def main() -> None:
          "value": round(on["single_relay_home_guess"] / on["single_relay_chance_home"], 2), "unit": "x",
          "ceiling": 2.0, "note": (f"first spy {on['single_relay_first_spy'] / on['single_relay_chance_home']:.2f}x "
                                   f"(about 1x in any stem design), the flood "
-                                  f"{on['single_relay_flood_guess'] / on['single_relay_chance_home']:.2f}x")},
+                                  f"{on['single_relay_flood_guess'] / on['single_relay_chance_home']:.2f}x; "
+                                  f"floor of any stem {on['single_relay_floor'] / on['single_relay_chance_home']:.2f}x "
+                                  f"over {on['single_observers']} relays")},
         {"metric": "baseline-1k stretch_median (stem on)", "value": price["on"]["stretch_median"], "unit": "x",
          "ceiling": 1.3, "note": f"stem off {price['off']['stretch_median']:.3f}"},
         {"metric": "baseline-1k delivery_ratio (stem on)", "value": price["on"]["delivery_ratio"], "unit": "share",

@@ -70,11 +70,14 @@ def _observer_hops(n: int, latency: dict[tuple[int, int], float], processing: li
 
 
 def measure(relays: int = 1000, devices: int = 100, colluders: float = 0.05, seed: int = 1,
-            single_observers: int = 50, stem: bool = False, pushes: int = 1000,
-            engine: dict[str, Any] | None = None) -> dict[str, Any]:
+            single_observers: int | None = None, stem: bool = False, pushes: int = 1000,
+            engine: dict[str, Any] | None = None, link_observers: int = 50) -> dict[str, Any]:
     """Run the mesh (stem phase on or off) and measure linkability for one relay and for a colluding
     share of relays, plus the price: stretch, convergence and delivery of `pushes` pushes. `engine`:
-    further [engine] keys (e.g. the stem's parameters)."""
+    further [engine] keys (e.g. the stem's parameters). One relay's home guess is averaged over
+    `single_observers` relays (None: every relay; the first spy is a rare event, about one registration
+    in n per relay, so 50 relays left it within a factor of 3 of its mean), its epoch link over the
+    first `link_observers` of them (the slow part)."""
     raw = {
         "name": "privacy", "seed": seed, "duration_s": 90.0, "deadline_s": 30.0, "trace_level": "full",
         "topology": {"kind": "random", "relays": relays},
@@ -105,7 +108,7 @@ def measure(relays: int = 1000, devices: int = 100, colluders: float = 0.05, see
     n = sim.net.n
     rng = random.Random(seed)
     all_observers = sorted(rng.sample(range(n), max(1, int(round(colluders * n)))))
-    singles = rng.sample(range(n), min(single_observers, n))
+    singles = rng.sample(range(n), n if single_observers is None else min(single_observers, n))
     hops = _observer_hops(n, sim.net.latency, sim.net.processing, sorted(set(all_observers) | set(singles)))
     # The adversary's map of the mesh, for "the neighbours of a relay" (a stem's last hop is next to it)
     src = np.fromiter((u for u, _ in sim.net.latency), dtype=np.int64)
@@ -151,11 +154,18 @@ def measure(relays: int = 1000, devices: int = 100, colluders: float = 0.05, see
 
     find = stem_candidates if stem else candidates
 
-    def home_guess(observers: list[int]) -> tuple[float, float, float, int, float]:
+    def home_guess(observers: list[int]) -> tuple[float, float, float, int, float, float]:
         """(P names the home, chance, share pinned exactly, registrations seen, the part of P from
-        registrations whose stem an observer was on: Dandelion's first spy)"""
-        succ, exact, count, spy = [], 0, 0, 0.0
+        registrations whose stem an observer was on: Dandelion's first spy, the floor)
+
+        The floor is what no stem hides: an observer that got a registration's stem frame from its home
+        (the home's stem successor, or a link-up announcement) names the home by naming its
+        predecessor, and any observer can guess at random: P >= share of such registrations + the
+        rest x chance. Each registration has one home successor, so for one relay the floor is about
+        2x chance whatever the stem does."""
+        succ, exact, count, spy, first = [], 0, 0, 0.0, 0
         obs_set = set(observers)
+        chance = 1.0 / (n - len(observers))
         for route, home in routes:
             if home in obs_set:
                 continue
@@ -169,9 +179,10 @@ def measure(relays: int = 1000, devices: int = 100, colluders: float = 0.05, see
             exact += int(hit and k == 1)
             if stem and any(x[1] in obs_set for x in stem_seen.get(route, ())):
                 spy += succ[-1]
-        chance = 1.0 / (n - len(observers))
+            first += int(stem and any(x[1] in obs_set and x[2] == home for x in stem_seen.get(route, ())))
+        floor = (first + (count - first) * chance) / count if count else 0.0
         return ((float(np.mean(succ)) if succ else 0.0), chance, (exact / count if count else 0.0), count,
-                (spy / count if count else 0.0))
+                (spy / count if count else 0.0), floor)
 
     def epoch_link(observers: list[int]) -> tuple[float, float, int]:
         first = [(routes[2 * d][0], routes[2 * d][1]) for d in range(devices)]
@@ -190,7 +201,7 @@ def measure(relays: int = 1000, devices: int = 100, colluders: float = 0.05, see
         return (float(np.mean(succ)) if succ else 0.0), 1.0 / devices, len(succ)
 
     one = [home_guess([c]) for c in singles]
-    one_link = [epoch_link([c]) for c in singles]
+    one_link = [epoch_link([c]) for c in singles[:link_observers]]
     many = home_guess(all_observers)
     many_link = epoch_link(all_observers)
     summary = result.summary
@@ -202,6 +213,9 @@ def measure(relays: int = 1000, devices: int = 100, colluders: float = 0.05, see
         # first spy: the home's stem successor is right, so this is about chance), and the rest (the flood)
         "single_relay_first_spy": round(float(np.mean([x[4] for x in one])), 5),
         "single_relay_flood_guess": round(float(np.mean([x[0] - x[4] for x in one])), 5),
+        # what no stem hides (home_guess): about 2x chance for one relay, so "at most 2x" is the floor
+        "single_relay_floor": round(float(np.mean([x[5] for x in one])), 6),
+        "single_observers": len(singles),
         "single_relay_epoch_link": round(float(np.mean([x[0] for x in one_link])), 5),
         "single_relay_chance_home": round(1.0 / (n - 1), 6),
         "colluders": len(all_observers),
@@ -222,6 +236,7 @@ ROWS = (  # the side-by-side table: (label, key, chance key or None)
     ("one relay names the home (P)", "single_relay_home_guess", "single_relay_chance_home"),
     ("  of which: first spy (on the stem)", "single_relay_first_spy", "single_relay_chance_home"),
     ("  of which: from the flood", "single_relay_flood_guess", "single_relay_chance_home"),
+    ("  floor of any stem", "single_relay_floor", "single_relay_chance_home"),
     ("one relay pins the home exactly", "single_relay_home_exact", None),
     ("one relay links two route ids (P)", "single_relay_epoch_link", "chance_epoch_link"),
     ("colluders name the home (P)", "colluders_home_guess", "chance_home"),
@@ -253,6 +268,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--devices", type=int, default=100)
     parser.add_argument("--colluders", type=float, default=0.05, help="share of colluding relays (default 0.05)")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--single-observers", type=int, default=None,
+                        help="relays measured one at a time (default: every relay)")
     parser.add_argument("--stem", choices=("on", "off", "both"), default="both",
                         help="the stem phase ([engine] stem); both: one run each, side by side (default)")
     args = parser.parse_args(argv)
@@ -260,7 +277,11 @@ def main(argv: list[str] | None = None) -> int:
         print("inri-sim privacy: need relays >= 10, devices >= 2, 0 < colluders < 1", file=sys.stderr)
         return 2
     modes = ["off", "on"] if args.stem == "both" else [args.stem]
-    results = {m: measure(args.relays, args.devices, args.colluders, args.seed, stem=m == "on") for m in modes}
+    if args.single_observers is not None and args.single_observers < 1:
+        print("inri-sim privacy: need --single-observers >= 1", file=sys.stderr)
+        return 2
+    results = {m: measure(args.relays, args.devices, args.colluders, args.seed, single_observers=args.single_observers,
+                          stem=m == "on") for m in modes}
     print(table(results))
     # Last line: JSON. One mode: its keys; both: {"stem_off": {...}, "stem_on": {...}}.
     out = results[modes[0]] if len(modes) == 1 else {f"stem_{m}": r for m, r in results.items()}

@@ -48,6 +48,10 @@ relay at distance 2 + noise. The stem length L is geometric: P(L = k) = (1 - q)^
   failed relay; its flood replaces every route of an older generation of the epoch, and frames of an
   older generation are dropped. A relay cannot forge a generation (it would redirect a route id's
   routes mesh-wide), and a registration without a receipt key is not re-stemmed.
+- G10b. A home that issues a generation with no neighbour up (a restart, or before its first link) has
+  no stem successor: the link-up announcements (G5) hand the generation to each new neighbour, which
+  takes it as a stem of its own. Until the next generation each of them is a stem successor for G10
+  (`_stem_branches`): its link going down re-stems, and it may ask for a re-stem.
 - G5 with the stem on: link-up announcements are stem frames, from the home and from every stem relay
   whose stem route works, so they do not single the home out; a flood relay takes the sender as a
   next hop at distance 2 (a stem route never passes a flood relay: loop-free).
