@@ -728,3 +728,45 @@ def test_a_restarted_home_re_stems_when_a_neighbour_it_announced_its_stem_to_fai
                 if isinstance(m, RouteError) and m.reason == RouteErrorReason.HOME_UNREACHABLE]
     alive = [i for i in range(len(net.engines)) if str(i) != dead]
     assert all(dead not in {p for p, _ in net.engines[i].next_hops(reg.route_id)} for i in alive)
+
+
+def test_with_the_stem_on_a_custodian_times_its_re_send_by_the_receipts_hops_not_the_route_distance() -> None:
+    # Rule C4b. The flood starts at hops 2 + U{0..stem_hop_noise} (G6), so a route's distance says little
+    # of its length: C4's retry period, which scales with it, came out 2-3x the path's round trip, and
+    # a lost push waited that long. The hops of the last receipt for the route id are its length.
+    for seed in (1, 2, 3):
+        net = stem_net(seed=seed)
+        reg = register(net, 0, 0)
+        net.run_until(3.0)
+        far = net.engines[12]
+        first = far.inject_push(reg, TOKENS[0], b"one", net.now)
+        net.apply("12", first.effects)
+        net.run_until(6.0)
+        assert net.custody.get(first.push_id) == "delivered"
+        distance = far.next_hops(reg.route_id)[0][1]
+        links = next(r[6] for r in net.tracer.rows if r[2] == "push_settled" and r[3] == first.push_id.hex())
+        assert links is not None and links < distance  # the receipt's hops: the links the push took
+        by_receipt, by_distance = far._path_period(links), far._path_period(distance)
+        assert by_receipt < 0.7 * by_distance
+        apply = net.apply
+        sends: list[tuple[float, int]] = []
+
+        def lose_first(src: str, effects: list[Any], apply: Any = apply, sends: list[tuple[float, int]] = sends,
+                       net: MiniNet = net) -> None:
+            keep = []
+            for e in effects:
+                if src == "12" and isinstance(e, Send) and isinstance(e.msg, Push):
+                    sends.append((net.now, e.msg.attempt))
+                    if len(sends) == 1:
+                        continue  # the first copy is lost
+                keep.append(e)
+            apply(src, keep)
+
+        net.apply = lose_first  # type: ignore[method-assign]
+        second = far.inject_push(reg, TOKENS[1], b"two", net.now)
+        net.apply("12", second.effects)
+        net.run_until(12.0)
+        assert net.custody.get(second.push_id) == "delivered"
+        waited = sends[1][0] - sends[0][0]
+        assert sends[1][1] == 1
+        assert waited == pytest.approx(by_receipt, abs=1e-6), (seed, waited, by_receipt, by_distance)

@@ -254,6 +254,8 @@ class CustodyRules(EngineState):
                 st.queue_delay = now - c.sent_at
             self._queue_front(st)
         final = RECEIPT_STATUS[status]
+        if self.config.stem and hops > 0:  # rule C4b (rtt.py)
+            self._route_len.put(c.push.route_id, hops)
         if self._level:
             self._trace(now, "push_settled", msg=pid.hex(), route=c.push.route_id.hex(), hops=hops, reason=final)
         return [released(pid, final, hops)]

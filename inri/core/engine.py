@@ -168,7 +168,7 @@ from inri.core.custody import CustodyRules
 from inri.core.forwarding import ForwardingRules
 from inri.core.gossip import ANNOUNCE_SHARE, GossipRules
 from inri.core.membership import MembershipRules
-from inri.core.rtt import RttRules
+from inri.core.rtt import ROUTE_LEN_MAX, RttRules
 from inri.core.scoring import ScoringRules
 from inri.core.state import SWEEP_INTERVAL_S, Custody, Neighbour, ReverseMark, make_keepalive, readdress
 from inri.core.stem import StemRules
@@ -282,6 +282,7 @@ class Engine(MembershipRules, GossipRules, StemRules, TreeRules, ForwardingRules
         self._heard_any = -float("inf")  # custody.py (C7): when a frame last came from any neighbour
         self._hop_srtt = 0.0  # rtt.py (C4)
         self._hop_rttvar = 0.0
+        self._route_len: BoundedMap[bytes, int] = BoundedMap(ROUTE_LEN_MAX)  # rtt.py (C4b)
         self._rtt_from_paths = False
         # Slow, not silent (rule S1, scoring.py): pushes past receipt_timeout_s whose next hop keeps
         # answering, slowly, get a longer grace: push id -> (next hop, sent, grace end), with a heap

@@ -32,6 +32,11 @@ C6. A relay whose transport reports a neighbour unresponsive (`Engine.link_unres
     Under churn the pushes that met a relay that had just died were most of the latency tail: the
     custodian's retry came 0.6-1.9 s after the push, the link's keepalive timeout seconds later.
 
+C4b. With the stem on, a route's distance is not its length: the flood starts at 2 + U{0..stem_hop_noise}
+    hops (G6), and a stem relay is at distance 2 whatever the stem's length. The custodian then takes
+    d = the hops of the last receipt that came back for the route id (the links the push took to the
+    home, stem included), when that is the smaller; before the first receipt, the distance.
+
 With `adaptive_retry = false` the custodian re-sends after custody_retry_s periods as before.
 """
 
@@ -50,6 +55,8 @@ RTT_VAR_FACTOR = 4.0  # RFC 6298: RTO = SRTT + K x RTTVAR, K = 4
 # loss-1k it re-sends 5% of the pushes while their receipt is on its way (+4% push messages); twice
 # that re-sends 0.6%, but puts most routes of churn-2k at the 2 s cap (latency p95 2.2 s, not 1.4 s).
 PATH_FACTOR = 1.0
+# C4b: route ids whose last receipt's hop count a custodian remembers (stem on), oldest first out.
+ROUTE_LEN_MAX = 4096
 # A per-link sample larger than this is not a link's round trip (the longest terrestrial ones are
 # ~0.3 s) but a stall on the path (a host paused, a QUIC backoff, a relay that died): it would inflate
 # rttvar and keep every retry at the cap for a long while. Such pushes are S1's business.
@@ -106,7 +113,12 @@ class RttRules(EngineState):
         entry = self._routes.get(rid)
         if entry is None:
             return cap
-        return self._path_period(RouteTable.distance(entry))
+        links = RouteTable.distance(entry)
+        if cfg.stem:  # C4b
+            known = self._route_len.get(rid)
+            if known is not None and known < links:
+                links = known
+        return self._path_period(links)
 
     # Rule C4 (period of a path of `links` links).
     def _path_period(self, links: int) -> float:

@@ -282,6 +282,7 @@ class EngineState:
     _finds: BoundedMap[bytes, tuple[int, int, float]]  # forwarding.py (F8c)
     _hop_srtt: float  # rtt.py (C4): per-link round-trip estimate (0: no sample yet) and its variation
     _hop_rttvar: float
+    _route_len: BoundedMap[bytes, int]  # rtt.py (C4b): route id -> links its last receipt came back over
     _rtt_from_paths: bool  # rtt.py: a receipt sample came (keepalive samples are ignored from then on)
     _heard_any: float  # custody.py (C7): when a frame last came from any neighbour
     _overdue: dict[bytes, tuple[str, float, float]]
