@@ -25,7 +25,7 @@ from inri.node.tracefile import read_trace
 from inri.protocol.codec import DecodeError, decode, encode, make_registration
 from inri.protocol.keys import generation_signed_bytes, new_signing_key, receipt_public_key, sign
 from inri.protocol.messages import Push, RegGossip, Registration, RouteError, RouteErrorReason, StemRepair
-from simulations.scenario import from_dict
+from simulations.scenario import ScenarioError, from_dict
 
 KEYS = [new_signing_key(bytes([i]) * 32) for i in range(1, 9)]
 TOKENS = [bytes([i]) * 16 for i in range(1, 30)]
@@ -210,6 +210,12 @@ def test_stem_is_an_engine_key_of_relay_config_files_and_scenarios(tmp_path: Pat
     assert load_config(cfg, env={"INRI_ENGINE_STEM": "true"}).engine.stem
     sc = from_dict({"name": "s", "topology": {"kind": "random", "relays": 20}, "engine": {"stem": True}})
     assert sc.engine.stem
+    # the noise on the flood's first hop count keeps hops one byte on the wire
+    cfg.write_text(f'[relay]\ndata_dir = "{tmp_path}"\n[engine]\nstem_hop_noise = 65\n')
+    with pytest.raises(ConfigError, match="stem_hop_noise"):
+        load_config(cfg, env={})
+    with pytest.raises(ScenarioError, match="stem_hop_noise"):
+        from_dict({"name": "s", "topology": {"kind": "random", "relays": 20}, "engine": {"stem_hop_noise": 65}})
 
 
 def test_privacy_command_reports_stem_on_and_off_side_by_side(capsys: pytest.CaptureFixture[str]) -> None:

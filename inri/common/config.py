@@ -46,7 +46,10 @@ ENGINE_RULES: dict[str, msgspec.Meta] = {
         "reg_budget_burst", "reg_budget_peer_burst", "push_ttl", "reverse_max", "custody_max",
         "custody_max_attempts", "push_seen_max", "push_budget_peer_burst")},
     **{name: _NONNEG for name in ("outbound_min", "priority_join_below", "far_links", "forward_jitter_s",
-                                   "stem_hop_noise", "tree_announce_delay_s", "fallback_budget")},
+                                   "tree_announce_delay_s", "fallback_budget")},
+    # The flood's hops start at 2 + U{0..noise} and must stay one-byte (< 128) over a mesh's longest
+    # flood path (about 45 hops on a sparse geographic mesh of 5k relays): docs/operations.md.
+    "stem_hop_noise": msgspec.Meta(ge=0, le=64),
     "stem_fluff_probability": msgspec.Meta(gt=0, le=1),
     **{name: msgspec.Meta(ge=0, le=1) for name in ("tree_eager_share", "tree_explore")},
     **{name: _POS for name in (

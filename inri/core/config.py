@@ -72,9 +72,10 @@ class EngineConfig:
     stem_epoch_s: float = 3600.0  # successor choices are re-drawn every period (Dandelion++: 10 min)
     stem_embargo_s: float = 10.0  # fail-safe: a stem relay that does not see the flood by then floods itself
     # The flood starts at hops 2 + U{0..noise}: a lone relay's hop count then says about nothing of how
-    # far the flood started (privacy, 1,000 relays: the flood's part of "one relay names the home"
-    # 1.35-1.42x chance at 4, 1.12-1.22x at 12, and no stem takes it below 1x; issue 19, docs/protocol.md).
-    stem_hop_noise: int = 12
+    # far the flood started (privacy, 1,000 relays, every relay measured: the flood's part of "one relay
+    # names the home" 1.12-1.19x chance at 12, 1.03-1.06x at 40, and no stem takes it below 1x; issue 19,
+    # docs/protocol.md). 40 + a mesh's longest flood path stays under 128 (one-byte hops on the wire).
+    stem_hop_noise: int = 40
 
     # Pushes
     # The radius of the custodian's last ring (after 1, 3, 5, 7), when the fallback budget allows it.
