@@ -776,3 +776,28 @@ def test_with_the_stem_on_a_custodian_times_its_re_send_by_the_receipts_hops_not
         waited = sends[1][0] - sends[0][0]
         assert sends[1][1] == 1
         assert waited == pytest.approx(by_receipt, abs=1e-6), (seed, waited, by_receipt, by_distance)
+
+
+@pytest.mark.parametrize("broken", [1, 2])
+def test_a_push_stuck_behind_a_broken_stem_is_re_sent_as_soon_as_the_re_stem_reaches_its_custodian(broken: int) -> None:
+    # Rule C3c. A stem relay fails silently; pushes into the stem below it are answered `home unreachable`
+    # (G7) or `next hop down` until its neighbours notice and the home re-stems (G10). The custodian used
+    # to wait for its backed-off retry (4 s later here, up to 16 s); the re-stem's flood, reaching the
+    # custodian, re-sends the push along the new route at once.
+    net, reg, path = signed_stem(broken + 1)
+    dead = path[broken][1]
+    net.kill(int(dead), silent=True)
+    pid = push_from_far(net, reg, path)
+    start = net.now
+    restem = delivered = None
+    while net.now < start + 30 and delivered is None:
+        net.run_until(net.now + 0.02)
+        if restem is None and net.engines[0].stats().get("stem_restemmed"):
+            restem = net.now
+        if net.custody.get(pid) == "delivered":
+            delivered = net.now
+    assert restem is not None and delivered is not None
+    assert restem - start > 2.0  # the silent failure took the keepalives to notice
+    assert delivered - restem < 0.5, (restem - start, delivered - start)
+    answers = [m.reason for _, _, m in net.sent if isinstance(m, RouteError) and m.push_id == pid]
+    assert RouteErrorReason.HOME_UNREACHABLE in answers  # it did meet the broken stem first

@@ -246,6 +246,8 @@ class CustodyRules(EngineState):
         self._reverse.pop(pid, None)
         if c is None:
             return []
+        if self._waiting_route:  # C3c
+            self._forget_waiting(c)
         st = None if c.sent_to is None else self._active.get(c.sent_to)
         if st is not None:  # rule C7
             st.queue_heard = now
@@ -265,6 +267,8 @@ class CustodyRules(EngineState):
         pid = c.push.push_id
         if now >= c.deadline:
             self._custody.pop(pid, None)
+            if self._waiting_route:  # C3c
+                self._forget_waiting(c)
             # A late receipt still corrects the status, once it verifies against the push's receipt key.
             self._reverse.put(pid, (_LATE, now + self.config.reverse_ttl_s, c.push.registration, -1))
             # expired: routes existed but no receipt came back in time; unreachable: no relay on our
@@ -423,6 +427,52 @@ class CustodyRules(EngineState):
         rid = c.push.route_id
         period = self._retry_period(rid) if nxt < ROUTE_ATTEMPTS else cfg.custody_retry_s
         return now + max(period, QUEUE_LOOK * st.queue_delay)
+
+    # Rule C3c.
+    def _forget_waiting(self, c: Custody) -> None:
+        waiting = self._waiting_route.get(c.push.route_id)
+        if waiting is not None:
+            waiting.discard(c.push.push_id)
+            if not waiting:
+                del self._waiting_route[c.push.route_id]
+
+    def _home_down(self, c: Custody, now: float) -> None:
+        """A relay on the route answered `home unreachable` for this push (or this relay is the home's
+        silent neighbour): custody waits on the route (C3)."""
+        c.home_down = True
+        self._await_route(c, now)
+
+    def _await_route(self, c: Custody, now: float) -> None:
+        """The push's last copy failed (a route error came back) and it waits for its scheduled retry:
+        a route renewal wakes it, and an answer about a route renewed after the copy left (the re-stem's
+        flood overtook it) wakes it now."""
+        rid = c.push.route_id
+        renewed = self._renewed_at.get(rid)
+        if renewed is not None and renewed > c.sent_at and c.next_retry > now:
+            c.home_down = True  # the next attempt follows the (new) route, as after `home unreachable`
+            c.next_retry = now
+            self._schedule(c.push.push_id, now)
+            self._count("custody_woken")
+            return
+        self._waiting_route.setdefault(rid, set()).add(c.push.push_id)
+
+    def _route_renewed(self, rid: bytes, now: float) -> None:
+        """Rule C3c: a new epoch or route generation of rid reached this relay (a refresh, or the home's
+        re-stem around a failed stem relay, G10): pushes in custody here whose last copy failed (`home
+        unreachable`, `next hop down`, or parked) are re-sent now along the new route, not at their
+        scheduled, backed-off retry (churn-10k with the stem on: pushes late by 10-20 s after the
+        re-stem had come)."""
+        self._renewed_at.put(rid, now)
+        waiting = self._waiting_route.pop(rid, None)
+        if waiting is None:
+            return
+        for pid in waiting:
+            c = self._custody.get(pid)
+            if c is not None and c.next_retry > now:
+                c.home_down = True  # the next attempt follows the new route (it never widens)
+                c.next_retry = now
+                self._schedule(pid, now)
+                self._count("custody_woken")
 
     # Rule C2.
     def _schedule(self, pid: bytes, when: float) -> None:

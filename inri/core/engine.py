@@ -283,6 +283,8 @@ class Engine(MembershipRules, GossipRules, StemRules, TreeRules, ForwardingRules
         self._hop_srtt = 0.0  # rtt.py (C4)
         self._hop_rttvar = 0.0
         self._route_len: BoundedMap[bytes, int] = BoundedMap(ROUTE_LEN_MAX)  # rtt.py (C4b)
+        self._waiting_route: dict[bytes, set[bytes]] = {}  # custody.py (C3c)
+        self._renewed_at: BoundedMap[bytes, float] = BoundedMap(ROUTE_LEN_MAX)
         self._rtt_from_paths = False
         # Slow, not silent (rule S1, scoring.py): pushes past receipt_timeout_s whose next hop keeps
         # answering, slowly, get a longer grace: push id -> (next hop, sent, grace end), with a heap

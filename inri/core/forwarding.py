@@ -256,7 +256,7 @@ class ForwardingRules(EngineState):
         if isinstance(prev, ReverseMark):
             c = self._custody.get(pid)
             if c is not None:
-                c.home_down = True  # the home is our neighbour and silent: retry later, never widen
+                self._home_down(c, now)  # the home is our neighbour and silent: retry later, never widen
             return []
         if prev not in self._active:
             return []
@@ -1020,14 +1020,18 @@ class ForwardingRules(EngineState):
                 self._routes[msg.route_id] = RouteTable.demote(entry, peer)
         if prev is _LOCAL:
             c = self._custody.get(msg.push_id)
-            if c is None or hole:
-                return []  # F6: the route is repaired down the path; the scheduled retry stands
+            if c is None:
+                return []
+            if hole:
+                self._await_route(c, now)  # F6: the route is repaired down the path; the scheduled retry stands
+                return []
             if msg.reason == RouteErrorReason.HOME_UNREACHABLE:
                 # The home relay is down: flooding cannot reach it. Keep custody and re-send along the
                 # route at the next scheduled retry (it may be back by then); never widen the ring.
-                c.home_down = True
+                self._home_down(c, now)
                 return []
             if c.attempt + 1 >= self.config.custody_max_attempts:
+                self._await_route(c, now)
                 return []  # parked: the next slow retry is already scheduled
             return self._retry(c, now)
         if prev not in self._active or not self._error_once(msg.push_id, now):  # F6b

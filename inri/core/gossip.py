@@ -125,9 +125,9 @@ class GossipRules(EngineState):
                 if frame is not None:
                     out.append(Send(peer, frame))
                     n -= 1
-                    branches = self._stem_branches.get(rid) if reg is not None else None
-                    if branches is not None:  # G10b: a stem of its own at that neighbour (stem.py)
-                        branches.add(peer)
+                    if reg is not None and (rid in self._stem_branches or (rid, reg.epoch) in self._embargo):
+                        # G10b: a neighbour that may not hold this generation yet starts a stem of its own
+                        self._stem_branches.setdefault(rid, set()).add(peer)
             elif reg is not None and reg.expires_at > now + self.wall_offset:
                 out.append(Send(peer, RegGossip(reg, 1, 0)))
                 n -= 1
@@ -225,6 +225,8 @@ class GossipRules(EngineState):
         routes.set_first(rid, epoch, expires_at - off if off else expires_at, peer, hops)
         if msg.generation or self._gen:
             self._set_generation(rid, msg)
+        if self._custody:  # C3c (custody.py)
+            self._route_renewed(rid, now)
         out: list[Effect] = []
         ttl = msg.ttl - 1
         if hops > ttl:  # G3b: this copy spent more TTL than it has left; a later, shorter one goes on too

@@ -50,8 +50,9 @@ relay at distance 2 + noise. The stem length L is geometric: P(L = k) = (1 - q)^
   routes mesh-wide), and a registration without a receipt key is not re-stemmed.
 - G10b. A home that issues a generation with no neighbour up (a restart, or before its first link) has
   no stem successor: the link-up announcements (G5) hand the generation to each new neighbour, which
-  takes it as a stem of its own. Until the next generation each of them is a stem successor for G10
-  (`_stem_branches`): its link going down re-stems, and it may ask for a re-stem.
+  takes it as a stem of its own; so may a neighbour whose link comes up before the generation's flood
+  came back to the home (its embargo is still armed). Until the next generation each of them is a
+  stem successor for G10 (`_stem_branches`): its link going down re-stems, and it may ask for one.
 - G5 with the stem on: link-up announcements are stem frames, from the home and from every stem relay
   whose stem route works, so they do not single the home out; a flood relay takes the sender as a
   next hop at distance 2 (a stem route never passes a flood relay: loop-free).
@@ -199,6 +200,8 @@ class StemRules(EngineState):
         routes.set_first(rid, reg.epoch, self._local_expiry(reg.expires_at), peer, STEM_DISTANCE)
         if msg.generation or self._gen:
             self._set_generation(rid, msg)
+        if self._custody:  # C3c (custody.py)
+            self._route_renewed(rid, now)
         self._stem_next.pop(rid, None)
         self._stem_held[rid] = reg  # announced to new neighbours while the stem route lives (G5)
         coin, draw = self._stem_draw(rid, now)
