@@ -801,3 +801,32 @@ def test_a_push_stuck_behind_a_broken_stem_is_re_sent_as_soon_as_the_re_stem_rea
     assert delivered - restem < 0.5, (restem - start, delivered - start)
     answers = [m.reason for _, _, m in net.sent if isinstance(m, RouteError) and m.push_id == pid]
     assert RouteErrorReason.HOME_UNREACHABLE in answers  # it did meet the broken stem first
+
+
+def test_a_home_re_stems_when_a_neighbour_announced_to_before_its_flood_came_back_fails() -> None:
+    # G10b: a link that comes up at the home before the registration's flood came back gets the
+    # registration as a stem frame (G5) and, not holding it yet, takes it as a stem of its own; relays
+    # route into it. When that neighbour fails, the home re-stems, as for its stem successor (churn-10k
+    # seed 3, stem on: a neighbour linked 0.04 s after a re-stem failed 0.2 s later, and the pushes behind
+    # it got `home unreachable` for 30 s). On a chain 0-...-6, the home 6 links to 2 at once.
+    for seed in range(1, 12):
+        net = MiniNet(7, CHAIN, config=STEM, seed=seed)
+        net.run_until(1.0)
+        reg = register_signed(net, HOME, 0)
+        net.links[(str(HOME), "2")] = net.links[("2", str(HOME))] = 0.01
+        net.link_up(str(HOME), "2")
+        net.run_until(3.0)
+        if [p for p, _ in net.engines[3].next_hops(reg.route_id)][:1] == ["2"]:
+            break
+    else:
+        pytest.fail("no seed had relay 3 route through the home's new neighbour 2")
+    assert (str(HOME), "2") in [(a, b) for a, b, m in net.sent if isinstance(m, RegGossip) and m.stem]
+    net.kill(2)
+    net.run_until(4.0)
+    assert net.engines[HOME].stats().get("stem_restemmed") == 1
+    assert "2" not in {p for p, _ in net.engines[3].next_hops(reg.route_id)}
+    res = net.engines[3].inject_push(reg, TOKENS[0], b"sealed", net.now)
+    assert res.push_id is not None
+    net.apply("3", res.effects)
+    net.run_until(5.0)
+    assert net.custody.get(res.push_id) == "delivered"
