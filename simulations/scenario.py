@@ -132,6 +132,16 @@ class Partition:
     fraction: float = 0.5
 
 
+
+def sim_engine_config() -> EngineConfig:
+    """The engine settings a scenario starts from: the relay's defaults, except the route table.
+
+    The simulator's route table defaults to the dict (the relay's to "compact"): its engines share
+    every route id object, so a dict entry costs about 130 B there instead of 180, and a run is about
+    1.5x faster (churn-2k seed 3: 15.9 s against 24.1 s, the same summary). A scenario sets
+    `route_table = "compact"` where memory is the wall (scale-100k)."""
+    return EngineConfig(route_table="dict")
+
 @dataclass(frozen=True)
 class Scenario:
     name: str
@@ -146,7 +156,7 @@ class Scenario:
     workload: Workload = field(default_factory=Workload)
     churn: Churn = field(default_factory=Churn)
     partitions: tuple[Partition, ...] = ()
-    engine: EngineConfig = field(default_factory=EngineConfig)
+    engine: EngineConfig = field(default_factory=sim_engine_config)
     adversaries: tuple[Adversary, ...] = ()
 
 
@@ -239,7 +249,7 @@ def from_dict(raw: dict[str, Any], default_name: str = "scenario") -> Scenario:
     if not isinstance(engine_raw, dict):
         raise ScenarioError("[engine] must be a table")
     settings = {k: Setting(v, f"[engine] {k}") for k, v in engine_raw.items()}
-    engine = engine_config(EngineConfig(), settings, where="[engine]", error=ScenarioError)
+    engine = engine_config(sim_engine_config(), settings, where="[engine]", error=ScenarioError)
     network = raw.pop("network", {}) or {}
     if not isinstance(network, dict) or set(network) - {"loss", "loss_model"}:
         raise ScenarioError("[network] must be a table with only the keys loss and loss_model")

@@ -100,3 +100,15 @@ def test_check_config_names_the_key_and_exits_2(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "inri.cli", "relay", "--config", str(f), "--check-config"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and '"custody_max_attempts": 3' in proc.stdout
+    assert '"route_table": "compact"' in proc.stdout  # the relay's default table (issue 18)
+
+
+def test_relays_default_to_the_compact_route_table_and_scenarios_to_the_dict() -> None:
+    """A relay holds its routes in the compact table (about 60 B a route) unless its config says
+    otherwise; a scenario runs on the dict table (its engines share route id objects) unless it sets
+    `route_table`."""
+    assert load_config(None, env={}).engine.route_table == "compact"
+    assert load_config(None, env={"INRI_ENGINE_ROUTE_TABLE": "dict"}).engine.route_table == "dict"
+    base: dict[str, object] = {"name": "t", "topology": {"relays": 10}, "workload": {"registrations": 1, "pushes": 1}}
+    assert from_dict(dict(base)).engine.route_table == "dict"
+    assert from_dict({**base, "engine": {"route_table": "compact"}}).engine.route_table == "compact"

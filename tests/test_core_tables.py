@@ -150,6 +150,7 @@ def _model_table(seed: int, slots: int, ops: int, cls: Table = CompactRouteTable
             for r in gone:
                 del model[r]
             assert table.expire(now) == gone
+            assert table.expire_from == min((e[1] for e in model.values()), default=float("inf"))
         elif op == 9 and rng.random() < 0.05 and model:
             victim = min(model, key=lambda r: model[r][1])
             del model[victim]

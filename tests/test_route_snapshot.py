@@ -131,7 +131,9 @@ async def test_a_restarted_relay_routes_its_pushes_without_a_device_refresh(tmp_
             await trio.to_thread.run_sync(lambda: mesh.restart_relay(info, far))
             # Up again: the route is known before any device refresh, and before a link to the home
             # (if it gets one) could announce it (rule G5).
-            assert (await c.get(far["api"] + "/v1/status")).json()["routes"] >= 1
+            far_status = (await c.get(far["api"] + "/v1/status")).json()
+            assert far_status["routes"] >= 1
+            assert far_status["route_table"] == "compact"  # the relay's default (issue 18): about 60 B a route
             # Its former neighbours are dialled first (routes.msgpack keeps them): a next hop of its
             # route, or the home itself, comes back as a neighbour, in the views of both ends.
             with trio.fail_after(30):

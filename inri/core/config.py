@@ -48,12 +48,13 @@ class EngineConfig:
     # compact announcements, batched per neighbour, on the other links; they give the same backup next
     # hops and repair the tree (graft) when a full frame does not come within tree_graft_timeout_s.
     gossip_scheme: Literal["flood", "tree"] = "flood"
-    # Route table storage (inri/core/tables.py), the same entries either way: "dict" (about 180 B per
-    # route, the default) or "compact" (about 60 B per route at about 10x the CPU per lookup; opt-in:
-    # it matches the dict table under random operations, but the real-process kill -9 test of
-    # tests/test_home_restart.py lost pushes with it in 3 of 5 runs against 0 of 3 with "dict", cause
-    # not found yet).
-    route_table: Literal["compact", "dict"] = "dict"
+    # Route table storage (inri/core/tables.py), the same entries either way: "compact" (the relay's
+    # default since issue 18: about 60 B per route with its 16-byte id, against about 180 B; push
+    # forwards as fast or faster, gossip receptions about 0.8x: benchmarks/bench_engine.py prints both
+    # side by side) or "dict" (a dict of tuples: the fastest gossip path). The simulator's scenarios
+    # default to "dict" (simulations/scenario.py: its engines share every route id object, so the dict
+    # costs less there and the run is about 1.5x faster); scale-100k sets "compact" for memory.
+    route_table: Literal["compact", "dict"] = "compact"
     tree_announce_delay_s: float = 0.05  # announcements wait this long to share a frame per neighbour
     tree_graft_timeout_s: float = 0.25  # an announced registration not received by then is grafted
     # A link gets full frames of a direction and distance while at least this share of those it got

@@ -535,6 +535,10 @@ class Engine(MembershipRules, GossipRules, StemRules, TreeRules, ForwardingRules
         """Route ids with at least one next hop."""
         return self._routes.routed_count()
 
+    def route_table_kind(self) -> str:
+        """How the route table is stored: "compact" or "dict" (`[engine] route_table`)."""
+        return "compact" if isinstance(self._routes, CompactRouteTable) else "dict"
+
     def active_peers(self) -> list[str]:
         """The active view, sorted."""
         return sorted(self._active)

@@ -573,27 +573,81 @@ class CompactRouteTable(EntryReaders):
                     changed += 1
         return changed
 
+    def _scans(self) -> tuple[struct.Struct, struct.Struct]:
+        """Structs that read every record of a bucket in one C call (`iter_unpack`): (expires,) and
+        (expires, seq), the other fields skipped as pad bytes."""
+        skip = self._seq_at - _KEY - 12  # after expires, up to the seq
+        return (struct.Struct(f"<{_KEY + 4}xd{skip + 8}x"), struct.Struct(f"<{_KEY + 4}xd{skip}xQ"))
+
     def expire(self, now: float) -> list[bytes]:
-        """Remove the routes expired at now; returns their ids (in insertion order)."""
-        records = self._records()
-        expired = [rid for _, rid, e in records if e[1] <= now]
-        self.expire_from = min((e[1] for _, _, e in records if e[1] > now), default=float("inf"))
-        for r in expired:
-            self.pop(r)
-        return expired
+        """Remove the routes expired at now; returns their ids (in insertion order).
+
+        One C-level scan per bucket for its earliest expiry; only buckets holding an expired route are
+        read record by record (a sweep of 1M routes in about 0.1 s, not the 5 s of decoding them all)."""
+        by_exp, _ = self._scans()
+        nxt = float("inf")
+        gone: list[tuple[int, bytes]] = []
+        stride = self._stride
+        for b in self._b:
+            if not b:
+                continue
+            first = min(by_exp.iter_unpack(b))[0]
+            if first > now:
+                if first < nxt:
+                    nxt = first
+                continue
+            for i, (exp,) in zip(range(0, len(b), stride), by_exp.iter_unpack(b), strict=True):
+                if exp <= now:
+                    gone.append((self._seq_of(b, i), bytes(b[i:i + _KEY])))
+                elif exp < nxt:
+                    nxt = exp
+        for rid, (seq, e) in self._other.items():
+            if e[1] <= now:
+                gone.append((seq, rid))
+            elif e[1] < nxt:
+                nxt = e[1]
+        gone.sort()
+        for _, rid in gone:
+            self.pop(rid)
+        self.expire_from = nxt
+        return [rid for _, rid in gone]
 
     def evict_first_expiring(self) -> bytes:
-        """Remove the entry that expires first (the table is full; the oldest of equals); returns its id."""
-        victim = min(self._records(), key=lambda r: (r[2][1], r[0]))[1]
+        """Remove the entry that expires first (the table is full; the oldest of equals); returns its id.
+        One C-level scan per bucket of (expires, seq), as `expire`."""
+        _, by_exp_seq = self._scans()
+        best: tuple[float, int] | None = None
+        where: bytes | bytearray = _EMPTY
+        for b in self._b:
+            if b:
+                m = min(by_exp_seq.iter_unpack(b))
+                if best is None or m < best:
+                    best, where = m, b
+        victim: bytes | None = None
+        if best is not None:
+            seq_at, stride = self._seq_at, self._stride
+            seq = best[1].to_bytes(8, "little")
+            for i in range(0, len(where), stride):
+                if where[i + seq_at:i + stride] == seq:
+                    victim = bytes(where[i:i + _KEY])
+                    break
+        for rid, (seq_other, e) in self._other.items():
+            if best is None or (e[1], seq_other) < best:
+                best, victim = (e[1], seq_other), rid
+        if victim is None:
+            raise KeyError("evict_first_expiring: the table is empty")
         self.pop(victim)
         return victim
 
     def routed_count(self) -> int:
         """Route ids with at least one next hop."""
         count = sum(1 for _, e in self._other.values() if len(e) > _FIRST_HOP)
-        stride = self._stride
+        by_count = struct.Struct(f"<{_COUNT}xB{self._stride - _COUNT - 1}x")  # the next hop count alone
+        none = (0,)
         for b in self._b:
-            count += sum(1 for i in range(_COUNT, len(b), stride) if b[i])
+            if b:  # one C-level scan per bucket (/v1/status calls this)
+                counts = list(by_count.iter_unpack(b))
+                count += len(counts) - counts.count(none)
         return count
 
 

@@ -629,6 +629,7 @@ class RelayService:
             # full): not in "neighbours", which lists active neighbours only (inri_neighbours).
             "pending_neighbours": sorted(set(self._linked) - set(eng.active_peers())),
             "routes": eng.route_count(),
+            "route_table": eng.route_table_kind(),  # [engine] route_table: "compact" by default
             "peer_scores": eng.peer_scores(),  # docs/protocol.md, Peer scoring
             "banned_peers": eng.stats()["banned"],
             "custody": len(self._custody),
