@@ -158,6 +158,9 @@ def _model_table(seed: int, slots: int, ops: int, cls: Table = CompactRouteTable
         assert table.get(rid) == model.get(rid) and table.next_hops_of(rid) == (model[rid][3::2] if rid in model
                                                                                    else ())
     assert len(table) == len(model) and list(table.items()) == list(model.items())
+    learned = [(r, e) for r, e in model.items() if len(e) > 3 and e[2] > 0]  # a snapshot's rows
+    assert sorted(table.export_rows(5.0)) == sorted(
+        (r, e[0], e[1] + 5.0, tuple(zip(e[3::2], e[4::2], strict=True))) for r, e in learned)
     assert table.routed_count() == sum(1 for e in model.values() if len(e) > 3)
 
 

@@ -556,13 +556,7 @@ class Engine(MembershipRules, GossipRules, StemRules, TreeRules, ForwardingRules
         """Learned routes, to be kept across a restart: [(route id, epoch, wall-clock expiry, ((next hop,
         distance), ...)), ...]. Routes homed here (the store keeps their registrations) and routes with
         no next hop left are not included."""
-        off = self.wall_offset
-        out = []
-        for rid, entry in self._routes.items():
-            hops = RouteTable.vector(entry)
-            if hops and RouteTable.distance(entry) > 0:
-                out.append((rid, RouteTable.epoch(entry), RouteTable.expires(entry) + off, tuple(hops)))
-        return out
+        return self._routes.export_rows(self.wall_offset)
 
     def restore_routes(self, rows: list[tuple[bytes, int, float, tuple[tuple[str, int], ...]]], now: float) -> int:
         """Routes this relay had learned before a restart (export_routes), verified then: a restarted
