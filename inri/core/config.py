@@ -49,7 +49,7 @@ class EngineConfig:
     # hops and repair the tree (graft) when a full frame does not come within tree_graft_timeout_s.
     gossip_scheme: Literal["flood", "tree"] = "flood"
     # Route table storage (inri/core/tables.py), the same entries either way: "compact" (the relay's
-    # default since issue 18: about 60 B per route with its 16-byte id, against about 180 B; push
+    # default since issue 18: about 71 B per route with its 16-byte id, against about 179 B; push
     # forwards as fast or faster, gossip receptions about 0.8x: benchmarks/bench_engine.py prints both
     # side by side) or "dict" (a dict of tuples: the fastest gossip path). The simulator's scenarios
     # default to "dict" (simulations/scenario.py: its engines share every route id object, so the dict

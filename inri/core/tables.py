@@ -91,8 +91,8 @@ _NEWER, _STALE, _REPLAYED, _FEASIBLE, _DUPLICATE = (
 # follow a dict's insertion order (expiry lists, the eviction tie-break, iteration) still does. A
 # bucket holds about 4-8 routes: a lookup is one dict probe (the route id's hash is cached by the
 # bytes object), one C `find` of the 16 bytes in a few hundred and one C `unpack_from`. Measured over
-# 1M routes (benchmarks/bench_route_memory.py): about 60 B per route, the route id included, against
-# 179 B for a dict of tuples keyed by the route id object.
+# 1M routes (benchmarks/bench_route_memory.py): about 60 B per route in the table (71 B of the engine's
+# allocations), the route id included, against 179 B for a dict of tuples keyed by the route id object.
 _KEY = limits.ROUTE_ID_BYTES
 _COUNT = _KEY + 13  # offset of the next hop count in a record
 _SLOT = struct.Struct("<IB")  # one next hop: peer number, hops
@@ -197,8 +197,8 @@ class EntryReaders:
 
 class RouteTable(EntryReaders, dict[bytes, RouteEntry]):
     """route id -> route entry, plus the earliest expiry (sweeps skip the scan until then): a dict of
-    flat tuples (`[engine] route_table = "dict"`, the default: the fastest lookups; the
-    compact table below holds the same entries in a third of the memory).
+    flat tuples (`[engine] route_table = "dict"`, the simulator's default: the fastest lookups; the
+    compact table below, the relay's default, holds the same entries in about 40% of the memory).
 
     Reading an entry: `epoch`, `expires`, `distance` (feasibility distance), `next_hops`, `vector`,
     `primary`, `claims` (peer is one of its next hops), `has_room`, and for the gossip hot path
@@ -286,8 +286,10 @@ class RouteTable(EntryReaders, dict[bytes, RouteEntry]):
 
 
 class CompactRouteTable(EntryReaders):
-    """RouteTable's twin stored compactly (`[engine] route_table = "compact"`, opt-in):
-    about 60 B per route against about 180 B, at about 10x the CPU per lookup in pure Python.
+    """RouteTable's twin stored compactly (`[engine] route_table = "compact"`, the relay's default):
+    about 60 B per route against about 180 B. A lookup costs about 5x a dict's (1.5-2 us against 0.3-0.5
+    at 1M routes), which a push forward does not feel (benchmarks/bench_engine.py: as fast or faster,
+    side by side); a gossip reception does (0.77x).
 
     A mapping with the dict methods the engine uses (get, [], []=, pop, del, in, len, iteration in
     insertion order), stored compactly (see above); entries come out as flat tuples, and it has every
