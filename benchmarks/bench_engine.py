@@ -17,6 +17,8 @@ import random
 import statistics
 import time
 
+from bench_route_memory import TrustAll  # this directory: the script's own (signatures beside the point)
+
 from inri.core.api import Send
 from inri.core.config import EngineConfig
 from inri.core.engine import Engine
@@ -25,7 +27,7 @@ from inri.core.trace import NullTracer
 from inri.core.verify import CachingVerifier
 from inri.protocol.codec import make_registration
 from inri.protocol.keys import new_signing_key
-from inri.protocol.messages import Push, Receipt, ReceiptBatch, RegGossip, Registration
+from inri.protocol.messages import Push, RegGossip, Registration
 
 N = 50_000
 MANY = 200_000  # routes cached for the many-routes push figure
@@ -72,23 +74,6 @@ def bench_push(table: str = "compact") -> float:
     for p in pushes:
         eng.receive_message("b", p, 1.0)
     return N / (time.perf_counter() - t0)
-
-
-class TrustAll:
-    """Signatures are beside the point for the many-routes figure (as in bench_route_memory)."""
-
-    def verify_registration(self, registration: Registration) -> bool:
-        return True
-
-    def verify_receipt(self, receipt_key: bytes, route_id: bytes, receipt: Receipt) -> bool:
-        return True
-
-    def verify_receipts(self, receipt_key: bytes, batch: ReceiptBatch) -> bool:
-        return True
-
-    def verify_generation(self, receipt_key: bytes, route_id: bytes, epoch: int, generation: int,
-                          signature: bytes) -> bool:
-        return True
 
 
 def many_routes(table: str) -> tuple[Engine, list[Push]]:
