@@ -187,3 +187,41 @@ def test_route_table_grows_its_buckets_and_finds_every_route() -> None:
         r.set_first(rid, i, 100.0 + i, str(i % 7), 1 + i % 30)
     assert len(r) == 5000 and all(r.epoch(r[rid]) == i for i, rid in enumerate(rids))
     assert r.get(b"\xff" * 16) is None and r.keys() == rids
+
+
+@pytest.mark.parametrize("cls", [CompactRouteTable, RouteTable])
+def test_export_chunks_give_the_routes_of_the_call_while_the_table_changes_between_chunks(cls: Table) -> None:
+    """A relay's snapshot reads its routes in chunks and serves pushes between them: routes added,
+    widened (more next hops than a record holds: every bucket rebuilt), dropped or grown past a bucket
+    doubling meanwhile must not break the read-out or repeat a route, and every route untouched since
+    the call comes out once, as it was."""
+    rng = random.Random(7)
+    table = cls()
+    rids = [rng.randbytes(16) for _ in range(3000)]
+    for i, rid in enumerate(rids):
+        if i % 10 == 0:
+            table.originate(rid, 1, 50.0)  # homed here: not exported
+        else:
+            table.set_first(rid, i, 100.0 + i, f"p{i % 5}", 1 + i % 7)
+            if i % 3 == 0:
+                table.add_backup(rid, table[rid], f"p{(i + 1) % 5}", 2 + i % 7)
+    want = {r[0]: r for r in table.export_rows(1.0)}
+    assert len(want) == 2700
+    chunks = table.export_chunks(1.0, 100)
+    got = list(next(chunks))
+    touched = set()
+    for rid in rids[1:200]:  # dropped
+        table.pop(rid, None)
+        touched.add(rid)
+    wide = rids[201]
+    for peer, hops in (("q1", 5), ("q2", 4), ("q3", 3)):  # past 2 next hops: every record re-encoded
+        table.add_backup(wide, table[wide], peer, hops)
+    touched.add(wide)
+    for _ in range(6000):  # past the bucket count's next doubling
+        table.set_first(rng.randbytes(16), 1, 500.0, "p9", 2)
+    for chunk in chunks:
+        got += chunk
+    rows = {r[0]: r for r in got}
+    assert len(rows) == len(got)  # no route twice
+    assert {r: row for r, row in rows.items() if r in want and r not in touched} == {
+        r: row for r, row in want.items() if r not in touched}

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import random
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from inri.core.engine import Engine
 from inri.core.testing import MiniNet
 from inri.node import routesnap
 from inri.node.metrics import parse_metrics
+from inri.node.relay import snapshot_routes
 from inri.protocol.codec import make_registration
 from inri.protocol.keys import new_signing_key
 from inri.protocol.messages import PeerInfo
@@ -62,6 +64,60 @@ def test_exported_routes_come_back_in_a_fresh_engine_and_through_the_file(tmp_pa
     late = Engine("0", net.config, verifier=net.verifier, home=net.homes[0], tracer=net.tracer,
                   rng=random.Random(1), listen_addr="addr-0")
     assert late.restore_routes(rows, 4000.0) == 0
+
+
+class _SnapshotService:
+    """What the relay's periodic snapshot reads of its RelayService, over a real engine, in chunks of 40."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def export_route_chunks(self) -> Iterator[list[routesnap.Row]]:
+        return self.engine.export_route_chunks(40)
+
+    def export_anchors(self) -> list[tuple[str, str]]:
+        return self.engine.export_anchors()
+
+
+async def test_a_route_snapshot_serves_the_relays_other_tasks_while_it_reads_the_routes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """1M routes take seconds to read out of a table: the periodic snapshot (relay.snapshot_routes)
+    reads them in chunks and lets the relay's other tasks run between chunks, then writes them all."""
+    net = MiniNet(3, [(0, 1), (1, 2)])
+    net.run_until(1.0)
+    for _ in range(400):
+        reg = make_registration(new_signing_key(), 1, 0, 3600)
+        net.homes[2].add_registration(reg, [os.urandom(16)])
+        net.apply("2", net.engines[2].register(reg, net.now))
+    net.run_until(3.0)
+    want = net.engines[0].export_routes()
+    assert len(want) == 400
+    ticks = 0
+    done = False
+    at_save: list[int] = []
+    real_save = routesnap.save
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while not done:
+            ticks += 1
+            await trio.sleep(0)
+
+    async def save(data: Path, rows: list[routesnap.Row], anchors: list[tuple[str, str]]) -> None:
+        at_save.append(ticks)  # the ticker's turns while the routes were read, before the write's thread
+        await real_save(data, rows, anchors)
+
+    monkeypatch.setattr(routesnap, "save", save)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(ticker)
+        await trio.sleep(0)
+        start = ticks
+        written = await snapshot_routes(_SnapshotService(net.engines[0]), tmp_path)  # type: ignore[arg-type]
+        done = True
+    assert written == 400
+    assert at_save[0] - start >= 9  # 10 chunks of 40: the other task ran between them
+    rows, anchors = routesnap.load(tmp_path)
+    assert sorted(rows) == sorted(want) and anchors == net.engines[0].export_anchors()
 
 
 @given(st.binary(max_size=300))

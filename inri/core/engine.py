@@ -159,6 +159,7 @@ from __future__ import annotations
 
 import heapq
 import random
+from collections.abc import Iterator
 from typing import Any, assert_never
 
 from inri.core.api import Disconnect, DisconnectReason, Effect, HomeStore, Send, Tracer, Verifier
@@ -172,7 +173,7 @@ from inri.core.rtt import ROUTE_LEN_MAX, RttRules
 from inri.core.scoring import ScoringRules
 from inri.core.state import SWEEP_INTERVAL_S, Custody, Neighbour, ReverseMark, make_keepalive, readdress
 from inri.core.stem import StemRules
-from inri.core.tables import BoundedMap, CompactRouteTable, RouteTable
+from inri.core.tables import EXPORT_CHUNK, BoundedMap, CompactRouteTable, ExportRow, RouteTable
 from inri.core.tree import TREE_CACHE_MAX, TREE_MISSING_MAX, TREE_VTIME_MAX, TreeRules
 from inri.protocol.codec import DecodeError, decode
 from inri.protocol.messages import (
@@ -557,6 +558,11 @@ class Engine(MembershipRules, GossipRules, StemRules, TreeRules, ForwardingRules
         distance), ...)), ...]. Routes homed here (the store keeps their registrations) and routes with
         no next hop left are not included."""
         return self._routes.export_rows(self.wall_offset)
+
+    def export_route_chunks(self, size: int = EXPORT_CHUNK) -> Iterator[list[ExportRow]]:
+        """export_routes in lists of about `size` rows, so that a daemon can serve other work between
+        them (1M routes take seconds to read out); the engine may change meanwhile (tables.export_chunks)."""
+        return self._routes.export_chunks(self.wall_offset, size)
 
     def restore_routes(self, rows: list[tuple[bytes, int, float, tuple[tuple[str, int], ...]]], now: float) -> int:
         """Routes this relay had learned before a restart (export_routes), verified then: a restarted

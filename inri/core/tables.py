@@ -64,6 +64,7 @@ class BoundedMap(dict[K, V]):
 # lookup from its compact storage (below); only RouteTable reads or builds them.
 RouteEntry = tuple[Any, ...]
 ExportRow = tuple[bytes, int, float, tuple[tuple[str, int], ...]]  # a route snapshot's row (export_rows)
+EXPORT_CHUNK = 20_000  # rows per export_chunks list when the caller does not say (about 50 ms of work)
 _FIRST_HOP = 3  # index of the primary next hop
 UNKNOWN_DISTANCE = limits.MAX_TTL + 1  # feasibility distance of a route with no next hop left
 
@@ -281,8 +282,16 @@ class RouteTable(EntryReaders, dict[bytes, RouteEntry]):
     def export_rows(self, offset: float) -> list[ExportRow]:
         """The learned routes (a next hop, not homed here) as (route id, epoch, expires + offset, ((next
         hop, distance), ...)), in no set order: what a route snapshot keeps (Engine.export_routes)."""
-        return [(rid, e[0], e[1] + offset, tuple(zip(e[_FIRST_HOP::2], e[_FIRST_HOP + 1::2], strict=True)))
-                for rid, e in self.items() if len(e) > _FIRST_HOP and e[2] > 0]
+        return [row for chunk in self.export_chunks(offset, EXPORT_CHUNK) for row in chunk]
+
+    def export_chunks(self, offset: float, size: int) -> Iterator[list[ExportRow]]:
+        """export_rows in lists of about `size` rows, for a caller that lets other work run between
+        them: the table may change meanwhile (the routes are those of the call; later changes may or
+        may not show)."""
+        items = list(self.items())  # the routes of the call: a dict must not change size under iteration
+        for start in range(0, len(items), size):
+            yield [(rid, e[0], e[1] + offset, tuple(zip(e[_FIRST_HOP::2], e[_FIRST_HOP + 1::2], strict=True)))
+                   for rid, e in items[start:start + size] if len(e) > _FIRST_HOP and e[2] > 0]
 
 
 class CompactRouteTable(EntryReaders):
@@ -663,15 +672,20 @@ class CompactRouteTable(EntryReaders):
     def export_rows(self, offset: float) -> list[ExportRow]:
         """As RouteTable.export_rows: every record read by one C call per bucket, no ordering (a relay
         with 1M routes snapshots them every `route_snapshot_s`: 10.8 s through `items()`, which decodes
-        and sorts every record, against about 1 s)."""
+        and sorts every record, against about 2.3 s)."""
+        return [row for chunk in self.export_chunks(offset, EXPORT_CHUNK) for row in chunk]
+
+    def export_chunks(self, offset: float, size: int) -> Iterator[list[ExportRow]]:
+        """As RouteTable.export_chunks. Safe across changes between chunks: the buckets are those of the
+        call (a bucket is read whole within one chunk; a rebuild makes new buckets and leaves the old ones
+        as they were, read with the record layout of the call; peer numbers are never reused)."""
         out: list[ExportRow] = []
-        for rid, (_, e) in self._other.items():
+        for rid, (_, e) in list(self._other.items()):
             row = _export_row(rid, e, offset)
             if row is not None:
                 out.append(row)
-        whole = self._whole
-        peers = self._peers
-        for b in self._b:
+        whole, peers, buckets = self._whole, self._peers, list(self._b)
+        for b in buckets:
             if not b:
                 continue
             for v in whole.iter_unpack(b):
@@ -685,7 +699,11 @@ class CompactRouteTable(EntryReaders):
                 else:
                     hops = tuple((peers[v[j]], v[j + 1]) for j in range(5, 5 + 2 * n, 2))
                 out.append((v[0], v[1], v[2] + offset, hops))
-        return out
+            if len(out) >= size:
+                yield out
+                out = []
+        if out:
+            yield out
 
 
 def _export_row(rid: bytes, e: RouteEntry, offset: float) -> ExportRow | None:

@@ -18,7 +18,7 @@ import math
 import os
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol, assert_never
 
@@ -452,6 +452,11 @@ class RelayService:
         """The learned routes to keep across a restart."""
         self._now()  # wall_offset up to date: expiries are written as wall-clock times
         return self.engine.export_routes()
+
+    def export_route_chunks(self) -> Iterator[list[tuple[bytes, int, float, tuple[tuple[str, int], ...]]]]:
+        """export_routes in lists of about 20,000 rows (the periodic snapshot yields between them)."""
+        self._now()
+        return self.engine.export_route_chunks()
 
     def export_anchors(self) -> list[tuple[str, str]]:
         """The neighbours of the moment (node id, QUIC address), dialled first after a restart."""
