@@ -440,3 +440,30 @@ def test_a_relay_upstream_of_a_black_hole_is_not_cut_for_it() -> None:
     assert "7" in net.engines[6].active_peers()
     assert not net.engines[6].stats().get("peer_cut_score")
     assert "4" not in net.engines[7].active_peers()  # the black hole itself is cut
+
+
+def test_a_full_route_table_evicts_its_earliest_expiring_routes_in_batches_of_one_percent() -> None:
+    """Rule G2: a full table drops the routes that expire first. Finding them is one scan of the whole
+    table (0.2-0.4 s at 1M routes), so a full table evicts route_max / 100 of them per scan, not one per
+    new route: the scan is paid once per hundredth of the table, not for every registration."""
+    cfg = EngineConfig(route_max=300)
+    eng = Engine("me", cfg, verifier=CachingVerifier(), home=MemoryHomeStore(), tracer=NullTracer(),
+                 rng=random.Random(1))
+    eng.peer_up("a", 0.0, outbound=True)
+    regs = [make_registration(new_signing_key(bytes([i % 256, i // 256]) * 16), 1, 0,
+                              3600 + 10 * ((i * 7) % 300) if i < 300 else 9000)  # the newcomers expire last
+            for i in range(304)]
+    for reg in regs[:300]:
+        eng.receive_message("a", RegGossip(reg, 0, 3), 1.0)  # ttl 0: cache only
+    assert eng.route_count() == 300 and not eng.counters.get("routes_evicted")
+    by_expiry = sorted(regs[:300], key=lambda r: r.expires_at)
+    eng.receive_message("a", RegGossip(regs[300], 0, 3), 1.0)
+    assert eng.counters["routes_evicted"] == 3  # 300 // 100, in one go
+    assert [r for r in by_expiry[:4] if not eng.next_hops(r.route_id)] == by_expiry[:3]  # the earliest three
+    assert eng.route_count() == 298
+    for reg in regs[301:303]:  # room for two: nothing evicted
+        eng.receive_message("a", RegGossip(reg, 0, 3), 1.0)
+    assert eng.counters["routes_evicted"] == 3 and eng.route_count() == 300
+    eng.receive_message("a", RegGossip(regs[303], 0, 3), 1.0)  # full again: the next batch
+    assert eng.counters["routes_evicted"] == 6 and eng.route_count() == 298
+    assert all(eng.next_hops(r.route_id) for r in regs[300:304])  # the new routes stay

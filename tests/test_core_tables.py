@@ -155,6 +155,11 @@ def _model_table(seed: int, slots: int, ops: int, cls: Table = CompactRouteTable
             victim = min(model, key=lambda r: model[r][1])
             del model[victim]
             assert table.evict_first_expiring() == victim
+        elif op == 9 and rng.random() < 0.05 and model:  # a batch: the earliest expiries, oldest of equals first
+            victims = sorted(model, key=lambda r: model[r][1])[:rng.randrange(1, 40)]
+            for r in victims:
+                del model[r]
+            assert table.evict_earliest(len(victims)) == victims
         assert table.get(rid) == model.get(rid) and table.next_hops_of(rid) == (model[rid][3::2] if rid in model
                                                                                    else ())
     assert len(table) == len(model) and list(table.items()) == list(model.items())

@@ -8,6 +8,7 @@ insertion, and a sweep that drops what a predicate calls expired.
 
 from __future__ import annotations
 
+import heapq
 import struct
 from collections.abc import Callable, Iterator
 from enum import Enum
@@ -271,9 +272,15 @@ class RouteTable(EntryReaders, dict[bytes, RouteEntry]):
 
     def evict_first_expiring(self) -> bytes:
         """Remove the entry that expires first (the table is full); returns its id."""
-        victim = min(self, key=lambda r: self[r][1])
-        del self[victim]
-        return victim
+        return self.evict_earliest(1)[0]
+
+    def evict_earliest(self, count: int) -> list[bytes]:
+        """Remove the `count` entries that expire first (the oldest of equals first), in that order;
+        returns their ids. One scan of the table, whatever `count`: a full table evicts in batches."""
+        victims = [rid for rid, _ in heapq.nsmallest(count, self.items(), key=_expiry_of)]  # stable: oldest first
+        for rid in victims:
+            del self[rid]
+        return victims
 
     def routed_count(self) -> int:
         """Route ids with at least one next hop."""
@@ -632,31 +639,38 @@ class CompactRouteTable(EntryReaders):
         return [rid for _, rid in gone]
 
     def evict_first_expiring(self) -> bytes:
-        """Remove the entry that expires first (the table is full; the oldest of equals); returns its id.
-        One C-level scan per bucket of (expires, seq), as `expire`."""
+        """Remove the entry that expires first (the table is full; the oldest of equals); returns its id."""
+        return self.evict_earliest(1)[0]
+
+    def evict_earliest(self, count: int) -> list[bytes]:
+        """As RouteTable.evict_earliest: one C-level scan of (expires, seq) per bucket finds the `count`
+        smallest; only the buckets that hold one are read record by record."""
         _, by_exp_seq = self._scans()
-        best: tuple[float, int] | None = None
-        where: bytes | bytearray = _EMPTY
+        keys: list[tuple[float, int]] = [(e[1], seq) for seq, e in self._other.values()]
         for b in self._b:
             if b:
-                m = min(by_exp_seq.iter_unpack(b))
-                if best is None or m < best:
-                    best, where = m, b
-        victim: bytes | None = None
-        if best is not None:
-            seq_at, stride = self._seq_at, self._stride
-            seq = best[1].to_bytes(8, "little")
-            for i in range(0, len(where), stride):
-                if where[i + seq_at:i + stride] == seq:
-                    victim = bytes(where[i:i + _KEY])
-                    break
-        for rid, (seq_other, e) in self._other.items():
-            if best is None or (e[1], seq_other) < best:
-                best, victim = (e[1], seq_other), rid
-        if victim is None:
-            raise KeyError("evict_first_expiring: the table is empty")
-        self.pop(victim)
-        return victim
+                keys += by_exp_seq.iter_unpack(b)
+        chosen = heapq.nsmallest(count, keys)
+        if not chosen:
+            raise KeyError("evict_earliest: the table is empty")
+        last = chosen[-1]
+        order = {seq: i for i, (_, seq) in enumerate(chosen)}
+        victims: list[bytes | None] = [None] * len(chosen)
+        for rid, (seq, _) in self._other.items():
+            if seq in order:
+                victims[order[seq]] = rid
+        seq_at, stride = self._seq_at, self._stride
+        for b in self._b:
+            if not b or min(by_exp_seq.iter_unpack(b)) > last:
+                continue
+            for i in range(0, len(b), stride):
+                j = order.get(int.from_bytes(b[i + seq_at:i + stride], "little"))
+                if j is not None:
+                    victims[j] = bytes(b[i:i + _KEY])
+        out = [rid for rid in victims if rid is not None]
+        for rid in out:
+            self.pop(rid)
+        return out
 
     def routed_count(self) -> int:
         """Route ids with at least one next hop."""
@@ -704,6 +718,11 @@ class CompactRouteTable(EntryReaders):
                 out = []
         if out:
             yield out
+
+
+def _expiry_of(item: tuple[bytes, RouteEntry]) -> float:
+    expires: float = item[1][1]
+    return expires
 
 
 def _export_row(rid: bytes, e: RouteEntry, offset: float) -> ExportRow | None:
