@@ -4,6 +4,7 @@ geographic builder's degrees, and scenario validation through the CLI."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import subprocess
 import sys
@@ -133,3 +134,72 @@ def test_the_cli_runs_a_built_mesh_and_prints_the_degrees_built(tmp_path: Path) 
     assert summary["topology_formation"]["dials"] > 0
     assert summary["delivery_ratio"] == 1.0
     assert "of degree" in proc.stderr
+
+
+def test_the_route_ideal_bench_follows_latency_first_or_fewest_hop_paths() -> None:
+    # A line 0-1-2-3 of 1 ms links and a direct 0-3 link of 10 ms: the latency-first path takes the line
+    # (3 hops), a per-hop cost above the difference takes the direct link (1 hop, 10 ms).
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from benchmarks.bench_route_ideal import _paths
+    from simulations.topology import Network
+
+    net = Network(4, {}, [0.0] * 4)
+    for a, b, lat in [(0, 1, 0.001), (1, 2, 0.001), (2, 3, 0.001), (0, 3, 0.010)]:
+        net.latency[(a, b)] = net.latency[(b, a)] = lat
+    adj: list[list[tuple[int, float]]] = [[] for _ in range(4)]
+    for (u, v), lat in sorted(net.latency.items()):
+        adj[u].append((v, lat))
+    lat0, hops0 = _paths(net, adj, 0, 0.0)
+    assert hops0[3] == 3 and abs(lat0[3] - 0.003) < 1e-12
+    lat1, hops1 = _paths(net, adj, 0, 0.005)
+    assert hops1[3] == 1 and abs(lat1[3] - 0.010) < 1e-12
+    assert hops1[2] == 2 and abs(lat1[2] - 0.002) < 1e-12  # 2 hops of 1 ms beat 1 hop of 10 ms + 1 ms
+
+
+@pytest.mark.integration
+def test_the_route_ideal_bench_prints_fewer_hops_and_more_stretch_as_hops_cost_more(tmp_path: Path) -> None:
+    path = tmp_path / "g.toml"
+    path.write_text(_SMALL + "[topology]\nkind = \"geographic\"\nrelays = 300\nmin_degree = 3\nmax_degree = 3\n"
+                    "[engine]\nactive_min = 3\nactive_max = 3\n")
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, str(root / "benchmarks" / "bench_route_ideal.py"), "--scenario", str(path),
+                           "--sources", "30", "--homes", "10", "--costs-ms", "0,20,1000", "--json"],
+                          capture_output=True, text=True, timeout=120, cwd=root,
+                          env={**os.environ, "PYTHONPATH": str(root)})
+    assert proc.returncode == 0, proc.stderr[-500:]
+    rows = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert [r["per_hop_cost_ms"] for r in rows] == [0.0, 20.0, 1000.0]
+    assert rows[0]["stretch_p95"] == 1.0 and rows[0]["relays"] == 300
+    assert rows[0]["hops_mean"] >= rows[1]["hops_mean"] >= rows[2]["hops_mean"]
+    assert rows[2]["hops_mean"] < rows[0]["hops_mean"]  # a geographic mesh: latency-first takes more hops
+    assert all(r["stretch_median"] >= 1.0 and r["messages_push_and_receipt"] == round(2 * r["hops_mean"], 1)
+               for r in rows)
+
+
+@pytest.mark.integration
+def test_the_push_costs_bench_splits_the_messages_the_summary_counts(tmp_path: Path) -> None:
+    # A small mesh with loss and churn, so that pushes are re-sent and some homes go down: the bench's
+    # classes add up to every push, and its mean per delivered push is the run's own figure.
+    path = tmp_path / "c.toml"
+    text = _SMALL.replace("pushes = 20", "pushes = 200")
+    text = text.replace("registrations = 5", "registrations = 20\ntokens_per_registration = 20")
+    path.write_text(text + "[topology]\nrelays = 80\n[network]\nloss = 0.03\n"
+                    "[churn]\nfail_fraction = 0.2\nstart_s = 10.0\nend_s = 20.0\ndowntime_s = 5.0\n")
+    out = tmp_path / "trace"
+    run = subprocess.run([sys.executable, "-m", "simulations.cli", "run", str(path), "--seed", "3", "--trace-dir",
+                          str(out), "--trace-level", "summary", "--trace-format", "jsonl"],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-500:]
+    summary = json.loads(run.stdout.strip().splitlines()[-1])
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, str(root / "benchmarks" / "bench_push_costs.py"), str(out), "--json"],
+                          capture_output=True, text=True, timeout=120, cwd=root,
+                          env={**os.environ, "PYTHONPATH": str(root)})
+    assert proc.returncode == 0, proc.stderr[-500:]
+    r = json.loads(proc.stdout)
+    classes = r["classes"]
+    assert sum(c["pushes"] for c in classes.values()) == r["pushes"] == summary["pushes"]
+    assert r["delivered"] == summary["delivered_all"]
+    assert classes["re-sent"]["pushes"] > 0
+    assert abs(sum(c["messages_share"] for c in classes.values()) - 1.0) < 0.01
+    assert r["messages_per_delivered_push"] == pytest.approx(summary["messages_per_delivered_push"], abs=0.006)
