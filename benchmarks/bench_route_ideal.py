@@ -11,8 +11,9 @@ weights of `stretch_*`, docs/metrics.md) for several per-hop costs:
 For each it prints the mean hops, the messages a push and its receipt cost along that path with
 nothing lost and nothing failed (2 x hops: one `push_forwarded` and one `receipt_forwarded` per link,
 the terms of `messages_per_delivered_push`) and the path's latency over the latency-first path's
-(the stretch such a route has with no recovery). These are lower bounds for any routing that sends
-a push and its receipt hop by hop: loss, churn and searches only add to them.
+(the stretch such a route has with no recovery). Each row is the floor for routes of its kind (loss,
+churn and searches only add to it); the fewest-hop row is the floor for any routing that sends a push
+and its receipt hop by hop.
 
 Usage: python benchmarks/bench_route_ideal.py [--scenario geo-5k-3n] [--seed 5] [--sources 200]
        [--homes 40] [--costs-ms 0,5,10,20,50,1000]
@@ -27,6 +28,7 @@ import random
 import statistics
 import time
 
+from simulations.metrics import nearest_rank
 from simulations.scenario import load
 from simulations.topology import Network, build
 from simulations.workload import Streams
@@ -58,8 +60,9 @@ def _paths(net: Network, adj: list[list[tuple[int, float]]], src: int, cost: flo
 
 
 def _pct(xs: list[float], q: float) -> float:
-    s = sorted(xs)
-    return s[min(len(s) - 1, max(0, round(q * len(s) + 0.5) - 1))]  # nearest rank
+    got = nearest_rank(sorted(xs), q)
+    assert got is not None
+    return got
 
 
 def main() -> None:
