@@ -34,6 +34,7 @@ bench: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check inri bootstrap_nodes simulations spark_analysis tests benchmarks fuzz
 	$(BIN)/mypy inri bootstrap_nodes simulations spark_analysis benchmarks fuzz
+	$(BIN)/python .ci/check_commits.py  # subjects <= 72 characters, no wip (since the rule began)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis spark-warehouse metastore_db
