@@ -42,6 +42,63 @@ def _relay(args: argparse.Namespace) -> int:
     return 0
 
 
+def _gateway(args: argparse.Namespace) -> int:
+    """`inri gateway`: run the wake-up gateway, or make its key, or seal a device token (docs/gateway.md)."""
+    from inri.common.b64url import b64d, b64e
+
+    if args.gateway_cmd == "keygen":
+        from inri.gateway.keys import generate_key, public_key
+
+        try:
+            key = generate_key(args.out)
+        except OSError as exc:
+            print(f"inri gateway keygen: {args.out}: {exc.strerror or exc} (an existing key is never replaced: "
+                  "apps seal their tokens to it)", file=sys.stderr)
+            return 1
+        print(json.dumps({"key_file": args.out, "public_key": public_key(key)}))
+        return 0
+    if args.gateway_cmd == "seal":
+        from inri.protocol.wake import seal_wake_token
+
+        try:
+            token = seal_wake_token(b64d(args.public_key, "--public-key", 32), args.provider, args.device_token)
+        except ValueError as exc:
+            print(f"inri gateway seal: {exc}", file=sys.stderr)
+            return 2
+        print(json.dumps({"token": b64e(token)}))
+        return 0
+    from inri.gateway.config import ConfigError, load_gateway_config
+
+    if not args.config:
+        print("inri gateway: --config FILE is required (docs/gateway.md)", file=sys.stderr)
+        return 2
+    try:
+        cfg = load_gateway_config(args.config, overrides={"listen": args.listen})
+        from inri.gateway.server import check_credentials
+
+        check_credentials(cfg)
+    except (ConfigError, ValueError) as exc:
+        print(f"inri gateway: configuration error: {exc}", file=sys.stderr)
+        return 2
+    if args.check_config:
+        print("configuration OK", file=sys.stderr)
+        return 0
+    import trio
+
+    from inri.common.logs import configure_logging
+    from inri.gateway.server import run_gateway
+
+    configure_logging(cfg.gateway.log_format, cfg.gateway.log_level)
+    try:
+        trio.run(run_gateway, cfg)
+    except KeyboardInterrupt:
+        pass
+    except OSError as exc:
+        print(f"inri gateway: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def _mesh(args: argparse.Namespace) -> int:
     from inri.mesh import MeshError, down, up
 
@@ -95,6 +152,18 @@ def main(argv: list[str] | None = None) -> int:
                       help="the seed's exact figure, engines in memory on a virtual clock (no processes)")
     demo.add_argument("--keep", metavar="DIR", help="run the mesh in DIR and leave it up afterwards")
 
+    gateway = sub.add_parser("gateway", help="the wake-up gateway an app developer runs for APNs/FCM (docs/gateway.md)")
+    gateway.add_argument("--config", help="gateway TOML file: [gateway], [apns] and/or [fcm]")
+    gateway.add_argument("--listen", help="HTTP listen HOST:PORT (overrides [gateway] listen)")
+    gateway.add_argument("--check-config", action="store_true", help="validate the file and the keys it names, exit")
+    gsub = gateway.add_subparsers(dest="gateway_cmd")
+    keygen = gsub.add_parser("keygen", help="make the gateway's sealing key; prints its public half")
+    keygen.add_argument("--out", required=True, help="key file to create (mode 0600; never overwritten)")
+    seal = gsub.add_parser("seal", help="seal a device token to a gateway key (what the app does on the phone)")
+    seal.add_argument("--public-key", required=True, help="the gateway's public key (base64url; GET /v1/key)")
+    seal.add_argument("--provider", required=True, choices=["apns", "fcm"])
+    seal.add_argument("--device-token", required=True, help="the APNs (hex) or FCM registration token")
+
     from inri.client.cli import add_commands
 
     add_commands(sub)
@@ -103,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
         return _relay(args)
     if args.command == "mesh":
         return _mesh(args)
+    if args.command == "gateway":
+        return _gateway(args)
     if args.command == "demo":
         if args.virtual:
             from inri.demo import main as virtual_main

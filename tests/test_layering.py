@@ -18,6 +18,8 @@ ALLOWED: dict[str, set[str]] = {
     "inri.core": {"inri.protocol"},
     "inri.client": {"inri.protocol", "inri.common"},
     "inri.node": {"inri.protocol", "inri.core", "inri.common"},
+    # The wake-up gateway (`inri gateway`), run by app developers, not relay operators: no relay code.
+    "inri.gateway": {"inri.protocol", "inri.core", "inri.common"},
     # The bootstrap proves a relay's key with the relay's own QUIC handshake (inri.node.quic.probe).
     "bootstrap_nodes": {"inri.protocol", "inri.core", "inri.common", "inri.node.quic"},
     "simulations": {"inri.protocol", "inri.core", "inri.common"},
@@ -27,7 +29,7 @@ ALLOWED: dict[str, set[str]] = {
     "fuzz": {"inri.protocol", "inri.core", "inri.common", "inri.client", "inri.node", "bootstrap_nodes",
              "simulations"},
     "inri.app": {"inri.protocol", "inri.core", "inri.common", "inri.client", "inri.node", "bootstrap_nodes",
-                 "simulations"},
+                 "simulations", "inri.gateway"},
 }
 APP_MODULES = {"inri.cli", "inri.demo", "inri.live_demo", "inri.mesh", "inri"}
 PACKAGES = ("inri", "bootstrap_nodes", "simulations", "spark_analysis", "fuzz")

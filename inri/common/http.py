@@ -247,6 +247,14 @@ async def serve_lifespan(receive: Receive, send: Send) -> None:
             return
 
 
+def retry_after_seconds(value: str | None, cap: float = 3600.0) -> float | None:
+    """A Retry-After header's delay-seconds (RFC 9110 section 10.2.3), at most cap; None when absent or a
+    date (the wake-up gateway and the relay's wake hooks both read other servers' Retry-After)."""
+    if value is None or not value.strip().isdigit():
+        return None
+    return min(float(int(value.strip()[:9])), cap)
+
+
 def metrics_answer(registry: CollectorRegistry) -> Raw:
     """A Prometheus scrape of registry (text format 0.0.4), rendered by prometheus_client."""
     # 0.0.4, not the library's newer 1.0.0 label: every Prometheus 2.x scraper knows it, and with our
