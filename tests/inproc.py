@@ -34,10 +34,19 @@ class NullNetwork:
 async def relay_api(tmp: Path, cfg: RelayConfig | None = None, *, group_commit: bool = False) -> AsyncIterator[str]:
     """A relay service with no mesh and its API; yields the API's URL. group_commit: the store commits
     once per scheduling round (Store.run), as in the daemon."""
+    async with relay_service(tmp, cfg, group_commit=group_commit) as (url, _):
+        yield url
+
+
+@asynccontextmanager
+async def relay_service(tmp: Path, cfg: RelayConfig | None = None, *,
+                        group_commit: bool = False) -> AsyncIterator[tuple[str, RelayService]]:
+    """relay_api, yielding the service too (its store, its wake hooks: their task runs as in the daemon)."""
     cfg = cfg or RelayConfig()
+    tmp.mkdir(parents=True, exist_ok=True)
     store = Store(tmp / "relay.sqlite3")
     service = RelayService("a" * 32, cfg.engine.test_profile(), store, NullNetwork(),
-                           TraceFile(tmp / "traces", "a" * 32))
+                           TraceFile(tmp / "traces", "a" * 32), wake=cfg.wake)
     hc = HyperConfig()
     hc.bind = ["127.0.0.1:0"]
     hc.accesslog = None
@@ -47,10 +56,11 @@ async def relay_api(tmp: Path, cfg: RelayConfig | None = None, *, group_commit: 
             if group_commit:
                 await n.start(store.run)
             await n.start(service.run)
+            await n.start(service.wake.run)
             binds = await n.start(lambda task_status: serve(create_app(service, config=cfg), hc,
                                                             shutdown_trigger=stop.wait, task_status=task_status))
             try:
-                yield binds[0]
+                yield binds[0], service
             finally:
                 stop.set()
                 n.cancel_scope.cancel()

@@ -421,6 +421,7 @@ def test_documented_push_statuses_are_the_ones_the_relay_produces() -> None:
                                                  "POST /v1/push/batch",
                                                  "POST /v1/devices/{device_id}/ack",
                                                  "POST /v1/devices/{device_id}/endpoints",
+                                                 "PUT /v1/devices/{device_id}/wake",
                                                  "POST /wp/v1/{reg}/{endpoint}",
                                                  "POST /_matrix/push/v1/notify")})[
         "paths"]["/v1/push/{push_id}"]["get"]["responses"]["200"]["content"]["application/json"]["schema"][

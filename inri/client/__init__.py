@@ -11,8 +11,10 @@
 
 from inri.client.app import HomeAppClient, PushReceipt
 from inri.client.credential import DeviceKeys, PushCredential, open_sealed, seal
-from inri.client.device import DeviceClient, Message, WebPushEndpoint, stream_many
+from inri.client.device import DeviceClient, Message, WakeHook, WebPushEndpoint, stream_many
 from inri.client.errors import ApiError, NoTokensLeft
+from inri.protocol.wake import WakeProvider, seal_wake_token
 
 __all__ = ["ApiError", "DeviceClient", "DeviceKeys", "HomeAppClient", "Message", "NoTokensLeft", "PushCredential",
-           "PushReceipt", "WebPushEndpoint", "open_sealed", "seal", "stream_many"]
+           "PushReceipt", "WakeHook", "WakeProvider", "WebPushEndpoint", "open_sealed", "seal", "seal_wake_token",
+           "stream_many"]

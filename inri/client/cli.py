@@ -16,6 +16,8 @@ from inri.client.app import HomeAppClient
 from inri.client.credential import PushCredential, b64e
 from inri.client.device import DeviceClient, Message
 from inri.client.errors import ApiError, NoTokensLeft
+from inri.common.b64url import b64d
+from inri.protocol.wake import WAKE_TOKEN_MAX_BYTES
 
 
 def _message(m: Message) -> dict[str, Any]:
@@ -85,6 +87,16 @@ async def _device_cmd(args: argparse.Namespace, dev: DeviceClient) -> int:
         else:
             await dev.revoke_endpoint(args.endpoint_id)
             _print({"revoked": args.endpoint_id})
+    elif cmd == "wake":
+        if args.wake_cmd == "set":
+            hook = await dev.set_wake_hook(args.url, b64d(args.token, "--token", max_size=WAKE_TOKEN_MAX_BYTES))
+            _print(dataclasses.asdict(hook))
+        elif args.wake_cmd == "show":
+            shown = await dev.wake_hook()
+            _print(None if shown is None else dataclasses.asdict(shown))
+        else:
+            await dev.remove_wake_hook()
+            _print({"removed": True})
     return 0
 
 
@@ -160,6 +172,15 @@ def add_commands(sub: Any) -> None:
     e = esub.add_parser("revoke", help="revoke an endpoint: its senders then get 410")
     e.add_argument("--state", required=True, type=Path)
     e.add_argument("endpoint_id", help="the endpoint's id (hex)")
+    p = dsub.add_parser("wake", help="the device's wake hook (APNs/FCM through its app's gateway): set, show, remove")
+    wsub = p.add_subparsers(dest="wake_cmd", required=True)
+    w = wsub.add_parser("set", help="register or replace the hook")
+    w.add_argument("--state", required=True, type=Path)
+    w.add_argument("--url", required=True, help="the gateway's wake URL (https://.../v1/wake)")
+    w.add_argument("--token", required=True, help="the wake token, base64url (`inri gateway seal`)")
+    for name, help_ in (("show", "print the hook (JSON; null when none)"), ("remove", "remove the hook")):
+        w = wsub.add_parser(name, help=help_)
+        w.add_argument("--state", required=True, type=Path)
     dev.set_defaults(func=_run)
 
     app = sub.add_parser("app", help="act as a home app: push with a device's credential")

@@ -62,6 +62,14 @@ class WebPushEndpoint:
         return cls(str(d["endpoint_id"]), str(d["url"]), bool(d["restricted"]), d.get("vapid_key"))
 
 
+@dataclass(frozen=True)
+class WakeHook:
+    """A device's wake hook as its home relay holds it (docs/gateway.md)."""
+
+    url: str
+    created: float  # unix time
+
+
 class DeviceClient:
     """One device registered at one home relay."""
 
@@ -183,6 +191,23 @@ class DeviceClient:
     async def revoke_endpoint(self, endpoint_id: str) -> None:
         """Revoke an endpoint: its senders then get 410 Gone."""
         await self._call("DELETE", f"/v1/devices/{self.device_id}/endpoints/{endpoint_id}", headers=self._auth())
+
+    async def set_wake_hook(self, url: str, token: bytes) -> WakeHook:
+        """Register (or replace) this device's wake hook: its app's gateway URL and the wake token
+        (`inri.protocol.wake.seal_wake_token`: the APNs/FCM device token sealed to the gateway's key).
+        While the device has no live stream, its home relay POSTs the token to url when mail waits."""
+        body = await self._call("PUT", f"/v1/devices/{self.device_id}/wake", headers=self._auth(),
+                                json={"url": url, "token": b64e(token)})
+        return WakeHook(str(body["url"]), float(body["created"]))
+
+    async def wake_hook(self) -> WakeHook | None:
+        """This device's wake hook, or None."""
+        body = await self._call("GET", f"/v1/devices/{self.device_id}/wake", headers=self._auth())
+        return None if body["url"] is None else WakeHook(str(body["url"]), float(body["created"]))
+
+    async def remove_wake_hook(self) -> None:
+        """Remove the wake hook (idempotent): no more wake-ups for this device."""
+        await self._call("DELETE", f"/v1/devices/{self.device_id}/wake", headers=self._auth())
 
     def message_from_json(self, item: dict[str, Any]) -> Message:
         """One message as pull and the streams show it (docs/api.md), opened with this device's keys."""

@@ -59,6 +59,8 @@ from inri.node.openapi import openapi_document
 from inri.node.ratelimit import RateLimiter, client_key, client_key_of
 from inri.node.service import RegistrationError, RelayService
 from inri.node.store import secret_hash
+from inri.node.wake import Hook, HookError
+from inri.node.wakepolicy import Owner, OwnerKind
 from inri.node.webpush import (
     Headers,
     WebPushError,
@@ -71,6 +73,7 @@ from inri.node.webpush import (
 from inri.protocol import limits
 from inri.protocol.codec import DecodeError, decode_registration, encode_registration
 from inri.protocol.messages import ContentEncoding, Registration, Urgency, WebPushMeta
+from inri.protocol.wake import WAKE_TOKEN_MAX_BYTES
 from inri.protocol.webpush import (
     ENCODING_NAME,
     URGENCY_NAME,
@@ -135,6 +138,7 @@ TITLES = {
     "bad_topic": "Topic header invalid",
     "bad_encoding": "Content-Encoding or body framing invalid",
     "mailbox_full": "Device mailbox full",
+    "forbidden_hook": "Wake hook address refused",
 }
 UNLIMITED_PATHS = frozenset({"/healthz", "/metrics"})
 
@@ -220,6 +224,9 @@ class RelayApi:
             Route("POST", dev + "/endpoints", self.mint_endpoint, body),
             Route("GET", dev + "/endpoints", self.list_endpoints),
             Route("DELETE", dev + "/endpoints/{endpoint_id}", self.revoke_endpoint),
+            Route("PUT", dev + "/wake", self.set_wake, body),
+            Route("GET", dev + "/wake", self.get_wake),
+            Route("DELETE", dev + "/wake", self.delete_wake),
             Route("POST", "/v1/push", self.push, body),  # also fast_post (the HTTP front's shortcut)
             Route("POST", "/v1/push/batch", self.push_batch, body * PUSH_BATCH_MAX),
             Route("POST", "/wp/v1/{reg}/{endpoint}", self.webpush, limits.MAX_CIPHERTEXT_BYTES),
@@ -495,6 +502,31 @@ class RelayApi:
         # Idempotent (a DELETE retried after a lost answer succeeds); device endpoints never answer 404.
         self.service.store.revoke_endpoint(route_id, eid)
         return 204, None
+
+    # -- wake hooks (docs/api.md "Wake hooks", docs/gateway.md) -------------------------------------------
+
+    @staticmethod
+    def _hook_json(hook: Hook | None) -> dict[str, Any]:
+        # No hook: nulls, not 404 (device endpoints never answer 404: see the module docstring).
+        return {"url": None if hook is None else hook.url, "created": None if hook is None else hook.created}
+
+    async def set_wake(self, req: Request, device_id: str) -> tuple[int, Any]:
+        route_id = self._device(req, device_id)
+        body = await req.json()
+        token = b64d(body.get("token"), "token", max_size=WAKE_TOKEN_MAX_BYTES)
+        try:
+            hook = self.service.wake.set_hook(Owner(OwnerKind.DEVICE, route_id), body.get("url"), token,
+                                              self.service.wall_clock())
+        except HookError as exc:
+            raise Problem(422, exc.code, exc.detail) from None
+        return 200, self._hook_json(hook)
+
+    async def get_wake(self, req: Request, device_id: str) -> tuple[int, Any]:
+        return 200, self._hook_json(self.service.wake.hook(Owner(OwnerKind.DEVICE, self._device(req, device_id))))
+
+    async def delete_wake(self, req: Request, device_id: str) -> tuple[int, Any]:
+        self.service.wake.remove_hook(Owner(OwnerKind.DEVICE, self._device(req, device_id)))
+        return 204, None  # idempotent, as every device DELETE
 
     async def push(self, req: Request) -> tuple[int, Any]:
         return await self._pushed(await req.json())
@@ -793,6 +825,7 @@ class RelayApi:
         self.streams[route_id] -= 1
         if not self.streams[route_id]:
             del self.streams[route_id]
+            self.service.wake.stream_closed(route_id)  # what it left unacknowledged wakes the device
 
     async def _ws_serve(self, receive: Receive, send: Send, route_id: bytes) -> None:
         """An authenticated device stream: messages out, acks in, until either side ends it."""

@@ -22,7 +22,7 @@ from inri.protocol.limits import MAX_FRAME_BYTES
 from inri.protocol.peer_record import parse_geo
 
 __all__ = ["ApiSection", "ConfigError", "QuicSection", "RelayConfig", "RelaySection", "TraceSection",
-           "describe", "load_config", "read_toml"]
+           "WakeSection", "describe", "load_config", "read_toml"]
 
 # Ranges of the fields below (msgspec checks them; inri.common.config).
 Positive = Meta(gt=0)
@@ -139,6 +139,28 @@ class WebPushSection:
 
 
 @dataclass(frozen=True)
+class WakeSection:
+    """Wake hooks: content-free wake-ups of devices with no live stream (docs/gateway.md, inri/node/wake.py)."""
+
+    # At most one wake-up per device per coalesce_s while it acknowledges nothing; an ack ends the window.
+    coalesce_s: Annotated[float, Positive] = 60.0
+    # Wake-up requests per hook (token bucket, retries included): a device cannot make its home flood a gateway.
+    rate_per_s: Annotated[float, Positive] = 0.1
+    rate_burst: Annotated[int, AtLeastOne] = 10
+    # A failed wake-up (gateway unreachable, 429, 5xx) is retried after retry_min_s, doubling up to
+    # retry_max_s (or the gateway's Retry-After when longer), and given up after retry_attempts attempts.
+    retry_min_s: Annotated[float, Positive] = 1.0
+    retry_max_s: Annotated[float, Positive] = 300.0
+    retry_attempts: Annotated[int, AtLeastOne] = 12
+    timeout_s: Annotated[float, Positive] = 10.0  # one wake-up request, connection included
+    concurrency: Annotated[int, AtLeastOne] = 32  # wake-up requests in flight at once
+    ca_file: str = ""  # PEM certificates trusted for https hooks instead of the system's (private gateways)
+    # Lab only: also accept http:// hooks, and hooks on loopback addresses (127.0.0.0/8, ::1, localhost).
+    # Hooks are https to public addresses otherwise.
+    lab_http_loopback: bool = False
+
+
+@dataclass(frozen=True)
 class RelayConfig:
     relay: RelaySection = field(default_factory=RelaySection)
     quic: QuicSection = field(default_factory=QuicSection)
@@ -147,6 +169,7 @@ class RelayConfig:
     store: StoreSection = field(default_factory=StoreSection)
     engine: EngineConfig = field(default_factory=EngineConfig)
     webpush: WebPushSection = field(default_factory=WebPushSection)
+    wake: WakeSection = field(default_factory=WakeSection)
 
     @property
     def data_path(self) -> Path:
@@ -154,7 +177,7 @@ class RelayConfig:
 
 
 _SECTIONS = {"relay": RelaySection, "quic": QuicSection, "api": ApiSection, "trace": TraceSection,
-             "store": StoreSection, "engine": EngineConfig, "webpush": WebPushSection}
+             "store": StoreSection, "engine": EngineConfig, "webpush": WebPushSection, "wake": WakeSection}
 TEST_PROFILE_QUIC_IDLE_S = 5.0
 
 
@@ -199,6 +222,10 @@ def _validate(cfg: RelayConfig, origin: dict[tuple[str, str], str]) -> None:
         tls_file = getattr(cfg.api, name)
         if tls_file and not Path(tls_file).is_file():
             raise ConfigError(f"{at('api', name)}: no such file {tls_file!r}")
+    if cfg.wake.ca_file and not Path(cfg.wake.ca_file).is_file():
+        raise ConfigError(f"{at('wake', 'ca_file')}: no such file {cfg.wake.ca_file!r}")
+    if cfg.wake.retry_min_s > cfg.wake.retry_max_s:
+        raise ConfigError(f"{at('wake', 'retry_min_s')}: must be <= wake.retry_max_s ({cfg.wake.retry_max_s})")
     if cfg.api.tokens_default > cfg.api.tokens_max:
         raise ConfigError(f"{at('api', 'tokens_default')}: must be <= api.tokens_max ({cfg.api.tokens_max})")
     if cfg.quic.idle_timeout_s <= cfg.engine.keepalive_interval_s:

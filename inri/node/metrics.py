@@ -155,6 +155,7 @@ class RelayCollector(Collector):
                                 value=service.store.endpoint_count())
         yield GaugeMetricFamily("inri_webpush_negative_cache", "endpoints answered 404/410 from the cache",
                                 value=len(api.wp_gone))
+        yield from _wake_metrics(service.wake.stats())
         buckets: list[tuple[str, float]] = []
         cum = 0
         for bound, n in zip(PUSH_LATENCY_BUCKETS, service.push_latency, strict=False):
@@ -163,6 +164,25 @@ class RelayCollector(Collector):
         buckets.append(("+Inf", cum + service.push_latency[-1]))
         yield HistogramMetricFamily("inri_push_accept_seconds", "time to verify, commit and send a push a home "
                                     "app injected", buckets=buckets, sum_value=service.push_latency_sum)
+
+
+def _wake_metrics(wake: dict[str, int]) -> Iterator[Metric]:
+    """Wake hooks (inri/node/wake.py, docs/gateway.md)."""
+    yield GaugeMetricFamily("inri_wake_hooks", "devices (and user agents) homed here with a wake hook",
+                            value=wake["hooks"])
+    requests = CounterMetricFamily("inri_wake_requests", "wake-up requests to gateways, by outcome (sent, gone: "
+                                   "the hook was dropped, retry, refused)", labels=["outcome"])
+    for outcome in ("sent", "gone", "retry", "refused"):
+        requests.add_metric([outcome], wake.get("requests_" + outcome, 0))
+    yield requests
+    suppressed = CounterMetricFamily("inri_wake_suppressed", "wake-ups not sent, by reason (coalesced: mail "
+                                     "within a window; rate_limited: deferred)", labels=["reason"])
+    for reason, key in (("coalesced", "coalesced"), ("rate_limited", "rate_limited"),
+                        ("stream_open", "skipped_stream_open"), ("nothing_waiting", "skipped_nothing_waiting")):
+        suppressed.add_metric([reason], wake.get(key, 0))
+    yield suppressed
+    yield CounterMetricFamily("inri_wake_given_up", "wake-ups given up after [wake] retry_attempts failures",
+                              value=wake.get("given_up", 0))
 
 
 def relay_registry(service: RelayService, api: RelayApi) -> CollectorRegistry:

@@ -41,6 +41,8 @@ def openapi_document(version: str, body_limits: dict[str, int]) -> dict[str, Any
     endpoint = {"type": "object", "properties": {
         "endpoint_id": HEX_ID, "url": {"type": "string"}, "restricted": {"type": "boolean"},
         "vapid_key": {"type": ["string", "null"]}}}
+    hook = {"type": "object", "properties": {"url": {"type": ["string", "null"]},
+                                             "created": {"type": ["number", "null"]}}}
     message = {"type": "object", "properties": {"id": HEX_ID, "ciphertext": B64, "received_at": {"type": "number"}}}
     return {
         "openapi": "3.1.0",
@@ -139,6 +141,23 @@ def openapi_document(version: str, body_limits: dict[str, int]) -> dict[str, Any
                                               "schema": HEX_ID}],
                 "responses": {"204": {"description": "revoked (also when it already was)"},
                               "422": _problem_ref("invalid_field"), **AUTH_ERRORS}}},
+            "/v1/devices/{device_id}/wake": {
+                "put": {
+                    "summary": "Register or replace the device's wake hook: its app's gateway URL and the device "
+                    "token sealed to the gateway (docs/gateway.md)", "security": [{"device": []}],
+                    "parameters": [DEVICE_PARAM],
+                    "requestBody": _body("PUT /v1/devices/{device_id}/wake", {
+                        "type": "object", "required": ["url", "token"],
+                        "properties": {"url": {"type": "string", "format": "uri"}, "token": B64}}),
+                    "responses": {"200": _json(hook), **BODY_ERRORS,
+                                  "422": _problem_ref("invalid_field", "forbidden_hook"), **AUTH_ERRORS}},
+                "get": {"summary": "The device's wake hook (url and created null when it has none)",
+                        "security": [{"device": []}], "parameters": [DEVICE_PARAM],
+                        "responses": {"200": _json(hook), **AUTH_ERRORS}},
+                "delete": {"summary": "Remove the device's wake hook", "security": [{"device": []}],
+                           "parameters": [DEVICE_PARAM],
+                           "responses": {"204": {"description": "removed (also when there was none)"},
+                                         **AUTH_ERRORS}}},
             "/v1/devices/{device_id}": {"delete": {
                 "summary": "Unregister: delete everything about the device", "security": [{"device": []}],
                 "parameters": [DEVICE_PARAM], "responses": {"204": {"description": "deleted"}, **AUTH_ERRORS}}},

@@ -253,7 +253,8 @@ async def run_relay(cfg: RelayConfig, *, shutdown: trio.Event | None = None) -> 
         service = RelayService(identity.node_id, cfg.engine, store, links, tracer, listen_addr=endpoint.listen_addr,
                                rng=random.Random(), mailbox_max=cfg.api.mailbox_max,
                                backpressure=Backpressure(cfg.api.custody_backlog_s, cfg.api.custody_backlog_min,
-                                                         cfg.api.custody_route_max))
+                                                         cfg.api.custody_route_max),
+                               wake=cfg.wake)
         links.events = service
         if not cfg.webpush.public_origins:  # Web Push answers on the API's real address (port 0 resolved)
             bound = listener.getsockname()
@@ -274,6 +275,7 @@ async def run_relay(cfg: RelayConfig, *, shutdown: trio.Event | None = None) -> 
                 await nursery.start(store.run)  # group commit (store.py): before anything writes
                 await nursery.start(links.run)
                 await nursery.start(service.run)
+                await nursery.start(service.wake.run)  # wake hooks: devices with no live stream (wake.py)
                 if snapshot_s > 0:
                     nursery.start_soon(_route_snapshots, service, data, snapshot_s)
                 binds = await nursery.start(_serve_api, app, cfg, listener, shutdown)

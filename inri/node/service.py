@@ -43,7 +43,9 @@ from inri.core.api import (
 from inri.core.config import EngineConfig
 from inri.core.engine import Engine
 from inri.core.verify import CachingVerifier
+from inri.node.config import WakeSection
 from inri.node.store import Store
+from inri.node.wake import WakeHooks
 from inri.protocol.codec import DecodeError, decode, encode, encode_unchecked, push_registration_bytes
 from inri.protocol.keys import receipt_public_key
 from inri.protocol.messages import (
@@ -158,6 +160,7 @@ class RelayService:
         wall_clock: Callable[[], float] = time.time,
         mailbox_max: int | None = None,
         backpressure: Backpressure | None = None,
+        wake: WakeSection | None = None,
     ) -> None:
         self.node_id = node_id
         self.store = store
@@ -201,6 +204,9 @@ class RelayService:
         self._pending_frames: dict[str, list[bytes]] = {}  # see PENDING_FRAMES_PEER_MAX_BYTES
         self._pending_bytes: dict[str, int] = {}
         self._rx: tuple[Any, bytes] | None = None  # the frame being handled, decoded, and its bytes
+        # Wake hooks (inri/node/wake.py): devices with no live stream are woken through their app's gateway;
+        # its task (wake.run) is started beside run() by the daemon.
+        self.wake = WakeHooks(store, wake)
 
     def _count(self, name: str, n: int = 1) -> None:
         self.counters[name] = self.counters.get(name, 0) + n
@@ -260,6 +266,8 @@ class RelayService:
                     ev = self._mail_events.pop(e.route_id, None)
                     if ev is not None:
                         ev.set()
+                    if self.wake.has_hooks():  # a wake-up only for what is committed (the app pulls it)
+                        self.store.after_commit(functools.partial(self.wake.message_stored, e.route_id))
                 case Connect():  # after the frames before it (see Send), in the engine's order
                     self.store.after_commit(functools.partial(self.network.connect, e.peer, e.addr))
                 case Disconnect():  # never ahead of a frame queued for this peer before it (a receipt)
@@ -561,6 +569,7 @@ class RelayService:
     def unregister(self, route_id: bytes) -> None:
         """Delete everything about the device here and stop originating its route."""
         self.store.remove_device(route_id)
+        self.wake.forget_route(route_id)
         self._apply(self.engine.unregister(route_id, self._now()))
         ev = self._mail_events.pop(route_id, None)
         if ev is not None:
@@ -606,6 +615,7 @@ class RelayService:
     def ack(self, route_id: bytes, push_ids: list[bytes]) -> int:
         n = self.store.ack(route_id, push_ids)
         self._count("messages_acked", n)
+        self.wake.acked(route_id)
         return n
 
     def mail_event(self, route_id: bytes) -> trio.Event:

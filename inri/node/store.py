@@ -77,6 +77,14 @@ CREATE TABLE IF NOT EXISTS wp_messages (
     PRIMARY KEY (route_id, push_id)) WITHOUT ROWID;
 """
 
+# Wake hooks (inri/node/wake.py): one per owner (a device's route id, or a Mozilla Push uaid), the
+# gateway URL and the token sealed to the gateway (opaque here). Deleted with the device.
+_WAKE_SCHEMA = """
+CREATE TABLE IF NOT EXISTS wake_hooks (
+    kind INTEGER NOT NULL, owner BLOB NOT NULL, url TEXT NOT NULL, token BLOB NOT NULL, created REAL NOT NULL,
+    PRIMARY KEY (kind, owner)) WITHOUT ROWID;
+"""
+
 
 class StoreSync(enum.StrEnum):
     """`[store] synchronous`: SQLite's PRAGMA synchronous for the relay's WAL database."""
@@ -103,6 +111,7 @@ class Store:
         self._db.execute(f"PRAGMA synchronous={self.synchronous.value.upper()}")
         self._db.execute("PRAGMA foreign_keys=ON")
         self._db.executescript(_SCHEMA)
+        self._db.executescript(_WAKE_SCHEMA)
         row = self._db.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
         if row is None:
             self._db.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
@@ -647,6 +656,28 @@ class Store:
 
     def device_count(self) -> int:
         return len(self._home)
+
+    # -- wake hooks -------------------------------------------------------------------------------
+
+    def set_wake_hook(self, kind: int, owner: bytes, url: str, token: bytes, now: float) -> None:
+        """Store (or replace) the wake hook of owner."""
+        with self._tx():
+            self._db.execute("INSERT OR REPLACE INTO wake_hooks VALUES (?, ?, ?, ?, ?)", (kind, owner, url, token, now))
+
+    def wake_hooks(self) -> list[tuple[int, bytes, str, bytes, float]]:
+        """Every wake hook: (kind, owner, url, token, created)."""
+        rows = self._db.execute("SELECT kind, owner, url, token, created FROM wake_hooks")
+        return [(int(k), bytes(o), str(u), bytes(t), float(c)) for k, o, u, t, c in rows]
+
+    def delete_wake_hook(self, kind: int, owner: bytes, token: bytes | None = None) -> bool:
+        """Delete owner's wake hook (only if it still has this token, when one is given)."""
+        with self._tx():
+            if token is None:
+                cur = self._db.execute("DELETE FROM wake_hooks WHERE kind=? AND owner=?", (kind, owner))
+            else:
+                cur = self._db.execute("DELETE FROM wake_hooks WHERE kind=? AND owner=? AND token=?",
+                                       (kind, owner, token))
+        return cur.rowcount > 0
 
 
 def _checkpoint(conn: sqlite3.Connection) -> Any:
