@@ -11,13 +11,15 @@ import pytest
 UNITS = Path(__file__).resolve().parent.parent / "deploy" / "systemd"
 
 
-@pytest.mark.parametrize("unit", ["inri-relay.service", "inri-bootstrap.service"])
+@pytest.mark.parametrize("unit", ["inri-relay.service", "inri-bootstrap.service", "inri-gateway.service"])
 @pytest.mark.integration
 def test_unit_verifies_and_is_sandboxed(unit: str, tmp_path: Path) -> None:
     if shutil.which("systemd-analyze") is None:
         pytest.skip("systemd-analyze is not installed (Debian's systemd package)")
     text = (UNITS / unit).read_text()
-    for option in ("NoNewPrivileges=yes", "ProtectSystem=strict", "User=inri", "StateDirectory=", "Restart=on-failure"):
+    stateful = unit != "inri-gateway.service"  # the gateway keeps no state: its keys are configuration
+    for option in ("NoNewPrivileges=yes", "ProtectSystem=strict", "User=inri", "Restart=on-failure",
+                   *(["StateDirectory="] if stateful else [])):
         assert option in text
     # systemd-analyze checks that ExecStart exists: point it at stand-ins under tmp_path.
     bindir = tmp_path / "opt" / "inri" / "bin"
@@ -38,20 +40,26 @@ def test_unit_verifies_and_is_sandboxed(unit: str, tmp_path: Path) -> None:
 def test_every_config_key_is_documented_with_its_default() -> None:
     """docs/operations.md lists every relay and bootstrap option with the default the code uses."""
     import re
-    from dataclasses import fields
+    from dataclasses import MISSING, fields
     from pathlib import Path
 
     from bootstrap_nodes.config import BootstrapConfig
     from inri.core.config import EngineConfig
-    from inri.node.config import ApiSection, QuicSection, RelaySection, TraceSection
+    from inri.gateway.config import ApnsSection, FcmSection, GatewaySection
+    from inri.node.config import ApiSection, QuicSection, RelaySection, TraceSection, WakeSection
 
-    doc = (Path(__file__).resolve().parent.parent / "docs" / "operations.md").read_text()
+    docs = Path(__file__).resolve().parent.parent / "docs"
     rows: dict[str, set[str]] = {}
-    for key, value in re.findall(r"^\| `([a-z_]+)` \| `([^`]*)` \|", doc, re.M):
-        rows.setdefault(key, set()).add(value)  # a key both daemons have is documented once per daemon
-    for cls in (RelaySection, QuicSection, ApiSection, TraceSection, EngineConfig, BootstrapConfig):
+    for key, value in re.findall(r"^\| `([a-z_]+)` \| `?([^`|]*)`? \|", (docs / "operations.md").read_text()
+                                 + (docs / "gateway.md").read_text(), re.M):
+        rows.setdefault(key, set()).add(value.strip())  # a key both daemons have is documented once per daemon
+    for cls in (RelaySection, QuicSection, ApiSection, TraceSection, WakeSection, EngineConfig, BootstrapConfig,
+                GatewaySection, ApnsSection, FcmSection):
         for f in fields(cls):
-            default = getattr(cls(), f.name)
+            if f.default is MISSING and f.default_factory is MISSING:  # a provider's credentials
+                assert "required" in rows.get(f.name, set()), f"{cls.__name__}.{f.name}: not documented as required"
+                continue
+            default = f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
             assert f.name in rows, f"{cls.__name__}.{f.name} is not documented"
             if isinstance(default, bool):
                 want = str(default).lower()

@@ -71,7 +71,7 @@ class ApnsSection:
     expiration_s: Annotated[int, Meta(ge=0, le=30 * 24 * 3600)] = 3600  # APNs keeps the wake-up this long
     collapse_id: str = "inri-wake"  # wake-ups not yet shown replace each other on the device; "": none
     base_url: str = "https://api.push.apple.com"  # sandbox: https://api.sandbox.push.apple.com
-    token_refresh_s: Annotated[float, Meta(ge=APNS_REFRESH_MIN_S, le=APNS_REFRESH_MAX_S)] = 50 * 60
+    token_refresh_s: Annotated[float, Meta(ge=APNS_REFRESH_MIN_S, le=APNS_REFRESH_MAX_S)] = 3000.0  # 50 minutes
     ca_file: str = ""  # PEM certificates trusted for base_url instead of the system's (tests, proxies)
 
 
