@@ -21,6 +21,7 @@ serves the fake with ALPN h2 (the fakes refuse anything but HTTP/2, as APNs does
 from __future__ import annotations
 
 import datetime
+import functools
 import ipaddress
 import json
 import os
@@ -503,6 +504,21 @@ def write_gateway(directory: Path, tls: Tls, *, apns_url: str | None = None, fcm
                  f'ca_file = "{tls.ca}"\n{fcm}\n')
     (directory / "gateway.toml").write_text(text)
     return GatewaySetup(directory / "gateway.toml", bytes(key.public_key), apns_key, account)
+
+
+@asynccontextmanager
+async def running_gateway(config: Path) -> AsyncIterator[str]:
+    """`inri gateway` on config, served in this process (run_gateway); yields its URL."""
+    from inri.gateway.config import load_gateway_config
+    from inri.gateway.server import run_gateway
+
+    async with trio.open_nursery() as nursery:
+        shutdown = trio.Event()
+        url = await nursery.start(functools.partial(run_gateway, load_gateway_config(config), shutdown=shutdown))
+        try:
+            yield url
+        finally:
+            shutdown.set()
 
 
 def fake_apns(setup: GatewaySetup, **kw: Any) -> FakeApns:

@@ -4,7 +4,6 @@ each answer Apple documents maps to what the gateway tells the home relay (docs/
 
 from __future__ import annotations
 
-import functools
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -18,7 +17,6 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from inri.common.b64url import b64e
 from inri.gateway.apns import ApnsProvider
 from inri.gateway.config import load_gateway_config
-from inri.gateway.server import run_gateway
 from inri.node.metrics import parse_metrics
 from inri.protocol.wake import seal_wake_token
 from tests.gateway_fakes import (
@@ -32,6 +30,7 @@ from tests.gateway_fakes import (
     fake_apns,
     fcm_device_token,
     make_tls,
+    running_gateway,
     serve_app,
     write_gateway,
 )
@@ -52,14 +51,8 @@ async def apns_lab(tmp_path: Path, *, apns: str = "", gateway: str = "",
             if checked_key is not None:
                 fake = FakeApns(checked_key.public_key(), APNS_KEY_ID, APNS_TEAM_ID, APNS_TOPIC)
             late.app = fake
-            async with trio.open_nursery() as nursery:
-                shutdown = trio.Event()
-                url = await nursery.start(functools.partial(run_gateway, load_gateway_config(setup.config),
-                                                            shutdown=shutdown))
-                try:
-                    yield fake, url, setup
-                finally:
-                    shutdown.set()
+            async with running_gateway(setup.config) as url:
+                yield fake, url, setup
 
 
 async def wake(url: str, setup: GatewaySetup, device_token: str, provider: str = "apns") -> httpx.Response:

@@ -4,7 +4,6 @@ high-priority message; each documented error code maps to what the gateway tells
 
 from __future__ import annotations
 
-import functools
 import ssl
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -16,10 +15,18 @@ import trio
 from inri.common.b64url import b64e
 from inri.gateway.config import load_gateway_config, read_service_account
 from inri.gateway.fcm import FcmProvider
-from inri.gateway.server import run_gateway
 from inri.node.metrics import parse_metrics
 from inri.protocol.wake import seal_wake_token
-from tests.gateway_fakes import FakeFcm, GatewaySetup, Late, fcm_device_token, make_tls, serve_app, write_gateway
+from tests.gateway_fakes import (
+    FakeFcm,
+    GatewaySetup,
+    Late,
+    fcm_device_token,
+    make_tls,
+    running_gateway,
+    serve_app,
+    write_gateway,
+)
 
 
 @asynccontextmanager
@@ -32,14 +39,8 @@ async def fcm_lab(tmp_path: Path, *, gateway: str = "", fcm: str = "") -> AsyncI
             setup = write_gateway(tmp_path / "gw", tls, fcm_url=fcm_url, gateway=gateway, fcm=fcm)
             fake = FakeFcm(setup.account)
             late.app = fake
-            async with trio.open_nursery() as nursery:
-                shutdown = trio.Event()
-                url = await nursery.start(functools.partial(run_gateway, load_gateway_config(setup.config),
-                                                            shutdown=shutdown))
-                try:
-                    yield fake, url, setup
-                finally:
-                    shutdown.set()
+            async with running_gateway(setup.config) as url:
+                yield fake, url, setup
 
 
 async def wake(url: str, setup: GatewaySetup, device_token: str) -> httpx.Response:

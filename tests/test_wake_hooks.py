@@ -7,7 +7,6 @@ relay, 429 and 5xx are retried after the backoff, an expired provider token cost
 
 from __future__ import annotations
 
-import functools
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -19,8 +18,6 @@ import trio
 
 from inri.client import ApiError, DeviceClient, HomeAppClient, seal_wake_token
 from inri.common.b64url import b64e
-from inri.gateway.config import load_gateway_config
-from inri.gateway.server import run_gateway
 from inri.node.config import RelayConfig, WakeSection
 from inri.node.metrics import parse_metrics
 from inri.node.service import RelayService
@@ -32,6 +29,7 @@ from tests.gateway_fakes import (
     apns_device_token,
     fake_apns,
     make_tls,
+    running_gateway,
     serve_app,
     write_gateway,
 )
@@ -58,15 +56,9 @@ async def lab(tmp_path: Path, wake: WakeSection = LAB, *, gateway: str = "") -> 
         async with serve_app(late, tls) as apns_url:
             setup = write_gateway(tmp_path / "gw", tls, apns_url=apns_url, gateway=gateway)
             late.app = fake = fake_apns(setup)
-            async with trio.open_nursery() as nursery, \
+            async with running_gateway(setup.config) as url, \
                     relay_service(tmp_path / "relay", RelayConfig(wake=wake), group_commit=True) as (relay, service):
-                shutdown = trio.Event()
-                url = await nursery.start(functools.partial(run_gateway, load_gateway_config(setup.config),
-                                                            shutdown=shutdown))
-                try:
-                    yield Lab(relay, service, url, setup, fake, tls)
-                finally:
-                    shutdown.set()
+                yield Lab(relay, service, url, setup, fake, tls)
 
 
 async def phone(lab: Lab, tmp_path: Path) -> tuple[DeviceClient, HomeAppClient, str]:

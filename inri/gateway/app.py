@@ -29,6 +29,7 @@ import structlog
 from nacl.public import PrivateKey
 
 from inri import __version__
+from inri.common.addr import rate_key
 from inri.common.b64url import b64d
 from inri.common.http import (
     Problem,
@@ -69,13 +70,6 @@ TITLES = {
     "provider_error": "Push provider refused the request",
     "internal": "Internal error",
 }
-
-
-def _client_key(scope: Scope) -> str:
-    """The rate-limit key of the client: its address, /64 for IPv6 (as the relay's)."""
-    client = scope.get("client")
-    host = str(client[0]) if client else ""
-    return ":".join(host.split(":")[:4]) if ":" in host else host
 
 
 class GatewayApp:
@@ -149,7 +143,8 @@ class GatewayApp:
 
     async def wake(self, req: Request) -> tuple[Any, ...]:
         """Open the token, check limits and back-off, ask the provider (see the module docstring)."""
-        self._limit(self.rate, _client_key(req.scope), "this client")
+        client = req.scope.get("client")
+        self._limit(self.rate, rate_key(str(client[0]) if client else ""), "this client")
         body = await req.json()
         try:
             token = b64d(body.get("token"), "token", max_size=WAKE_TOKEN_MAX_BYTES)
