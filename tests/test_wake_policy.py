@@ -175,6 +175,8 @@ class FakeGateway:
         self.arrived.set()
         self.arrived = trio.Event()
         status, headers = self.script.pop(0) if self.script else (200, {})
+        if status == 0:  # a gateway that takes the request and never answers
+            await trio.sleep_forever()
         await send({"type": "http.response.start", "status": status,
                     "headers": [(k.encode(), v.encode()) for k, v in headers.items()]})
         await send({"type": "http.response.body", "body": b'{"status":"sent"}'})
@@ -287,3 +289,16 @@ async def test_hooks_survive_a_restart_and_mail_waiting_then_wakes(tmp_path: Pat
     async with driver(tmp_path, gw, {"mail": True}) as (hooks, _):
         assert hooks.hook(B) is not None
         await gw.wait_for(1)  # the restarted relay wakes what has mail waiting
+
+
+async def test_a_gateway_that_never_answers_costs_one_timeout_then_a_retry(
+        tmp_path: Path, autojump_clock: trio.testing.MockClock) -> None:
+    gw = FakeGateway()
+    gw.script = [(0, {})]
+    async with driver(tmp_path, gw, {"mail": True}, timeout_s=10.0, retry_min_s=1.0) as (hooks, _):
+        hooks.set_hook(A, "https://gw.example/v1/wake", token(), 1.0)
+        with trio.fail_after(600):  # virtual seconds: without the deadline the relay would wait forever
+            await gw.wait_for(2)
+        gap = gw.posts[1][0] - gw.posts[0][0]
+        assert 10.5 <= gap <= 11.0  # the request's deadline (10 s), then the first backoff (0.5-1 s)
+        assert hooks.stats()["requests_retry"] == 1

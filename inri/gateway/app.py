@@ -10,7 +10,7 @@ gateway opens the token with its key, checks its limits, and asks the provider t
 | 410 `bad_token` | the token does not open with this key, or names a provider not set up here | drops the hook |
 | 429 `rate_limited` + Retry-After | this client address or this device token is over its limit | retries later |
 | 503 `provider_backoff` + Retry-After | the provider said later (429, 5xx, unreachable) | retries later |
-| 502 `provider_error` | the provider refused for a reason that is not the token (see the log) | drops this wake-up |
+| 502 `provider_error` | the provider refused for a reason that is not the token (see the log) | retries later |
 
 The gateway keeps no state about devices beyond rate-limit buckets and back-off deadlines, keyed by
 a hash of the device token; it logs no device token.
@@ -56,7 +56,6 @@ log = structlog.get_logger("inri.gateway")
 
 WAKE_BODY_MAX_BYTES = 4096  # {"token": ...}: a 2,096-byte token is 2,795 base64url characters
 BLOCKED_MAX = 100_000  # back-off deadlines kept (the oldest go first)
-STATUS = {Outcome.SENT: 200, Outcome.GONE: 410, Outcome.BACKOFF: 503, Outcome.FAILED: 502}
 TITLES = {
     "malformed_json": "Request body is not valid JSON",
     "invalid_field": "A field is missing or invalid",

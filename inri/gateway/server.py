@@ -33,6 +33,10 @@ from inri.protocol.wake import WakeProvider
 
 log = structlog.get_logger("inri.gateway")
 
+# Every port faces the internet: a connection that sends nothing for this long is closed (hypercorn has
+# no read deadline by default), and a TLS handshake has as long. Relays send one small request at a time.
+READ_TIMEOUT_S = 10
+
 
 class _HypercornLog(logging.Handler):
     """hypercorn's error log (warnings and errors) into ours."""
@@ -90,6 +94,8 @@ async def run_gateway(cfg: GatewayConfig, *, shutdown: trio.Event | None = None,
         hc.errorlog.setLevel(logging.WARNING)
         hc.errorlog.propagate = False
     hc.graceful_timeout = cfg.gateway.shutdown_grace_s
+    hc.read_timeout = READ_TIMEOUT_S
+    hc.ssl_handshake_timeout = READ_TIMEOUT_S
     hc.include_server_header = False
     if cfg.gateway.tls_cert:
         hc.certfile, hc.keyfile = str(cfg.path(cfg.gateway.tls_cert)), str(cfg.path(cfg.gateway.tls_key))

@@ -321,8 +321,11 @@ class WakeHooks:
     async def _post(self, client: httpx.AsyncClient, hook: Hook) -> tuple[Outcome, float | None]:
         """One wake-up request: its Outcome and the gateway's Retry-After (the body is never read)."""
         body: dict[str, Any] = {"token": b64e(hook.token)}
-        try:
-            async with client.stream("POST", hook.url, json=body) as r:
-                return classify(r.status_code), retry_after_seconds(r.headers.get("retry-after"))
-        except (httpx.HTTPError, OSError, ssl.SSLError):
-            return Outcome.RETRY, None
+        # httpx's timeout bounds each phase (connect, each read, each write); this bounds the whole request.
+        with trio.move_on_after(self.config.timeout_s):
+            try:
+                async with client.stream("POST", hook.url, json=body) as r:
+                    return classify(r.status_code), retry_after_seconds(r.headers.get("retry-after"))
+            except (httpx.HTTPError, OSError, ssl.SSLError):
+                return Outcome.RETRY, None
+        return Outcome.RETRY, None
