@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench lint clean venv
+.PHONY: demo test bench lint clean venv dist install-check
 
 venv: $(STAMP)
 
@@ -31,10 +31,22 @@ bench: $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[bench]'
 	HYPOTHESIS_PROFILE=full $(BIN)/python benchmarks/run_all.py
 
+# The wheel and the sdist an operator installs without a package index (docs/operations.md, "Install"):
+# the wheel is built from the sdist, so a file the sdist forgets fails here.
+dist: $(STAMP)
+	rm -rf dist
+	$(BIN)/python -m build --outdir dist .
+	@ls -l dist
+
+# The operator's path from the built wheel (tests/test_install.py): a fresh venv outside the checkout,
+# `inri-bootstrap init`, `inri relay init` x3, the daemons started from the written configs, a push.
+install-check: dist
+	INRI_INSTALL_CHECK=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests/test_install.py
+
 lint: $(STAMP)
 	$(BIN)/ruff check inri bootstrap_nodes simulations spark_analysis tests benchmarks fuzz
 	$(BIN)/mypy inri bootstrap_nodes simulations spark_analysis benchmarks fuzz
 	$(BIN)/python .ci/check_commits.py  # subjects <= 72 characters, no wip (since the rule began)
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis spark-warehouse metastore_db
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .hypothesis spark-warehouse metastore_db

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import signal
 import socket
 import stat
 import sys
 from dataclasses import asdict
+from pathlib import Path
 
 import structlog
 import trio
@@ -20,7 +22,9 @@ from hypercorn.trio import serve as hyper_serve
 from bootstrap_nodes.config import BootstrapConfig, ConfigError, load_bootstrap_config
 from bootstrap_nodes.service import Bootstrap, BootstrapApp
 from inri.common.addr import format_addr, parse_addr
+from inri.common.docs import docs_hint, version_line
 from inri.common.identity import NodeIdentity
+from inri.common.lock import DataDirBusy, DataDirLock
 from inri.common.logs import configure_logging
 from inri.node.quic import probe
 
@@ -59,6 +63,7 @@ async def serve(cfg: BootstrapConfig, listen_fd: int | None = None) -> None:
         host, port = parse_addr(cfg.listen)
         hc.bind = [format_addr(host, port)]
     hc.accesslog = None
+    hc.errorlog = logging.getLogger("inri.bootstrap.http")  # through structlog's renderer (inri.common.logs)
     hc.graceful_timeout = 3.0
     hc.include_server_header = False
     shutdown = trio.Event()
@@ -85,9 +90,48 @@ async def serve(cfg: BootstrapConfig, listen_fd: int | None = None) -> None:
         boot.close()
 
 
+def bind_listen(addr: str) -> socket.socket:
+    """The listening socket for `addr`, bound before the server starts: a taken port is one line naming it."""
+    host, port = parse_addr(addr)
+    try:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    except OSError as exc:
+        raise ValueError(f"cannot listen on {format_addr(host, port)}: {exc.strerror or exc}") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(1024)
+    except OSError as exc:
+        sock.close()
+        raise ValueError(f"cannot listen on {format_addr(host, port)}: {exc.strerror or exc}") from None
+    return sock
+
+
+def _init(args: argparse.Namespace) -> int:
+    from bootstrap_nodes.init import InitError, init_bootstrap, report
+
+    try:
+        config, cfg = init_bootstrap(Path(args.dir), {"listen": args.listen, "peers": tuple(args.peer or ()),
+                                                      "allow_private": args.allow_private})
+    except InitError as exc:
+        print(f"inri-bootstrap init: {exc}", file=sys.stderr)
+        return 1
+    print(report(config, cfg))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="inri-bootstrap", description="INRI bootstrap node (antediluvian)")
+    ap = argparse.ArgumentParser(prog="inri-bootstrap", description="INRI bootstrap node (antediluvian)",
+                                 epilog=docs_hint())
+    ap.add_argument("--version", action="version", version=version_line("inri-bootstrap"))
     sub = ap.add_subparsers(dest="cmd", required=True)
+    init = sub.add_parser("init", help="write DIR/bootstrap.toml (every key, commented) and DIR/data",
+                          epilog=docs_hint())
+    init.add_argument("dir", help="the bootstrap's directory (created; an existing config is never replaced)")
+    init.add_argument("--listen", help="HTTP listen HOST:PORT (default 0.0.0.0:8470)")
+    init.add_argument("--peer", action="append", help="another bootstrap's URL to sync records with (repeatable)")
+    init.add_argument("--allow-private", action="store_true", help="accept loopback/private addresses (labs)")
     for name, help_ in (("serve", "run a bootstrap node"), ("check-config", "validate a config file and print it")):
         p = sub.add_parser(name, help=help_)
         p.add_argument("--listen", help="HTTP listen HOST:PORT (default 0.0.0.0:8470)")
@@ -101,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
                            help="serve on an inherited, bound TCP socket (file descriptor N) instead of binding "
                                 "--listen (docs/operations.md)")
     args = ap.parse_args(argv)
+    if args.cmd == "init":
+        return _init(args)
     try:
         cfg = load_bootstrap_config(args.config, overrides={
             "listen": args.listen, "data_dir": args.data_dir, "allow_private": args.allow_private,
@@ -116,10 +162,22 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(asdict(cfg), indent=2))
         return 0
     configure_logging(cfg.log_format, cfg.log_level)
+    lock = DataDirLock(Path(cfg.data_dir), "bootstrap")
+    try:
+        Path(cfg.data_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
+        lock.acquire()
+        if listen_fd is None:  # the server takes the descriptor over (and closes it)
+            listen_fd = bind_listen(cfg.listen).detach()
+    except (DataDirBusy, ValueError, OSError) as exc:  # one line naming the directory or the address
+        lock.release()
+        print(f"inri-bootstrap: {exc}", file=sys.stderr)
+        return 1
     try:
         trio.run(serve, cfg, listen_fd)
     except KeyboardInterrupt:
         pass
+    finally:
+        lock.release()
     return 0
 
 

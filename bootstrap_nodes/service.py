@@ -33,6 +33,7 @@ from bootstrap_nodes.ranking import Candidate, prefix_of, rank
 from bootstrap_nodes.store import RecordStore
 from inri.common.addr import rate_key
 from inri.common.b64url import b64d, b64e
+from inri.common.buildinfo import build_info
 from inri.common.http import (
     Problem,
     Receive,
@@ -57,9 +58,16 @@ Prober = Callable[[str, str], Awaitable[bool]]  # (addr, node_id) -> key proven 
 MAX_PROBES = 16  # concurrent QUIC probes: bounds what an announce flood can make us send
 RECORDS_PAGE = 1000  # records per /v1/records answer; a peer pages through the rest with `next`
 SWEEP_S = 10.0
+# A record with capacity 0 withdraws its node id (`inri relay rotate-key`): it is kept, never listed,
+# until it expires, so an older copy synced from a peer cannot list the retired identity again.
+WITHDRAWN = 0
 
 
 Refused = Problem  # an announcement or request refused with an HTTP status and a stable code
+
+
+def _client(scope: Scope) -> str:
+    return str((scope.get("client") or ("unknown", 0))[0])
 
 
 def _host(addr: str) -> str:
@@ -120,6 +128,9 @@ class Bootstrap:
         old = self.store.get(rec.node_id)
         if old is not None and rec.seq <= old.record.seq:
             raise Refused(409, "replayed_seq", f"seq {rec.seq} is not newer than the stored {old.record.seq}")
+        if rec.capacity == WITHDRAWN:  # key rotation: the old identity is dropped at once (never listed again)
+            self.store.put(rec, None, rec.timestamp + self.cfg.record_ttl_s, now, source)
+            return rec
         bad = [a for a in rec.addrs if not self._address_allowed(a)]
         if bad:
             raise Refused(403, "address_not_allowed", f"address {bad[0]} is not a public IP literal "
@@ -129,6 +140,15 @@ class Bootstrap:
             raise Refused(409, "prefix_full", f"{prefix} already has {self.cfg.per_prefix_max} relays listed")
         if old is None and len(self.store.entries) >= self.cfg.max_records:
             raise Refused(503, "full", "this bootstrap holds its maximum number of records", retry_after=60)
+        if old is not None and old.record.capacity != WITHDRAWN and not set(rec.addrs) & set(old.record.addrs):
+            # The node moved, or a second process holds its key (a copied data directory): only a key
+            # that no longer answers at its listed address may be listed elsewhere.
+            async with self.probe_limit:
+                still = [a for a in old.record.addrs if await self.prober(a, rec.node_id)]
+            if still:
+                raise Refused(409, "duplicate_identity", f"node {rec.node_id} is listed at {still[0]} and still "
+                              "answers there with this key: two relays share one identity (a copied data "
+                              "directory?); stop one of them")
         async with self.probe_limit:
             proven = [a for a in rec.addrs if await self.prober(a, rec.node_id)]
         if len(proven) != len(rec.addrs):
@@ -142,7 +162,7 @@ class Bootstrap:
 
     def peers(self, asker: str | None, asker_geo: str | None, source_host: str, count: int) -> list[dict[str, Any]]:
         now = self.clock()
-        entries = [e for e in self.store.entries.values() if e.expires_at > now]
+        entries = [e for e in self.store.entries.values() if e.expires_at > now and e.record.capacity != WITHDRAWN]
         mine = self.store.get(asker) if asker else None
         asker_prefix = mine.prefix if mine is not None else prefix_of(source_host)
         if asker_geo is None and mine is not None:
@@ -245,6 +265,7 @@ class BootstrapApp:
         self.http_codes = StatusCounts()
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(BootstrapCollector(self))
+        build_info(self.registry, "bootstrap")
         self.router = Router([
             Route("GET", "/healthz", self.health),
             Route("GET", "/metrics", self.metrics),
@@ -269,6 +290,9 @@ class BootstrapApp:
             status, payload = await route.handler(Request(scope, receive, route.max_body), **params)
         except Problem as p:
             self.boot.count("refused_" + p.code)
+            if scope["path"] == "/v1/announce":
+                self.boot.count("announce_failed")
+                log.info("announce refused", code=p.code, detail=p.detail, client=_client(scope))
             await respond_problem(send, self.http_codes, p, scope["path"], TITLES)
             return
         except Exception:  # answer 500, keep serving
@@ -288,8 +312,14 @@ class BootstrapApp:
         boot = self.boot
         raw = await req.body(malformed="malformed")
         rec = await boot.admit(raw, source="announce")
+        expires = rec.timestamp + boot.cfg.record_ttl_s
+        if rec.capacity == WITHDRAWN:
+            boot.count("withdrawn")
+            log.info("identity withdrawn", node_id=rec.node_id)
+            return 200, {"listed": False, "withdrawn": True, "node_id": rec.node_id}
         boot.count("announce_accepted")
-        return 200, {"listed": True, "node_id": rec.node_id, "expires_at": rec.timestamp + boot.cfg.record_ttl_s}
+        log.info("announce accepted", node_id=rec.node_id, addrs=list(rec.addrs))
+        return 200, {"listed": True, "node_id": rec.node_id, "expires_at": expires}
 
     async def peers(self, req: Request) -> tuple[int, Any]:
         query = req.query()

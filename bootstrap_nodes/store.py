@@ -66,7 +66,8 @@ class RecordStore:
     def count_prefix(self, prefix: str | None, exclude: str) -> int:
         if prefix is None:
             return 0
-        return sum(1 for nid, e in self.entries.items() if e.prefix == prefix and nid != exclude)
+        return sum(1 for nid, e in self.entries.items() if e.prefix == prefix and nid != exclude
+                   and e.record.capacity > 0)  # a withdrawn identity (capacity 0) holds no place
 
     def expire(self, now: float) -> int:
         """Drop records past their expiry; returns how many."""

@@ -5,16 +5,27 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from functools import partial
+from pathlib import Path
+
+from inri.common.docs import docs_hint, version_line
 
 
 def _relay(args: argparse.Namespace) -> int:
+    if args.relay_cmd == "init":
+        return _relay_init(args)
+    if args.relay_cmd in ("backup", "restore"):
+        return _relay_backup(args)
+    if args.relay_cmd == "rotate-key":
+        return _relay_rotate(args)
     from inri.node.config import ConfigError, describe, load_config
 
+    overrides: dict[str, dict[str, object]] = {"relay": {
+        "data_dir": args.data_dir, "api": args.api, "quic": args.quic,
+        "bootstrap": tuple(args.bootstrap) if args.bootstrap else None,
+        "public_addr": args.public_addr, "profile": args.profile}}
     try:
-        cfg = load_config(args.config, overrides={"relay": {
-            "data_dir": args.data_dir, "api": args.api, "quic": args.quic,
-            "bootstrap": tuple(args.bootstrap) if args.bootstrap else None,
-            "public_addr": args.public_addr, "profile": args.profile}})
+        cfg = load_config(args.config, overrides=overrides)
     except ConfigError as exc:
         print(f"inri relay: configuration error: {exc}", file=sys.stderr)
         return 2
@@ -25,20 +36,72 @@ def _relay(args: argparse.Namespace) -> int:
     import trio
 
     from inri.common.logs import configure_logging
+    from inri.node.datadir import DataDirError
     from inri.node.relay import StartupError, run_relay, tune_gc
+    from inri.node.reload import config_reloader
 
     configure_logging(cfg.relay.log_format, cfg.relay.log_level)
     tune_gc()
     try:
-        trio.run(run_relay, cfg)
+        trio.run(partial(run_relay, cfg, on_sighup=[config_reloader(args.config, overrides)]))
     except KeyboardInterrupt:
         pass
-    except StartupError as exc:  # one line for the operator; non-zero so systemd restarts and reports it
+    except (StartupError, DataDirError) as exc:  # one line for the operator; non-zero so systemd reports it
         print(f"inri relay: {exc}", file=sys.stderr)
         return 1
     except OSError as exc:
         print(f"inri relay: {exc}", file=sys.stderr)
         return 1
+    return 0
+
+
+def _relay_init(args: argparse.Namespace) -> int:
+    """`inri relay init DIR`: config, key, the ports to open and the next command (inri/node/init.py)."""
+    from inri.node.init import InitError, init_relay, report
+
+    try:
+        made = init_relay(Path(args.dir), {"api": args.api, "quic": args.quic, "public_addr": args.public_addr,
+                                           "bootstrap": tuple(args.bootstrap or ()), "geo": args.geo})
+    except InitError as exc:
+        print(f"inri relay init: {exc}", file=sys.stderr)
+        return 1
+    print(report(made))
+    return 0
+
+
+def _relay_backup(args: argparse.Namespace) -> int:
+    """`inri relay backup` (a consistent copy while the relay runs) and `restore` (inri/node/backup.py)."""
+    from inri.node.backup import BackupError, backup, restore
+    from inri.node.config import ConfigError, load_config
+
+    try:
+        cfg = load_config(args.config, overrides={"relay": {"data_dir": args.data_dir}})
+        if args.relay_cmd == "backup":
+            made = backup(cfg.data_path, Path(args.out))
+        else:
+            made = restore(Path(args.source), cfg.data_path)
+    except (ConfigError, BackupError) as exc:
+        print(f"inri relay {args.relay_cmd}: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(made))
+    return 0
+
+
+def _relay_rotate(args: argparse.Namespace) -> int:
+    """`inri relay rotate-key`: new identity, the old one withdrawn at the bootstraps (inri/node/rotate.py)."""
+    import trio
+
+    from inri.node.config import ConfigError, load_config
+    from inri.node.datadir import DataDirError
+    from inri.node.rotate import rotate_key
+
+    try:
+        cfg = load_config(args.config, overrides={"relay": {"data_dir": args.data_dir}})
+        made = trio.run(rotate_key, cfg)
+    except (ConfigError, DataDirError) as exc:
+        print(f"inri relay rotate-key: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(made))
     return 0
 
 
@@ -117,10 +180,35 @@ def _mesh(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="inri", description="INRI: Independent Notification Relay Infrastructure")
+    parser = argparse.ArgumentParser(prog="inri", description="INRI: Independent Notification Relay Infrastructure",
+                                     epilog=docs_hint())
+    parser.add_argument("--version", action="version", version=version_line("inri"))
     sub = parser.add_subparsers(dest="command", required=True)
 
-    relay = sub.add_parser("relay", help="run a relay (docs/operations.md)")
+    relay = sub.add_parser("relay", help="run a relay (docs/operations.md)", epilog=docs_hint())
+    rsub = relay.add_subparsers(dest="relay_cmd", metavar="{init,backup,restore,rotate-key}")
+    rinit = rsub.add_parser("init", help="write DIR/relay.toml (every key, commented) and DIR/data/node.key",
+                            epilog=docs_hint())
+    rinit.add_argument("dir", help="the relay's directory (created; an existing relay in it is never replaced)")
+    rinit.add_argument("--api", help="HTTP/WebSocket listen HOST:PORT (default 127.0.0.1:8480)")
+    rinit.add_argument("--quic", help="QUIC listen HOST:PORT (default 0.0.0.0:4433)")
+    rinit.add_argument("--public-addr", help="this host's public QUIC address(es): IP:PORT[,[IPv6]:PORT]")
+    rinit.add_argument("--bootstrap", action="append", metavar="URL", help="bootstrap node URL (repeatable)")
+    rinit.add_argument("--geo", help='coarse "lat,lon" (one decimal) for proximity ranking')
+    rbackup = rsub.add_parser("backup", help="copy the key and a consistent snapshot of the store, relay running "
+                              "or not", epilog=docs_hint())
+    rbackup.add_argument("--config", help="the relay's TOML config (for its data_dir)")
+    rbackup.add_argument("--data-dir", help="the relay's data directory (overrides the config's)")
+    rbackup.add_argument("--out", required=True, help="a new directory for the backup (never overwritten)")
+    rrestore = rsub.add_parser("restore", help="put a backup back into the data directory (the relay stopped)",
+                               epilog=docs_hint())
+    rrestore.add_argument("source", help="the backup directory (`inri relay backup --out`)")
+    rrestore.add_argument("--config", help="the relay's TOML config (for its data_dir)")
+    rrestore.add_argument("--data-dir", help="the relay's data directory (overrides the config's)")
+    rrotate = rsub.add_parser("rotate-key", help="new node key; the old identity is withdrawn at the bootstraps "
+                              "(the relay stopped)", epilog=docs_hint())
+    rrotate.add_argument("--config", help="the relay's TOML config (data_dir, bootstrap, public_addr)")
+    rrotate.add_argument("--data-dir", help="the relay's data directory (overrides the config's)")
     relay.add_argument("--config", help="TOML config file (every option: docs/operations.md)")
     relay.add_argument("--data-dir", help="identity, store and traces (default ./inri-data)")
     relay.add_argument("--api", help="HTTP/WebSocket listen HOST:PORT (default 127.0.0.1:8480)")
@@ -152,7 +240,9 @@ def main(argv: list[str] | None = None) -> int:
                       help="the seed's exact figure, engines in memory on a virtual clock (no processes)")
     demo.add_argument("--keep", metavar="DIR", help="run the mesh in DIR and leave it up afterwards")
 
-    gateway = sub.add_parser("gateway", help="the wake-up gateway an app developer runs for APNs/FCM (docs/gateway.md)")
+    gateway = sub.add_parser("gateway", help="the wake-up gateway an app developer runs for APNs/FCM (docs/gateway.md)",
+                             epilog=docs_hint("gateway.md"))
+    gateway.add_argument("--version", action="version", version=version_line("inri gateway"))
     gateway.add_argument("--config", help="gateway TOML file: [gateway], [apns] and/or [fcm]")
     gateway.add_argument("--listen", help="HTTP listen HOST:PORT (overrides [gateway] listen)")
     gateway.add_argument("--check-config", action="store_true", help="validate the file and the keys it names, exit")

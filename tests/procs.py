@@ -28,13 +28,13 @@ class Proc:
     """A child process with its log file; stop() is idempotent (SIGTERM, then SIGKILL)."""
 
     def __init__(self, args: list[str], log: Path, env: dict[str, str] | None = None,
-                 pass_fds: tuple[int, ...] = ()) -> None:
+                 pass_fds: tuple[int, ...] = (), cwd: Path = ROOT) -> None:
         """Start args with env added to ours; pass_fds: our file descriptors the child inherits (same numbers)."""
         self.args = args
         self.log = log
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self._logf = open(log, "ab")  # noqa: SIM115 - closed in stop()
-        self.p = subprocess.Popen(args, stdout=self._logf, stderr=subprocess.STDOUT, env=full_env, cwd=ROOT,
+        self.p = subprocess.Popen(args, stdout=self._logf, stderr=subprocess.STDOUT, env=full_env, cwd=cwd,
                                   start_new_session=True, pass_fds=pass_fds)
 
     def alive(self) -> bool:

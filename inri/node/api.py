@@ -757,11 +757,16 @@ class RelayApi:
         return 200, status
 
     async def health(self, req: Request) -> tuple[int, Any]:
+        reach = self.service.reachability
+        reasons = reach.degraded_reasons(self.service.clock())  # isolated too long, unreachable: reachability.py
+        if reasons:
+            return 503, {"status": "degraded", "node_id": self.service.node_id, "reasons": reasons}
         return 200, {"status": "ok", "node_id": self.service.node_id}
 
     async def status(self, req: Request) -> tuple[int, Any]:
         return 200, {**self.service.status(), "version": __version__, "neighbours": self.neighbours(),
-                     "websockets": self.ws_open}
+                     "websockets": self.ws_open,
+                     "reachability": self.service.reachability.status(self.service.clock())}
 
     async def metrics(self, req: Request) -> tuple[int, Any]:
         return 200, metrics_answer(self.registry)

@@ -27,9 +27,13 @@ from inri.protocol.codec import DecodeError
 from inri.protocol.messages import PeerInfo
 from inri.protocol.peer_record import PeerRecord, decode_record, encode_record, make_peer_record, verify_record
 
+# `code` of a BootstrapError when no bootstrap answered at all (a bootstrap's own refusal of an address
+# it could not reach is its problem code "unreachable").
+NO_ANSWER = "no_answer"
+
 
 class BootstrapError(Exception):
-    """No bootstrap accepted the request; `code` is the last problem code (or 'unreachable')."""
+    """No bootstrap accepted the request; `code` is the last problem code (or NO_ANSWER)."""
 
     def __init__(self, code: str, detail: str) -> None:
         super().__init__(f"{code}: {detail}")
@@ -99,11 +103,18 @@ class Backoff:
 class BootstrapClient:
     """Talks to a list of bootstrap nodes over one HTTP client; `aclose()` when done."""
 
-    def __init__(self, urls: list[str], *, timeout_s: float = 3.0, local_address: str | None = None) -> None:
+    def __init__(self, urls: list[str], *, timeout_s: float = 3.0, local_address: str | None = None,
+                 announce_timeout_s: float = 15.0) -> None:
         if not urls:
             raise ValueError("no bootstrap URLs configured")
         self.urls = [u.rstrip("/") for u in urls]
         self.timeout_s = timeout_s
+        # An announcement waits for the bootstrap's QUIC probes of its addresses: longer than they may take,
+        # so the bootstrap's verdict ("unreachable") arrives, not a timeout (inri.node.reachability).
+        self.announce_timeout_s = announce_timeout_s
+        # Addresses a bootstrap listed under this relay's own node id that are not this relay's: another
+        # process holds the same key (a copied data directory). fetch_peers fills it; the relay logs it.
+        self.impostors: set[str] = set()
         self.local_address = local_address  # bind the source address (tests with many 127.0.0.x relays)
         self._http: httpx.AsyncClient | None = None
 
@@ -128,31 +139,34 @@ class BootstrapClient:
     async def announce(self, record: PeerRecord) -> str:
         """Announce to the first bootstrap that accepts; returns its URL. BootstrapError if none did."""
         body = encode_record(record)
-        last = ("unreachable", "no bootstrap answered")
+        last = (NO_ANSWER, "no bootstrap answered")
         urls = self.urls[:]
         random.shuffle(urls)
         client = self._client()
         for url in urls:
             try:
-                r = await client.post(url + "/v1/announce", content=body,
+                r = await client.post(url + "/v1/announce", content=body, timeout=self.announce_timeout_s,
                                       headers={"content-type": "application/msgpack"})
             except httpx.HTTPError as exc:
-                last = ("unreachable", f"{url}: {type(exc).__name__}")
+                last = (NO_ANSWER, f"{url}: {type(exc).__name__}")
                 continue
             if r.status_code == 200:
                 return url
             last = _problem(r)
-            if last[0] in ("bad_signature", "malformed", "too_large", "replayed_seq"):
+            if last[0] in ("bad_signature", "malformed", "too_large", "replayed_seq", "duplicate_identity"):
                 break  # every bootstrap would refuse this record the same way
         raise BootstrapError(*last)
 
-    async def fetch_peers(self, node_id: str, geo: str | None, count: int) -> list[PeerInfo]:
-        """Peers from up to two bootstraps, signatures re-checked, merged without duplicates or ourselves."""
+    async def fetch_peers(self, node_id: str, geo: str | None, count: int,
+                          own_addrs: tuple[str, ...] = ()) -> list[PeerInfo]:
+        """Peers from up to two bootstraps, signatures re-checked, merged without duplicates or ourselves.
+
+        A record of our own node id at addresses other than `own_addrs` goes to `impostors`."""
         urls = self.urls[:]
         random.shuffle(urls)
         found: dict[str, PeerInfo] = {}
         answered = 0
-        last = ("unreachable", "no bootstrap answered")
+        last = (NO_ANSWER, "no bootstrap answered")
         client = self._client()
         for url in urls:
             if answered >= 2:
@@ -163,7 +177,7 @@ class BootstrapClient:
             try:
                 r = await client.get(url + "/v1/peers", params=params)
             except httpx.HTTPError as exc:
-                last = ("unreachable", f"{url}: {type(exc).__name__}")
+                last = (NO_ANSWER, f"{url}: {type(exc).__name__}")
                 continue
             if r.status_code != 200:
                 last = _problem(r)
@@ -177,6 +191,8 @@ class BootstrapClient:
                 rec = verified_entry(entry)
                 if rec is not None and rec.node_id != node_id:
                     found.setdefault(rec.node_id, PeerInfo(rec.node_id, rec.addrs[0]))
+                elif rec is not None and own_addrs and not set(rec.addrs) & set(own_addrs):
+                    self.impostors.update(rec.addrs)
         if not answered:
             raise BootstrapError(*last)
         return list(found.values())

@@ -8,6 +8,7 @@ INRI_TRACE_LEVEL), then command-line flags. Every option is listed in docs/opera
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -15,14 +16,14 @@ from typing import Annotated, Any, Literal
 
 from msgspec import Meta
 
-from inri.common.addr import parse_addr
+from inri.common.addr import format_addr, parse_addr
 from inri.common.config import ConfigError, Setting, apply, engine_config, read_toml
 from inri.core.config import EngineConfig
 from inri.protocol.limits import MAX_FRAME_BYTES
 from inri.protocol.peer_record import parse_geo
 
 __all__ = ["ApiSection", "ConfigError", "QuicSection", "RelayConfig", "RelaySection", "TraceSection",
-           "WakeSection", "describe", "load_config", "read_toml"]
+           "WakeSection", "describe", "load_config", "public_addrs", "read_toml"]
 
 # Ranges of the fields below (msgspec checks them; inri.common.config).
 Positive = Meta(gt=0)
@@ -50,6 +51,9 @@ class RelaySection:
     # Learned routes are written to routes.msgpack in data_dir this often and on shutdown, and read back
     # at startup, so a restarted relay routes again as its links come up (routesnap.py); 0: off.
     route_snapshot_s: Annotated[float, NonNegative] = 30.0
+    # /healthz answers 503 "degraded" once the relay has had no neighbour for this long
+    # (inri.node.reachability); a relay starts with none, so this also bounds how long joining may take.
+    isolated_degraded_s: Annotated[float, Positive] = 300.0
 
 
 @dataclass(frozen=True)
@@ -200,14 +204,15 @@ def _validate(cfg: RelayConfig, origin: dict[tuple[str, str], str]) -> None:
         return origin.get((section, key), f"{section}.{key}")
 
     r = cfg.relay
-    for name in ("api", "quic", "public_addr"):
-        value = getattr(r, name)
-        if name == "public_addr" and not value:
-            continue
+    for name in ("api", "quic"):
         try:
-            parse_addr(value)
+            parse_addr(getattr(r, name))
         except ValueError as exc:
             raise ConfigError(f"{at('relay', name)}: {exc}") from None
+    try:
+        public_addrs(r.public_addr)
+    except ValueError as exc:
+        raise ConfigError(f"{at('relay', 'public_addr')}: {exc}") from None
     if r.log_level.lower() not in ("debug", "info", "warning", "error"):
         raise ConfigError(f"{at('relay', 'log_level')}: expected debug, info, warning or error, got {r.log_level!r}")
     if r.geo and parse_geo(r.geo) is None:
@@ -231,6 +236,33 @@ def _validate(cfg: RelayConfig, origin: dict[tuple[str, str], str]) -> None:
     if cfg.quic.idle_timeout_s <= cfg.engine.keepalive_interval_s:
         raise ConfigError(f"{at('quic', 'idle_timeout_s')}: must exceed engine.keepalive_interval_s "
                           f"({cfg.engine.keepalive_interval_s}): keepalives keep links up")
+
+
+def public_addrs(value: str) -> list[str]:
+    """`[relay] public_addr` -> the QUIC addresses to announce, IPv4 first ([] when empty).
+
+    One address, or two (an IPv4 and an [IPv6] one) separated by a comma, each `IP:PORT` with an IP
+    literal (bootstraps list IP literals only and never resolve names), a port above 0, and neither
+    an unspecified nor a multicast address. ValueError with one clear line otherwise.
+    """
+    if not value.strip():
+        return []
+    out: list[str] = []
+    for part in (p.strip() for p in value.split(",")):
+        host, port = parse_addr(part)
+        try:
+            ip = ipaddress.ip_address(host)
+        except ValueError:
+            raise ValueError(f"{part!r}: {host!r} is not an IP address (bootstraps list IP literals only: give "
+                             "this host's public IPv4 and/or [IPv6] address)") from None
+        if ip.is_unspecified or ip.is_multicast:
+            raise ValueError(f"{part!r}: {host} cannot be announced (give the address peers reach this host at)")
+        if port == 0:
+            raise ValueError(f"{part!r}: port 0 cannot be announced")
+        out.append(format_addr(str(ip), port))
+    if len(out) > 2 or len({ipaddress.ip_address(parse_addr(a)[0]).version for a in out}) != len(out):
+        raise ValueError(f"{value!r}: at most one IPv4 and one IPv6 address, separated by a comma")
+    return sorted(out, key=lambda a: ":" in parse_addr(a)[0])  # IPv4 first: relays dial the first address
 
 
 def load_config(

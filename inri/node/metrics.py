@@ -20,6 +20,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
+from inri.common.buildinfo import build_info
+from inri.node.reachability import AnnounceOutcome, Reachability
 from inri.node.service import PUSH_LATENCY_BUCKETS
 
 if TYPE_CHECKING:
@@ -156,6 +158,7 @@ class RelayCollector(Collector):
         yield GaugeMetricFamily("inri_webpush_negative_cache", "endpoints answered 404/410 from the cache",
                                 value=len(api.wp_gone))
         yield from _wake_metrics(service.wake.stats())
+        yield from _reachability_metrics(service.reachability, service.clock())
         buckets: list[tuple[str, float]] = []
         cum = 0
         for bound, n in zip(PUSH_LATENCY_BUCKETS, service.push_latency, strict=False):
@@ -164,6 +167,20 @@ class RelayCollector(Collector):
         buckets.append(("+Inf", cum + service.push_latency[-1]))
         yield HistogramMetricFamily("inri_push_accept_seconds", "time to verify, commit and send a push a home "
                                     "app injected", buckets=buckets, sum_value=service.push_latency_sum)
+
+
+def _reachability_metrics(reach: Reachability, now: float) -> Iterator[Metric]:
+    """Whether the mesh can reach this relay (inri/node/reachability.py)."""
+    yield GaugeMetricFamily("inri_unreachable_from_bootstrap", "1 while the last announcement was refused because "
+                            "the bootstrap could not reach the relay's public address over QUIC (open UDP)",
+                            value=int(reach.outcome is AnnounceOutcome.UNREACHABLE))
+    yield GaugeMetricFamily("inri_isolated_seconds", "seconds since the relay last had a neighbour (0 while linked)",
+                            value=reach.isolated_for(now))
+    failed = CounterMetricFamily("inri_announce_failures", "announcements no bootstrap listed, by outcome",
+                                 labels=["outcome"])
+    for outcome in sorted(reach.failures):
+        failed.add_metric([outcome], reach.failures[outcome])
+    yield failed
 
 
 def _wake_metrics(wake: dict[str, int]) -> Iterator[Metric]:
@@ -189,6 +206,7 @@ def relay_registry(service: RelayService, api: RelayApi) -> CollectorRegistry:
     """A registry of its own per relay (never the process-global one: tests run several relays)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(RelayCollector(service, api))
+    build_info(registry, "relay")
     return registry
 
 

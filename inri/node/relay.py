@@ -18,6 +18,7 @@ import random
 import signal
 import socket
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,13 +31,15 @@ from inri.common.addr import format_addr, parse_addr
 from inri.common.identity import NodeIdentity
 from inri.node import routesnap
 from inri.node.api import create_app
-from inri.node.bootstrap_client import Backoff, BootstrapClient, BootstrapError, load_seed_list, make_record
-from inri.node.config import RelayConfig
+from inri.node.bootstrap_client import NO_ANSWER, Backoff, BootstrapClient, BootstrapError, load_seed_list, make_record
+from inri.node.config import RelayConfig, public_addrs
+from inri.node.datadir import open_data_dir
 from inri.node.http1 import serve as hyper_serve  # hypercorn's serve() interface, the lean h11 front (http1.py)
 from inri.node.links import LinkManager
 from inri.node.quic import LinkImpairment, QuicEndpoint
+from inri.node.reachability import ANNOUNCE_TIMEOUT_S, AnnounceOutcome, Reachability
+from inri.node.reload import run_hooks
 from inri.node.service import Backpressure, RelayService
-from inri.node.store import Store
 from inri.node.tracefile import TraceFile
 
 log = structlog.get_logger("inri.relay")
@@ -148,11 +151,13 @@ class _BootstrapLoop:
 
     def __init__(self, cfg: RelayConfig, identity: NodeIdentity, service: RelayService, quic_addr: str) -> None:
         urls = list(cfg.relay.bootstrap) or load_seed_list()
-        self.client = BootstrapClient(urls)
+        self.client = BootstrapClient(urls, announce_timeout_s=ANNOUNCE_TIMEOUT_S)
         self.cfg = cfg
         self.identity = identity
         self.service = service
-        self.quic_addr = quic_addr
+        # Every configured public address (IPv4 and IPv6), else the one the QUIC endpoint listens on.
+        self.addrs = public_addrs(cfg.relay.public_addr) or [quic_addr]
+        self.impostors_logged: set[str] = set()
         self.announced_to: str | None = None
         self.peers_backoff = Backoff(PEERS_FIRST_RETRY_S, max(cfg.relay.peers_interval_s, PEERS_FIRST_RETRY_S))
 
@@ -171,25 +176,29 @@ class _BootstrapLoop:
             now = time.time()
             if now >= next_announce:
                 # Sequence numbers must grow across restarts: milliseconds of wall time do.
-                record = make_record(self.identity, [self.quic_addr], cfg.geo or None, cfg.capacity,
+                record = make_record(self.identity, self.addrs, cfg.geo or None, cfg.capacity,
                                      int(now * 1000), int(now))
                 try:
                     self.announced_to = await self.client.announce(record)
                     next_announce = now + cfg.announce_interval_s
-                    log.info("announced", bootstrap=self.announced_to)
+                    self.service.reachability.announced(AnnounceOutcome.LISTED)
+                    log.info("announced", bootstrap=self.announced_to, addrs=self.addrs)
                 except BootstrapError as exc:
                     next_announce = now + min(30.0, cfg.announce_interval_s)
-                    log.warning("announce failed", error=str(exc))
+                    self._refused(exc)
                 except Exception:  # bootstraps are optional helpers: never fatal to the relay
                     next_announce = now + min(30.0, cfg.announce_interval_s)
                     log.exception("announce failed")
             active = len(self.service.active_peers())
+            self.service.reachability.neighbours(active, self.service.clock())
             if active != neighbours:
                 self.peers_backoff.reset()  # the mesh moved around us: ask again soon
             neighbours = active
             if active < self.cfg.engine.active_max:
                 try:
-                    peers = await self.client.fetch_peers(self.identity.node_id, cfg.geo or None, PEERS_ASKED)
+                    peers = await self.client.fetch_peers(self.identity.node_id, cfg.geo or None, PEERS_ASKED,
+                                                          own_addrs=tuple(self.addrs))
+                    self._log_impostors()
                     if peers:
                         # The first answer lists its ceil(count/2) nearest first (bootstrap_nodes/ranking.py):
                         # rule M5 dials those first and keeps one far link among the rest.
@@ -201,6 +210,31 @@ class _BootstrapLoop:
                 await trio.sleep(self.peers_backoff.next())
             else:
                 await trio.sleep(cfg.peers_interval_s)
+
+
+    def _refused(self, exc: BootstrapError) -> None:
+        """Tell the operator what a failed announcement means (reachability.py), in one log line."""
+        reach = self.service.reachability
+        if exc.code == "unreachable":
+            reach.announced(AnnounceOutcome.UNREACHABLE, exc.detail)
+            log.error(f"unreachable from the bootstrap: open UDP {reach.port_hint()}", addr=reach.unreachable_addr,
+                      detail=exc.detail, hint="port forwarding, firewall, public_addr (docs/operations.md, Network)")
+        elif exc.code == "duplicate_identity":
+            reach.announced(AnnounceOutcome.DUPLICATE, exc.detail)
+            log.error("another relay runs with this relay's identity (node.key): stop one of them", detail=exc.detail)
+        elif exc.code == NO_ANSWER:
+            reach.announced(AnnounceOutcome.NO_BOOTSTRAP, exc.detail)
+            log.warning("announce failed: no bootstrap answered", detail=exc.detail)
+        else:
+            reach.announced(AnnounceOutcome.REFUSED, f"{exc.code}: {exc.detail}")
+            log.warning("announce refused", code=exc.code, detail=exc.detail)
+
+    def _log_impostors(self) -> None:
+        new = self.client.impostors - self.impostors_logged
+        if new:
+            self.impostors_logged |= new
+            log.error("a bootstrap lists this relay's identity at another address: two relays share one node key "
+                      "(a copied data directory?); stop one and give it a new data directory", addrs=sorted(new))
 
 
 # The relay daemon's garbage collector (tune_gc; the `inri relay` command sets it, not a library user).
@@ -218,13 +252,17 @@ def tune_gc() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
-async def run_relay(cfg: RelayConfig, *, shutdown: trio.Event | None = None) -> None:
-    """Run one relay until SIGINT/SIGTERM (or `shutdown` is set)."""
+async def run_relay(cfg: RelayConfig, *, shutdown: trio.Event | None = None,
+                    on_sighup: Sequence[Callable[[], None]] = ()) -> None:
+    """Run one relay until SIGINT/SIGTERM (or `shutdown` is set); SIGHUP runs `on_sighup` (inri/node/reload.py)."""
     data = cfg.data_path
-    data.mkdir(parents=True, exist_ok=True)
-    identity = NodeIdentity.load_or_create(data / "node.key")
-    listener = bind_api(cfg.relay.api)  # first: a taken port is a clear error before anything starts
-    store = Store(data / "relay.sqlite3", synchronous=cfg.store.synchronous)
+    opened = open_data_dir(data, cfg.store.synchronous)  # lock, key, store (migrated): datadir.py
+    identity, store = opened.identity, opened.store
+    try:
+        listener = bind_api(cfg.relay.api)  # a taken port is a clear error before anything starts
+    except BaseException:
+        opened.close()
+        raise
     shutdown = shutdown or trio.Event()
     ready = False
     stop_anchors: list[tuple[str, str]] = []
@@ -235,7 +273,9 @@ async def run_relay(cfg: RelayConfig, *, shutdown: trio.Event | None = None) -> 
         if impairment.active:
             log.warning("lab link impairment on: every QUIC datagram is delayed or dropped", delay_ms=q.link_delay_ms,
                         jitter_ms=q.link_jitter_ms, loss=q.link_loss)
-        endpoint = QuicEndpoint(identity, idle_timeout_s=q.idle_timeout_s, listen_addr=cfg.relay.public_addr,
+        announced = public_addrs(cfg.relay.public_addr)  # IPv4 first: what peers dial
+        endpoint = QuicEndpoint(identity, idle_timeout_s=q.idle_timeout_s,
+                                listen_addr=announced[0] if announced else "",
                                 impairment=impairment, regref=q.registration_refs)
         try:
             await endpoint.bind(qhost, qport)
@@ -250,7 +290,9 @@ async def run_relay(cfg: RelayConfig, *, shutdown: trio.Event | None = None) -> 
                             push_rate_per_s=cfg.quic.link_push_rate_per_s)
         tracer = TraceFile(data / "traces", identity.node_id, level=cfg.trace.level, salt=cfg.trace.salt or None,
                            max_bytes=cfg.trace.max_bytes, keep=cfg.trace.keep)
+        reach = Reachability(cfg.relay.isolated_degraded_s, time.monotonic())  # the service's clock
         service = RelayService(identity.node_id, cfg.engine, store, links, tracer, listen_addr=endpoint.listen_addr,
+                               reachability=reach,
                                rng=random.Random(), mailbox_max=cfg.api.mailbox_max,
                                backpressure=Backpressure(cfg.api.custody_backlog_s, cfg.api.custody_backlog_min,
                                                          cfg.api.custody_route_max),
@@ -286,9 +328,9 @@ async def run_relay(cfg: RelayConfig, *, shutdown: trio.Event | None = None) -> 
                                     "pid": os.getpid()})
                 ready = True
                 log.info("relay ready", node_id=identity.node_id, api=api_url, quic=endpoint.listen_addr)
-                with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
                     async with trio.open_nursery() as watch:
-                        watch.start_soon(_first_signal, signals, shutdown)
+                        watch.start_soon(_first_signal, signals, shutdown, on_sighup)
                         await shutdown.wait()
                         watch.cancel_scope.cancel()
                 log.info("relay stopping")
@@ -318,7 +360,7 @@ async def run_relay(cfg: RelayConfig, *, shutdown: trio.Event | None = None) -> 
         raise StartupError(f"relay failed before it was ready (API {cfg.relay.api}, QUIC {cfg.relay.quic}): "
                            f"{type(leaf).__name__}: {leaf}") from exc
     finally:
-        store.close()
+        opened.close()
         listener.close()
 
 
@@ -356,9 +398,13 @@ def _api_running(nursery: trio.Nursery) -> bool:
     return any("_serve_api" in t.name for t in nursery.child_tasks)
 
 
-async def _first_signal(signals: Any, shutdown: trio.Event) -> None:
+async def _first_signal(signals: Any, shutdown: trio.Event, on_sighup: Sequence[Callable[[], None]]) -> None:
+    """SIGINT/SIGTERM: stop. SIGHUP: run the reload hooks and go on (never exits)."""
     async for signum in signals:
         log.info("signal", signal=signal.Signals(signum).name)
+        if signum == signal.SIGHUP:
+            run_hooks(on_sighup)
+            continue
         shutdown.set()
         return
 

@@ -44,6 +44,7 @@ from inri.core.config import EngineConfig
 from inri.core.engine import Engine
 from inri.core.verify import CachingVerifier
 from inri.node.config import WakeSection
+from inri.node.reachability import Reachability
 from inri.node.store import Store
 from inri.node.wake import WakeHooks
 from inri.protocol.codec import DecodeError, decode, encode, encode_unchecked, push_registration_bytes
@@ -161,6 +162,7 @@ class RelayService:
         mailbox_max: int | None = None,
         backpressure: Backpressure | None = None,
         wake: WakeSection | None = None,
+        reachability: Reachability | None = None,
     ) -> None:
         self.node_id = node_id
         self.store = store
@@ -175,6 +177,8 @@ class RelayService:
         # times). The engine learns wall time through Engine.wall_offset, set by `_now()`.
         self.clock = clock
         self.wall_clock = wall_clock
+        # Public address and isolation, as /v1/status, /healthz and the metrics tell them (reachability.py).
+        self.reachability = reachability or Reachability(300.0, clock())
         self.settle_waiters: dict[bytes, trio.Event] = {}  # push id -> set when its custody ends
         self.verifier = verifier or CachingVerifier()
         self.engine = Engine(node_id, engine_config, verifier=self.verifier, home=store, tracer=tracer,
@@ -361,10 +365,14 @@ class RelayService:
         self._linked[peer] = addr
         self._apply(self.engine.peer_up(peer, self._now(), outbound=outbound, addr=addr))
         self._admit_pending()
+        log.info("link up", peer=peer, addr=addr, outbound=outbound)
+        self.reachability.neighbours(len(self.engine.active_peers()), self.clock())
 
     def peer_down(self, peer: str, reason: DisconnectReason) -> None:
         self._link_gone(peer)
         self._apply(self.engine.peer_down(peer, self._now(), reason))
+        log.info("link down", peer=peer, reason=reason.name.lower())
+        self.reachability.neighbours(len(self.engine.active_peers()), self.clock())
 
     def _link_gone(self, peer: str) -> None:
         self._linked.pop(peer, None)

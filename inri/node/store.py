@@ -41,11 +41,13 @@ from nacl.signing import SigningKey
 
 from inri.core.budget import KeyedBuckets
 from inri.core.home import ENDPOINT_BURST, ENDPOINT_RATE_PER_S, TTL0_GRACE_S, tag_ok
+from inri.node.migrations import SchemaError, migrate
 from inri.protocol.codec import DecodeError, decode, decode_registration, encode_registration, encode_unchecked
 from inri.protocol.messages import ContentEncoding, Push, ReceiptStatus, Registration, Urgency
 from inri.protocol.webpush import EndpointToken
 
 # 2: registrations in protocol v2 wire form (with a receipt key) and the devices' receipt key seeds.
+# A change to an existing table bumps this with a step in migrations.py (its docstring says how).
 SCHEMA_VERSION = 2
 STATUS_RETENTION_S = 7 * 24 * 3600  # push status answers kept a week after settling
 CHECKPOINT_INTERVAL_S = 1.0  # a grouping store checkpoints the WAL this often (in a thread) when it was written
@@ -106,17 +108,26 @@ class Store:
         self.path = str(path)
         self.mailbox_max = mailbox_max
         self.synchronous = StoreSync(synchronous)  # ValueError for anything but "normal" / "full"
+        # Device registrations, receipt keys and the Web Push key: owner-only, whatever the umask
+        # (SQLite gives its -wal and -shm files the database file's mode).
+        os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600))
         self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute(f"PRAGMA synchronous={self.synchronous.value.upper()}")
-        self._db.execute("PRAGMA foreign_keys=ON")
-        self._db.executescript(_SCHEMA)
-        self._db.executescript(_WAKE_SCHEMA)
+        try:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute(f"PRAGMA synchronous={self.synchronous.value.upper()}")
+            self._db.execute("PRAGMA foreign_keys=ON")
+            migrate(self._db, self.path, SCHEMA_VERSION)  # before the schema script: steps see the old tables
+            self._db.executescript(_SCHEMA)
+            self._db.executescript(_WAKE_SCHEMA)
+        except sqlite3.DatabaseError as exc:  # not a database, or a damaged one: one line, not a traceback
+            self._db.close()
+            raise SchemaError(f"{self.path}: cannot open the store: {exc}") from None
+        except SchemaError:
+            self._db.close()
+            raise
         row = self._db.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
         if row is None:
             self._db.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
-        elif int(row[0]) != SCHEMA_VERSION:
-            raise RuntimeError(f"{self.path}: store schema {row[0]}, this relay knows {SCHEMA_VERSION}")
         self._home: dict[bytes, Registration] = {}
         self._box_counts: dict[bytes, int] = {}  # route id -> stored messages (see _box_count)
         # route id -> the receipt key the device handed over: it signs this home's receipts and never

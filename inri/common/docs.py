@@ -1,0 +1,34 @@
+"""Where the operator docs are: installed with the package, or in the source checkout.
+
+The wheel installs docs/operations.md and its neighbours under `<prefix>/share/doc/inri/`
+(pyproject.toml, `data-files`), so `--help` can name a file that exists on the operator's machine.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import inri
+
+DOC_DIR = Path("share") / "doc" / "inri"  # under sys.prefix (the venv) once installed
+
+
+def doc_path(name: str) -> Path | None:
+    """The installed (or checked-out) doc `name` (e.g. "operations.md"), or None when neither exists."""
+    for base in (Path(sys.prefix) / DOC_DIR, Path(inri.__file__).resolve().parent.parent / "docs"):
+        path = base / name
+        if path.is_file():
+            return path
+    return None
+
+
+def docs_hint(name: str = "operations.md") -> str:
+    """One line for a --help epilog: where to read `name`."""
+    path = doc_path(name)
+    return f"Docs: {path}" if path is not None else f"Docs: docs/{name} in the INRI source distribution"
+
+
+def version_line(prog: str) -> str:
+    """What `PROG --version` prints: the program and the package version."""
+    return f"{prog} {inri.__version__}"
