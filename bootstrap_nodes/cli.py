@@ -29,6 +29,7 @@ from inri.common.logs import configure_logging
 from inri.node.quic import probe
 
 log = structlog.get_logger("inri.bootstrap")
+READY_FILE = "bootstrap.json"  # written into the data dir once the bootstrap listens: its URL and pid
 
 
 def check_listen_fd(fd: int) -> None:
@@ -77,6 +78,8 @@ async def serve(cfg: BootstrapConfig, listen_fd: int | None = None) -> None:
             url = binds[0] if binds else f"http://{cfg.listen}"
             log.info("bootstrap ready", url=url, records=len(boot.store.entries), peers=list(cfg.peers))
             print(json.dumps({"bootstrap": url}), flush=True)
+            ready = Path(cfg.data_dir) / READY_FILE  # for `inri health` (the container's health check) and scripts
+            ready.write_text(json.dumps({"bootstrap": url, "pid": os.getpid()}))
             with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
                 async for _ in signals:
                     break

@@ -105,6 +105,28 @@ def _relay_rotate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _health(args: argparse.Namespace) -> int:
+    """`inri health --data-dir DIR`: exit 0 when the relay or bootstrap using DIR answers /healthz with 200.
+
+    It reads the URL the daemon wrote into its data directory once it listened (relay.json or
+    bootstrap.json), so one check fits both daemons whatever their ports: the container's HEALTHCHECK."""
+    import httpx
+
+    for name, key in (("relay.json", "api"), ("bootstrap.json", "bootstrap")):
+        ready = Path(args.data_dir) / name
+        if ready.is_file():
+            try:
+                url = str(json.loads(ready.read_text())[key])
+                answer = httpx.get(url.rstrip("/") + "/healthz", timeout=args.timeout)
+            except (OSError, ValueError, KeyError, httpx.HTTPError) as exc:
+                print(f"inri health: {ready}: {exc}", file=sys.stderr)
+                return 1
+            print(answer.text.strip())
+            return 0 if answer.status_code == 200 else 1
+    print(f"inri health: no relay.json or bootstrap.json in {args.data_dir}: not started (yet)", file=sys.stderr)
+    return 1
+
+
 def _gateway(args: argparse.Namespace) -> int:
     """`inri gateway`: run the wake-up gateway, or make its key, or seal a device token (docs/gateway.md)."""
     from inri.common.b64url import b64d, b64e
@@ -234,6 +256,10 @@ def main(argv: list[str] | None = None) -> int:
     mdown = msub.add_parser("down", help="stop the mesh started in --dir")
     mdown.add_argument("--dir", required=True)
 
+    health = sub.add_parser("health", help="exit 0 when the relay or bootstrap of a data dir answers /healthz 200")
+    health.add_argument("--data-dir", required=True, help="the daemon's data directory")
+    health.add_argument("--timeout", type=float, default=4.0)
+
     demo = sub.add_parser("demo", help="6 relays + a bootstrap: register at R1, push at R6, show the path")
     demo.add_argument("--json", action="store_true", help="print one JSON object (relays, path, delivered, latency_ms)")
     demo.add_argument("--virtual", action="store_true",
@@ -264,6 +290,8 @@ def main(argv: list[str] | None = None) -> int:
         return _mesh(args)
     if args.command == "gateway":
         return _gateway(args)
+    if args.command == "health":
+        return _health(args)
     if args.command == "demo":
         if args.virtual:
             from inri.demo import main as virtual_main

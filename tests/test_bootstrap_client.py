@@ -14,6 +14,7 @@ from hypercorn.trio import serve
 from inri.common.identity import NodeIdentity
 from inri.node.bootstrap_client import BootstrapClient, make_record
 from inri.node.config import load_config
+from inri.node.reachability import Reachability
 from inri.node.relay import _BootstrapLoop
 from inri.protocol.messages import PeerInfo
 
@@ -72,11 +73,13 @@ class FakeClient:
 
     def __init__(self) -> None:
         self.asked: list[float] = []
+        self.impostors: set[str] = set()
 
     async def announce(self, record: object) -> str:
         return "http://bootstrap"
 
-    async def fetch_peers(self, node_id: str, geo: str | None, count: int) -> list[PeerInfo]:
+    async def fetch_peers(self, node_id: str, geo: str | None, count: int,
+                          own_addrs: tuple[str, ...] = ()) -> list[PeerInfo]:
         self.asked.append(trio.current_time())
         return []
 
@@ -87,6 +90,10 @@ class FakeClient:
 class LonelyService:
     def __init__(self) -> None:
         self.neighbours: list[str] = []
+        self.reachability = Reachability(300.0, 0.0)
+
+    def clock(self) -> float:
+        return trio.current_time()
 
     def active_peers(self) -> list[str]:
         return self.neighbours

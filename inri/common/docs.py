@@ -9,14 +9,14 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import inri
+from inri import __version__
 
 DOC_DIR = Path("share") / "doc" / "inri"  # under sys.prefix (the venv) once installed
 
 
 def doc_path(name: str) -> Path | None:
     """The installed (or checked-out) doc `name` (e.g. "operations.md"), or None when neither exists."""
-    for base in (Path(sys.prefix) / DOC_DIR, Path(inri.__file__).resolve().parent.parent / "docs"):
+    for base in (Path(sys.prefix) / DOC_DIR, Path(__file__).resolve().parents[2] / "docs"):
         path = base / name
         if path.is_file():
             return path
@@ -31,4 +31,4 @@ def docs_hint(name: str = "operations.md") -> str:
 
 def version_line(prog: str) -> str:
     """What `PROG --version` prints: the program and the package version."""
-    return f"{prog} {inri.__version__}"
+    return f"{prog} {__version__}"

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import inri
+from inri import __version__
 from inri.common.identity import NodeIdentity
 from inri.common.lock import DataDirBusy, DataDirLock
 from inri.node.datadir import KEY_FILE, STORE_FILE
@@ -63,7 +63,7 @@ def backup(data_dir: Path, out: Path) -> dict[str, Any]:
             src.close()
     except (OSError, sqlite3.Error, ValueError) as exc:
         raise BackupError(f"backup of {data_dir} failed: {exc}") from None
-    manifest = {"node_id": identity.node_id, "schema": schema, "devices": devices, "inri": inri.__version__,
+    manifest = {"node_id": identity.node_id, "schema": schema, "devices": devices, "inri": __version__,
                 "taken_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "out": str(out)}
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
