@@ -22,7 +22,7 @@ from hypercorn.trio import serve as hyper_serve
 from bootstrap_nodes.config import BootstrapConfig, ConfigError, load_bootstrap_config
 from bootstrap_nodes.service import Bootstrap, BootstrapApp
 from inri.common.addr import format_addr, parse_addr
-from inri.common.docs import docs_hint, version_line
+from inri.common.docs import DocsHelpFormatter, docs_hint, version_line
 from inri.common.identity import NodeIdentity
 from inri.common.lock import DataDirBusy, DataDirLock
 from inri.common.logs import configure_logging
@@ -126,11 +126,11 @@ def _init(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="inri-bootstrap", description="INRI bootstrap node (antediluvian)",
-                                 epilog=docs_hint())
+                                 epilog=docs_hint(), formatter_class=DocsHelpFormatter)
     ap.add_argument("--version", action="version", version=version_line("inri-bootstrap"))
     sub = ap.add_subparsers(dest="cmd", required=True)
     init = sub.add_parser("init", help="write DIR/bootstrap.toml (every key, commented) and DIR/data",
-                          epilog=docs_hint())
+                          epilog=docs_hint(), formatter_class=DocsHelpFormatter)
     init.add_argument("dir", help="the bootstrap's directory (created; an existing config is never replaced)")
     init.add_argument("--listen", help="HTTP listen HOST:PORT (default 0.0.0.0:8470)")
     init.add_argument("--peer", action="append", help="another bootstrap's URL to sync records with (repeatable)")

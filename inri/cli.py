@@ -8,7 +8,7 @@ import sys
 from functools import partial
 from pathlib import Path
 
-from inri.common.docs import docs_hint, version_line
+from inri.common.docs import DocsHelpFormatter, docs_hint, version_line
 
 
 def _relay(args: argparse.Namespace) -> int:
@@ -203,14 +203,15 @@ def _mesh(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="inri", description="INRI: Independent Notification Relay Infrastructure",
-                                     epilog=docs_hint())
+                                     epilog=docs_hint(), formatter_class=DocsHelpFormatter)
     parser.add_argument("--version", action="version", version=version_line("inri"))
     sub = parser.add_subparsers(dest="command", required=True)
 
-    relay = sub.add_parser("relay", help="run a relay (docs/operations.md)", epilog=docs_hint())
+    relay = sub.add_parser("relay", help="run a relay (docs/operations.md)", epilog=docs_hint(),
+                           formatter_class=DocsHelpFormatter)
     rsub = relay.add_subparsers(dest="relay_cmd", metavar="{init,backup,restore,rotate-key}")
     rinit = rsub.add_parser("init", help="write DIR/relay.toml (every key, commented) and DIR/data/node.key",
-                            epilog=docs_hint())
+                            epilog=docs_hint(), formatter_class=DocsHelpFormatter)
     rinit.add_argument("dir", help="the relay's directory (created; an existing relay in it is never replaced)")
     rinit.add_argument("--api", help="HTTP/WebSocket listen HOST:PORT (default 127.0.0.1:8480)")
     rinit.add_argument("--quic", help="QUIC listen HOST:PORT (default 0.0.0.0:4433)")
@@ -218,17 +219,17 @@ def main(argv: list[str] | None = None) -> int:
     rinit.add_argument("--bootstrap", action="append", metavar="URL", help="bootstrap node URL (repeatable)")
     rinit.add_argument("--geo", help='coarse "lat,lon" (one decimal) for proximity ranking')
     rbackup = rsub.add_parser("backup", help="copy the key and a consistent snapshot of the store, relay running "
-                              "or not", epilog=docs_hint())
+                              "or not", epilog=docs_hint(), formatter_class=DocsHelpFormatter)
     rbackup.add_argument("--config", help="the relay's TOML config (for its data_dir)")
     rbackup.add_argument("--data-dir", help="the relay's data directory (overrides the config's)")
     rbackup.add_argument("--out", required=True, help="a new directory for the backup (never overwritten)")
     rrestore = rsub.add_parser("restore", help="put a backup back into the data directory (the relay stopped)",
-                               epilog=docs_hint())
+                               epilog=docs_hint(), formatter_class=DocsHelpFormatter)
     rrestore.add_argument("source", help="the backup directory (`inri relay backup --out`)")
     rrestore.add_argument("--config", help="the relay's TOML config (for its data_dir)")
     rrestore.add_argument("--data-dir", help="the relay's data directory (overrides the config's)")
     rrotate = rsub.add_parser("rotate-key", help="new node key; the old identity is withdrawn at the bootstraps "
-                              "(the relay stopped)", epilog=docs_hint())
+                              "(the relay stopped)", epilog=docs_hint(), formatter_class=DocsHelpFormatter)
     rrotate.add_argument("--config", help="the relay's TOML config (data_dir, bootstrap, public_addr)")
     rrotate.add_argument("--data-dir", help="the relay's data directory (overrides the config's)")
     relay.add_argument("--config", help="TOML config file (every option: docs/operations.md)")
@@ -267,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--keep", metavar="DIR", help="run the mesh in DIR and leave it up afterwards")
 
     gateway = sub.add_parser("gateway", help="the wake-up gateway an app developer runs for APNs/FCM (docs/gateway.md)",
-                             epilog=docs_hint("gateway.md"))
+                             epilog=docs_hint("gateway.md"), formatter_class=DocsHelpFormatter)
     gateway.add_argument("--version", action="version", version=version_line("inri gateway"))
     gateway.add_argument("--config", help="gateway TOML file: [gateway], [apns] and/or [fcm]")
     gateway.add_argument("--listen", help="HTTP listen HOST:PORT (overrides [gateway] listen)")

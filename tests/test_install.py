@@ -55,7 +55,8 @@ def test_version_and_docs_come_with_the_wheel(installed: tuple[Path, dict[str, s
     for prog, args in (("inri", ["--version"]), ("inri-bootstrap", ["--version"]), ("inri", ["gateway", "--version"])):
         out = _run([str(bindir / prog), *args], tmp_path, env)
         assert out.strip().endswith(inri.__version__), out
-    helptext = _run([str(bindir / "inri"), "relay", "--help"], tmp_path, env)
+    # A narrow terminal: argparse wraps epilogs at its width, and a path must still come out whole.
+    helptext = _run([str(bindir / "inri"), "relay", "--help"], tmp_path, {**env, "COLUMNS": "40"})
     doc = Path(re.search(r"Docs: (\S+)", helptext)[1])  # type: ignore[index]
     assert doc.is_file() and doc.is_relative_to(bindir.parent), doc  # the installed copy, not the checkout's
     assert "## " in doc.read_text()

@@ -6,6 +6,7 @@ The wheel installs docs/operations.md and its neighbours under `<prefix>/share/d
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -27,6 +28,17 @@ def docs_hint(name: str = "operations.md") -> str:
     """One line for a --help epilog: where to read `name`."""
     path = doc_path(name)
     return f"Docs: {path}" if path is not None else f"Docs: docs/{name} in the INRI source distribution"
+
+
+class DocsHelpFormatter(argparse.HelpFormatter):
+    """argparse's formatter, but the docs line of an epilog is printed whole: wrapped at the terminal's
+    width it broke a path at its hyphens (`/tmp/pytest-of-` + newline + `root/...`), which no operator
+    can copy."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if text.startswith("Docs: "):
+            return indent + text
+        return super()._fill_text(text, width, indent)
 
 
 def version_line(prog: str) -> str:
