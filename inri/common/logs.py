@@ -57,6 +57,9 @@ class LevelFilteringLogger(structlog.BoundLoggerBase):
         return self._proxy_to_logger(name if name in LEVELS or name == "critical" else "info", event, **kw)
 
 
+_QUIET = ("httpx", "httpcore", "hpack")  # libraries whose info lines would leak URLs or headers
+
+
 def set_level(level: str) -> None:
     """Change the level in force for every logger, structlog's and the stdlib's (debug/info/warning/error)."""
     value = LEVELS.get(level.lower(), logging.INFO)
@@ -95,4 +98,8 @@ def configure_logging(fmt: str = "auto", level: str = "info") -> None:
     for old in root.handlers[:]:
         root.removeHandler(old)
     root.addHandler(handler)
+    # httpx and httpcore log every request's URL at info: URLs carry capabilities (an APNs device token
+    # in the path, a Web Push endpoint), which no log line may hold. Their warnings still come through.
+    for name in _QUIET:
+        logging.getLogger(name).setLevel(logging.WARNING)
     set_level(level)

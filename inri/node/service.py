@@ -371,7 +371,7 @@ class RelayService:
     def peer_down(self, peer: str, reason: DisconnectReason) -> None:
         self._link_gone(peer)
         self._apply(self.engine.peer_down(peer, self._now(), reason))
-        log.info("link down", peer=peer, reason=reason.name.lower())
+        log.info("link down", peer=peer, reason=str(reason))
         self.reachability.neighbours(len(self.engine.active_peers()), self.clock())
 
     def _link_gone(self, peer: str) -> None:
