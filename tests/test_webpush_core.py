@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from inri.core.api import InjectOutcome
 from inri.core.home import MemoryHomeStore
 from inri.core.testing import MiniNet
 from inri.node.store import Store
@@ -177,3 +178,52 @@ def test_sqlite_home_stores_the_ttl_left_and_drops_a_push_that_expired_on_the_wa
     st.stream_open = lambda rid: False
     assert st.accept_webpush(late, now) == ReceiptStatus.STORED  # accepted, dropped: its TTL ran out on the way
     assert _box(st) == [b"aged"]
+
+
+def _refresh_net(refresh: bool) -> tuple[MiniNet, EndpointToken, object]:
+    """A 4-relay line whose home (relay 3) homes a registration of lifetime 100 s; refresh: the home
+    re-signs it (epoch 2) at t = 60 and gossips it. The clock then runs past the first one's expiry."""
+    key = new_signing_key(b"\x09" * 32)
+    first = make_registration(key, 1, 0, 100)
+    net = MiniNet(4, [(0, 1), (1, 2), (2, 3)])
+    home = net.homes[3]
+    home.add_registration(first, [])
+    net.apply("3", net.engines[3].register(first, net.now))
+    net.run_until(60)
+    if refresh:
+        second = make_registration(key, 2, 60, 100)
+        home.add_registration(second, [])
+        net.apply("3", net.engines[3].register(second, net.now))
+    net.run_until(130)  # the first registration expired at 100
+    return net, home.mint_endpoint(first.route_id, None), first
+
+
+def test_an_expired_endpoint_registration_is_accepted_while_its_home_refreshes_the_route() -> None:
+    """Rule C1b: the URL's registration (epoch 1) expired; the home re-signed it (epoch 2) and every relay
+    holds the newer route: a Web Push push carrying the old one is accepted at the far relay and
+    delivered. A native push with the same expired registration is still refused."""
+    net, tok, first = _refresh_net(refresh=True)
+    assert isinstance(first, type(REG))
+    pid = os.urandom(16)
+    tag = push_tag(tok.cap, pid, b"late", 60, Urgency.NORMAL, ContentEncoding.AES128GCM, None, vapid_key_hash(None))
+    meta = WebPushMeta(tok.endpoint_id, tag, 60, Urgency.NORMAL, ContentEncoding.AES128GCM, None)
+    res = net.engines[0].inject_push(first, bytes(16), b"late", net.now, push_id=pid, webpush=meta)
+    assert res.outcome == InjectOutcome.ACCEPTED, res.reason
+    net.apply("0", res.effects)
+    net.run_until(net.now + 5)
+    assert net.custody[pid] == "delivered"
+    native = net.engines[0].inject_push(first, bytes(16), b"native", net.now)
+    assert native.outcome == InjectOutcome.BAD_REGISTRATION
+
+
+def test_an_expired_endpoint_registration_without_a_refresh_is_refused_without_a_search() -> None:
+    net, tok, first = _refresh_net(refresh=False)
+    assert isinstance(first, type(REG))
+    sent = len(net.sent)
+    pid = os.urandom(16)
+    tag = push_tag(tok.cap, pid, b"gone", 60, Urgency.NORMAL, ContentEncoding.AES128GCM, None, vapid_key_hash(None))
+    meta = WebPushMeta(tok.endpoint_id, tag, 60, Urgency.NORMAL, ContentEncoding.AES128GCM, None)
+    res = net.engines[0].inject_push(first, bytes(16), b"gone", net.now, push_id=pid, webpush=meta)
+    assert res.outcome == InjectOutcome.BAD_REGISTRATION and not res.effects
+    net.run_until(net.now + 5)
+    assert not [m for _, _, m in net.sent[sent:] if isinstance(m, Push)]

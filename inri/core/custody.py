@@ -28,6 +28,7 @@ from inri.core.state import (
     readdress,
     released,
 )
+from inri.core.tables import RouteTable
 from inri.protocol import limits
 from inri.protocol.messages import (
     Push,
@@ -92,8 +93,9 @@ class CustodyRules(EngineState):
         reason = None
         if len(token) != limits.TOKEN_BYTES or len(ciphertext) > limits.MAX_CIPHERTEXT_BYTES:
             outcome, reason = InjectOutcome.TOKEN_MISMATCH, "malformed"
-        elif (registration.expires_at <= now + self.wall_offset
-              or registration.issued_at > now + self.wall_offset + MAX_CLOCK_SKEW_S):
+        elif (registration.issued_at > now + self.wall_offset + MAX_CLOCK_SKEW_S
+              or (registration.expires_at <= now + self.wall_offset
+                  and (webpush is None or not self._refreshed(registration, now)))):
             outcome, reason = InjectOutcome.BAD_REGISTRATION, "stale_registration"
         elif not self._verifier.verify_registration(registration):
             outcome, reason = InjectOutcome.BAD_REGISTRATION, "bad_signature"
@@ -116,6 +118,22 @@ class CustodyRules(EngineState):
         effects: list[Effect] = [CustodyTaken(push, custody.deadline)]
         effects += self._attempt(custody, now)
         return InjectResult(InjectOutcome.ACCEPTED, pid, effects)
+
+    # Rule C1b.
+    def _refreshed(self, registration: Registration, now: float) -> bool:
+        """A Web Push endpoint's registration expired, but its home keeps the route alive: a route of a newer
+        epoch for its route id is live here (rule C1b).
+
+        An endpoint URL embeds the registration it was minted under and cannot change (a browser keeps a
+        subscription for months: docs/browsers.md "Endpoint lifetime"); its home re-signs the registration
+        under the same route key before it expires, and the gossip of each new epoch keeps the route live
+        at every relay. The old signature still proves the route key's owner made the endpoint; the live
+        newer epoch proves the home still serves it. Without one, the push is refused here (404) and
+        nothing searches the mesh for a route that is gone. Native pushes (one-use tokens) are not
+        concerned: a device hands its apps new credentials."""
+        entry = self._routes.get(registration.route_id)
+        return (entry is not None and RouteTable.epoch(entry) > registration.epoch
+                and RouteTable.expires(entry) > now)
 
     # Rule C1.
     def _next_hop_free(self, rid: bytes, now: float) -> bool:

@@ -107,6 +107,8 @@ Custody
       registration; the relay verifies it first and refuses otherwise (random
       tokens cannot trigger floods). Accepted pushes enter custody
       (CustodyTaken) until a receipt returns (CustodyReleased).
+  C1b. A Web Push push whose endpoint's registration expired is accepted      custody.py
+      while a route of a newer epoch for it is live here (its home re-signs).
   C2. The custodian re-sends with the same push id and the next attempt when   custody.py
       no receipt came in time or a route error came back: route, then backups,
       then expanding rings of radius 1, 3, 5, 7, then the full TTL.
