@@ -57,7 +57,10 @@ async def relay_service(tmp: Path, cfg: RelayConfig | None = None, *,
                 await n.start(store.run)
             await n.start(service.run)
             await n.start(service.wake.run)
-            binds = await n.start(lambda task_status: serve(create_app(service, config=cfg), hc,
+            app = create_app(service, config=cfg)
+            await n.start(app.agents.run)
+            await n.start(app.mozpush.run)
+            binds = await n.start(lambda task_status: serve(app, hc,
                                                             shutdown_trigger=stop.wait, task_status=task_status))
             try:
                 yield binds[0], service

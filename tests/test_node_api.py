@@ -56,7 +56,10 @@ async def relay(tmp: Path, cfg: RelayConfig | None = None) -> AsyncIterator[tupl
     stop = trio.Event()
     async with trio.open_nursery() as n:
         await n.start(service.run)
-        binds = await n.start(lambda task_status: serve(create_app(service, config=cfg), hc,
+        app = create_app(service, config=cfg)
+        await n.start(app.agents.run)
+        await n.start(app.mozpush.run)
+        binds = await n.start(lambda task_status: serve(app, hc,
                                                         shutdown_trigger=stop.wait, task_status=task_status))
         try:
             yield binds[0], service

@@ -53,8 +53,11 @@ from inri.common.http import (
 )
 from inri.core.api import CustodyStatus, InjectOutcome
 from inri.core.budget import KeyedBuckets
+from inri.node.agents import Agents
 from inri.node.config import ApiSection, RelayConfig
 from inri.node.metrics import relay_registry
+from inri.node.mozpush import SUBPROTOCOL, Limits
+from inri.node.mozpush_ws import MOZPUSH_PATH, MozPushServer
 from inri.node.openapi import openapi_document
 from inri.node.ratelimit import RateLimiter, client_key, client_key_of
 from inri.node.service import RegistrationError, RelayService
@@ -233,6 +236,7 @@ class RelayApi:
             Route("GET", "/_matrix/push/v1/notify", self.matrix_discovery),
             Route("POST", "/_matrix/push/v1/notify", self.matrix_notify, body),
             Route("GET", "/v1/push/{push_id}", self.push_status),
+            Route("GET", MOZPUSH_PATH, self.mozpush_over_http),
             Route("GET", "/healthz", self.health),
             Route("GET", "/v1/status", self.status),
             Route("GET", "/metrics", self.metrics),
@@ -250,8 +254,17 @@ class RelayApi:
         self.wp_gone: dict[bytes, tuple[int, float]] = {}
         self.wp_counts: dict[str, int] = {}  # inri_webpush_* counters
         self.streams: dict[bytes, int] = {}  # route id -> open streams (a TTL 0 Web Push is stored only then)
-        self.service.store.stream_open = lambda rid: self.streams.get(rid, 0) > 0
         self.ws_route = next(r for r in self.router.routes if r.handler == self.stream_over_http)
+        # Mozilla Push (Firefox, Sunup): docs/browsers.md. Endpoints are minted as the device API mints them.
+        mp = self.config.mozpush
+        session_limits = Limits(mp.hello_timeout_s, mp.ping_min_interval_s, mp.channels_max, mp.inflight_max)
+        self.agents = Agents(service, lambda rid, tok, key: str(self._endpoint_json(rid, tok, key)["url"]),
+                             session_limits=session_limits, registration_lifetime_s=mp.registration_lifetime_s,
+                             agent_idle_max_s=mp.agent_idle_max_s, register_rate=self.rate)
+        self.mozpush = MozPushServer(self.agents, session_limits, idle_timeout_s=mp.idle_timeout_s,
+                                     connect_rate=self.rate)
+        service.delivery_hooks.append(self.mozpush.delivered)
+        self.service.store.stream_open = lambda rid: self.streams.get(rid, 0) > 0 or self.mozpush.connected_route(rid)
         self.registry = relay_registry(service, self)
         # Registrations as decoded from their base64url text (an app sends one push credential's
         # registration with every push of that device): decoded and validated once, then the same
@@ -452,6 +465,10 @@ class RelayApi:
 
     async def stream_over_http(self, req: Request, device_id: str) -> tuple[int, Any]:
         raise Problem(426, "upgrade_required", "this endpoint is a WebSocket (docs/api.md, Live stream)",
+                      headers=[(b"upgrade", b"websocket")])
+
+    async def mozpush_over_http(self, req: Request) -> tuple[int, Any]:
+        raise Problem(426, "upgrade_required", "this endpoint is a Mozilla Push WebSocket (docs/browsers.md)",
                       headers=[(b"upgrade", b"websocket")])
 
     async def mux_stream_over_http(self, req: Request) -> tuple[int, Any]:
@@ -765,7 +782,7 @@ class RelayApi:
 
     async def status(self, req: Request) -> tuple[int, Any]:
         return 200, {**self.service.status(), "version": __version__, "neighbours": self.neighbours(),
-                     "websockets": self.ws_open,
+                     "websockets": self.ws_open, "mozpush": self.mozpush.status(),
                      "reachability": self.service.reachability.status(self.service.clock())}
 
     async def metrics(self, req: Request) -> tuple[int, Any]:
@@ -781,6 +798,11 @@ class RelayApi:
     # -- WebSocket stream -------------------------------------------------------------------------
 
     async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope["path"]
+        if self.config.mozpush.enabled and (path == MOZPUSH_PATH or (
+                path == "/" and SUBPROTOCOL in (scope.get("subprotocols") or []))):
+            await self.mozpush.serve(scope, receive, send)
+            return
         match = self.ws_route.pattern.fullmatch(scope["path"])
         first = await receive()
         if first["type"] != "websocket.connect":

@@ -22,8 +22,8 @@ from inri.core.config import EngineConfig
 from inri.protocol.limits import MAX_FRAME_BYTES
 from inri.protocol.peer_record import parse_geo
 
-__all__ = ["ApiSection", "ConfigError", "QuicSection", "RelayConfig", "RelaySection", "TraceSection",
-           "WakeSection", "describe", "load_config", "public_addrs", "read_toml"]
+__all__ = ["ApiSection", "ConfigError", "MozPushSection", "QuicSection", "RelayConfig", "RelaySection",
+           "TraceSection", "WakeSection", "describe", "load_config", "public_addrs", "read_toml"]
 
 # Ranges of the fields below (msgspec checks them; inri.common.config).
 Positive = Meta(gt=0)
@@ -165,6 +165,25 @@ class WakeSection:
 
 
 @dataclass(frozen=True)
+class MozPushSection:
+    """The Mozilla Push WebSocket endpoint for Firefox and Sunup (docs/browsers.md)."""
+
+    enabled: bool = True  # serve /v1/mozpush (and `/` with the push-notification subprotocol)
+    hello_timeout_s: Annotated[float, Positive] = 10.0  # a connection's first message must come this soon
+    # A connection silent this long is closed (Firefox pings every 30 minutes; a dead one is found sooner
+    # by the HTTP front's WebSocket pings)
+    idle_timeout_s: Annotated[float, Positive] = 3900.0
+    ping_min_interval_s: Annotated[float, NonNegative] = 45.0  # application pings more often close the connection
+    channels_max: Annotated[int, Meta(ge=1, le=10_000)] = 100  # subscriptions per user agent
+    inflight_max: Annotated[int, Meta(ge=1, le=1000)] = 32  # notifications sent and not acknowledged, per connection
+    # Lifetime of the registrations the relay signs for its channels (re-signed at two thirds of it);
+    # at most 30 days less a minute (the protocol's bound on a registration's lifetime).
+    registration_lifetime_s: Annotated[int, Meta(ge=60, le=30 * 24 * 3600 - 60)] = 30 * 24 * 3600 - 60
+    # A user agent not seen this long loses its channels (senders then get 410), as autopush drops one
+    agent_idle_max_s: Annotated[float, Positive] = 60 * 24 * 3600.0
+
+
+@dataclass(frozen=True)
 class RelayConfig:
     relay: RelaySection = field(default_factory=RelaySection)
     quic: QuicSection = field(default_factory=QuicSection)
@@ -174,6 +193,7 @@ class RelayConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)
     webpush: WebPushSection = field(default_factory=WebPushSection)
     wake: WakeSection = field(default_factory=WakeSection)
+    mozpush: MozPushSection = field(default_factory=MozPushSection)
 
     @property
     def data_path(self) -> Path:
@@ -181,7 +201,8 @@ class RelayConfig:
 
 
 _SECTIONS = {"relay": RelaySection, "quic": QuicSection, "api": ApiSection, "trace": TraceSection,
-             "store": StoreSection, "engine": EngineConfig, "webpush": WebPushSection, "wake": WakeSection}
+             "store": StoreSection, "engine": EngineConfig, "webpush": WebPushSection, "wake": WakeSection,
+             "mozpush": MozPushSection}
 TEST_PROFILE_QUIC_IDLE_S = 5.0
 
 

@@ -186,6 +186,11 @@ def openapi_document(version: str, body_limits: dict[str, int]) -> dict[str, Any
                            "see docs/api.md, Multiplexed stream)",
                 "responses": {"101": {"description": "switching to WebSocket"},
                               "426": _problem_ref("upgrade_required")}}},
+            "/v1/mozpush": {"get": {
+                "summary": "WebSocket: the Mozilla Push protocol for Firefox (dom.push.serverURL) and Sunup, "
+                           "subprotocol push-notification (docs/browsers.md)",
+                "responses": {"101": {"description": "switching to WebSocket"},
+                              "426": _problem_ref("upgrade_required")}}},
             "/v1/push": {"post": {
                 "summary": "Push a sealed payload with a push credential, at any relay",
                 "requestBody": _body("POST /v1/push", {

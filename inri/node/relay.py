@@ -318,6 +318,8 @@ async def run_relay(cfg: RelayConfig, *, shutdown: trio.Event | None = None,
                 await nursery.start(links.run)
                 await nursery.start(service.run)
                 await nursery.start(service.wake.run)  # wake hooks: devices with no live stream (wake.py)
+                await nursery.start(app.agents.run)  # Mozilla Push channels: re-signed as they fall due
+                await nursery.start(app.mozpush.run)
                 if snapshot_s > 0:
                     nursery.start_soon(_route_snapshots, service, data, snapshot_s)
                 binds = await nursery.start(_serve_api, app, cfg, listener, shutdown)

@@ -190,6 +190,9 @@ class RelayService:
         self._wake = trio.Event()
         self._armed_at = -math.inf  # when the timer task will next wake (-inf: not sleeping yet)
         self._mail_events: dict[bytes, trio.Event] = {}
+        # Called with a route id once a message delivered here is committed (after the group commit):
+        # the Mozilla Push connections (inri/node/mozpush_ws.py) wake on it.
+        self.delivery_hooks: list[Callable[[bytes], None]] = []
         self._custody: dict[bytes, bytes] = {}  # push id in custody -> its route id
         self._route_custody: dict[bytes, int] = {}  # route id -> pushes in custody for it
         self.backpressure = backpressure or Backpressure()
@@ -272,6 +275,8 @@ class RelayService:
                         ev.set()
                     if self.wake.has_hooks():  # a wake-up only for what is committed (the app pulls it)
                         self.store.after_commit(functools.partial(self.wake.message_stored, e.route_id))
+                    for hook in self.delivery_hooks:
+                        self.store.after_commit(functools.partial(hook, e.route_id))
                 case Connect():  # after the frames before it (see Send), in the engine's order
                     self.store.after_commit(functools.partial(self.network.connect, e.peer, e.addr))
                 case Disconnect():  # never ahead of a frame queued for this peer before it (a receipt)

@@ -1,7 +1,9 @@
 """The relay's durable store: SQLite in WAL mode, one connection, every write committed before it counts.
 
 It holds the home relay's devices (registration, hashed device secret), their one-use tokens and
-mailboxes, the pushes this relay holds in custody, and the final status of pushes it accepted.
+mailboxes, the pushes this relay holds in custody, and the final status of pushes it accepted. The
+Mozilla Push user agents and their channels are kept in the same database by inri/node/agentstore.py
+(its own tables, through `transaction()` and `query()`).
 It implements the engine's `HomeStore` contract with exactly MemoryHomeStore's semantics.
 
 Durability (config `[store] synchronous`, `StoreSync`): WAL with synchronous=NORMAL (the default)
@@ -186,6 +188,17 @@ class Store:
             db.execute("ROLLBACK")
             raise
         db.execute("COMMIT")
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """A transaction over tables another module keeps in this database (inri/node/agentstore.py),
+        committed before the block's caller goes on, rolled back on an exception (as every write here)."""
+        with self._tx():
+            yield self._db
+
+    def query(self, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
+        """The rows of one read (tables kept by other modules, joined with these)."""
+        return self._db.execute(sql, params).fetchall()
 
     @contextlib.contextmanager
     def _write(self) -> Iterator[None]:
