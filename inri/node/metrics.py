@@ -159,6 +159,7 @@ class RelayCollector(Collector):
                                 value=len(api.wp_gone))
         yield from _wake_metrics(service.wake.stats())
         yield from _reachability_metrics(service.reachability, service.clock())
+        yield from _mozpush_metrics(api)
         buckets: list[tuple[str, float]] = []
         cum = 0
         for bound, n in zip(PUSH_LATENCY_BUCKETS, service.push_latency, strict=False):
@@ -218,3 +219,31 @@ def parse_metrics(text: str) -> dict[str, float]:
             labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
             values[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
     return values
+
+
+def _mozpush_metrics(api: RelayApi) -> Iterator[Metric]:
+    """Mozilla Push (docs/browsers.md): connections, agents, channels, acks and nacks by code, closes by code."""
+    mp = api.mozpush
+    status = mp.status()
+    yield GaugeMetricFamily("inri_mozpush_connections_open", "open Mozilla Push connections", value=mp.open)
+    yield GaugeMetricFamily("inri_mozpush_agents", "user agents homed here", value=status["agents"])
+    yield GaugeMetricFamily("inri_mozpush_channels", "user agents' channels (INRI registrations) homed here",
+                            value=status["channels"])
+    counts = {**api.agents.counts, **mp.counts}
+    for name, help_, prefix in (("inri_mozpush_acks", "acks by code (100 delivered, 101 decryption error, "
+                                 "102 not delivered)", "acks_"),
+                                ("inri_mozpush_nacks", "nacks by code (301-303: the service worker failed)", "nacks_"),
+                                ("inri_mozpush_closed", "connections closed by the relay, by close code", "closed_")):
+        family = CounterMetricFamily(name, help_, labels=["code"])
+        for key in sorted(k for k in counts if k.startswith(prefix)):
+            family.add_metric([key[len(prefix):]], counts[key])
+        yield family
+    for key, help_ in (("connections", "Mozilla Push connections accepted"),
+                       ("notifications_sent", "notification messages written"),
+                       ("channels_registered", "channels registered"),
+                       ("channels_unregistered", "channels unregistered"),
+                       ("registrations_refreshed", "channel registrations re-signed before they expired"),
+                       ("agents_expired", "user agents dropped after agent_idle_max_s unseen"),
+                       ("write_timeouts", "connections ended because a write stalled"),
+                       ("refused_rate", "connections refused for the client address's rate limit")):
+        yield CounterMetricFamily(f"inri_mozpush_{key}", help_, value=counts.get(key, 0))
