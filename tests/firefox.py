@@ -78,6 +78,7 @@ PREFS = {
     "dom.serviceWorkers.testing.enabled": True,
     "browser.shell.checkDefaultBrowser": False,
     "browser.startup.homepage_override.mstone": "ignore",
+    "browser.sessionstore.resume_from_crash": False,  # a restart opens the page once, not twice
     "browser.aboutwelcome.enabled": False,
     "datareporting.policy.dataSubmissionEnabled": False,
     "toolkit.telemetry.reportingpolicy.firstRun": False,
@@ -120,7 +121,12 @@ class PageServer:
                         cmd = owner.commands.get(timeout=10)
                     except queue.Empty:
                         cmd = {"do": "wait"}
-                    self._answer(json.dumps(cmd).encode(), "application/json")
+                    try:
+                        self._answer(json.dumps(cmd).encode(), "application/json")
+                    except OSError:  # the page asking went away (Firefox stopped): another page gets it
+                        if cmd["do"] != "wait":
+                            owner.commands.put(cmd)
+                        raise
                 else:
                     self._answer(PAGE.encode(), "text/html")
 
