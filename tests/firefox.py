@@ -191,10 +191,28 @@ class Firefox:
                                           self.page_url], stdout=out, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, env=env, start_new_session=True)
 
+    def saved_uaid(self) -> str | None:
+        """The uaid Firefox has written to the profile's prefs.js (dom.push.userAgentID), if any."""
+        try:
+            text = (self.profile / "prefs.js").read_text(errors="replace")
+        except OSError:
+            return None
+        for line in text.splitlines():
+            if '"dom.push.userAgentID"' in line:
+                return line.split(",", 1)[1].strip(' ");')
+        return None
+
     def stop(self) -> None:
-        """Quit (SIGTERM: Firefox shuts down cleanly), then make sure the whole process group is gone."""
+        """Quit (SIGTERM: Firefox shuts down cleanly), then make sure the whole process group is gone.
+
+        Firefox keeps its uaid in a pref, written to prefs.js shortly after it changes and at shutdown. A
+        Firefox that had to be killed (a loaded machine: no clean exit within 20 s) before that write
+        comes back without a uaid and drops every subscription, so a uaid it holds is awaited first."""
         if self.proc is None:
             return
+        deadline = time.monotonic() + 60
+        while self.saved_uaid() is None and self.proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
         try:
             os.killpg(self.proc.pid, signal.SIGTERM)
             self.proc.wait(20)

@@ -136,6 +136,7 @@ def test_three_pushes_sent_while_firefox_is_closed_arrive_once_each(lab: dict[st
     ff: Firefox = lab["firefox"]
     sender = lab["senders"][0]
     ff.stop()
+    assert ff.saved_uaid() is not None, "Firefox quit without saving its uaid: it would drop its subscriptions"
     deadline = time.monotonic() + 30
     while connections(lab["home"]):
         assert time.monotonic() < deadline, "R1 still holds Firefox's connection"
