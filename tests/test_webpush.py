@@ -192,12 +192,23 @@ async def test_topic_and_ttl_zero(lab: dict[str, Any], device: DeviceClient) -> 
     ep = await device.mint_endpoint()
     info = sub.info(at(ep, lab["far"]))
 
+    dropped: list[str] = []
+
     def offline() -> None:
         for text in ("first", "second"):
             assert webpush(info, text, ttl=600, headers={"Topic": "inbox"}).status_code == 201
-        assert webpush(info, "gone with ttl 0", ttl=0).status_code == 201
+        r = webpush(info, "gone with ttl 0", ttl=0)
+        assert r.status_code == 201  # RFC 8030: accepted, and dropped (the device's stream is closed)
+        dropped.append(r.headers["location"])
 
     await trio.to_thread.run_sync(offline)
+    # Issue 41, item 7: its status says what happened to it (the home's signed receipt: expired), never
+    # `delivered`; hops tell it from a push that got no receipt at all.
+    async with httpx.AsyncClient(timeout=5) as c:
+        with trio.fail_after(10):
+            while (status := (await c.get(dropped[0])).json())["status"] == "pending":
+                await trio.sleep(0.1)
+    assert status["status"] == "expired" and status["hops"] is not None, status
     with trio.fail_after(10):
         while not (mine := [m for m in await device.pull() if m.endpoint_id == ep.endpoint_id]):
             await trio.sleep(0.1)

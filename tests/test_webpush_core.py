@@ -80,8 +80,8 @@ def test_tag_topic_ttl_revocation_and_unregister(store: MemoryHomeStore | Store)
     assert store.accept_webpush(_push(tok, b"t1", topic="news"), now) == ReceiptStatus.STORED
     assert store.accept_webpush(_push(tok, b"t2", topic="news"), now) == ReceiptStatus.STORED
     assert sorted(_box(store)) == [b"one", b"t2"]
-    # TTL 0: accepted and dropped while the stream is closed, stored while it is open.
-    assert store.accept_webpush(_push(tok, b"z0", ttl=0), now) == ReceiptStatus.STORED
+    # TTL 0: accepted and dropped while the stream is closed (its receipt says so), stored while it is open.
+    assert store.accept_webpush(_push(tok, b"z0", ttl=0), now) == ReceiptStatus.EXPIRED
     assert b"z0" not in _box(store)
     _set_stream(store, True)
     assert store.accept_webpush(_push(tok, b"z1", ttl=0), now) == ReceiptStatus.STORED
@@ -176,7 +176,7 @@ def test_sqlite_home_stores_the_ttl_left_and_drops_a_push_that_expired_on_the_wa
     late = Push(q.push_id, q.route_id, q.token, q.ciphertext, 16, 0, 0, 0, REG,
                 WebPushMeta(**{**{f: getattr(q.webpush, f) for f in q.webpush.__slots__}, "age_s": 61}))
     st.stream_open = lambda rid: False
-    assert st.accept_webpush(late, now) == ReceiptStatus.STORED  # accepted, dropped: its TTL ran out on the way
+    assert st.accept_webpush(late, now) == ReceiptStatus.EXPIRED  # accepted, dropped: its TTL ran out on the way
     assert _box(st) == [b"aged"]
 
 

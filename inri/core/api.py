@@ -104,9 +104,9 @@ class HomeStore(Protocol):
         """Check a Web Push push's tag against the endpoint's capability and store it, once.
 
         None when this relay is not (and was not) the route id's home: the push travels on.
-        STORED (also for TTL 0 with the device's stream closed: accepted and dropped, as RFC 8030
-        says), DUPLICATE, UNKNOWN_ENDPOINT (no such endpoint or a wrong tag), GONE (revoked, or the
-        device unregistered), RATE_LIMITED, MAILBOX_FULL.
+        STORED, EXPIRED (its TTL left is 0 and the device's stream is closed: accepted and dropped, as
+        RFC 8030 says), DUPLICATE, UNKNOWN_ENDPOINT (no such endpoint or a wrong tag), GONE (revoked, or
+        the device unregistered), RATE_LIMITED, MAILBOX_FULL.
         """
         ...
 
@@ -149,7 +149,9 @@ class CustodyStatus(StrEnum):
     UNKNOWN_ENDPOINT = "unknown_endpoint"  # Web Push: no such endpoint (or a forged tag)
     GONE = "gone"  # Web Push: endpoint revoked or device unregistered
     RATE_LIMITED = "rate_limited"  # Web Push: the endpoint's limit at home
-    EXPIRED = "expired"  # no receipt by the deadline though routes existed
+    # No receipt by the deadline though routes existed (hops None), or the home dropped it because its
+    # Web Push TTL had run out (receipt EXPIRED: hops set)
+    EXPIRED = "expired"
     UNREACHABLE = "unreachable"  # no route to the device was ever found
 
 

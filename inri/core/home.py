@@ -113,7 +113,7 @@ class MemoryHomeStore:
             return ReceiptStatus.RATE_LIMITED
         remaining = max(0, meta.ttl_s - meta.age_s)  # TTL runs from the entry relay's acceptance
         if remaining == 0 and rid not in self.connected:
-            return ReceiptStatus.STORED  # RFC 8030: accepted, dropped (nobody to hand it to now)
+            return ReceiptStatus.EXPIRED  # RFC 8030: accepted, dropped (nobody to hand it to now)
         if meta.topic is not None:
             for pid, (old, _exp) in list(self.wp_meta.items()):
                 if pid in box and old.endpoint_id == meta.endpoint_id and old.topic == meta.topic:

@@ -55,6 +55,7 @@ RECEIPT_STATUS = {
     ReceiptStatus.UNKNOWN_ENDPOINT: CustodyStatus.UNKNOWN_ENDPOINT,
     ReceiptStatus.GONE: CustodyStatus.GONE,
     ReceiptStatus.RATE_LIMITED: CustodyStatus.RATE_LIMITED,
+    ReceiptStatus.EXPIRED: CustodyStatus.EXPIRED,
 }
 
 

@@ -508,7 +508,7 @@ class Store:
             return ReceiptStatus.RATE_LIMITED
         remaining = max(0, meta.ttl_s - meta.age_s)  # TTL runs from the entry relay's acceptance
         if remaining == 0 and not self.stream_open(rid):
-            return ReceiptStatus.STORED  # RFC 8030: accepted, and dropped (nobody to hand it to now)
+            return ReceiptStatus.EXPIRED  # RFC 8030: accepted, and dropped (nobody to hand it to now)
         with self._write():
             if meta.topic is not None:  # RFC 8030 5.4: replaces the unacknowledged one with this topic
                 old = [(rid, bytes(p)) for (p,) in db.execute(

@@ -49,6 +49,9 @@ class ReceiptStatus(IntEnum):
     UNKNOWN_ENDPOINT = 6  # no such endpoint of this route id, or its per-push tag does not verify
     GONE = 7  # the endpoint was revoked, or its device unregistered
     RATE_LIMITED = 8  # the endpoint's rate limit at home: try again later
+    # Its TTL ran out before the device could take it (TTL 0 with the device's stream closed, or the TTL
+    # spent waiting in custody): accepted and dropped, as RFC 8030 says; never stored.
+    EXPIRED = 9
 
 
 class RouteErrorReason(IntEnum):
