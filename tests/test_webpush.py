@@ -343,8 +343,90 @@ async def test_matrix_gateway_delivers_one_pushkey_and_rejects_the_foreign_one(l
 
     got = await receive_one(device, notify)
     assert got.kind == "webpush" and got.endpoint_id == ep.endpoint_id and not got.undecryptable
-    sent = json.loads(got.body)
-    assert "devices" not in sent and sent["content"]["body"] == secret_text and sent["event_id"] == "$e1"
+    # Issue 41, item 6: the Push Gateway API body minus `devices`, as Element / Element X / FUTO Circles parse it.
+    inner = {k: v for k, v in note["notification"].items() if k != "devices"}
+    assert json.loads(got.body) == {"notification": inner} and inner["content"] == {"body": secret_text}
+
+
+def mesh_push_frames(lab: dict[str, Any]) -> float:
+    """Push frames sent by every relay of the lab (the mesh traffic a push causes)."""
+    return sum(frames_out(r["api"]) for r in lab["relays"])
+
+
+def altered_texts(text: str) -> list[str]:
+    """text (base64url of some bytes) altered at every position: each byte flipped, each character replaced."""
+    raw = unb64(text)
+    out = [b64(raw[:i] + bytes([raw[i] ^ 0x01]) + raw[i + 1:]) for i in range(len(raw))]
+    alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+    for i, c in enumerate(text):
+        out.append(text[:i] + alphabet[(alphabet.index(c) + 1 + i % 63) % 64] + text[i + 1:])
+    return out
+
+
+def altered_urls(url: str) -> list[str]:
+    """An endpoint URL altered at every position of its path (`/wp/v1/<R>/<E>`)."""
+    base, r, e = url.rsplit("/", 2)
+    path = url[len(origin(url)):]
+    out = [f"{base}/{t}/{e}" for t in altered_texts(r)] + [f"{base}/{r}/{t}" for t in altered_texts(e)]
+    for i in range(1, len("/wp/v1/")):  # the fixed prefix too (its first "/" ends the origin)
+        out.append(origin(url) + path[:i] + ("x" if path[i] != "x" else "y") + path[i + 1:])
+    return list(dict.fromkeys(out))  # a flipped byte and a replaced character can give the same text
+
+
+async def test_altered_endpoint_and_pushkey_bytes_every_position(lab: dict[str, Any], device: DeviceClient) -> None:
+    """Issue 41, item 5: an endpoint URL or Matrix pushkey altered anywhere (each byte of R and E flipped,
+    each character replaced) is 404 / `rejected` at the entry relay, with no push frame sent by any relay.
+    Unrestricted (with the seal key the SDK sends) and restricted endpoints; a genuine push afterwards
+    gets 201 and does move the counter (so the check can fail)."""
+    far = lab["far"]
+    sub, sender = Subscriber(), Sender()
+    plain = at(await device.mint_endpoint(), far)
+    bound = at(await device.mint_endpoint(sender.public), far)
+    body = WebPusher(sub.info(plain)).encode(b"x" * 20, "aes128gcm")["body"]
+    good = {"TTL": "60", "Content-Encoding": "aes128gcm"}
+    signed = {**good, "Authorization": sender.auth(origin(plain))}
+    def refused_404() -> float:
+        return parse_metrics(httpx.get(far + "/metrics", timeout=5).text).get(
+            'inri_webpush_refused_total{status="404"}', 0.0)
+
+    before, before_404 = mesh_push_frames(lab), refused_404()
+    answers: dict[str, list[str]] = {}
+    limits = httpx.Limits(max_connections=4)
+    async with httpx.AsyncClient(timeout=10, limits=limits) as c:
+        async def post(u: str, h: dict[str, str]) -> None:
+            r = await c.post(u, headers=h, content=body)
+            answers.setdefault(f"{r.status_code} {r.json().get('code') if r.content else ''}", []).append(u)
+
+        for url, headers in ((plain, good), (bound, signed)):
+            urls = altered_urls(url)
+            assert len(urls) > 450 and url not in urls
+            for i in range(0, len(urls), 4):
+                async with trio.open_nursery() as n:
+                    for u in urls[i:i + 4]:
+                        n.start_soon(post, u, headers)
+        assert list(answers) == ["404 not_found"], {k: v[:2] for k, v in answers.items()}
+        # Matrix: the same alterations of an INRI pushkey (which is an endpoint URL), plus its origin.
+        keys = altered_urls(plain)
+        o = origin(plain)
+        keys += [plain.replace(o, o[:i] + ("9" if o[i] != "9" else "8") + o[i + 1:], 1)
+                 for i in range(len("http://"), len(o))]
+        rejected: list[str] = []
+        for i in range(0, len(keys), 20):
+            chunk = keys[i:i + 20]
+            note = {"notification": {"event_id": "$x", "devices": [{"pushkey": k, "app_id": "a"} for k in chunk]}}
+            r = await c.post(far + "/_matrix/push/v1/notify", json=note)
+            assert r.status_code == 200, r.text
+            rejected += r.json()["rejected"]
+        assert rejected == keys
+    assert mesh_push_frames(lab) == before, "altered endpoints must be refused at the entry relay alone"
+    # Every alteration of R or E was refused by the Web Push route itself (the prefix ones by the router).
+    assert refused_404() - before_404 == sum(u.startswith(far + "/wp/v1/") for u in answers["404 not_found"])
+    # The genuine URLs still work and are routed: the frame counter can move.
+    async with httpx.AsyncClient(timeout=10) as c:
+        assert (await c.post(plain, headers=good, content=body)).status_code == 201
+        assert (await c.post(bound, headers=signed, content=body)).status_code == 201
+    assert mesh_push_frames(lab) > before
+    await device.ack([m.id for m in await device.pull(1000)])
 
 
 async def test_kill9_home_then_entry_after_201_delivered_exactly_once(lab: dict[str, Any],

@@ -4,19 +4,25 @@ from __future__ import annotations
 
 import base64
 import os
+import time
 from pathlib import Path
 
 import httpx
+import pytest
 import trio
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+from pywebpush import WebPusher
 
 from inri.client import ApiError, DeviceClient, WebPushEndpoint
-from inri.common.b64url import b64d
-from inri.protocol.codec import decode_registration
+from inri.common.b64url import b64d, b64e
+from inri.node.config import ConfigError, RelayConfig, WebPushSection, load_config
+from inri.protocol.codec import decode_registration, encode_registration, make_registration
+from inri.protocol.keys import new_signing_key
 from inri.protocol.messages import ContentEncoding, Urgency, WebPushMeta
 from inri.protocol.webpush import EndpointToken, push_tag, vapid_key_hash
 from tests.test_node_api import problem, relay
+from tests.test_webpush import Sender, Subscriber
 
 
 def _vapid_key() -> str:
@@ -125,3 +131,62 @@ async def test_one_multiplexed_stream_serves_two_route_ids(tmp_path: Path) -> No
                 while await b.pull():
                     await trio.sleep(0.05)
             assert [m.id for m in await a.pull()] in ([], [pa2.hex()])
+
+
+async def test_public_origins_are_the_urls_the_aud_the_location_and_the_gateway(tmp_path: Path) -> None:
+    """Issue 41, item 8: behind a proxy, `[webpush] public_origins` is what senders see: minted URLs carry the
+    first, VAPID `aud` may be any of them (never the internal address), `Location` uses the first, and the
+    Matrix gateway serves the pushkeys of these origins only."""
+    public = "https://push.example.test"
+    cfg = RelayConfig(webpush=WebPushSection(public_origins=(public + "/", "https://push.example.test:8443")))
+    with trio.fail_after(30):
+        async with relay(tmp_path, cfg) as (url, _service):
+            dev = DeviceClient(url)
+            await dev.register(tokens=1)
+            ep = await dev.mint_endpoint()
+            assert ep.url.startswith(public + "/wp/v1/")
+            assert [e.url for e in await dev.list_endpoints()] == [ep.url]
+            direct = url + ep.url[len(public):]  # the proxy forwards the path unchanged
+            sender, sub = Sender(), Subscriber()
+            body = WebPusher(sub.info(ep.url)).encode(b"hello", "aes128gcm")["body"]
+            async with httpx.AsyncClient(timeout=10) as c:
+                async def post(aud: str) -> httpx.Response:
+                    return await c.post(direct, content=body, headers={
+                        "TTL": "60", "Content-Encoding": "aes128gcm", "Authorization": sender.auth(aud)})
+
+                for aud in (public, "https://push.example.test:8443", "https://PUSH.example.test:443"):
+                    r = await post(aud)
+                    assert r.status_code == 201 and r.headers["location"].startswith(public + "/v1/push/"), r.text
+                problem(await post(url), 401, "bad_vapid")  # the internal address is not an origin senders use
+                note = {"notification": {"event_id": "$e", "devices": [
+                    {"pushkey": ep.url}, {"pushkey": url + ep.url[len(public):]}]}}
+                r = await c.post(url + "/_matrix/push/v1/notify", json=note)
+                assert r.json() == {"rejected": [url + ep.url[len(public):]]}
+
+
+async def test_no_endpoint_without_a_receipt_key(tmp_path: Path) -> None:
+    """Endpoint tokens are signed with the registration's receipt key: a device registered without one gets
+    `409 receipt_key_required` (nothing minted), not an endpoint no relay could check."""
+    reg = make_registration(new_signing_key(), 1, int(time.time()) - 60, 3600)
+    with trio.fail_after(30):
+        async with relay(tmp_path) as (url, _service), httpx.AsyncClient() as c:
+            r = await c.post(url + "/v1/devices", json={"registration": b64e(encode_registration(reg)), "tokens": 1})
+            assert r.status_code == 201, r.text
+            auth = {"authorization": f"Bearer {r.json()['device_secret']}"}
+            base = f"{url}/v1/devices/{reg.route_id.hex()}/endpoints"
+            problem(await c.post(base, json={}, headers=auth), 409, "receipt_key_required")
+            assert (await c.get(base, headers=auth)).json() == {"endpoints": []}
+
+
+@pytest.mark.parametrize("value", ["push.example.org", "https://push.example.org/wp", "ftp://push.example.org",
+                                   "https://push.example.org?x=1", "https://user@push.example.org"])
+def test_a_public_origin_that_is_not_an_origin_is_refused_at_startup(tmp_path: Path, value: str) -> None:
+    """Without a scheme (or with a path) every VAPID `aud` would be refused and every URL broken, silently."""
+    f = tmp_path / "relay.toml"
+    f.write_text(f'[webpush]\npublic_origins = ["https://ok.example", "{value}"]\n')
+    with pytest.raises(ConfigError, match=r"relay\.toml: webpush\.public_origins: Expected str matching"):
+        load_config(f, env={})
+    with pytest.raises(ConfigError, match="INRI_WEBPUSH_PUBLIC_ORIGINS"):
+        load_config(None, env={"INRI_WEBPUSH_PUBLIC_ORIGINS": value})
+    f.write_text('[webpush]\npublic_origins = ["https://push.example.org/", "http://[::1]:8480"]\n')
+    assert load_config(f, env={}).webpush.public_origins == ("https://push.example.org/", "http://[::1]:8480")

@@ -12,7 +12,7 @@ from nacl.signing import SigningKey
 
 from inri.core.budget import KeyedBuckets
 from inri.protocol.messages import Push, ReceiptStatus, Registration, WebPushMeta
-from inri.protocol.webpush import EndpointToken, capability, push_tag, vapid_key_hash
+from inri.protocol.webpush import EndpointToken, TokenVersion, capability, push_tag, vapid_key_hash
 
 # Per-endpoint limit at the home relay (config [webpush] endpoint_rate_per_s / endpoint_burst in the daemon).
 ENDPOINT_RATE_PER_S = 1.0
@@ -22,11 +22,14 @@ TTL0_GRACE_S = 60
 
 
 def tag_ok(home_key: bytes, push: Push, meta: WebPushMeta, vapid_key: bytes | None) -> bool:
-    """True when the push's tag proves its sender knew the endpoint's capability (constant time)."""
-    cap = capability(home_key, push.route_id, meta.endpoint_id)
-    want = push_tag(cap, push.push_id, push.ciphertext, meta.ttl_s, meta.urgency, meta.encoding, meta.topic,
-                    vapid_key_hash(vapid_key))
-    return hmac.compare_digest(want, meta.tag)
+    """True when the push's tag proves its sender knew the endpoint's capability (constant time).
+
+    Either token version's (inri/protocol/webpush.py), the current one first: each has its own capability
+    and tag, so neither passes for the other."""
+    hashed = vapid_key_hash(vapid_key)
+    return any(hmac.compare_digest(meta.tag, push_tag(
+        capability(home_key, push.route_id, meta.endpoint_id, version), push.push_id, push.ciphertext, meta.ttl_s,
+        meta.urgency, meta.encoding, meta.topic, hashed, version)) for version in (TokenVersion.V2, TokenVersion.V1))
 
 
 class MemoryHomeStore:

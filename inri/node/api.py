@@ -65,16 +65,21 @@ from inri.node.store import secret_hash
 from inri.node.wake import Hook, HookError
 from inri.node.wakepolicy import Owner, OwnerKind
 from inri.node.webpush import (
+    EndpointError,
     Headers,
     WebPushError,
+    endpoint_url,
     frame_body,
+    mint_endpoint,
     normalise_origin,
+    open_endpoint,
     parse_headers,
+    public_origins,
     vapid_credentials,
     verify_vapid,
 )
 from inri.protocol import limits
-from inri.protocol.codec import DecodeError, decode_registration, encode_registration
+from inri.protocol.codec import DecodeError, decode_registration
 from inri.protocol.messages import ContentEncoding, Registration, Urgency, WebPushMeta
 from inri.protocol.wake import WAKE_TOKEN_MAX_BYTES
 from inri.protocol.webpush import (
@@ -142,6 +147,7 @@ TITLES = {
     "bad_encoding": "Content-Encoding or body framing invalid",
     "mailbox_full": "Device mailbox full",
     "forbidden_hook": "Wake hook address refused",
+    "receipt_key_required": "Web Push endpoints need a registration with a receipt key",
 }
 UNLIMITED_PATHS = frozenset({"/healthz", "/metrics"})
 
@@ -243,8 +249,7 @@ class RelayApi:
             Route("GET", "/openapi.json", self.openapi),
         ])
         wp = self.config.webpush
-        self.wp_origins = tuple(o.rstrip("/") for o in wp.public_origins) or (
-            f"{'https' if self.config.api.tls_cert else 'http'}://{self.config.relay.api}",)
+        self.wp_origins = public_origins(self.config)
         self.service.store.endpoint_limits = KeyedBuckets(wp.endpoint_rate_per_s, wp.endpoint_burst)
         self.wp_aud = frozenset(normalise_origin(o) for o in self.wp_origins)
         self.vapid_rate = RateLimiter(wp.vapid_rate_per_s, wp.vapid_burst)
@@ -270,6 +275,9 @@ class RelayApi:
         # registration with every push of that device): decoded and validated once, then the same
         # (immutable) object, whose signature check the verifier then finds by identity.
         self._decoded: dict[str, Registration] = {}
+        # Endpoint URLs' (R, E) texts whose token signature verified (a sender pushes to one URL many
+        # times): opened once (open_endpoint: ~60 us, an Ed25519 check), then one dict lookup.
+        self._opened: dict[tuple[str, str], tuple[Registration, EndpointToken]] = {}
 
     # -- ASGI plumbing ----------------------------------------------------------------------------
 
@@ -388,7 +396,7 @@ class RelayApi:
         return reg
 
     @staticmethod
-    def _remember(cache: dict[str, Any], key: str, value: Any) -> None:
+    def _remember(cache: dict[Any, Any], key: Any, value: Any) -> None:
         if len(cache) >= DECODED_CACHE_MAX:
             del cache[next(iter(cache))]
         cache[key] = value
@@ -477,10 +485,7 @@ class RelayApi:
 
     # -- Web Push endpoints (minted at the home relay) ----------------------------------------------
 
-    def _endpoint_json(self, route_id: bytes, tok: EndpointToken, vapid_key: bytes | None) -> dict[str, Any]:
-        reg = self.service.store.registration(route_id)
-        assert reg is not None
-        url = f"{self.wp_origins[0]}/wp/v1/{b64e(encode_registration(reg))}/{b64e(tok.encode())}"
+    def _endpoint_json(self, tok: EndpointToken, url: str, vapid_key: bytes | None) -> dict[str, Any]:
         return {"endpoint_id": tok.endpoint_id.hex(), "url": url, "restricted": tok.restricted,
                 "vapid_key": None if vapid_key is None else b64e(vapid_key)}
 
@@ -503,13 +508,21 @@ class RelayApi:
         if len(store.endpoints(route_id)) >= self.config.webpush.endpoints_max:
             raise Problem(409, "too_many_endpoints",
                           f"this device has {self.config.webpush.endpoints_max} endpoints; revoke one first")
-        tok = store.mint_endpoint(route_id, vapid_key, self.service.wall_clock(), seal_key)
-        return 201, self._endpoint_json(route_id, tok, vapid_key)
+        try:
+            tok, url = mint_endpoint(store, self.wp_origins[0], route_id, vapid_key, seal_key,
+                                     self.service.wall_clock())
+        except EndpointError as exc:
+            raise Problem(409, "receipt_key_required", str(exc)) from None
+        return 201, self._endpoint_json(tok, url, vapid_key)
 
     async def list_endpoints(self, req: Request, device_id: str) -> tuple[int, Any]:
         route_id = self._device(req, device_id)
-        return 200, {"endpoints": [self._endpoint_json(route_id, t, k)
-                                   for t, k in self.service.store.endpoints(route_id)]}
+        store = self.service.store
+        try:
+            return 200, {"endpoints": [self._endpoint_json(t, endpoint_url(store, self.wp_origins[0], route_id, t), k)
+                                       for t, k in store.endpoints(route_id)]}
+        except EndpointError as exc:
+            raise Problem(409, "receipt_key_required", str(exc)) from None
 
     async def revoke_endpoint(self, req: Request, device_id: str, endpoint_id: str) -> tuple[int, Any]:
         route_id = self._device(req, device_id)
@@ -644,7 +657,10 @@ class RelayApi:
         devices = note.get("devices") if isinstance(note, dict) else None
         if not isinstance(note, dict) or not isinstance(devices, list) or not all(isinstance(d, dict) for d in devices):
             raise Problem(422, "invalid_field", "notification.devices: expected a list of objects")
-        payload = json.dumps({k: v for k, v in note.items() if k != "devices"}, separators=(",", ":")).encode()
+        # What the device receives is the Push Gateway API body minus `devices`: `{"notification": {...}}`,
+        # the UnifiedPush Matrix convention that Element, Element X and FUTO Circles parse.
+        payload = json.dumps({"notification": {k: v for k, v in note.items() if k != "devices"}},
+                             separators=(",", ":")).encode()
         if len(devices) > MATRIX_MAX_DEVICES:
             raise Problem(422, "invalid_field", f"notification.devices: at most {MATRIX_MAX_DEVICES}")
         ok = [False] * len(devices)
@@ -659,14 +675,15 @@ class RelayApi:
 
     async def _matrix_push(self, pushkey: str, payload: bytes) -> bool:
         """True when pushkey is an INRI endpoint with a seal key and its home did not refuse the push."""
-        m = re.fullmatch(r"https?://[^/]+/wp/v1/([A-Za-z0-9_-]+)/([A-Za-z0-9_-]+)", pushkey)
-        if m is None:
+        m = re.fullmatch(r"(https?://[^/]+)/wp/v1/([A-Za-z0-9_-]+)/([A-Za-z0-9_-]+)", pushkey)
+        # A pushkey is served by the gateway at its own origin (the UnifiedPush convention: a client finds
+        # the gateway by putting /_matrix/push/v1/notify on the pushkey's origin); any other is not ours.
+        if m is None or not self._own_origin(m[1]):
             return False
-        try:
-            reg = decode_registration(b64url.b64d(m[1], "registration", max_size=1024))
-            tok = EndpointToken.decode(b64url.b64d(m[2], "endpoint", max_size=128))
-        except (ValueError, DecodeError):
+        opened = self._open_endpoint(m[2], m[3])
+        if opened is None:  # not an INRI endpoint, or one altered (its signature does not verify)
             return False
+        reg, tok = opened
         if tok.seal_key is None or tok.restricted:  # restricted endpoints take only their VAPID key's pushes
             return False
         try:
@@ -684,14 +701,10 @@ class RelayApi:
 
     async def _webpush(self, req: Request, reg_b64: str, endpoint_b64: str) -> tuple[Any, ...]:
         wp = self.config.webpush
-        try:  # a broken registration or endpoint token: unknown endpoint, decided here (no mesh search)
-            reg = self._decoded.get(reg_b64)
-            if reg is None:
-                reg = decode_registration(b64url.b64d(reg_b64, "registration", max_size=1024))
-                self._remember(self._decoded, reg_b64, reg)
-            tok = EndpointToken.decode(b64url.b64d(endpoint_b64, "endpoint", max_size=128))
-        except (ValueError, DecodeError):
-            raise Problem(404, "not_found", "no such Web Push endpoint") from None
+        opened = self._open_endpoint(reg_b64, endpoint_b64)
+        if opened is None:  # broken, or any byte altered: unknown endpoint, decided here (no mesh search)
+            raise Problem(404, "not_found", "no such Web Push endpoint")
+        reg, tok = opened
         length = req.header(b"content-length")
         if length is not None and length.strip().isdigit() and int(length) > limits.MAX_CIPHERTEXT_BYTES:
             raise Problem(413, "too_large", f"Web Push bodies are at most {limits.MAX_CIPHERTEXT_BYTES} bytes")
@@ -726,6 +739,30 @@ class RelayApi:
         location = f"{self.wp_origins[0]}/v1/push/{pid.hex()}"
         return 201, None, [(b"location", location.encode()), (b"ttl", str(heads.ttl_s).encode())]
 
+    def _own_origin(self, origin: str) -> bool:
+        """True when origin is one of this relay's public origins (default ports and case aside)."""
+        try:
+            return normalise_origin(origin) in self.wp_aud
+        except ValueError:  # e.g. a port that is not a number
+            return False
+
+    def _open_endpoint(self, reg_b64: str, endpoint_b64: str) -> tuple[Registration, EndpointToken] | None:
+        """open_endpoint (inri/node/webpush.py) once per distinct URL; None when it does not open."""
+        key = (reg_b64, endpoint_b64)
+        opened = self._opened.get(key)
+        if opened is None:
+            try:
+                reg, tok = open_endpoint(reg_b64, endpoint_b64)
+            except ValueError:
+                return None
+            # One object per registration text, whatever the endpoint (the verifier finds it by identity).
+            shared = self._decoded.get(reg_b64)
+            if shared is None:
+                self._remember(self._decoded, reg_b64, reg)
+            opened = (shared or reg, tok)
+            self._remember(self._opened, key, opened)
+        return opened
+
     async def _route_webpush(
         self, reg: Registration, tok: EndpointToken, body: bytes, heads: Headers, encoding: ContentEncoding,
         vapid_key: bytes | None, neg_key: bytes | None = None,
@@ -738,7 +775,7 @@ class RelayApi:
                 raise Problem(cached[0], "not_found" if cached[0] == 404 else "gone", "endpoint unknown or revoked")
         pid = os.urandom(limits.PUSH_ID_BYTES)
         vhash = vapid_key_hash(vapid_key)
-        tag = push_tag(tok.cap, pid, body, heads.ttl_s, heads.urgency, encoding, heads.topic, vhash)
+        tag = push_tag(tok.cap, pid, body, heads.ttl_s, heads.urgency, encoding, heads.topic, vhash, tok.version)
         meta = WebPushMeta(tok.endpoint_id, tag, heads.ttl_s, heads.urgency, encoding, heads.topic)
         settled = trio.Event()
         self.service.settle_waiters[pid] = settled

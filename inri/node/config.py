@@ -25,6 +25,9 @@ from inri.protocol.peer_record import parse_geo
 __all__ = ["ApiSection", "ConfigError", "MozPushSection", "QuicSection", "RelayConfig", "RelaySection",
            "TraceSection", "WakeSection", "describe", "load_config", "public_addrs", "read_toml"]
 
+# An origin as RFC 6454 writes it (no path, query or fragment; a trailing "/" tolerated): Web Push
+# compares VAPID `aud` with it, so "push.example.org" (no scheme) would refuse every signed push.
+ORIGIN_PATTERN = r"^https?://[^/?#@\s]+/?$"
 # Ranges of the fields below (msgspec checks them; inri.common.config).
 Positive = Meta(gt=0)
 NonNegative = Meta(ge=0)
@@ -132,8 +135,9 @@ class WebPushSection:
     """Web Push endpoints (docs/api.md "Web Push")."""
 
     # Origins ("scheme://host[:port]") this relay answers Web Push on: VAPID `aud` must be one of
-    # them; minted endpoint URLs use the first. Empty: "http://" + the API listen address.
-    public_origins: tuple[str, ...] = ()
+    # them; minted endpoint URLs, Location headers and the Matrix gateway's pushkeys use them (URLs
+    # the first). Empty: "http://" + the API listen address. Behind a TLS proxy: the proxy's origin.
+    public_origins: tuple[Annotated[str, Meta(pattern=ORIGIN_PATTERN)], ...] = ()
     ttl_max_s: Annotated[int, Meta(ge=0, le=30 * 24 * 3600)] = 28 * 24 * 3600  # larger TTLs are clamped
     endpoint_rate_per_s: Annotated[float, Positive] = 1.0  # per endpoint, at the home relay
     endpoint_burst: Annotated[int, AtLeastOne] = 20

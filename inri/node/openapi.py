@@ -127,14 +127,16 @@ def openapi_document(version: str, body_limits: dict[str, int]) -> dict[str, Any
                     "summary": "Mint a Web Push endpoint (restricted to one VAPID key when given)",
                     "security": [{"device": []}], "parameters": [DEVICE_PARAM],
                     "requestBody": _body("POST /v1/devices/{device_id}/endpoints", {
-                        "type": "object", "properties": {"vapid_key": B64}}, False),
-                    "responses": {"201": _json(endpoint, "minted"), "409": _problem_ref("too_many_endpoints"),
+                        "type": "object", "properties": {"vapid_key": B64, "seal_key": B64}}, False),
+                    "responses": {"201": _json(endpoint, "minted"),
+                                  "409": _problem_ref("too_many_endpoints", "receipt_key_required"),
                                   **BODY_ERRORS, **AUTH_ERRORS}},
                 "get": {
                     "summary": "The device's live Web Push endpoints", "security": [{"device": []}],
                     "parameters": [DEVICE_PARAM],
                     "responses": {"200": _json({"type": "object", "properties": {
-                        "endpoints": {"type": "array", "items": endpoint}}}), **AUTH_ERRORS}}},
+                        "endpoints": {"type": "array", "items": endpoint}}}),
+                        "409": _problem_ref("receipt_key_required"), **AUTH_ERRORS}}},
             "/v1/devices/{device_id}/endpoints/{endpoint_id}": {"delete": {
                 "summary": "Revoke a Web Push endpoint (senders then get 410)", "security": [{"device": []}],
                 "parameters": [DEVICE_PARAM, {"name": "endpoint_id", "in": "path", "required": True,

@@ -1,4 +1,10 @@
-"""The checks an entry relay runs on a Web Push request before anything crosses the mesh.
+"""Web Push endpoint URLs (minted at the home relay, opened at any relay) and the checks an entry relay
+runs on a Web Push request before anything crosses the mesh.
+
+Endpoint URLs: `mint_endpoint` is the one place a relay mints an endpoint URL (the device API and any
+other front that hands out Web Push endpoints call it); `endpoint_url` forms the URL of an endpoint
+already minted; `open_endpoint` is what every relay runs on a URL's `<R>/<E>` before anything else.
+The token format and its signature are in inri/protocol/webpush.py.
 
 RFC 8030 headers (TTL, Urgency, Topic), RFC 8188/8291 body framing (aes128gcm byte for byte; aesgcm
 re-framed), and RFC 8292 VAPID (ES256 JWT, `aud` one of this relay's public origins, `exp` at most
@@ -22,9 +28,18 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
 
 from inri.common import b64url
+from inri.node.config import RelayConfig
+from inri.node.store import Store
 from inri.protocol import limits
-from inri.protocol.messages import ContentEncoding, Urgency
-from inri.protocol.webpush import URGENCY_HEADER
+from inri.protocol.codec import DecodeError, decode_registration, encode_registration
+from inri.protocol.messages import ContentEncoding, Registration, Urgency
+from inri.protocol.webpush import (
+    MAX_ENDPOINT_TOKEN_BYTES,
+    MAX_REGISTRATION_BYTES,
+    URGENCY_HEADER,
+    EndpointToken,
+    endpoint_signed_bytes,
+)
 
 VAPID_MAX_AHEAD_S = 24 * 3600  # RFC 8292 section 2: exp no more than 24 hours ahead
 _TOPIC = re.compile(r"[A-Za-z0-9_-]+=*")
@@ -37,6 +52,81 @@ class WebPushError(Exception):
     def __init__(self, status: int, code: str, detail: str) -> None:
         super().__init__(detail)
         self.status, self.code, self.detail = status, code, detail
+
+
+NEEDS_RECEIPT_KEY = ("Web Push endpoints are signed with the registration's receipt key: register with a "
+                     "receipt key (and its receipt_secret)")
+
+
+class EndpointError(Exception):
+    """An endpoint cannot be minted for this device (its registration has no receipt key to sign with)."""
+
+
+def public_origins(config: RelayConfig) -> tuple[str, ...]:
+    """The origins this relay answers Web Push on (`[webpush] public_origins`, trailing slashes dropped):
+    VAPID `aud` must be one of them, and minted endpoint URLs and `Location` headers use the first.
+    Empty: `http://` (or `https://` with `[api] tls_cert`) + the API listen address."""
+    return tuple(o.rstrip("/") for o in config.webpush.public_origins) or (
+        f"{'https' if config.api.tls_cert else 'http'}://{config.relay.api}",)
+
+
+def _signing_registration(store: Store, route_id: bytes) -> Registration:
+    """The registration an endpoint URL of route_id carries; EndpointError when it has no receipt key."""
+    reg = store.registration(route_id)
+    if reg is None or reg.receipt_key is None:
+        raise EndpointError(NEEDS_RECEIPT_KEY)
+    return reg
+
+
+def endpoint_url(store: Store, origin: str, route_id: bytes, token: EndpointToken) -> str:
+    """The URL of a minted endpoint of a device homed here, with its current registration:
+    `<origin>/wp/v1/<R>/<E>`, E signed with the device's receipt key (docs/protocol.md "Web Push pushes").
+
+    EndpointError when the registration has no receipt key, or the key this home holds is not the
+    registration's (no relay could check the signature)."""
+    reg = _signing_registration(store, route_id)
+    raw = encode_registration(reg)
+    signature = store.sign_receipt(route_id, endpoint_signed_bytes(raw, token.body()))
+    signed = None if signature is None else token.signed(signature)
+    if signed is None or not signed.authentic(raw, reg.receipt_key):
+        raise EndpointError(NEEDS_RECEIPT_KEY)
+    return f"{origin}/wp/v1/{b64url.b64e(raw)}/{b64url.b64e(signed.encode())}"
+
+
+def mint_endpoint(store: Store, origin: str, route_id: bytes, vapid_key: bytes | None, seal_key: bytes | None,
+                  now: float) -> tuple[EndpointToken, str]:
+    """Mint a Web Push endpoint of a device homed here: (its token, its URL). The one minting function:
+    restricted to vapid_key when given; seal_key (the device's X25519 public key) lets the Matrix
+    gateway seal notifications to it. EndpointError (nothing stored) when it cannot be signed."""
+    _signing_registration(store, route_id)
+    token = store.mint_endpoint(route_id, vapid_key, now, seal_key)
+    return token, endpoint_url(store, origin, route_id, token)
+
+
+def _canonical_b64d(text: str, what: str, max_size: int) -> bytes:
+    """Strict base64url, and only the one text b64e writes for those bytes (no padding, no stray low
+    bits in the last character): two texts of one endpoint would be two URLs that both work."""
+    raw = b64url.b64d(text, what, max_size=max_size)
+    if b64url.b64e(raw) != text:
+        raise ValueError(f"{what}: not in canonical base64url")
+    return raw
+
+
+def open_endpoint(reg_text: str, token_text: str) -> tuple[Registration, EndpointToken]:
+    """The registration and token of an endpoint URL's `<R>/<E>`, E's signature checked against R's
+    receipt key over R's exact bytes; ValueError for anything else (the relay answers 404 at once).
+
+    R's own signature and freshness are checked when the push is injected (the engine's verifier)."""
+    raw_reg = _canonical_b64d(reg_text, "registration", MAX_REGISTRATION_BYTES)
+    raw_tok = _canonical_b64d(token_text, "endpoint", MAX_ENDPOINT_TOKEN_BYTES)
+    try:
+        reg = decode_registration(raw_reg)
+    except DecodeError as exc:
+        raise ValueError(f"registration: {exc.detail}") from None
+    token = EndpointToken.decode(raw_tok)
+    if not token.authentic(raw_reg, reg.receipt_key):
+        raise ValueError("endpoint token: its signature does not verify")
+    return reg, token
 
 
 @dataclass(frozen=True, slots=True)
