@@ -190,3 +190,33 @@ def test_a_public_origin_that_is_not_an_origin_is_refused_at_startup(tmp_path: P
         load_config(None, env={"INRI_WEBPUSH_PUBLIC_ORIGINS": value})
     f.write_text('[webpush]\npublic_origins = ["https://push.example.org/", "http://[::1]:8480"]\n')
     assert load_config(f, env={}).webpush.public_origins == ("https://push.example.org/", "http://[::1]:8480")
+
+
+async def test_a_ttl_0_push_to_an_offline_device_at_its_home_relay_is_expired(tmp_path: Path) -> None:
+    """Issue 41, item 7, where the entry relay is the home: 201 (RFC 8030), and `expired` at its Location, never
+    `delivered`; the same push while the device's stream is open is `delivered`."""
+    with trio.fail_after(30):
+        async with relay(tmp_path) as (url, _service), httpx.AsyncClient(timeout=10) as c:
+            dev = DeviceClient(url)
+            await dev.register(tokens=1)
+            ep = await dev.mint_endpoint()
+            sub = Subscriber()
+            push_url = url + ep.url[len("http://127.0.0.1:8480"):]
+            body = WebPusher(sub.info(ep.url)).encode(b"now or never", "aes128gcm")["body"]
+
+            async def status_after_push() -> dict[str, object]:
+                r = await c.post(push_url, content=body, headers={"TTL": "0", "Content-Encoding": "aes128gcm"})
+                assert r.status_code == 201, r.text
+                pid = r.headers["location"].rsplit("/", 1)[1]
+                while (s := (await c.get(f"{url}/v1/push/{pid}")).json())["status"] == "pending":
+                    await trio.sleep(0.05)
+                return dict(s)
+
+            dropped = await status_after_push()
+            assert dropped["status"] == "expired" and dropped["hops"] is not None, dropped
+            assert await dev.pull() == []
+            async with dev.stream(ack=False) as messages:
+                while (await c.get(url + "/v1/status")).json()["websockets"] < 1:
+                    await trio.sleep(0.02)
+                assert (await status_after_push())["status"] == "delivered"
+                assert (await messages.receive()).kind == "webpush"
