@@ -27,6 +27,7 @@ import trio
 from hypercorn.config import Config as HyperConfig
 from pywebpush import WebPushException, webpush
 
+from inri.common.b64url import b64d, b64e
 from inri.node.api import create_app
 from inri.node.config import MozPushSection, RelayConfig, WebPushSection
 from inri.node.http1 import serve
@@ -34,6 +35,7 @@ from inri.node.mozpush import CloseCode
 from inri.node.service import RelayService
 from inri.node.store import Store
 from inri.node.tracefile import TraceFile
+from inri.protocol.webpush import EndpointToken, TokenVersion, capability
 from tests.inproc import NullNetwork
 from tests.mozpush_client import Closed, MPClient
 from tests.test_webpush import Sender, Subscriber, unb64
@@ -501,5 +503,14 @@ async def test_an_endpoint_outlives_its_registration_while_the_relay_refreshes_i
         status, body = await _asgi_post(app, "/wp" + dropped_url.split("/wp", 1)[1], [(b"ttl", b"60")])
         assert status == 404 and json.loads(body)["code"] == "not_found"
         assert len(service._custody) == custody  # refused at the entry: nothing taken into custody
+        # The same endpoint as an unsigned version 1 token (what relays minted before signatures): its
+        # bytes can be altered, so it dies with its registration; C1b's longer life is for signed tokens.
+        r_text, e_text = kept_url.rsplit("/", 2)[-2:]
+        tok = EndpointToken.decode(b64d(e_text, "e"))
+        legacy = dataclasses.replace(tok, signature=None, version=TokenVersion.V1,
+                                     cap=capability(store.home_key, kept_rid, tok.endpoint_id, TokenVersion.V1))
+        status, body = await _asgi_post(app, f"/wp/v1/{r_text}/{b64e(legacy.encode())}", [(b"ttl", b"60")])
+        assert status == 404 and json.loads(body)["code"] == "not_found", body
+        assert len(service._custody) == custody
         n.cancel_scope.cancel()
     store.close()

@@ -47,8 +47,8 @@ REFRESH_AT = 2 / 3  # a channel's registration is re-signed when this share of i
 REFRESH_BATCH = 500  # registrations re-signed per turn of the refresh loop (then it yields)
 SWEEP_INTERVAL_S = 3600.0  # the loop looks for idle agents at least this often
 
-# (route id, endpoint token, VAPID key) -> the endpoint's URL (RelayApi._endpoint_json's, so every URL of
-# this relay is built in one place).
+# (route id, endpoint token, VAPID key) -> the endpoint's signed URL (inri.node.webpush.endpoint_url, so every
+# URL of this relay is built in one place).
 EndpointUrl = Callable[[bytes, EndpointToken, bytes | None], str]
 
 

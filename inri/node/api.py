@@ -87,6 +87,7 @@ from inri.protocol.webpush import (
     URGENCY_NAME,
     VAPID_PREFIX_BYTES,
     EndpointToken,
+    TokenVersion,
     push_tag,
     vapid_key_hash,
 )
@@ -263,7 +264,7 @@ class RelayApi:
         # Mozilla Push (Firefox, Sunup): docs/browsers.md. Endpoints are minted as the device API mints them.
         mp = self.config.mozpush
         session_limits = Limits(mp.hello_timeout_s, mp.ping_min_interval_s, mp.channels_max, mp.inflight_max)
-        self.agents = Agents(service, lambda rid, tok, key: str(self._endpoint_json(rid, tok, key)["url"]),
+        self.agents = Agents(service, lambda rid, tok, key: endpoint_url(service.store, self.wp_origins[0], rid, tok),
                              session_limits=session_limits, registration_lifetime_s=mp.registration_lifetime_s,
                              agent_idle_max_s=mp.agent_idle_max_s, register_rate=self.rate)
         self.mozpush = MozPushServer(self.agents, session_limits, idle_timeout_s=mp.idle_timeout_s,
@@ -768,6 +769,11 @@ class RelayApi:
         vapid_key: bytes | None, neg_key: bytes | None = None,
     ) -> bytes:
         """Tag, take custody, wait briefly for the home's answer: the push id, or the Problem to answer."""
+        if tok.version == TokenVersion.V1 and reg.expires_at <= self.service.wall_clock():
+            # An unsigned (version 1) token can be altered: it dies with its registration, as documented.
+            # Rule C1b's longer life (an expired registration whose home keeps the route alive) is for
+            # signed tokens only.
+            raise Problem(404, "not_found", "the endpoint's registration does not verify or has expired")
         if neg_key is None:
             neg_key = hashlib.sha256(reg.route_id + tok.endpoint_id + tok.cap).digest()
             cached = self.wp_gone.get(neg_key)
