@@ -166,7 +166,7 @@ class Distributor:
 
     def __init__(self, state_dir: Path, make_device: DeviceFactory, connectors: Connectors, *,
                  lifetime_s: int = DEFAULT_LIFETIME_S, refresh_fraction: float = 0.8,
-                 max_apps: int = MAX_APPS) -> None:
+                 max_apps: int = MAX_APPS, clock: Callable[[], float] = time.time) -> None:
         self.state_dir = Path(state_dir)
         self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.make_device = make_device
@@ -174,6 +174,9 @@ class Distributor:
         self.lifetime_s = lifetime_s
         self.refresh_fraction = refresh_fraction  # re-issue the endpoint this far into the lifetime
         self.max_apps = max_apps
+        # Unix time: registrations are signed and expire in it, and it is kept in the state file across
+        # restarts. Injectable so tests can run the refresh schedule on trio's MockClock.
+        self.clock = clock
         self.apps: dict[str, AppRegistration] = {}
         self.devices: dict[str, RelayDevice] = {}
         self._scopes: dict[str, trio.CancelScope] = {}
@@ -251,7 +254,7 @@ class Distributor:
                 self.devices.pop(token, None)
                 (self.state_dir / name).unlink(missing_ok=True)
                 raise
-            now = time.time()
+            now = self.clock()
             app = AppRegistration(token, service, vapid, ep.endpoint_id, ep.url, now, name,
                                   now + self.lifetime_s, description)
             self.apps[token] = app
@@ -365,9 +368,9 @@ class Distributor:
         while True:
             app = self.apps[token]
             due = min([self._refresh_due(app)] + [float(r[1]) for r in app.retired])
-            await trio.sleep(max(0.0, due - time.time()))
+            await trio.sleep(max(0.0, due - self.clock()))
             try:
-                if time.time() >= self._refresh_due(app):
+                if self.clock() >= self._refresh_due(app):
                     await self._reissue(token)
                 await self._revoke_retired(token)
                 delay = RETRY_FIRST_S
@@ -384,7 +387,7 @@ class Distributor:
             app = self.apps[token]
             dev = self._device(token, app.device_state)
             await dev.refresh(lifetime_s=self.lifetime_s)
-            now = time.time()
+            now = self.clock()
             ep = await dev.mint_endpoint(app.vapid)
             app.retired.append([app.endpoint_id, app.expires_at])
             app.endpoint_id, app.endpoint = ep.endpoint_id, ep.url
@@ -397,7 +400,7 @@ class Distributor:
         async with self._lock:
             app = self.apps[token]
             dev = self._device(token, app.device_state)
-            for r in [r for r in app.retired if float(r[1]) <= time.time()]:
+            for r in [r for r in app.retired if float(r[1]) <= self.clock()]:
                 await dev.revoke_endpoint(str(r[0]))
                 app.retired.remove(r)
                 self._save()
