@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 import trio
+import trio.testing
 
 from inri.client.device import Message, WebPushEndpoint
 from inri.client.errors import ApiError
@@ -40,6 +41,7 @@ from inri.client.distributor import (  # noqa: E402
     DISTRIBUTOR_IFACE,
     DISTRIBUTOR_PATH,
     DISTRIBUTOR_PREFIX,
+    Distributor,
     run_distributor,
 )
 
@@ -81,6 +83,9 @@ class Connector:
         self.events: trio.MemoryReceiveChannel[tuple[str, dict[str, Any]]]
         self._events, self.events = trio.open_memory_channel[tuple[str, dict[str, Any]]](100)
         self.message_modes: list[str | trio.Event] = []  # per Message call, in order; ACK when empty
+        # (what, message id) as the app answers Message, appended just before the answer is sent; a test
+        # may share this list with FakeRelay.log to see the order of answers and acks at the relay
+        self.log: list[tuple[str, str]] = []
         self.new_endpoint_gate: trio.Event | None = None  # NewEndpoint answered only once this is set
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -106,10 +111,12 @@ class Connector:
             if mode == HOLD:
                 return  # never answers: the message is not acked
             if mode == REFUSE:
+                self.log.append(("refused", args.get("id", "")))
                 await self.router.send(new_error(msg, "org.example.Error.Busy", "s", ("not now",)))
                 return
             if isinstance(mode, trio.Event):
                 await mode.wait()
+            self.log.append(("answered", args.get("id", "")))
             await self.router.send(new_method_return(msg, "a{sv}", ({"id": ("s", args.get("id", ""))},)))
             return
         await self.router.send(new_method_return(msg, "a{sv}", ({},)))
@@ -169,27 +176,28 @@ class FakeDevice:
     async def register(self, tokens: int = 50, lifetime_s: int = 0) -> str:
         if self.relay.unreachable:
             raise httpx.ConnectError("relay down")
-        self.relay.calls.append(("register", str(self.path)))
+        self.relay.record("register", str(self.path))
         self.device_id = f"dev{len(self.relay.devices)}"
         return self.device_id
 
     async def refresh(self, lifetime_s: int = 0) -> int:
-        self.relay.calls.append(("refresh", str(self.path)))
+        self.relay.record("refresh", str(self.path))
         return 2
 
     async def unregister(self) -> None:
-        self.relay.calls.append(("unregister", str(self.path)))
+        self.relay.record("unregister", str(self.path))
 
     async def mint_endpoint(self, vapid_key: str | None = None) -> WebPushEndpoint:
         n = sum(1 for c in self.relay.calls if c[0] == "mint")
-        self.relay.calls.append(("mint", vapid_key or ""))
+        self.relay.record("mint", vapid_key or "")
         return WebPushEndpoint(f"e{n}", f"https://relay.test/wp/v1/R/E{n}", vapid_key is not None, vapid_key)
 
     async def revoke_endpoint(self, endpoint_id: str) -> None:
-        self.relay.calls.append(("revoke", endpoint_id))
+        self.relay.record("revoke", endpoint_id)
 
     async def ack(self, ids: list[str]) -> int:
         self.relay.acked.extend(ids)
+        self.relay.log.extend(("acked", i) for i in ids)
         return len(ids)
 
     @asynccontextmanager
@@ -206,10 +214,16 @@ class FakeDevice:
 class FakeRelay:
     def __init__(self) -> None:
         self.calls: list[tuple[str, str]] = []
+        self.timed: list[tuple[float, str, str]] = []  # the calls, each with trio's time when it was made
         self.acked: list[str] = []
+        self.log: list[tuple[str, str]] = []  # ("acked", id) per message acked (see Connector.log)
         self.devices: list[FakeDevice] = []
         self.unreachable = False
         self.deleted = False  # the devices were deleted at the relay (their streams are refused)
+
+    def record(self, kind: str, arg: str) -> None:
+        self.calls.append((kind, arg))
+        self.timed.append((trio.current_time(), kind, arg))
 
     def make(self, path: Path) -> FakeDevice:
         d = FakeDevice(self, path)
@@ -254,13 +268,16 @@ async def test_register_message_ack_unregister(bus_address: str, tmp_path: Path)
         body = bytes(range(256)) * 3
         release = trio.Event()
         app.message_modes.append(release)
+        relay.log = app.log  # one list: the app's answers and the relay's acks, in the order they happen
         await relay.devices[0].inbox.send(webpush("m1", body))
         kind, ev = await app.next_event()
         assert kind == "Message" and ev == {"token": "tok-1", "message": body, "id": "m1"}
-        await trio.sleep(0.3)
+        # The distributor (in this process) has run as far as it can: it waits for the app's answer.
+        await trio.testing.wait_all_tasks_blocked()
         assert relay.acked == []  # the app has not answered Message yet
         release.set()
         await _wait(lambda: relay.acked == ["m1"])
+        assert app.log == [("answered", "m1"), ("acked", "m1")]
         # Unregister: the endpoint is revoked, the device unregistered, the app told
         assert answer(await app.call("Unregister", {"token": "tok-1"})) == {}
         assert ("revoke", "e0") in relay.calls and ("unregister", str(state / relay.devices[0].path.name)) \
@@ -337,12 +354,15 @@ async def test_a_refused_message_is_offered_again_and_acked_only_when_the_app_ac
         await app.call("Register", {"service": APP, "token": "tok-r"})
         assert (await app.next_event())[0] == "NewEndpoint"
         app.message_modes += [REFUSE, ACK]
+        relay.log = app.log  # one list: the app's answers and the relay's acks, in the order they happen
         await relay.devices[0].inbox.send(webpush("m7", b"\x01\x02payload"))
         assert await app.next_event() == ("Message", {"token": "tok-r", "message": b"\x01\x02payload", "id": "m7"})
-        await trio.sleep(0.2)
-        assert relay.acked == []  # refused: not acked
+        # What follows the refusal: the message offered again (an ack here would come before that).
+        await _wait(lambda: len(app.log) >= 2)
+        assert app.log[:2] == [("refused", "m7"), ("answered", "m7")]  # refused: not acked, offered again
         assert await app.next_event() == ("Message", {"token": "tok-r", "message": b"\x01\x02payload", "id": "m7"})
         await _wait(lambda: relay.acked == ["m7"])
+        assert app.log == [("refused", "m7"), ("answered", "m7"), ("acked", "m7")]
 
 
 async def test_state_survives_restart_and_refresh_reissues(bus_address: str, tmp_path: Path) -> None:
@@ -361,6 +381,47 @@ async def test_state_survives_restart_and_refresh_reissues(bus_address: str, tmp
             assert ("refresh", str(state / relay.devices[-1].path.name)) in relay.calls
             await _wait(lambda: ("revoke", "e0") in relay.calls)
             assert [c[0] for c in relay.calls].count("register") == 1  # the restart registered nothing new
+
+
+class MemConnectors:
+    """The apps' side without D-Bus: each call the distributor makes, with trio's time when it was made."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[float, str, str, str]] = []
+
+    async def new_endpoint(self, service: str, token: str, endpoint: str) -> None:
+        self.calls.append((trio.current_time(), "NewEndpoint", token, endpoint))
+
+    async def message(self, service: str, token: str, body: bytes, msg_id: str) -> None:
+        self.calls.append((trio.current_time(), "Message", token, msg_id))
+
+    async def unregistered(self, service: str, token: str) -> None:
+        self.calls.append((trio.current_time(), "Unregistered", token, ""))
+
+
+async def test_reissue_at_80_percent_and_revoke_at_expiry_on_a_mock_clock(
+        tmp_path: Path, autojump_clock: trio.testing.MockClock) -> None:
+    """The refresh schedule to the second, in virtual time: each registration (lifetime 100 s) is
+    re-signed and its endpoint re-issued 80 s into its lifetime; the endpoint it replaced keeps working
+    until its own registration expires, and is revoked then, not at the re-issue."""
+    relay, apps, wall = FakeRelay(), MemConnectors(), 1_700_000_000.0
+    dist = Distributor(tmp_path / "s", relay.make, apps, lifetime_s=100,
+                       clock=lambda: wall + trio.current_time())
+    async with trio.open_nursery() as n:
+        await n.start(dist.run)
+        start = trio.current_time()
+        assert await dist.register(APP, "tok", VAPID) == "https://relay.test/wp/v1/R/E0"
+        dist.announce("tok")
+        await trio.sleep(250)
+        n.cancel_scope.cancel()
+    dev = str(tmp_path / "s" / relay.devices[0].path.name)
+    at = [(round(t - start, 6), kind, arg) for t, kind, arg in relay.timed]
+    assert at == [(0, "register", dev), (0, "mint", VAPID),
+                  (80, "refresh", dev), (80, "mint", VAPID), (100, "revoke", "e0"),
+                  (160, "refresh", dev), (160, "mint", VAPID), (180, "revoke", "e1"),
+                  (240, "refresh", dev), (240, "mint", VAPID)]
+    assert [(round(t - start, 6), kind, ep) for t, kind, _, ep in apps.calls] == [
+        (80 * k, "NewEndpoint", f"https://relay.test/wp/v1/R/E{k}") for k in range(4)]
 
 
 async def test_registration_limit_and_a_device_deleted_at_the_relay(bus_address: str, tmp_path: Path) -> None:
