@@ -5,7 +5,8 @@ store, driven by `RelayService.run()`. Both clocks the service takes (`clock=`, 
 monotonic now, and `wall_clock=`, unix time for registrations and the store) are trio's clock plus
 the wall time at the start, so registrations signed with real timestamps stay valid while
 `MockClock(autojump_threshold=0)` jumps over every idle stretch: custody retries, parking, the
-300 s custody deadline and the settled statuses run in a fraction of a second of real time.
+300 s custody deadline and the settled statuses, asserted to the virtual second, whatever the load of
+the machine (a timer read from a real clock instead would never fire: `fail_after` fails the test).
 """
 
 from __future__ import annotations
@@ -78,7 +79,6 @@ class _Sink:
 async def test_custody_retries_parking_deadline_and_statuses_run_on_a_mock_clock(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    real_start = time.perf_counter()
     t0 = float(int(time.time()))
 
     def clock() -> float:
@@ -145,4 +145,3 @@ async def test_custody_retries_parking_deadline_and_statuses_run_on_a_mock_clock
         for s in stores.values():
             s.close()
     assert trio.current_time() > 700  # virtual seconds covered
-    assert time.perf_counter() - real_start < 5.0  # real seconds (a fraction of one on an idle machine)
