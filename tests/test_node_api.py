@@ -18,6 +18,7 @@ from trio_websocket import open_websocket_url
 
 from inri.client import ApiError, DeviceClient, HomeAppClient
 from inri.client.credential import b64e, seal
+from inri.node import api
 from inri.node.api import create_app
 from inri.node.config import RelayConfig
 from inri.node.http1 import serve
@@ -252,44 +253,40 @@ def test_fuzzed_bodies_never_crash_the_api(tmp_path_factory: pytest.TempPathFact
     trio.run(main)
 
 
-async def test_live_stream_keeps_up_with_concurrent_pushes(tmp_path: Path) -> None:
-    """45 pushes at 32 concurrent to one device with an open stream: each message is on the stream within
-    a bound close to the pull's, not held back until the next ping (20 s) by a lost wake-up."""
-    n_push, concurrency, bound_s = 45, 32, 3.0
-    with trio.fail_after(60):
+async def test_live_stream_keeps_up_with_concurrent_pushes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """45 pushes at 32 concurrent to one device with an open stream: every message is on the stream, none
+    held back until the next ping by a lost wake-up. The ping is moved an hour away, so a message whose
+    wake-up was lost stays off the stream for good and the test fails; nothing is asserted on how long
+    delivery took (a loaded machine only makes it slower)."""
+    monkeypatch.setattr(api, "WS_PING_S", 3600.0)
+    n_push, concurrency = 45, 32
+    with trio.fail_after(60):  # a guard against hanging, not a bound: a lost wake-up never delivers
         async with relay(tmp_path) as (url, _):
             dev = DeviceClient(url)
             await dev.register(tokens=n_push)
             cred = dev.export_credential(n_push)
-            accepted: dict[str, float] = {}
-            arrived: dict[str, float] = {}
+            accepted: set[str] = set()
+            arrived: set[str] = set()
             limiter = trio.CapacityLimiter(concurrency)
             async with HomeAppClient([url]) as app, dev.stream(ack=False) as messages:
 
                 async def push_one(i: int) -> None:
                     async with limiter:
-                        receipt = await app.push(cred, b"m%d" % i)
-                        accepted[receipt.push_id] = trio.current_time()
+                        accepted.add((await app.push(cred, b"m%d" % i)).push_id)
 
                 async def read_stream() -> None:
                     while len(arrived) < n_push:
-                        msg = await messages.receive()
-                        arrived.setdefault(msg.id, trio.current_time())
+                        arrived.add((await messages.receive()).id)
 
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(read_stream)
-                    async with trio.open_nursery() as pushers:
+                with trio.move_on_after(30):  # a guard, as above
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(read_stream)
                         for i in range(n_push):
-                            pushers.start_soon(push_one, i)
-                    with trio.move_on_after(bound_s):  # the last 202 + bound: everything must be there
-                        while len(arrived) < n_push:
-                            await trio.sleep(0.02)
-                    nursery.cancel_scope.cancel()
+                            nursery.start_soon(push_one, i)
             pulled = {m.id for m in await dev.pull(limit=1000)}
-    assert pulled == set(accepted)  # the pull has every message at once
-    late = sorted(set(accepted) - set(arrived))
-    assert not late, f"{len(late)} of {n_push} messages not on the stream within {bound_s} s of the last 202"
-    assert max(arrived[p] - accepted[p] for p in accepted) < bound_s
+    assert pulled == accepted and len(accepted) == n_push  # the pull has every message at once
+    late = sorted(accepted - arrived)
+    assert not late, f"{len(late)} of {n_push} messages not on the stream: a lost wake-up holds them until a ping"
 
 
 DEVICE_ENDPOINTS = [("POST", "/registration", {"registration": "AA"}), ("POST", "/tokens", {"count": 1}),
