@@ -110,7 +110,15 @@ def test_one_quic_initial_with_an_unknown_version_does_not_kill_the_relay(lab: d
     pkt = q.datagrams_to_send(now=time.monotonic())[0][0]
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.sendto(pkt[:1] + bytes.fromhex("1a2a3a4a") + pkt[5:], addr)
-    time.sleep(0.5)
+        # The same Initial with the right version next, on the same socket: the relay reads its datagrams
+        # in order, so its answer to this one shows it has handled the bad one (no sleep and hope).
+        s.sendto(pkt, addr)
+        s.settimeout(20)  # a guard: a relay that died answers nothing
+        try:
+            answer, _ = s.recvfrom(65_536)
+        except TimeoutError:
+            pytest.fail("the relay answered nothing after the Initial with an unknown version: it died")
+    assert answer[0] & 0x80  # a long-header packet: the handshake's first answer
     assert _alive(r["api"])
 
 
