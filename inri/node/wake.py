@@ -20,11 +20,11 @@ What the gateway answers decides what happens next:
 | 408, 425, 429, 5xx, no answer | try later | retried with backoff, Retry-After honoured |
 | any other | this wake-up is refused (a misconfigured gateway) | dropped, the hook stays |
 
-Owners: a hook belongs to a device of the device API (its route id) or, once Mozilla Push lands
-(issue 37), to a user agent (uaid). A message stored for a route id finds its owner through
-`resolvers` (a device's own route id by default); `live` and `waiting` say per owner kind whether
-it has a live connection and whether mail still waits. A new kind of owner adds one resolver and
-one entry in each table (docs/gateway.md, "Hooks for other owners").
+Owners: a hook belongs to a device of the device API (its route id) or to a Mozilla Push user agent
+(its uaid: inri/node/agents.py wires that kind in). A message stored for a route id finds its owner
+through `resolvers` (a device's own route id by default; a channel's route id -> its uaid); `live` and
+`waiting` say per owner kind whether it has a live connection and whether mail still waits. A new kind
+of owner adds one resolver and one entry in each table (docs/gateway.md, "Hooks for other owners").
 
 Every path into the hooks runs on the trio thread and is short (dict lookups; a store write when a
 hook changes). Times come from `clock` (trio.current_time: MockClock in tests).
@@ -167,24 +167,41 @@ class WakeHooks:
         # Route id with new mail -> the owner whose hook applies; the first answer that is not None wins.
         self.resolvers: list[Callable[[bytes], Owner | None]] = [lambda rid: Owner(OwnerKind.DEVICE, rid)]
         self._hooks: dict[Owner, Hook] = {}
+        # Hooks per owner kind: a resolver that costs a query skips the query when its kind has none.
+        self._kinds: dict[OwnerKind, int] = dict.fromkeys(OwnerKind, 0)
         kinds = {int(k) for k in OwnerKind}
         for kind, key, url, token, created in store.wake_hooks():
             if kind in kinds:  # a kind this relay does not know (a newer version's) is kept, not used
-                self._hooks[Owner(OwnerKind(kind), key)] = Hook(url, token, created)
+                self._put(Owner(OwnerKind(kind), key), Hook(url, token, created))
         self._poke = trio.Event()
+
+    def _put(self, owner: Owner, hook: Hook) -> None:
+        if owner not in self._hooks:
+            self._kinds[owner.kind] += 1
+        self._hooks[owner] = hook
+
+    def _drop(self, owner: Owner) -> bool:
+        if self._hooks.pop(owner, None) is None:
+            return False
+        self._kinds[owner.kind] -= 1
+        return True
 
     def _count(self, name: str) -> None:
         self.counters[name] = self.counters.get(name, 0) + 1
 
-    def has_hooks(self) -> bool:
-        """True when any owner has a hook (a relay without phones skips every wake-up check)."""
-        return bool(self._hooks)
+    def has_hooks(self, kind: OwnerKind | None = None) -> bool:
+        """True when any owner (of this kind) has a hook (a relay without phones skips every wake-up check)."""
+        return bool(self._hooks) if kind is None else self._kinds[kind] > 0
+
+    def owners(self, kind: OwnerKind) -> list[bytes]:
+        """The keys of the owners of this kind that have a hook."""
+        return [o.key for o in self._hooks if o.kind == kind]
 
     def stats(self) -> dict[str, int]:
         """Counters of the hooks and of the policy, for /metrics."""
         return {**self.policy.counters, **self.counters, "hooks": len(self._hooks)}
 
-    # -- hooks (the device API; issue 37's uaid API alike) ----------------------------------------------
+    # -- hooks (the device API; the Mozilla Push `wake_hook` message alike) -----------------------------
 
     def hook(self, owner: Owner) -> Hook | None:
         """owner's hook, if it has one."""
@@ -195,7 +212,8 @@ class WakeHooks:
         checked = check_hook_url(url, lab_http_loopback=self.config.lab_http_loopback)
         check_token(token)
         self.store.set_wake_hook(owner.kind, owner.key, checked, token, now)
-        hook = self._hooks[owner] = Hook(checked, token, now)
+        hook = Hook(checked, token, now)
+        self._put(owner, hook)
         self._count("hooks_set")
         if not self._live(owner) and self._waiting(owner):  # mail waits already: wake with the new hook
             self._mail(owner)
@@ -204,7 +222,7 @@ class WakeHooks:
     def remove_hook(self, owner: Owner) -> bool:
         """Delete owner's hook; False when it had none."""
         self.policy.forget(owner)
-        gone = self._hooks.pop(owner, None) is not None
+        gone = self._drop(owner)
         return self.store.delete_wake_hook(owner.kind, owner.key) or gone
 
     # -- events from the relay --------------------------------------------------------------------
@@ -250,7 +268,12 @@ class WakeHooks:
         if not self._hooks:
             return
         owner = self._owner(route_id)
-        if owner is not None and not self._live(owner) and self._waiting(owner):
+        if owner is not None:
+            self.disconnected(owner)
+
+    def disconnected(self, owner: Owner) -> None:
+        """owner's live connection closed (a user agent's WebSocket): mail it left unacknowledged wakes it."""
+        if owner in self._hooks and not self._live(owner) and self._waiting(owner):
             self._mail(owner)
 
     def forget_route(self, route_id: bytes) -> None:
@@ -310,7 +333,7 @@ class WakeHooks:
             case Outcome.GONE:
                 self.policy.forget(owner)
                 if self._hooks.get(owner) == hook:  # not replaced by a new hook while we waited
-                    del self._hooks[owner]
+                    self._drop(owner)
                 self.store.delete_wake_hook(owner.kind, owner.key, hook.token)
                 self._count("hooks_gone")
                 log.info("wake hook dropped: the gateway says its token is gone", owner=_tag(owner))
