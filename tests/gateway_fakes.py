@@ -526,6 +526,29 @@ def fake_apns(setup: GatewaySetup, **kw: Any) -> FakeApns:
     return FakeApns(setup.apns_key.public_key(), APNS_KEY_ID, APNS_TEAM_ID, APNS_TOPIC, **kw)
 
 
+@dataclass
+class ApnsGateway:
+    """An `inri gateway` in this process in front of a fake APNs (apns_gateway)."""
+
+    url: str  # the gateway's base URL (hooks point at url + "/v1/wake")
+    setup: GatewaySetup
+    apns: FakeApns
+    tls: Tls
+
+
+@asynccontextmanager
+async def apns_gateway(directory: Path, *, gateway: str = "") -> AsyncIterator[ApnsGateway]:
+    """A fake APNs (HTTP/2 over TLS, a throwaway CA) and an `inri gateway` configured to wake through it.
+    gateway: extra TOML lines for the gateway's [gateway] section."""
+    tls = make_tls(directory / "tls")
+    late = Late()
+    async with serve_app(late, tls) as apns_url:
+        setup = write_gateway(directory / "gw", tls, apns_url=apns_url, gateway=gateway)
+        late.app = fake = fake_apns(setup)
+        async with running_gateway(setup.config) as url:
+            yield ApnsGateway(url, setup, fake, tls)
+
+
 def apns_device_token() -> str:
     """A fresh APNs device token (32 bytes, hex, as iOS hands them out)."""
     return os.urandom(32).hex()

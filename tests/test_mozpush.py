@@ -29,7 +29,7 @@ from pywebpush import WebPushException, webpush
 
 from inri.common.b64url import b64d, b64e
 from inri.node.api import create_app
-from inri.node.config import MozPushSection, RelayConfig, WebPushSection
+from inri.node.config import MozPushSection, RelayConfig, WakeSection, WebPushSection
 from inri.node.http1 import serve
 from inri.node.mozpush import CloseCode
 from inri.node.service import RelayService
@@ -49,18 +49,31 @@ class Relay:
     app: Any
 
 
-@asynccontextmanager
-async def mp_relay(tmp: Path, **mozpush: Any) -> AsyncIterator[Relay]:
-    """An in-process relay (no mesh) whose Web Push origin is its real address (VAPID aud checks it)."""
+def listener() -> socket.socket:
+    """A listening socket on 127.0.0.1 (port 0): mp_relay serves a copy of it, so relays started one after
+    the other on it keep one address (the endpoints they handed out stay valid)."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(128)
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    cfg = RelayConfig(webpush=WebPushSection(public_origins=(url,)), mozpush=MozPushSection(**mozpush))
+    return sock
+
+
+@asynccontextmanager
+async def mp_relay(tmp: Path, *, wake: WakeSection | None = None, sock: socket.socket | None = None,
+                   **mozpush: Any) -> AsyncIterator[Relay]:
+    """An in-process relay (no mesh) whose Web Push origin is its real address (VAPID aud checks it), with its
+    wake hooks' task (wake: their [wake] section). sock: serve on this listener (kept open), else a new one."""
+    own = sock or listener()
+    url = f"http://127.0.0.1:{own.getsockname()[1]}"
+    fd = os.dup(own.fileno()) if sock is not None else own.detach()
+    cfg = RelayConfig(webpush=WebPushSection(public_origins=(url,)), mozpush=MozPushSection(**mozpush),
+                      wake=wake or WakeSection())
+    tmp.mkdir(parents=True, exist_ok=True)
     store = Store(tmp / "relay.sqlite3")
-    service = RelayService("a" * 32, cfg.engine.test_profile(), store, NullNetwork(), TraceFile(tmp / "t", "a" * 32))
+    service = RelayService("a" * 32, cfg.engine.test_profile(), store, NullNetwork(), TraceFile(tmp / "t", "a" * 32),
+                           wake=cfg.wake)
     hc = HyperConfig()
-    hc.bind = [f"fd://{sock.detach()}"]
+    hc.bind = [f"fd://{fd}"]
     hc.accesslog = None
     stop = trio.Event()
     try:
@@ -68,6 +81,7 @@ async def mp_relay(tmp: Path, **mozpush: Any) -> AsyncIterator[Relay]:
             await n.start(store.run)
             await n.start(service.run)
             app = create_app(service, config=cfg)
+            await n.start(service.wake.run)  # after create_app, as the daemon: every owner kind is wired
             await n.start(app.agents.run)
             await n.start(app.mozpush.run)
             await n.start(lambda task_status: serve(app, hc, shutdown_trigger=stop.wait, task_status=task_status))

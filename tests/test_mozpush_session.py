@@ -11,6 +11,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
+from inri.common.b64url import b64e
 from inri.node.mozpush import (
     ChannelAdded,
     Close,
@@ -25,9 +26,11 @@ from inri.node.mozpush import (
     SessionState,
     TooManyChannels,
     Wake,
+    WakeHookRefused,
     notification_fields,
 )
 from inri.protocol.messages import ContentEncoding
+from inri.protocol.wake import WAKE_TOKEN_MAX_BYTES
 
 
 class MemoryAgents:
@@ -37,6 +40,7 @@ class MemoryAgents:
         self.agents: dict[bytes, dict[bytes, bytes]] = {}  # uaid -> channel id -> route id
         self.mail: list[tuple[bytes, Notification]] = []  # (uaid, notification), oldest first
         self.nacks: list[bytes] = []
+        self.hooks: dict[bytes, tuple[str, bytes]] = {}  # uaid -> (url, token)
         self.channels_max = channels_max
 
     def channels(self, uaid: bytes) -> list[bytes] | None:
@@ -65,6 +69,19 @@ class MemoryAgents:
 
     def nack(self, uaid: bytes, version: bytes, code: int | None) -> None:
         self.nacks.append(version)
+
+    def wake_hook(self, uaid: bytes) -> tuple[str, float] | None:
+        got = self.hooks.get(uaid)
+        return None if got is None else (got[0], 1.0)
+
+    def set_wake_hook(self, uaid: bytes, url: object, token: bytes, client: str) -> tuple[str, float]:
+        if not isinstance(url, str) or not url.startswith("https://"):
+            raise WakeHookRefused(422, "invalid_field", "url: hooks are https URLs")
+        self.hooks[uaid] = (url, token)
+        return url, 1.0
+
+    def remove_wake_hook(self, uaid: bytes, client: str) -> None:
+        self.hooks.pop(uaid, None)
 
 
 def _sent(outputs: list[Output]) -> list[dict[str, Any]]:
@@ -109,6 +126,33 @@ def test_aesgcm_bodies_go_back_to_their_headers() -> None:
     assert notification_fields(b"", ContentEncoding.AES128GCM) is None
 
 
+def test_wake_hook_is_set_read_and_removed_and_a_refusal_is_a_status_not_a_close() -> None:
+    """MP7 (INRI's extension): the reply carries a status; only the message's own shape can close."""
+    backend = MemoryAgents()
+    s, uaid = _ready(backend)
+
+    def ask(msg: dict[str, Any]) -> list[dict[str, Any]]:
+        return _sent(s.receive_text(json.dumps(msg), 1.0))
+
+    none = {"messageType": "wake_hook", "status": 200, "url": None, "created": None}
+    assert ask({"messageType": "wake_hook"}) == [none]
+    url, token = "https://gw.example/v1/wake", b"t" * 560
+    hook = {"messageType": "wake_hook", "status": 200, "url": url, "created": 1.0}
+    assert ask({"messageType": "wake_hook", "url": url, "token": b64e(token)}) == [hook]
+    assert backend.hooks[uaid] == (url, token) and ask({"messageType": "wake_hook"}) == [hook]
+    refused = {"messageType": "wake_hook", "status": 422, "code": "invalid_field"}
+    for msg in ({"url": "http://gw.example/v1/wake", "token": b64e(token)},  # the backend refuses it
+                {"url": url, "token": "not base64url!"}, {"url": url, "token": 7}, {"url": url},
+                {"url": url, "token": b64e(b"t" * (WAKE_TOKEN_MAX_BYTES + 1))}):
+        got = ask({"messageType": "wake_hook", **msg})
+        assert len(got) == 1 and {k: got[0][k] for k in refused} == refused and got[0]["error"], (msg, got)
+    assert backend.hooks[uaid] == (url, token)  # refusals change nothing
+    assert ask({"messageType": "wake_hook", "url": None, "token": "ignored"}) == [none]
+    assert uaid not in backend.hooks and s.state == SessionState.READY
+    s2 = Session(MemoryAgents(), Limits(), 0.0)
+    assert s2.receive_text('{"messageType":"wake_hook"}', 0.0)[0].code == CloseCode.OUT_OF_ORDER  # type: ignore[union-attr]
+
+
 def test_hello_timeout_and_order() -> None:
     s = Session(MemoryAgents(), Limits(hello_timeout_s=5.0), 10.0)
     assert s.hello_deadline == 15.0
@@ -120,7 +164,8 @@ def test_hello_timeout_and_order() -> None:
 _MESSAGE = st.one_of(
     st.text(max_size=60),
     st.fixed_dictionaries({"messageType": st.sampled_from(
-        ["hello", "register", "unregister", "ack", "nack", "ping", "broadcast_subscribe", "notification", "x"])},
+        ["hello", "register", "unregister", "ack", "nack", "ping", "broadcast_subscribe", "notification", "wake_hook",
+         "x"])},
         optional={"uaid": st.one_of(st.none(), st.text(max_size=40), st.uuids().map(str)),
                   "channelID": st.one_of(st.text(max_size=40), st.uuids().map(str), st.integers()),
                   "key": st.one_of(st.text(max_size=100), st.integers()),
@@ -130,7 +175,10 @@ _MESSAGE = st.one_of(
                   "version": st.one_of(st.text(max_size=40), st.integers()),
                   "code": st.one_of(st.integers(), st.text(max_size=5), st.booleans()),
                   "broadcasts": st.one_of(st.dictionaries(st.text(max_size=5), st.text(max_size=5)), st.integers()),
-                  "channelIDs": st.lists(st.uuids().map(str), max_size=5)}).map(json.dumps),
+                  "channelIDs": st.lists(st.uuids().map(str), max_size=5),
+                  "url": st.one_of(st.none(), st.text(max_size=40), st.just("https://gw.example/"), st.integers()),
+                  "token": st.one_of(st.none(), st.text(max_size=40), st.binary(max_size=600).map(b64e),
+                                     st.integers())}).map(json.dumps),
     st.just("{}"),
 )
 

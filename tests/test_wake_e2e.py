@@ -5,15 +5,17 @@ A bootstrap and 5 relays (`inri mesh up`), an `inri gateway` process, and a fake
 wake hook and opens no stream. An unmodified pywebpush sends from the relay farthest from R1; the fake
 APNs receives exactly one wake-up (the time it took is printed, not asserted: `make test` runs on a
 shared 2-core machine); the "app" pulls and acks; pushes within the coalescing window wake no one; after
-the ack a new push wakes again. Last, a privacy scan: neither the home relay's store and log nor the
-gateway's log hold the APNs device token in clear."""
+the ack a new push wakes again. The same for a Mozilla Push user agent at R1 with a hook set over its
+WebSocket. Last, a privacy scan: neither the home relay's store and log nor the gateway's log hold the
+APNs device token in clear."""
 
 from __future__ import annotations
 
 import json
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +26,12 @@ from pywebpush import webpush
 
 from inri import mesh
 from inri.client import DeviceClient, seal_wake_token
+from inri.common.b64url import b64e
 from inri.node.metrics import parse_metrics
-from tests.gateway_fakes import Late, apns_device_token, fake_apns, make_tls, serve_app, write_gateway
+from tests.gateway_fakes import FakeApns, Late, apns_device_token, fake_apns, make_tls, serve_app, write_gateway
+from tests.mozpush_client import MPClient
 from tests.procs import Proc
+from tests.test_mozpush import registered
 from tests.test_relay_mesh import distances, graph, relay, wait_route
 from tests.test_webpush import Sender, Subscriber, at
 
@@ -77,8 +82,10 @@ async def until_home(api: str, check: Any, timeout: float = 30.0) -> dict[str, f
             await trio.sleep(0.05)
 
 
-async def test_a_sleeping_phone_is_woken_through_apns_from_the_farthest_relay(lab: dict[str, Any],
-                                                                              tmp_path: Path) -> None:
+@asynccontextmanager
+async def gateway_process(tmp_path: Path) -> AsyncIterator[tuple[FakeApns, str, bytes]]:
+    """A fake APNs in this process and an `inri gateway` process in front of it (its log:
+    tmp_path / "gateway.log"); (the fake, the gateway's URL, the gateway's public key)."""
     tls = make_tls(tmp_path / "tls")
     late = Late()
     async with serve_app(late, tls) as apns_url:
@@ -87,10 +94,56 @@ async def test_a_sleeping_phone_is_woken_through_apns_from_the_farthest_relay(la
         gw = Proc([sys.executable, "-m", "inri.cli", "gateway", "--config", str(setup.config)],
                   tmp_path / "gateway.log")
         try:
-            url = await trio.to_thread.run_sync(gateway_url, gw)
-            await run_scenario(lab, tmp_path, apns, url, setup.public_key)
+            yield apns, await trio.to_thread.run_sync(gateway_url, gw), setup.public_key
         finally:
             gw.stop()
+
+
+async def test_a_sleeping_phone_is_woken_through_apns_from_the_farthest_relay(lab: dict[str, Any],
+                                                                              tmp_path: Path) -> None:
+    async with gateway_process(tmp_path) as (apns, url, key):
+        await run_scenario(lab, tmp_path, apns, url, key)
+    privacy_scan(lab, tmp_path / "gateway.log")
+
+
+async def test_a_sleeping_mozilla_push_agent_is_woken_through_apns_from_the_farthest_relay(
+        lab: dict[str, Any], tmp_path: Path) -> None:
+    """The same for a Mozilla Push user agent (a phone's distributor): its hook set over its WebSocket at R1
+    (docs/browsers.md, "Waking a phone"), then gone; pywebpush at the farthest relay wakes it once, a second
+    push in the window does not; the privacy scan covers its device token too."""
+    home = lab["home"]
+    async with gateway_process(tmp_path) as (apns, gateway, key):
+        async with httpx.AsyncClient(timeout=10) as c:
+            routes = (await c.get(lab["far"] + "/v1/status")).json()["routes"]
+        client = await MPClient.connect(home.replace("http", "ws") + "/v1/mozpush")
+        await client.hello()
+        _, endpoint = await registered(client)
+        device_token = apns_device_token()
+        DEVICE_TOKENS.append(device_token)
+        await client.send({"messageType": "wake_hook", "url": gateway + "/v1/wake",
+                           "token": b64e(seal_wake_token(key, "apns", device_token))})
+        assert (await client.recv()) == {"messageType": "wake_hook", "status": 200, "url": gateway + "/v1/wake",
+                                         "created": pytest.approx(time.time(), abs=60)}
+        await client.aclose()
+        await until_home(home, lambda m: m["inri_mozpush_connections_open"] == 0)
+        await wait_route(lab["far"], routes + 1)  # the channel's route id reached the far relay
+        before = await home_metrics(home)
+        sub = Subscriber()
+        far_endpoint = lab["far"] + endpoint[len(home):]
+
+        def send(text: str) -> int:
+            return int(webpush(sub.info(far_endpoint), text, ttl=300).status_code)
+
+        assert await trio.to_thread.run_sync(send, "one") == 201
+        with trio.fail_after(30):
+            await apns.wait_for(1)
+        assert apns.received[0].device_token == device_token and apns.errors == []
+        sent = 'inri_wake_requests_total{outcome="sent"}'
+        await until_home(home, lambda m: m[sent] == before.get(sent, 0) + 1)
+        assert await trio.to_thread.run_sync(send, "two") == 201
+        coalesced = 'inri_wake_suppressed_total{reason="coalesced"}'
+        m = await until_home(home, lambda m: m[coalesced] == before.get(coalesced, 0) + 1)
+        assert m[sent] == before.get(sent, 0) + 1 and len(apns.received) == 1
     privacy_scan(lab, tmp_path / "gateway.log")
 
 

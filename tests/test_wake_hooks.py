@@ -21,18 +21,7 @@ from inri.common.b64url import b64e
 from inri.node.config import RelayConfig, WakeSection
 from inri.node.metrics import parse_metrics
 from inri.node.service import RelayService
-from tests.gateway_fakes import (
-    FakeApns,
-    GatewaySetup,
-    Late,
-    Tls,
-    apns_device_token,
-    fake_apns,
-    make_tls,
-    running_gateway,
-    serve_app,
-    write_gateway,
-)
+from tests.gateway_fakes import FakeApns, GatewaySetup, Tls, apns_device_token, apns_gateway, make_tls
 from tests.inproc import relay_service
 
 LAB = WakeSection(lab_http_loopback=True, retry_min_s=0.05, retry_max_s=0.2)
@@ -50,15 +39,10 @@ class Lab:
 
 @asynccontextmanager
 async def lab(tmp_path: Path, wake: WakeSection = LAB, *, gateway: str = "") -> AsyncIterator[Lab]:
-    tls = make_tls(tmp_path / "tls")
-    late = Late()
     with trio.fail_after(60):
-        async with serve_app(late, tls) as apns_url:
-            setup = write_gateway(tmp_path / "gw", tls, apns_url=apns_url, gateway=gateway)
-            late.app = fake = fake_apns(setup)
-            async with running_gateway(setup.config) as url, \
-                    relay_service(tmp_path / "relay", RelayConfig(wake=wake), group_commit=True) as (relay, service):
-                yield Lab(relay, service, url, setup, fake, tls)
+        async with apns_gateway(tmp_path, gateway=gateway) as gw, \
+                relay_service(tmp_path / "relay", RelayConfig(wake=wake), group_commit=True) as (relay, service):
+            yield Lab(relay, service, gw.url, gw.setup, gw.apns, gw.tls)
 
 
 async def phone(lab: Lab, tmp_path: Path) -> tuple[DeviceClient, HomeAppClient, str]:

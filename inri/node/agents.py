@@ -15,9 +15,18 @@ relay accepts a push under the URL's expired registration while it holds such a 
 C1b, inri/core/custody.py). An agent not seen for `agent_idle_max_s` (60 days, as autopush drops a
 user agent) loses its channels: senders then get 410.
 
+Wake hooks (rule MP7, docs/browsers.md "Waking a phone"): an agent may register one wake hook on its
+connection, kept by the relay's WakeHooks (inri/node/wake.py) under (OwnerKind.UAID, uaid). This module
+wires that kind in: a channel's route id resolves to its agent, the agent is live while its WebSocket is
+bound (MozPushServer.by_uaid, through `connected`) and has mail while unexpired messages wait. Deliveries
+and acks reach the hooks as every device's do (the service's Delivered effect, RelayService.ack); the
+close of an agent's connection comes through `disconnected`. An agent that sets a hook is saved (a uaid is
+otherwise saved with its first channel), and its hook goes when the agent is dropped as idle.
+
 Order of writes (crash safety): a new channel's row (with its route key) is saved first, then its device,
 then its endpoint; a register retried after a crash finishes what is missing. Unregister removes the
-device first (senders get 410 at once), then the row. Rows left without a device are removed at start.
+device first (senders get 410 at once), then the row. A hook is saved before its agent's row. Rows left
+without a device, and hooks left without an agent, are removed at start.
 """
 
 from __future__ import annotations
@@ -31,9 +40,11 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from nacl.signing import SigningKey
 
 from inri.node.agentstore import AgentStore, Channel
-from inri.node.mozpush import Limits, Notification, RegisterRefused, TooManyChannels
+from inri.node.mozpush import Limits, Notification, RegisterRefused, TooManyChannels, WakeHookRefused
 from inri.node.ratelimit import RateLimiter
 from inri.node.service import RegistrationError, RelayService
+from inri.node.wake import HookError
+from inri.node.wakepolicy import Owner, OwnerKind
 from inri.protocol import limits
 from inri.protocol.codec import make_registration
 from inri.protocol.keys import route_id_for
@@ -69,6 +80,10 @@ class Agents:
         self.counts: dict[str, int] = {}  # inri_mozpush_* counters
         self.connected: Callable[[bytes], bool] = lambda uaid: False  # the WebSocket side sets it
         self._wake = trio.Event()  # set when a channel is added: the loop looks at its refresh time
+        hooks = service.wake
+        hooks.resolvers.insert(0, self._hook_owner)  # first: the device resolver claims every route id
+        hooks.live[OwnerKind.UAID] = lambda uaid: self.connected(uaid)
+        hooks.waiting[OwnerKind.UAID] = self.has_mail
 
     def _count(self, name: str, n: int = 1) -> None:
         self.counts[name] = self.counts.get(name, 0) + n
@@ -147,19 +162,47 @@ class Agents:
         self._count(f"nacks_{code if code in (301, 302, 303) else 'other'}")
         log.info("nack", version=version.hex(), code=code)
 
-    # -- observation (what a wake-up gateway hangs off: inri/gateway) --------------------------------
+    def wake_hook(self, uaid: bytes) -> tuple[str, float] | None:
+        hook = self.service.wake.hook(Owner(OwnerKind.UAID, uaid))
+        return None if hook is None else (hook.url, hook.created)
 
-    def agent_of(self, route_id: bytes) -> bytes | None:
-        """The agent whose channel route_id is (None: not a channel)."""
-        return self.agents.agent_of(route_id)
+    def set_wake_hook(self, uaid: bytes, url: object, token: bytes, client: str) -> tuple[str, float]:
+        self._limit_hooks(client)
+        now = self._now()
+        try:
+            hook = self.service.wake.set_hook(Owner(OwnerKind.UAID, uaid), url, token, now)
+        except HookError as exc:  # the device API's 422, with the same codes
+            raise WakeHookRefused(422, exc.code, exc.detail) from None
+        self.agents.add_agent(uaid, now)  # the hook is its uaid's reason to be kept (MP1 saves none without)
+        return hook.url, hook.created
 
-    def waiting(self) -> list[bytes]:
-        """Agents with stored messages and no live connection."""
-        return [u for u in self.agents.with_mail(self._now()) if not self.connected(u)]
+    def remove_wake_hook(self, uaid: bytes, client: str) -> None:
+        self._limit_hooks(client)
+        self.service.wake.remove_hook(Owner(OwnerKind.UAID, uaid))
 
-    def seen(self, uaid: bytes) -> None:
-        """The agent's connection closed: its idle time counts from now."""
+    def _limit_hooks(self, client: str) -> None:
+        # Each change is a store write: limited per client address, as the device API's PUT/DELETE .../wake.
+        if self.register_rate is not None and self.register_rate.take(client):
+            raise WakeHookRefused(429, "rate_limited", "too many wake hook changes from this address; retry later")
+
+    # -- what the wake hooks ask (inri/node/wake.py) ------------------------------------------------
+
+    def _hook_owner(self, route_id: bytes) -> Owner | None:
+        """The hook owner of a channel's route id: its agent; None for any other route id (and no query
+        while no agent has a hook)."""
+        if not self.service.wake.has_hooks(OwnerKind.UAID):
+            return None
+        uaid = self.agents.agent_of(route_id)
+        return None if uaid is None else Owner(OwnerKind.UAID, uaid)
+
+    def has_mail(self, uaid: bytes) -> bool:
+        """True while the agent has stored, unexpired messages (acknowledged ones are deleted)."""
+        return self.agents.has_mail(uaid, self._now())
+
+    def disconnected(self, uaid: bytes) -> None:
+        """The agent's connection closed: its idle time counts from now, and mail it left wakes it."""
         self.agents.seen(uaid, self._now())
+        self.service.wake.disconnected(Owner(OwnerKind.UAID, uaid))
 
     def status(self) -> dict[str, Any]:
         agents, channels = self.agents.counts()
@@ -201,22 +244,27 @@ class Agents:
             for rid in self.agents.route_ids(uaid):
                 self.service.unregister(rid)
             self.agents.remove_agent(uaid)
+            self.service.wake.remove_hook(Owner(OwnerKind.UAID, uaid))
             gone += 1
         self._count("agents_expired", gone)
         return gone
 
     def remove_orphans(self) -> int:
-        """Channel rows whose device is gone (a crash inside register or unregister)."""
+        """Channel rows whose device is gone (a crash inside register or unregister), and hooks whose agent
+        is (a crash inside set_wake_hook); how many were removed."""
         rows = self.agents.orphans()
         for rid in rows:
             self.agents.remove_channel(rid)
-        return len(rows)
+        hooks = [u for u in self.service.wake.owners(OwnerKind.UAID) if not self.agents.exists(u)]
+        for uaid in hooks:
+            self.service.wake.remove_hook(Owner(OwnerKind.UAID, uaid))
+        return len(rows) + len(hooks)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Re-sign registrations as they fall due and drop idle agents, until cancelled."""
         orphans = self.remove_orphans()
         if orphans:
-            log.info("incomplete channels removed", channels=orphans)
+            log.info("channels and wake hooks left incomplete by a crash removed", rows=orphans)
         task_status.started()
         next_sweep = self._now()
         while True:

@@ -51,6 +51,15 @@ class AgentStore:
         with self.store.transaction() as db:
             return db.execute("UPDATE mp_agents SET last_seen=? WHERE uaid=?", (now, uaid)).rowcount > 0
 
+    def exists(self, uaid: bytes) -> bool:
+        """True for an agent saved here (read only, unlike `known`)."""
+        return bool(self.store.query("SELECT 1 FROM mp_agents WHERE uaid=?", (uaid,)))
+
+    def add_agent(self, uaid: bytes, now: float) -> None:
+        """Save an agent that has no channel yet (it set a wake hook); nothing when it is saved already."""
+        with self.store.transaction() as db:
+            db.execute("INSERT OR IGNORE INTO mp_agents VALUES (?, ?, ?)", (uaid, now, now))
+
     def seen(self, uaid: bytes, now: float) -> None:
         """The agent was connected until now (its idle time starts again)."""
         with self.store.transaction() as db:
@@ -128,12 +137,12 @@ class AgentStore:
             "WHERE c.uaid = ? AND w.expires_at >= ? ORDER BY m.received_at, m.push_id LIMIT ?", (uaid, now, limit))
         return [(bytes(c), bytes(p), bytes(b), int(e)) for c, p, b, e in rows]
 
-    def with_mail(self, now: float) -> list[bytes]:
-        """Agents with stored, unexpired messages (connected or not)."""
-        rows = self.store.query(
-            "SELECT DISTINCT c.uaid FROM mp_channels c JOIN wp_messages w ON w.route_id = c.route_id "
-            "WHERE w.expires_at >= ?", (now,))
-        return [bytes(u) for (u,) in rows]
+    def has_mail(self, uaid: bytes, now: float) -> bool:
+        """True when the agent has a stored, unexpired message (what `pending` would return)."""
+        return bool(self.store.query(
+            "SELECT 1 FROM mp_channels c JOIN mailbox m ON m.route_id = c.route_id "
+            "JOIN wp_messages w ON w.route_id = m.route_id AND w.push_id = m.push_id "
+            "WHERE c.uaid = ? AND w.expires_at >= ? LIMIT 1", (uaid, now)))
 
     def orphans(self) -> list[bytes]:
         """Route ids of channels whose device is gone (a crash between the steps of register or unregister)."""

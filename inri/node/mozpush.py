@@ -34,6 +34,14 @@ Rules (each cited where it is implemented):
   wrong type (MALFORMED), an unknown `messageType` (UNKNOWN_TYPE), a message before `hello` or a second
   `hello` (OUT_OF_ORDER), a binary message (UNSUPPORTED_DATA), a message over `message_max_bytes`
   (TOO_BIG). A closed session answers nothing more.
+- MP7 (INRI's extension, docs/browsers.md "Waking a phone") `wake_hook`, after `hello`: the agent's wake
+  hook (docs/gateway.md), authenticated as everything on the connection is, by the uaid. With a `url`
+  string and a `token` (base64url, a wake token sealed to the gateway) it sets or replaces the hook, with
+  `url` null it removes it, without `url` it reads it; the reply is `wake_hook` with `status` 200, `url` and
+  `created` (nulls when there is none). A refusal (a URL or token the relay does not accept, a rate
+  limit) is the same reply with another `status`, a stable `code` and an `error` text, and the connection
+  stays: as a `register` refused (MP2), what the client asked for is wrong, not the protocol. Standard
+  clients never send it, so for them MP6 is unchanged.
 """
 
 from __future__ import annotations
@@ -47,7 +55,9 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Protocol, assert_never
 
+from inri.common.b64url import b64d
 from inri.protocol.messages import ContentEncoding
+from inri.protocol.wake import WAKE_TOKEN_MAX_BYTES
 from inri.protocol.webpush import ENCODING_NAME
 
 SUBPROTOCOL = "push-notification"  # what Firefox asks for (PushServiceWebSocket: `this._ws.protocol`)
@@ -57,7 +67,7 @@ PUSH_ID_BYTES = 16
 
 
 class MessageType(enum.StrEnum):
-    """`messageType` values (autoconnect-common protocol.rs)."""
+    """`messageType` values (autoconnect-common protocol.rs), and INRI's extension WAKE_HOOK (MP7)."""
 
     HELLO = "hello"
     REGISTER = "register"
@@ -67,6 +77,7 @@ class MessageType(enum.StrEnum):
     NACK = "nack"
     PING = "ping"
     NOTIFICATION = "notification"
+    WAKE_HOOK = "wake_hook"
 
 
 class CloseCode(enum.IntEnum):
@@ -168,6 +179,14 @@ class TooManyChannels(Exception):
     """The agent holds channels_max channels already (MP2: the connection is closed)."""
 
 
+class WakeHookRefused(Exception):
+    """A wake_hook answered with a status other than 200 (MP7: the connection stays open)."""
+
+    def __init__(self, status: int, code: str, detail: str) -> None:
+        super().__init__(detail)
+        self.status, self.code, self.detail = status, code, detail
+
+
 class AgentBackend(Protocol):
     """The relay's user agents, their channels and mailboxes (inri/node/agents.py; tests use a memory one).
 
@@ -196,6 +215,19 @@ class AgentBackend(Protocol):
 
     def nack(self, uaid: bytes, version: bytes, code: int | None) -> None:
         """Log and count a negative acknowledgement (the message stays stored)."""
+        ...
+
+    def wake_hook(self, uaid: bytes) -> tuple[str, float] | None:
+        """(url, created) of the agent's wake hook; None when it has none."""
+        ...
+
+    def set_wake_hook(self, uaid: bytes, url: object, token: bytes, client: str) -> tuple[str, float]:
+        """Set or replace the agent's wake hook (the agent is saved if it was not); (url, created).
+        Raises WakeHookRefused."""
+        ...
+
+    def remove_wake_hook(self, uaid: bytes, client: str) -> None:
+        """Delete the agent's wake hook (nothing when it has none). Raises WakeHookRefused."""
         ...
 
 
@@ -375,6 +407,8 @@ class Session:
                     return []  # MP5: accepted; this relay serves no broadcasts
                 case MessageType.NOTIFICATION:
                     raise ProtocolViolation(CloseCode.UNKNOWN_TYPE, "notification is a server message")
+                case MessageType.WAKE_HOOK:
+                    return self._wake_hook(msg)
                 case _:
                     assert_never(mtype)
         except ValueError as exc:
@@ -465,6 +499,27 @@ class Session:
             assert self.uaid is not None
             self.backend.nack(self.uaid, version, code)
         return []
+
+    # Rule MP7.
+    def _wake_hook(self, msg: dict[str, Any]) -> list[Output]:
+        assert self.uaid is not None
+        reply: dict[str, Any] = {"messageType": "wake_hook"}
+        try:
+            if "url" not in msg:
+                hook = self.backend.wake_hook(self.uaid)
+            elif msg["url"] is None:
+                self.backend.remove_wake_hook(self.uaid, self.client)
+                hook = None
+            else:
+                try:
+                    token = b64d(msg.get("token"), "token", max_size=WAKE_TOKEN_MAX_BYTES)
+                except ValueError as exc:
+                    raise WakeHookRefused(422, "invalid_field", str(exc)) from None
+                hook = self.backend.set_wake_hook(self.uaid, msg["url"], token, self.client)
+        except WakeHookRefused as exc:
+            return [Send(_dumps({**reply, "status": exc.status, "code": exc.code, "error": exc.detail}))]
+        url, created = (None, None) if hook is None else hook
+        return [Send(_dumps({**reply, "status": 200, "url": url, "created": created}))]
 
     # Rule MP5.
     def _ping(self, now: float) -> list[Output]:

@@ -7,7 +7,9 @@ session and writes its replies; nothing else runs per idle connection (the state
 `_Conn` and the session: benchmarks/bench_mozpush.py measures the memory). Deliveries wake it from
 outside: the service calls `delivered(route_id)` once a message is committed at home, and a short-lived
 task in this server's nursery writes the connection's new notifications, then ends. Every write has a
-deadline (WRITE_TIMEOUT_S): a client that does not read is closed, never waited on.
+deadline (WRITE_TIMEOUT_S): a client that does not read is closed, never waited on. Deliveries for an
+agent with no connection are its wake hook's business (inri/node/agents.py wires the agents into the
+relay's wake hooks); the end of an agent's connection is reported to `Agents.disconnected`.
 
 Liveness: WebSocket pings and pongs are the HTTP front's (it answers a client's ping; the front of
 issue 41 pings a silent client after `[api] ws_ping_interval_s`). Here a connection silent for
@@ -82,8 +84,6 @@ class MozPushServer:
         self.by_route: dict[bytes, _Conn] = {}
         self.open = 0
         self.counts: dict[str, int] = {}  # inri_mozpush_* counters (with the agents')
-        # Deliveries for agents with no live connection (what a wake-up gateway hangs off).
-        self.waiting_hooks: list[Callable[[bytes], None]] = []
         self._nursery: trio.Nursery | None = None
         agents.connected = self.by_uaid.__contains__
 
@@ -112,12 +112,6 @@ class MozPushServer:
         conn = self.by_route.get(route_id)
         if conn is not None:
             self._wake(conn)
-            return
-        if self.waiting_hooks:
-            uaid = self.agents.agent_of(route_id)
-            if uaid is not None:
-                for hook in self.waiting_hooks:
-                    hook(uaid)
 
     def connected_route(self, route_id: bytes) -> bool:
         """True while the agent whose channel route_id is has a live connection (a TTL 0 push is kept then)."""
@@ -188,7 +182,12 @@ class MozPushServer:
         finally:
             self.open -= 1
             conn.close_code = conn.close_code or CloseCode.GOING_AWAY  # stops a notification task
-            self._unbind(conn)
+            uaid = conn.session.uaid
+            if self._unbind(conn) and uaid is not None:
+                try:  # its idle time starts; mail it left unacknowledged wakes it through its hook
+                    self.agents.disconnected(uaid)
+                except Exception:  # a failed store write must not break the connection's end
+                    log.exception("agent's disconnection not recorded")
 
     async def _read(self, conn: _Conn, receive: Receive) -> None:
         session = conn.session
@@ -251,18 +250,16 @@ class MozPushServer:
         for rid in routes:
             self.by_route[rid] = conn
 
-    def _unbind(self, conn: _Conn) -> None:
+    def _unbind(self, conn: _Conn) -> bool:
+        """conn no longer serves its uaid; False when it did not (no hello, or replaced already)."""
         uaid = conn.session.uaid
         if uaid is None or self.by_uaid.get(uaid) is not conn:
-            return
+            return False
         del self.by_uaid[uaid]
         for rid in conn.routes:
             if self.by_route.get(rid) is conn:
                 del self.by_route[rid]
-        try:
-            self.agents.seen(uaid)
-        except Exception:  # a failed write of last_seen must not break the connection's end
-            log.exception("last_seen not written")
+        return True
 
     def status(self) -> dict[str, Any]:
         return {"connections": self.open, **self.agents.status()}

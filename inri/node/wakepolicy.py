@@ -2,7 +2,7 @@
 
 The rules (docs/gateway.md, "When the home relay wakes a device"):
 
-- W1 (mail): a message waits for an owner (a device, or later a Mozilla Push user agent) that has a
+- W1 (mail): a message waits for an owner (a device, or a Mozilla Push user agent) that has a
   hook and no live stream: a wake-up is due at once, unless one is being sent or was sent less than
   `coalesce_s` ago and nothing has been acknowledged since (then the mail is *coalesced*: it is
   noted, and one wake-up goes out when the window ends, if mail still waits then).
@@ -33,7 +33,7 @@ RETRY_AFTER_MAX_S = 3600.0  # a gateway's Retry-After is honoured up to this (ne
 
 
 class OwnerKind(enum.IntEnum):
-    """Whose hook: a device of the device API, or (issue 37) a Mozilla Push user agent."""
+    """Whose hook: a device of the device API, or a Mozilla Push user agent (inri/node/agents.py)."""
 
     DEVICE = 1  # key: the device's route id
     UAID = 2  # key: the user agent's uaid
