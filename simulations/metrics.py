@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from array import array
 from collections.abc import Iterable, Sequence
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 import numpy as np
@@ -31,6 +32,79 @@ def nearest_rank(sorted_values: Sequence[float], q: float) -> float | None:
         return None
     rank = max(1, math.ceil(q * n - 1e-12))
     return sorted_values[min(rank, n) - 1]
+
+
+class HomeCosts:
+    """What pushes cost while their home relay is up and while it is down (docs/metrics.md, issue 42).
+
+    Rows are taken in trace order: a relay is down from its `relay_down` row until its next `relay_up`
+    row. A push's home is the relay of the latest `reg_originated` row of its route before its (first)
+    `push_injected` row; a push with no such row has no home and is left out of these figures. A push is
+    *exposed* when its home is down at its `push_injected` row, or has a `relay_down` row after it and
+    before the push's first `push_delivered` row (never delivered: before the end of the trace)."""
+
+    __slots__ = ("down", "home", "live", "exposed", "pending", "messages_live", "messages_down")
+
+    def __init__(self) -> None:
+        self.down: set[str] = set()  # relays down at the current row
+        self.home: dict[str, str] = {}  # push -> its home at injection
+        self.live: set[str] = set()  # pushes whose home was up at injection
+        self.exposed: set[str] = set()
+        self.pending: dict[str, set[str]] = {}  # home -> its pushes injected and not delivered yet
+        self.messages_live = 0  # messages of pushes whose home was up at injection
+        self.messages_down = 0  # messages of exposed pushes, written while their home was down
+
+    def injected(self, push: str, home: str | None) -> None:
+        """The first push_injected row of a push (home: None when its route has no origin yet)."""
+        if home is None:
+            return
+        self.home[push] = home
+        if home in self.down:
+            self.exposed.add(push)
+        else:
+            self.live.add(push)
+        self.pending.setdefault(home, set()).add(push)
+
+    def delivered(self, push: str) -> None:
+        """The first push_delivered row of a push."""
+        home = self.home.get(push)
+        if home is not None:
+            self.pending[home].discard(push)
+
+    def relay_down(self, relay: str) -> None:
+        """A relay_down row: the pushes waiting for this home are exposed."""
+        self.down.add(relay)
+        waiting = self.pending.get(relay)
+        if waiting:
+            self.exposed |= waiting
+
+    def relay_up(self, relay: str) -> None:
+        """A relay_up row."""
+        self.down.discard(relay)
+
+    def messages(self, push: str, count: int) -> None:
+        """A row `messages_per_delivered_push` counts (PUSH_MESSAGE_KINDS), standing for `count` messages."""
+        home = self.home.get(push)
+        if home is None:
+            return
+        if push in self.live:
+            self.messages_live += count
+        if home in self.down and push in self.exposed:
+            self.messages_down += count
+
+    def summary(self, on_time: AbstractSet[str], delivered: AbstractSet[str],
+                not_topology_excluded: AbstractSet[str]) -> dict[str, object]:
+        """The three keys. `on_time`: pushes delivered within the deadline; `delivered`: pushes with a
+        push_delivered row; `not_topology_excluded`: pushes excluded for a reason the topology does not
+        decide (a spammer's), left out of pushes_never_delivered_home_up."""
+        live_delivered = len(self.live & on_time)
+        never = sum(1 for p in self.home
+                    if p not in self.exposed and p not in delivered and p not in not_topology_excluded)
+        return {
+            "messages_per_delivered_push_live_home": self.messages_live / live_delivered if live_delivered else None,
+            "messages_per_push_home_down": self.messages_down / len(self.exposed) if self.exposed else None,
+            "pushes_never_delivered_home_up": never,
+        }
 
 
 class Collector:
@@ -64,6 +138,7 @@ class Collector:
         # Link and push events in row order, for the live graph at each injection (see live_distances).
         self.timeline: list[tuple[int, str, str | None]] = []
         self.transitions: dict[str, list[tuple[float, bool]]] = {}  # relay -> [(t, up)]
+        self.home_costs = HomeCosts()
         self.rows = 0
 
     def add(self, row: tuple[Any, ...]) -> None:
@@ -76,6 +151,7 @@ class Collector:
         elif kind in PUSH_MESSAGE_KINDS:
             c = 1 if row[9] is None else row[9]
             self.push_messages += c
+            self.home_costs.messages(msg, c)
             if kind == "push_fallback":
                 self.fallback_messages += c
                 self.fallback.add(msg)
@@ -106,6 +182,7 @@ class Collector:
                 self.injected[msg] = (t, relay)
                 home = self.home_of_route.get(row[4]) if row[4] is not None else None
                 self.timeline.append((_PUSH, msg, home))
+                self.home_costs.injected(msg, home)
         elif kind == "push_retry":
             self.retried.add(msg)
             if row[11] == "fallback_budget":
@@ -117,6 +194,7 @@ class Collector:
         elif kind == "push_delivered":
             if msg not in self.delivered:
                 self.delivered[msg] = (t, relay, row[6] or 0)
+                self.home_costs.delivered(msg)
         elif kind == "push_dropped":
             self.dropped[msg] = row[11] or "unknown"
         elif kind == "push_settled":
@@ -128,9 +206,11 @@ class Collector:
         elif kind == "relay_down":
             self.transitions.setdefault(relay, []).append((t, False))
             self.timeline.append((_RESET, relay, None))
+            self.home_costs.relay_down(relay)
         elif kind == "relay_up":
             self.transitions.setdefault(relay, []).append((t, True))
             self.timeline.append((_RESET, relay, None))
+            self.home_costs.relay_up(relay)
 
     def add_route_set(self, row: tuple[Any, ...]) -> None:
         """Feed one route_set row (what `add` does for that kind, without the dispatch)."""
@@ -199,6 +279,17 @@ class Collector:
         return out
 
     # -- the summary --------------------------------------------------------------------------
+    def on_time(self) -> set[str]:
+        """Pushes first stored at their home within the deadline of their injection."""
+        return {p for p, (t, _, _) in self.delivered.items()
+                if p in self.injected and t - self.injected[p][0] <= self.deadline}
+
+    def home_cost_summary(self) -> dict[str, object]:
+        """messages_per_delivered_push_live_home, messages_per_push_home_down and
+        pushes_never_delivered_home_up (docs/metrics.md; HomeCosts)."""
+        spam = {p for p, (_, why) in self.excluded.items() if why not in TOPOLOGY_EXCLUSIONS}
+        return self.home_costs.summary(self.on_time(), self.delivered.keys(), spam)
+
     def summary(self, distance: dict[tuple[str, str], float] | None = None,
                 links: dict[tuple[str, str], float] | None = None, processing: dict[str, float] | None = None,
                 direct: dict[tuple[str, str], float] | None = None) -> dict[str, object]:
@@ -208,9 +299,7 @@ class Collector:
         n = self.relays
         pushes = set(self.injected)
         old_excluded = set(self.excluded) & pushes
-        on_time = {
-            p for p, (t, _, _) in self.delivered.items() if p in pushes and t - self.injected[p][0] <= self.deadline
-        }
+        on_time = self.on_time()
         excluded: set[str] = set()
         for p in old_excluded:
             t_x, why = self.excluded[p]
@@ -324,6 +413,7 @@ class Collector:
             "fallback_pushes": len(self.fallback & pushes),
             "fallback_messages": self.fallback_messages,
             "messages_per_delivered_push": self.push_messages / delivered_all if delivered_all else None,
+            **self.home_cost_summary(),
             "route_coverage": coverage_num / coverage_den if coverage_den else None,
             "reach_p50": nearest_rank(reach, 0.5),
             "reach_p10": nearest_rank(reach, 0.1),

@@ -176,6 +176,9 @@ def analyse(
     pm_by_kind = {r["kind"]: int(r["c"]) for r in pm}
     push_messages = sum(pm_by_kind.values())
 
+    progress("push message costs by the home's state (live at injection, down while waiting)")
+    home_costs = _home_costs(ev, per_push)
+
     progress("stretch (shortest paths over the topology)")
     stretch_df = _stretch(spark, trace, good)
     n_stretch = stretch_df.count() if stretch_df is not None else 0
@@ -298,6 +301,7 @@ def analyse(
         "fallback_pushes": int(counts["fallback_pushes"] or 0),
         "fallback_messages": pm_by_kind.get("push_fallback", 0),
         "messages_per_delivered_push": push_messages / n_deliv_all if n_deliv_all else None,
+        **home_costs,
         "route_coverage": route_coverage,
         "reach_p50": reach_p50,
         "reach_p10": reach_p10,
@@ -332,6 +336,62 @@ def analyse(
     ttl = one_row(ev.filter(F.col("kind") == "push_injected").agg(F.max("ttl").alias("ttl")))["ttl"]
     marks = {"deadline_s": deadline, "push_ttl": ttl, "windows": meta.get("windows") or []}
     return Analysis(summary, tables, marks)
+
+
+def _home_costs(ev: DataFrame, per_push: DataFrame) -> dict[str, object]:
+    """messages_per_delivered_push_live_home, messages_per_push_home_down and pushes_never_delivered_home_up
+    (docs/metrics.md). Rows are taken in trace order (`seq`): a push's home is the relay of its route's
+    latest reg_originated row before its first push_injected row; a relay is down from a relay_down row
+    to its next relay_up row."""
+    kind = F.col("kind")
+    first = Window.partitionBy("msg").orderBy(F.col("seq").asc())
+    injected = (ev.filter(kind == "push_injected").withColumn("_rn", F.row_number().over(first)).filter("_rn = 1")
+                .select("msg", "route", F.col("seq").alias("s_inj")))
+    origins = ev.filter((kind == "reg_originated") & F.col("route").isNotNull()).select(
+        "route", F.col("relay").alias("home"), F.col("seq").alias("s_origin"))
+    latest_origin = Window.partitionBy("msg").orderBy(F.col("s_origin").desc())
+    homes = (injected.join(origins, "route").filter(F.col("s_origin") < F.col("s_inj"))
+             .withColumn("_rn", F.row_number().over(latest_origin)).filter("_rn = 1").select("msg", "home", "s_inj"))
+    changes = ev.filter(kind.isin("relay_down", "relay_up")).select(
+        F.col("relay").alias("home"), F.col("seq").alias("s_tr"), (kind == "relay_up").alias("up"))
+    latest_change = Window.partitionBy("msg").orderBy(F.col("s_tr").desc())
+    at_injection = (homes.join(changes, "home").filter(F.col("s_tr") < F.col("s_inj"))
+                    .withColumn("_rn", F.row_number().over(latest_change)).filter("_rn = 1")
+                    .select("msg", (~F.col("up")).alias("down_at_inj")))
+    first_delivered = ev.filter(kind == "push_delivered").groupBy("msg").agg(F.min("seq").alias("s_del"))
+    # exposed: the home went down after the injection and before the first delivery (or the end)
+    waiting = (F.col("s_tr") > F.col("s_inj")) & (F.col("s_del").isNull() | (F.col("s_tr") < F.col("s_del")))
+    went_down = (homes.join(first_delivered, "msg", "left").join(changes.filter(~F.col("up")), "home")
+                 .filter(waiting).select("msg").distinct().withColumn("went_down", F.lit(True)))
+    state = (homes.join(at_injection, "msg", "left").join(went_down, "msg", "left")
+             .withColumn("live", ~F.coalesce(F.col("down_at_inj"), F.lit(False)))
+             .withColumn("exposed", ~F.col("live") | F.coalesce(F.col("went_down"), F.lit(False)))
+             .select("msg", "home", "live", "exposed").cache())
+    messages = ev.filter(kind.isin(*PUSH_MESSAGE_KINDS)).select(
+        "msg", "seq", F.coalesce(F.col("count"), F.lit(1)).alias("c"))
+    live_messages = int(one_row(messages.join(F.broadcast(state.filter("live")), "msg").agg(
+        F.sum("c").alias("m")))["m"] or 0)
+    # messages of exposed pushes written while their home was down: the home's latest change before the row
+    latest_before_row = Window.partitionBy("seq").orderBy(F.col("s_tr").desc())
+    down_messages = int(one_row(
+        messages.join(F.broadcast(state.filter("exposed").select("msg", "home")), "msg")
+        .join(changes, "home").filter(F.col("s_tr") < F.col("seq"))
+        .withColumn("_rn", F.row_number().over(latest_before_row)).filter("_rn = 1").filter(~F.col("up"))
+        .agg(F.sum("c").alias("m")))["m"] or 0)
+    # a spammer's push (excluded for a reason the topology does not decide) is not a lost push
+    honest = F.col("excl_reason").isNull() | F.col("excl_reason").isin(*TOPOLOGY_EXCLUSIONS)
+    counts = one_row(state.join(per_push.select("msg", "on_time", "t_del", "excl_reason"), "msg").agg(
+        F.sum((F.col("live") & F.col("on_time")).cast("int")).alias("live_delivered"),
+        F.sum(F.col("exposed").cast("int")).alias("exposed"),
+        F.sum((~F.col("exposed") & F.col("t_del").isNull() & honest).cast("int")).alias("never"),
+    ))
+    live_delivered = int(counts["live_delivered"] or 0)
+    exposed = int(counts["exposed"] or 0)
+    return {
+        "messages_per_delivered_push_live_home": live_messages / live_delivered if live_delivered else None,
+        "messages_per_push_home_down": down_messages / exposed if exposed else None,
+        "pushes_never_delivered_home_up": int(counts["never"] or 0),
+    }
 
 
 def _live(spark: SparkSession, trace: Trace, ev: DataFrame, good: DataFrame) -> DataFrame | None:

@@ -244,8 +244,10 @@ KEY_FIGURES = ("relays", "registrations", "pushes", "pushes_counted", "delivered
                "path_stretch_p95", "recovery_share", "stretch_median", "stretch_p95", "overlay_penalty_median",
                "overlay_penalty_p95", "hops_p50", "hops_p95", "hops_max", "route_coverage", "reach_p50", "reach_p10",
                "convergence_p50_s", "convergence_p90_s", "unconverged_registrations", "overhead_ratio",
-               "gossip_messages", "fallback_pushes", "messages_per_delivered_push", "frames_lost", "pushes_excluded",
-               "excluded_old_rule", "delivery_ratio_old_rule", "malformed_lines", "loss_by_reason")
+               "gossip_messages", "fallback_pushes", "messages_per_delivered_push",
+               "messages_per_delivered_push_live_home", "messages_per_push_home_down", "pushes_never_delivered_home_up",
+               "frames_lost", "pushes_excluded", "excluded_old_rule", "delivery_ratio_old_rule", "malformed_lines",
+               "loss_by_reason")
 STYLE = """body{font-family:sans-serif;max-width:1200px;margin:2em auto}table{border-collapse:collapse}
 th,td{border:1px solid #ccc;padding:4px 10px;text-align:left}figure{display:inline-block;margin:1em;vertical-align:top}
 img{max-width:520px}.pair img{max-width:560px}"""

@@ -17,9 +17,10 @@ from hypothesis import strategies as st
 
 from inri.core.api import TraceLevel
 from simulations.events import EventKind, EventQueue
-from simulations.metrics import Collector
+from simulations.metrics import PUSH_MESSAGE_KINDS, Collector
 from simulations.scenario import ScenarioError, from_dict, load
 from simulations.sim import Simulator
+from tests import home_costs_trace
 
 REQUIRED_KEYS = {
     "relays", "registrations", "pushes", "delivered", "delivery_ratio", "gossip_messages", "gossip_bytes",
@@ -29,6 +30,7 @@ REQUIRED_KEYS = {
     "latency_p50_s", "latency_p95_s", "latency_p99_s", "path_stretch_median", "path_stretch_p95", "recovery_share",
     "overlay_penalty_median", "overlay_penalty_p95", "reach_p50", "reach_p10", "hops_p95", "hops_max",
     "excluded_old_rule", "delivery_ratio_old_rule", "pushes_never_delivered", "pushes_late",
+    "messages_per_delivered_push_live_home", "messages_per_push_home_down", "pushes_never_delivered_home_up",
 }
 
 
@@ -128,6 +130,70 @@ def test_churn_excludes_exactly_the_pushes_whose_home_went_down(tmp_path: Path) 
     assert s["excluded_old_rule"] == len(excluded)
     assert s["delivery_ratio"] >= 0.95
     assert s["delivery_ratio_all"] <= s["delivery_ratio"]
+
+
+def test_home_cost_figures_follow_each_homes_downtime_in_trace_order() -> None:
+    """The hand trace of tests/home_costs_trace.py: messages of pushes whose home was up at injection per
+    such push delivered; messages spent while the home is down per push that waited for a down home; pushes
+    never delivered whose home never went down; and messages_per_delivered_push as before."""
+    c = Collector(home_costs_trace.RELAYS, deadline_s=home_costs_trace.DEADLINE_S, coverage_after_s=1.0)
+    columns = ("t", "relay", "kind", "msg", "route", "peer", "hops", "ttl", "epoch", "count", "bytes", "reason")
+    c.add_all(tuple(r.get(k) for k in columns) for r in home_costs_trace.ROWS)
+    s = c.summary()
+    for key, want in home_costs_trace.EXPECTED.items():
+        assert s[key] == pytest.approx(want, rel=1e-12), key
+
+
+def test_home_cost_figures_of_a_churned_run_match_an_independent_reading_of_its_trace(tmp_path: Path) -> None:
+    """The summary's home figures, streamed as the run goes, against the trace read whole: every home's
+    down and up rows by position, each push's home at injection, its waiting window (injection to first
+    delivery, or the end)."""
+    # 20% loss (drop) keeps pushes waiting long enough that homes fail under some of them
+    sc = from_dict(small(seed=5, network={"loss": 0.2}, churn={"fail_fraction": 0.25, "rejoin_fraction": 0.5,
+                                                               "start_s": 8.0, "end_s": 30.0, "downtime_s": 6.0}))
+    s = Simulator(sc, trace_dir=tmp_path).run().summary
+    rows = read_trace(tmp_path)
+    origin: dict[str, list[tuple[int, str]]] = {}
+    changes: dict[str, list[tuple[int, bool]]] = {}
+    injected: dict[str, int] = {}
+    delivered: dict[str, int] = {}
+    spam: set[str] = set()
+    for i, r in enumerate(rows):
+        if r["kind"] == "reg_originated":
+            origin.setdefault(r["route"], []).append((i, r["relay"]))
+        elif r["kind"] in ("relay_down", "relay_up"):
+            changes.setdefault(r["relay"], []).append((i, r["kind"] == "relay_up"))
+        elif r["kind"] == "push_injected":
+            injected.setdefault(r["msg"], i)
+        elif r["kind"] == "push_delivered":
+            delivered.setdefault(r["msg"], i)
+        elif r["kind"] == "push_excluded" and r["reason"] not in ("home_down", "partitioned"):
+            spam.add(r["msg"])
+
+    def down(relay: str, at: int) -> bool:
+        before = [up for i, up in changes.get(relay, []) if i < at]
+        return bool(before) and not before[-1]
+
+    home = {}
+    for p, i in injected.items():
+        known = [relay for j, relay in origin.get(rows[i]["route"], []) if j < i]
+        if known:
+            home[p] = known[-1]
+    live = {p for p in home if not down(home[p], injected[p])}
+    exposed = {p for p in home if p not in live or any(
+        not up and injected[p] < i < delivered.get(p, len(rows)) for i, up in changes.get(home[p], []))}
+    m_live = m_down = 0
+    for i, r in enumerate(rows):
+        if r["kind"] in PUSH_MESSAGE_KINDS and r["msg"] in home:
+            c = 1 if r["count"] is None else r["count"]
+            m_live += c if r["msg"] in live else 0
+            m_down += c if r["msg"] in exposed and down(home[r["msg"]], i) else 0
+    on_time = {p for p in live if p in delivered and rows[delivered[p]]["t"] - rows[injected[p]]["t"] <= sc.deadline_s}
+    assert len(exposed - live) > 0 and len(exposed & live) > 0 and m_down > 0  # both ways of waiting for a down home
+    assert s["messages_per_delivered_push_live_home"] == m_live / len(on_time)
+    assert s["messages_per_push_home_down"] == m_down / len(exposed)
+    assert s["pushes_never_delivered_home_up"] == len(
+        [p for p in home if p not in exposed and p not in delivered and p not in spam])
 
 
 def test_only_pushes_cut_off_before_delivery_are_excluded(tmp_path: Path) -> None:

@@ -23,6 +23,7 @@ pyspark = pytest.importorskip("pyspark", reason="the analysis extra (PySpark) is
 from spark_analysis.job import run  # noqa: E402
 from spark_analysis.report import PLOTS, write_compare  # noqa: E402
 from spark_analysis.session import find_java_home, get_session  # noqa: E402
+from tests import home_costs_trace  # noqa: E402
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration]  # local Spark starts a JVM
 
@@ -135,6 +136,12 @@ EXPECTED = {
     "stretch_p95": 2.0,
     "path_stretch_median": None,  # no links.csv: no live graph
     "malformed_lines": 0,
+    # Homes 0 (route A) and 3 (route B) have no relay_down row: every push was injected for a live home, so
+    # its messages (all 9) go over the 3 delivered; no push waited for a down home; P3 and P4 were never
+    # delivered (P4's push_excluded says home_down, but no relay row says its home, 3, went down)
+    "messages_per_delivered_push_live_home": 3.0,
+    "messages_per_push_home_down": None,
+    "pushes_never_delivered_home_up": 2,
 }
 
 
@@ -151,6 +158,20 @@ def test_hand_computed_trace_gives_the_known_answers(spark, tmp_path: Path) -> N
     assert written["delivered"] == 3
     assert (tmp_path / "report" / "tables" / "pushes.parquet").is_dir()
     assert list((tmp_path / "report" / "tables" / "pushes.csv").glob("*.csv"))
+
+
+def test_home_cost_figures_follow_each_homes_downtime_in_trace_order(spark, tmp_path: Path) -> None:
+    """The hand trace of tests/home_costs_trace.py, whose answers tests/test_sim.py checks in the collector."""
+    trace = tmp_path / "trace"
+    trace.mkdir()
+    with open(trace / "events.jsonl", "w") as f:
+        for r in home_costs_trace.ROWS:
+            f.write(json.dumps({k: v for k, v in r.items() if v is not None}) + "\n")
+    (trace / "meta.json").write_text(json.dumps({"schema": 1, "relays": home_costs_trace.RELAYS,
+                                                 "deadline_s": home_costs_trace.DEADLINE_S, "coverage_after_s": 1.0}))
+    summary = run(trace, tmp_path / "report", spark=spark, plots=False)
+    for key, want in home_costs_trace.EXPECTED.items():
+        assert summary[key] == pytest.approx(want, rel=1e-12), key
 
 
 def test_malformed_lines_are_counted_not_fatal(spark, tmp_path: Path) -> None:
@@ -216,7 +237,9 @@ gossip_scheme = "{scheme}"
     assert len(shared) >= 20
     new_keys = {"latency_p50_s", "latency_p95_s", "latency_p99_s", "path_stretch_median", "path_stretch_p95",
                 "recovery_share", "overlay_penalty_median", "overlay_penalty_p95", "reach_p50", "reach_p10",
-                "hops_p95", "hops_max", "excluded_old_rule", "delivery_ratio_old_rule", "gossip_bytes_ratio"}
+                "hops_p95", "hops_max", "excluded_old_rule", "delivery_ratio_old_rule", "gossip_bytes_ratio",
+                "messages_per_delivered_push_live_home", "messages_per_push_home_down",
+                "pushes_never_delivered_home_up"}
     assert new_keys <= set(shared)
     assert all(sim[k] is not None for k in new_keys)
     for key in shared:
