@@ -17,6 +17,8 @@ max_degree = 4
 latency_min_s = 0.005         # random: per-link base latency, uniform
 latency_max_s = 0.060
 asymmetry = 0.1               # each direction differs from the base by up to +-10%
+clusters = 0                  # geographic, built: relays uniform on the unit square (0), or around this
+                              # many metro centres of weight 1/k, a Gaussian cluster_spread (0.05) away
 processing_min_s = 0.0002     # per-relay processing delay added to each frame it handles
 processing_max_s = 0.002
 
@@ -99,6 +101,9 @@ class Topology:
     # geographic: relays on a unit square, latency = base + distance * per_unit (then asymmetry)
     geo_base_s: float = 0.002
     geo_per_unit_s: float = 0.150
+    # geographic and built: 0 places relays uniformly; N > 0 around N metro centres (topology.py)
+    clusters: int = 0
+    cluster_spread: float = 0.05
 
 
 @dataclass(frozen=True)
@@ -284,6 +289,8 @@ def from_dict(raw: dict[str, Any], default_name: str = "scenario") -> Scenario:
         raise ScenarioError("[topology] needs relays > max_degree >= min_degree >= 1")
     if t.kind not in KINDS_OF_TOPOLOGY:
         raise ScenarioError(f"[topology] kind must be one of {', '.join(KINDS_OF_TOPOLOGY)}, not {t.kind!r}")
+    if t.clusters and t.kind == "random":
+        raise ScenarioError("[topology] clusters places relays on the square: it needs kind geographic or built")
     _check_degrees(t, sc.engine)
     if not 0.0 <= sc.loss < 1.0:
         raise ScenarioError("[network] loss must be in [0, 1)")

@@ -288,6 +288,22 @@ def _components(n: int, edges: set[tuple[int, int]]) -> list[int]:
     return [find(u) for u in range(n)]
 
 
+def _positions(n: int, topo: Topology, rng: random.Random) -> list[tuple[float, float]]:
+    """Where relays sit on the unit square: uniformly, or (`clusters` > 0) around that many metro centres
+    (drawn uniformly inside the square's middle 80%), the k-th of them (from 0) with weight 1 / (k + 1)
+    (a few big hosting regions and many small ones, as community servers gather), each relay a Gaussian
+    `cluster_spread` away from its centre, clamped to the square."""
+    if not topo.clusters:
+        return [(rng.random(), rng.random()) for _ in range(n)]
+    centres = [(0.1 + 0.8 * rng.random(), 0.1 + 0.8 * rng.random()) for _ in range(topo.clusters)]
+    weights = [1.0 / (k + 1) for k in range(topo.clusters)]
+    out = []
+    for cx, cy in rng.choices(centres, weights, k=n):
+        out.append((min(1.0, max(0.0, rng.gauss(cx, topo.cluster_spread))),
+                    min(1.0, max(0.0, rng.gauss(cy, topo.cluster_spread)))))
+    return out
+
+
 def build(topo: Topology, rng: random.Random, engine: EngineConfig | None = None) -> Network:
     """Build the scenario's network: connected, min..max degree, directed latencies, processing delays.
 
@@ -297,12 +313,12 @@ def build(topo: Topology, rng: random.Random, engine: EngineConfig | None = None
     positions = None
     formation = None
     if topo.kind == "geographic":
-        positions = [(rng.random(), rng.random()) for _ in range(n)]
+        positions = _positions(n, topo, rng)
         edges = _geo_edges(n, topo, rng, positions)
     elif topo.kind == "built":
         from simulations.built import built_edges
 
-        positions = [(rng.random(), rng.random()) for _ in range(n)]
+        positions = _positions(n, topo, rng)
         edges, rep = built_edges(n, positions, engine or EngineConfig(), random.Random(rng.getrandbits(64)))
         formation = rep.as_dict()
         if not _connected(n, edges):  # as the geographic builder: join islands to their nearest relay

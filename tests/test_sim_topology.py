@@ -23,7 +23,7 @@ from inri.protocol import limits
 from inri.protocol.messages import PeerInfo
 from simulations.built import built_edges
 from simulations.scenario import Topology
-from simulations.topology import build, shape
+from simulations.topology import Network, build, shape
 
 
 def _positions(n: int, seed: int) -> list[tuple[float, float]]:
@@ -118,6 +118,7 @@ push_end_s = 20.0
     ("[topology]\nrelays = 51\nmin_degree = 3\nmax_degree = 3\n[engine]\nactive_max = 3\n", "odd number of link ends"),
     ("[topology]\nkind = \"ring\"\n", "[topology] kind must be one of random, geographic, built"),
     ("[engine]\nfar_links = 4\n", "[engine] far_links"),
+    ("[topology]\nclusters = 4\n", "[topology] clusters places relays on the square: it needs kind geographic"),
 ])
 def test_the_cli_refuses_contradictions_naming_the_key(tmp_path: Path, text: str, named: str) -> None:
     proc = _run(tmp_path, _SMALL + text)
@@ -203,3 +204,23 @@ def test_the_push_costs_bench_splits_the_messages_the_summary_counts(tmp_path: P
     assert classes["re-sent"]["pushes"] > 0
     assert abs(sum(c["messages_share"] for c in classes.values()) - 1.0) < 0.01
     assert r["messages_per_delivered_push"] == pytest.approx(summary["messages_per_delivered_push"], abs=0.006)
+
+
+def test_clustered_relays_gather_around_their_metros_in_a_connected_mesh() -> None:
+    """`[topology] clusters` (issue 42's other geographies): relays crowd a few metro areas instead of the
+    whole square, the mesh stays connected within its degrees, for the geographic and the built kind."""
+
+    def cells(net: Network) -> int:
+        assert net.positions is not None
+        return len({(int(x * 10), int(y * 10)) for x, y in net.positions})
+
+    uniform = build(Topology(kind="geographic", relays=600, min_degree=2, max_degree=3), random.Random(4))
+    metros = build(Topology(kind="geographic", relays=600, min_degree=2, max_degree=3, clusters=3,
+                            cluster_spread=0.02), random.Random(4))
+    assert cells(uniform) >= 95 and cells(metros) <= 20  # of the square's 100 tenths
+    for net, lo, hi in ((metros, 2, 3), (build(Topology(kind="built", relays=150, min_degree=2, max_degree=4,
+                                                         clusters=3, cluster_spread=0.03), random.Random(5),
+                                                EngineConfig(active_min=2, active_max=4)), 2, 4)):
+        got = shape(net.n, net.undirected_edges())
+        assert got["reachable"] == 1.0 and lo <= got["degree_min"] and got["degree_max"] <= hi, got
+
