@@ -27,9 +27,10 @@ import json
 import random
 import statistics
 import time
+from collections.abc import Sequence
 
 from simulations.metrics import nearest_rank
-from simulations.scenario import load
+from simulations.scenario import Scenario, load
 from simulations.topology import Network, build
 from simulations.workload import Streams
 
@@ -65,36 +66,25 @@ def _pct(xs: list[float], q: float) -> float:
     return got
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--scenario", default="geo-5k-3n")
-    ap.add_argument("--seed", type=int, default=None, help="the scenario's seed unless given")
-    ap.add_argument("--sources", type=int, default=200, help="injecting relays drawn")
-    ap.add_argument("--homes", type=int, default=40, help="home relays drawn (pairs: sources x homes)")
-    ap.add_argument("--costs-ms", default="0,5,10,20,50,1000", help="per-hop costs added to the latency")
-    ap.add_argument("--json", action="store_true", help="one JSON line per cost instead of the table")
-    args = ap.parse_args()
-    sc = load(args.scenario)
-    seed = sc.seed if args.seed is None else args.seed
-    t0 = time.perf_counter()
+def measure(sc: Scenario, seed: int, sources: int = 200, homes: int = 40,
+            costs: Sequence[float] = (0.0,)) -> list[dict[str, object]]:
+    """One row per per-hop cost (seconds; 0 is always measured, first): the scenario's mesh for the seed
+    as `inri-sim run` builds it, `sources` x `homes` pairs drawn with a fixed stream."""
     net = build(sc.topology, Streams.from_seed(seed).topo, sc.engine)
     adj: list[list[tuple[int, float]]] = [[] for _ in range(net.n)]
     for (u, v), link_s in sorted(net.latency.items()):
         adj[u].append((v, link_s + net.processing[v]))
     rng = random.Random(1)
-    sources = rng.sample(range(net.n), min(args.sources, net.n))
-    homes = [rng.randrange(net.n) for _ in range(args.homes)]
-    costs = [float(c) / 1000.0 for c in args.costs_ms.split(",")]
-    if 0.0 not in costs:
-        costs.insert(0, 0.0)
+    srcs = rng.sample(range(net.n), min(sources, net.n))
+    dsts = [rng.randrange(net.n) for _ in range(homes)]
     base: dict[tuple[int, int], float] = {}
-    rows = []
-    for cost in sorted(costs):
+    rows: list[dict[str, object]] = []
+    for cost in sorted({0.0, *costs}):
         hops_all: list[int] = []
         stretch: list[float] = []
-        for s in sources:
+        for s in srcs:
             lat, hops = _paths(net, adj, s, cost)
-            for h in homes:
+            for h in dsts:
                 if h == s or lat[h] == float("inf"):
                     continue
                 if cost == 0.0:
@@ -107,6 +97,22 @@ def main() -> None:
                      "hops_p50": _pct([float(h) for h in hops_all], 0.5),
                      "messages_push_and_receipt": round(2 * mean_hops, 1),
                      "stretch_median": round(_pct(stretch, 0.5), 3), "stretch_p95": round(_pct(stretch, 0.95), 3)})
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--scenario", default="geo-5k-3n")
+    ap.add_argument("--seed", type=int, default=None, help="the scenario's seed unless given")
+    ap.add_argument("--sources", type=int, default=200, help="injecting relays drawn")
+    ap.add_argument("--homes", type=int, default=40, help="home relays drawn (pairs: sources x homes)")
+    ap.add_argument("--costs-ms", default="0,5,10,20,50,1000", help="per-hop costs added to the latency")
+    ap.add_argument("--json", action="store_true", help="one JSON line per cost instead of the table")
+    args = ap.parse_args()
+    sc = load(args.scenario)
+    seed = sc.seed if args.seed is None else args.seed
+    t0 = time.perf_counter()
+    rows = measure(sc, seed, args.sources, args.homes, [float(c) / 1000.0 for c in args.costs_ms.split(",")])
     if args.json:
         for r in rows:
             print(json.dumps(r))

@@ -224,3 +224,47 @@ def test_clustered_relays_gather_around_their_metros_in_a_connected_mesh() -> No
         got = shape(net.n, net.undirected_edges())
         assert got["reachable"] == 1.0 and lo <= got["degree_min"] and got["degree_max"] <= hi, got
 
+
+@pytest.mark.integration
+def test_the_sparse_runner_measures_two_versions_side_by_side_and_resumes(tmp_path: Path) -> None:
+    """benchmarks/bench_sparse.py on a small churned mesh, this checkout beside itself: both versions' rows,
+    the home figures read from each trace equal to the simulator's own (no MISMATCH), the worst over seeds,
+    the JSON line for run_all; run again with the same --results file, nothing is measured again (the
+    baseline's Python does not exist the second time)."""
+    path = tmp_path / "c.toml"
+    text = _SMALL.replace("pushes = 20", "pushes = 120")
+    text = text.replace("registrations = 5", "registrations = 12\ntokens_per_registration = 20")
+    path.write_text(text + "[topology]\nkind = \"geographic\"\nrelays = 80\n[network]\nloss = 0.03\n"
+                    "[churn]\nfail_fraction = 0.2\nstart_s = 10.0\nend_s = 20.0\ndowntime_s = 5.0\n")
+    root = Path(__file__).resolve().parents[1]
+    results = tmp_path / "results.jsonl"
+
+    def bench(python: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, str(root / "benchmarks" / "bench_sparse.py"), "--scenarios", str(path),
+                               "--seeds", "1-2", "--loss-models", "quic,drop", "--baseline-dir", str(root),
+                               "--baseline-python", python, "--results", str(results), "--no-privacy"],
+                              capture_output=True, text=True, timeout=600, cwd=root,
+                              env={**os.environ, "PYTHONPATH": str(root)})
+
+    proc = bench(sys.executable)
+    assert proc.returncode == 0, proc.stderr[-1000:]
+    rows = [ln for ln in proc.stdout.splitlines() if ln.startswith(("| this |", "| baseline |"))]
+    assert len(rows) == 8 + 4  # 2 seeds x 2 loss models x 2 versions, then the worst of each
+    assert "MISMATCH" not in proc.stdout
+    records = [json.loads(ln) for ln in results.read_text().splitlines()]
+    assert len(records) == 8 and {r["stem"] for r in records} == {"on"}
+    for r in records:
+        twin = next(o for o in records if o["version"] != r["version"] and (o["seed"], o["loss_model"]) ==
+                    (r["seed"], r["loss_model"]))
+        same = ("delivery_ratio", "messages_per_delivered_push_live_home", "messages_per_push_home_down",
+                "pushes_never_delivered_home_up", "latency_p99_s", "stretch_p95")
+        assert [r[k] for k in same] == [twin[k] for k in same]  # one code, two checkouts: the same run
+    assert any(r["messages_per_push_home_down"] for r in records)  # homes really went down under pushes
+    assert all(r["ideal_latency_first"] > 0 and r["live_home_over_ideal"] > 0 for r in records)
+    figures = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert figures["bench"] == "sparse" and figures["figures"]
+    again = bench(str(tmp_path / "no-such-python"))
+    assert again.returncode == 0, again.stderr[-1000:]
+    assert len(results.read_text().splitlines()) == 8
+    assert [ln for ln in again.stdout.splitlines() if ln.startswith("| ")] == \
+        [ln for ln in proc.stdout.splitlines() if ln.startswith("| ")]
