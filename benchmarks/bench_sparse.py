@@ -23,10 +23,13 @@ printed floor of any stem (bar: floor + 0.1x). Last, the worst over seeds of eve
 
 Usage: python benchmarks/bench_sparse.py [--acceptance] [--scenarios A,B] [--seeds 1-5]
        [--loss-models quic,drop] [--stem on|off|scenario] [--baseline-dir OTHER_CHECKOUT]
-       [--results FILE.jsonl] [--no-privacy]
-With no arguments (what `make bench` runs): geo-5k-3n-c3l1, seed 1, quic, privacy seed 1 (about 5
-minutes on 2 cores). `--acceptance`: geo-5k-3n, geo-5k-3n-c3l1, built-5k, built-5k-c3l1, metro-4k and
-built-3k-world, seeds 1-5, both loss models (geo-5k-3n about 200 s a run, built-5k about 400 s).
+       [--results FILE.jsonl] [--no-privacy] [--privacy-relays 1000] [--privacy-devices 100]
+With no arguments (what `make bench` runs): geo-5k-3n-c3l1, seed 1, quic, privacy seed 1 (about 7
+minutes on this 2-core machine, 2026-11-29: the run 336 s, `inri-sim privacy` 57 s). Quick mode (the
+test's): a small scenario file and `--privacy-relays 120 --privacy-devices 20`, seconds. `--acceptance`:
+geo-5k-3n, geo-5k-3n-c3l1, built-5k, built-5k-c3l1, metro-4k and built-3k-world, seeds 1-5, both loss
+models: 60 runs a version of 200-1,200 s each here (geo-5k-3n quic 1,141 s, built-5k drop 1,204 s;
+6,670 s a seed), about 9 hours a version: run it a seed at a time with `--results`.
 `--baseline-dir DIR`: DIR is another checkout whose `.venv` is made (`make venv`); each case runs
 there too, and the tables show both. `--results FILE`: each record is appended as it is measured,
 and records already in the file are not measured again (a long run can be resumed).
@@ -219,14 +222,15 @@ def measure_run(v: Version, name: str, text: str, seed: int, model: str, stem: s
     }
 
 
-def measure_privacy(v: Version, seed: int, stem: str) -> dict[str, Any]:
-    """`inri-sim privacy` at 1,000 relays, 100 devices, 5% colluders."""
-    out, wall = v.run(["privacy", "--stem", stem, "--seed", str(seed)])
+def measure_privacy(v: Version, seed: int, stem: str, relays: int, devices: int) -> dict[str, Any]:
+    """`inri-sim privacy` with 5% colluders (the acceptance's size: 1,000 relays, 100 devices)."""
+    out, wall = v.run(["privacy", "--stem", stem, "--seed", str(seed), "--relays", str(relays), "--devices",
+                       str(devices)])
     p = last_json(out)
     chance = p["single_relay_chance_home"]
     return {
         "kind": "privacy", "version": v.label, "commit": v.commit(), "seed": seed, "stem": stem,
-        "wall_s": round(wall, 1),
+        "relays": relays, "devices": devices, "wall_s": round(wall, 1),
         "colluders_home_exact": p["colluders_home_exact"], "colluders_epoch_link": p["colluders_epoch_link"],
         "single_relay_x": round(p["single_relay_home_guess"] / chance, 3),
         "floor_x": round(p["single_relay_floor"] / chance, 3),
@@ -318,6 +322,8 @@ def main() -> None:
     ap.add_argument("--baseline-python", help="its Python (default BASELINE_DIR/.venv/bin/python)")
     ap.add_argument("--results", type=Path, help="append records here; skip what it already holds")
     ap.add_argument("--no-privacy", action="store_true", help="skip the inri-sim privacy runs")
+    ap.add_argument("--privacy-relays", type=int, default=1000, help="inri-sim privacy --relays (default 1000)")
+    ap.add_argument("--privacy-devices", type=int, default=100, help="inri-sim privacy --devices (default 100)")
     args = ap.parse_args()
     scenarios = (args.scenarios or (",".join(ACCEPTANCE) if args.acceptance else "geo-5k-3n-c3l1")).split(",")
     try:
@@ -367,10 +373,11 @@ def main() -> None:
         print("\n" + PRIV_HEAD, flush=True)
         for seed in seeds:
             for v in versions:
-                key = json.dumps(["privacy", v.label, v.commit(), seed, stem])
+                key = json.dumps(["privacy", v.label, v.commit(), seed, stem, args.privacy_relays,
+                                  args.privacy_devices])
                 rec = results.get(key)
                 if rec is None:
-                    rec = {"key": key, **measure_privacy(v, seed, stem)}
+                    rec = {"key": key, **measure_privacy(v, seed, stem, args.privacy_relays, args.privacy_devices)}
                     results.add(rec)
                 privacy.append(rec)
                 print(priv_row(rec), flush=True)

@@ -268,3 +268,44 @@ def test_the_sparse_runner_measures_two_versions_side_by_side_and_resumes(tmp_pa
     assert len(results.read_text().splitlines()) == 8
     assert [ln for ln in again.stdout.splitlines() if ln.startswith("| ")] == \
         [ln for ln in proc.stdout.splitlines() if ln.startswith("| ")]
+
+
+@pytest.mark.integration
+def test_the_sparse_runners_quick_mode_prints_runs_privacy_and_the_bench_line(tmp_path: Path) -> None:
+    """benchmarks/bench_sparse.py's quick mode (a small scenario, `--privacy-relays 120 --privacy-devices
+    20`; `make bench` runs the same path at full size): the run's row and its worst over seeds, the privacy
+    row with `inri-sim privacy`'s own figures for that seed, the JSON line run_all reads (the run's bars and
+    the three privacy figures), and both records in --results."""
+    path = tmp_path / "q.toml"
+    path.write_text(_SMALL + "[topology]\nkind = \"geographic\"\nrelays = 60\n")
+    root = Path(__file__).resolve().parents[1]
+    results = tmp_path / "results.jsonl"
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    proc = subprocess.run([sys.executable, str(root / "benchmarks" / "bench_sparse.py"), "--scenarios", str(path),
+                           "--privacy-relays", "120", "--privacy-devices", "20", "--results", str(results)],
+                          capture_output=True, text=True, timeout=300, cwd=root, env=env)
+    assert proc.returncode == 0, proc.stderr[-1000:]
+    direct = subprocess.run([sys.executable, "-m", "simulations.cli", "privacy", "--stem", "on", "--seed", "1",
+                             "--relays", "120", "--devices", "20"], capture_output=True, text=True, timeout=300,
+                            cwd=root, env=env)
+    assert direct.returncode == 0, direct.stderr[-1000:]
+    p = json.loads(direct.stdout.strip().splitlines()[-1])
+    lines = proc.stdout.splitlines()
+    assert len([ln for ln in lines if ln.startswith("| this | q | 1 | quic | 1.0000 | 0 (0) |")]) == 2  # run, worst
+    [priv] = [ln.split(" | ") for ln in lines if ln.startswith("| this | 1 | on |")]
+    one_relay = round(p["single_relay_home_guess"] / p["single_relay_chance_home"], 3)
+    floor = round(p["single_relay_floor"] / p["single_relay_chance_home"], 3)
+    assert priv[3:7] == [str(p["colluders_home_exact"]), str(p["colluders_epoch_link"]), f"{one_relay}x", f"{floor}x"]
+    assert any(ln.startswith("privacy worst (this, seeds 1)") for ln in lines)
+    bench = json.loads(lines[-1])
+    assert bench["bench"] == "sparse"
+    figures = {f["metric"]: (f["value"], f["ceiling"]) for f in bench["figures"]}
+    assert figures["q quic: delivery_ratio (worst)"] == (1.0, ">= 0.999")
+    assert figures["q quic: pushes never delivered, home up (worst)"] == (0, "0")
+    assert figures["q quic: msgs/delivered push, live home / ideal (worst)"][1] == "<= 2x"  # no churn: the 3% bar
+    assert figures["privacy: colluders pin the home (worst)"] == (p["colluders_home_exact"], 0.10)
+    assert figures["privacy: colluders link route ids (worst)"] == (p["colluders_epoch_link"], 0.2)
+    assert figures["privacy: one relay over the floor of any stem (worst)"] == (round(one_relay - floor, 3), 0.1)
+    records = [json.loads(ln) for ln in results.read_text().splitlines()]
+    assert [r["kind"] for r in records] == ["run", "privacy"]
+    assert (records[1]["relays"], records[1]["devices"], records[1]["seed"]) == (120, 20, 1)
