@@ -16,6 +16,9 @@ run exactly the code a real relay runs, scoring included:
   the push is gone. Signed receipts (docs/protocol.md, rule F5) get it refused and scored down.
 - push_spammer (a client, not a relay): a home app pushing at rate_x times the capacity of one
   relay's API, through that relay. See `simulations.ingress.Ingress`.
+- stale_sender (a client, not a relay): a home app pushing rate_per_s pushes a second with credentials
+  whose devices have since rotated their receipt keys, and with registrations its own `devices` signed
+  but never registered (rule F5c). See `simulations.stale.StaleSender`.
 
 Extension point: a hostile relay subclasses `Engine` and overrides only methods named in
 `inri.core.engine.HOOKS`, each marked `@override`, so the type checker (and
@@ -45,7 +48,8 @@ from inri.protocol.keys import new_signing_key
 from inri.protocol.messages import Push, Receipt, ReceiptStatus, RegGossip, Registration
 
 RELAY_KINDS = ("black_hole", "rushing", "forger", "reg_spammer", "receipt_forger")
-KINDS = (*RELAY_KINDS, "push_spammer")
+CLIENT_KINDS = ("push_spammer", "stale_sender")  # home apps, not relays: they take no relay's role
+KINDS = (*RELAY_KINDS, *CLIENT_KINDS)
 
 
 @dataclass(frozen=True)
@@ -55,8 +59,9 @@ class Adversary:
     kind: str
     fraction: float = 0.0  # share of relays with this behaviour (relay kinds)
     count: int = 0  # or an exact number of relays (relay kinds; push_spammer: 1)
-    rate_per_s: float = 100.0  # forger, reg_spammer: frames per second to each neighbour
-    start_s: float = 0.0  # spam starts (reg_spammer, forger, push_spammer)
+    # forger, reg_spammer: frames per second to each neighbour; stale_sender: pushes per second
+    rate_per_s: float = 100.0
+    start_s: float = 0.0  # spam starts (reg_spammer, forger, push_spammer, stale_sender)
     end_s: float = 1e18
     # push_spammer: the victim relay's API serves capacity_per_s pushes/s; the spammer offers rate_x
     # times that. Honest pushes: honest_share of all pushes are injected at the victim.
@@ -65,6 +70,7 @@ class Adversary:
     reject_cost: float = 0.25  # a refused request costs this share of an accepted one
     connections: int = 64  # the spammer's HTTP connections, one request in flight on each
     honest_share: float = 0.25
+    devices: int = 4  # stale_sender: devices of its own, registered at honest homes
 
 
 class BlackHole(Engine):
@@ -87,10 +93,12 @@ class ReceiptForger(BlackHole):
         return [Send(peer, Receipt(msg.push_id, ReceiptStatus.STORED, msg.hops + 1, forged))]
 
 
-def receipt_seed(route_key: SigningKey) -> bytes:
+def receipt_seed(route_key: SigningKey, epoch: int | None = None) -> bytes:
     """A simulated device's receipt key seed, derived from its route key (one-way: the home that holds
-    it learns nothing of the route key) so that making it draws nothing from the run's random streams."""
-    return hashlib.blake2b(bytes(route_key), digest_size=32, person=b"inri-sim-receipt").digest()
+    it learns nothing of the route key) so that making it draws nothing from the run's random streams.
+    epoch: a new key for every epoch (`[workload] rotate_receipt_keys`); None: one key for all."""
+    salt = b"" if epoch is None else epoch.to_bytes(4, "big")
+    return hashlib.blake2b(bytes(route_key) + salt, digest_size=32, person=b"inri-sim-receipt").digest()
 
 
 class Rushing(BlackHole):

@@ -31,6 +31,7 @@ class EventKind(IntEnum):
     ARRIVE = 9  # a request reaches the spammed API; b: push plan index, or -1 for spam
     SERVED = 10  # the spammed API finished the request in service
     UNRESPONSIVE = 11  # a's transport gives up on b: nothing sent to b acknowledged (rule C6, linkmodel.py)
+    STALE = 12  # the stale sender (stale.py): b >= 0 its device b (re-)registers, b = -1 it pushes
 
 
 class EventQueue:

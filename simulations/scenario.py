@@ -35,6 +35,7 @@ registration_start_s = 0.0
 registration_end_s = 20.0
 tokens_per_registration = 8
 refresh_interval_s = 0.0      # re-register with epoch + 1 this often (0: never)
+rotate_receipt_keys = false   # each refresh hands the home a new receipt key
 pushes = 1000
 push_start_s = 30.0
 push_end_s = 90.0
@@ -55,7 +56,8 @@ fraction = 0.5                # relays with index < fraction * relays form one s
 keepalive_interval_s = 2.0
 
 [[adversaries]]               # optional: hostile relays or clients (simulations/adversary.py)
-kind = "black_hole"           # black_hole | rushing | forger | reg_spammer | push_spammer
+kind = "black_hole"           # black_hole | rushing | forger | reg_spammer | receipt_forger |
+                              # push_spammer | stale_sender
 fraction = 0.1                # share of relays (or count = N)
 ```
 """
@@ -75,7 +77,7 @@ import msgspec
 from inri.common.config import Setting, build, check_value, engine_config
 from inri.core.api import TraceLevel
 from inri.core.config import EngineConfig
-from simulations.adversary import KINDS, Adversary
+from simulations.adversary import CLIENT_KINDS, KINDS, Adversary
 
 LOSS_MODELS = ("drop", "quic")
 
@@ -119,6 +121,9 @@ class Workload:
     # Key rotation: registration 2d + 1 is device d's next route key (a new route id) at the same
     # home relay as registration 2d (simulations/privacy.py measures whether relays can link them).
     rotate: bool = False
+    # Every refresh hands the home a new receipt key (docs/api.md, "Refresh"; rule F5c): pushes made
+    # with the credential of an earlier epoch are answered under that epoch's key.
+    rotate_receipt_keys: bool = False
 
 
 @dataclass(frozen=True)
@@ -302,8 +307,11 @@ def from_dict(raw: dict[str, Any], default_name: str = "scenario") -> Scenario:
             raise ScenarioError(f"[[adversaries]] kind must be one of {', '.join(KINDS)}, not {a.kind!r}")
         if not 0.0 <= a.fraction < 1.0 or a.count < 0 or a.rate_per_s < 0 or a.rate_x < 0 or a.capacity_per_s <= 0:
             raise ScenarioError("[[adversaries]] needs 0 <= fraction < 1, count >= 0, rates >= 0, capacity_per_s > 0")
-        if a.kind != "push_spammer":
+        if a.kind not in CLIENT_KINDS:
             hostile += a.count or int(round(a.fraction * t.relays))
+        if a.kind == "stale_sender" and (sc.workload.refresh_interval_s <= 0 or a.devices < 1):
+            raise ScenarioError("[[adversaries]] stale_sender needs devices >= 1 and [workload] refresh_interval_s > 0 "
+                                "(its credentials go stale at refreshes)")
     if hostile >= t.relays:
         raise ScenarioError("[[adversaries]] leave no honest relay")
     w = sc.workload

@@ -50,6 +50,7 @@ from simulations.linkmodel import UNACKED_PTOS, probe_timeout, retransmit_delay
 from simulations.metrics import Collector
 from simulations.progress import Progress
 from simulations.scenario import Partition, Scenario
+from simulations.stale import StaleSender
 from simulations.summary import (
     Result,
     adversary_summary,
@@ -59,6 +60,7 @@ from simulations.summary import (
     fallback_summary,
     route_k2_share,
     scope_reach,
+    score_penalties,
     summary_line,
 )
 from simulations.topology import Network, build
@@ -141,6 +143,7 @@ class Simulator:
         self.work = Workload()
         self.window = ExclusionWindow(scenario.deadline_s, self.components, self._home_of, self._exclude)
         self.ingress: Ingress | None = None  # with a push spammer: its victim's API
+        self.stale: StaleSender | None = None  # with a stale sender (stale.py)
 
     # -- setup ----------------------------------------------------------------------------------
     def _new_engine(self, i: int) -> Engine:
@@ -176,6 +179,52 @@ class Simulator:
         self._apply(home, self.engines[home].register(spam_reg, 0.0))
         if self.hostile_on and a.rate_x > 0:
             self.q.schedule(max(a.start_s, 0.0), EventKind.ARRIVE, self.roles.victim, -1, None)
+
+    def _start_stale(self) -> None:
+        """The stale sender (stale.py): its devices' registrations and refreshes, and its pushes, scheduled
+        after everything else from its own random stream (the other events are those of a run without it)."""
+        a = next((a for a in self.sc.adversaries if a.kind == "stale_sender"), None)
+        if a is None:
+            return
+        rng = random.Random(self.seed * 1_000_033 + 43)
+        self.stale = sender = StaleSender(a, rng, self.roles.honest)
+        w = self.sc.workload
+        end = self.sc.duration_s
+        for d in range(len(sender.devices)):
+            t = rng.uniform(w.registration_start_s, w.registration_end_s)
+            while t < end:
+                self.q.schedule(t, EventKind.STALE, 0, d, None)
+                t += w.refresh_interval_s
+        if self.hostile_on and a.rate_per_s > 0:
+            t = max(a.start_s, 0.0)
+            while t < min(a.end_s, end):
+                self.q.schedule(t, EventKind.STALE, 0, -1, None)
+                t += 1.0 / a.rate_per_s
+
+    def _stale(self, d: int, t: float) -> None:
+        """The stale sender's device d (re-)registers at its home with a new receipt key, or (d = -1) it pushes."""
+        sender = self.stale
+        assert sender is not None
+        if d >= 0:
+            dev = sender.devices[d]
+            reg, secret, tokens = sender.registration(dev, t)
+            self.homes[dev.home].add_registration(reg, tokens, secret)
+            if self.alive[dev.home]:
+                self._apply(dev.home, self.engines[dev.home].register(reg, t))
+                self._rearm(dev.home)
+            return
+        push = sender.next_push(t)
+        if push is None or not self.alive[push.relay]:
+            return
+        a = push.relay
+        res = self.engines[a].inject_push(push.registration, push.token, b"stale", t)
+        if res.push_id is None:
+            sender.refused += 1
+        else:  # not an honest push: outside every delivery figure
+            sender.pushes[res.push_id] = push.kind
+            self.tracer.emit(t, self.names[a], "push_excluded", msg=res.push_id.hex(), reason="adversary")
+        self._apply(a, res.effects)
+        self._rearm(a)
 
     def _link_up(self, a: int, b: int, t: float) -> None:
         """a dialled b: both engines learn of the link unless a refuses it (then b never sees it)."""
@@ -214,6 +263,7 @@ class Simulator:
         plan_partitions(self.sc, self.q)
         self._start_links()
         self._start_spam()
+        self._start_stale()
         for i in range(n):
             self._rearm(i)
 
@@ -353,11 +403,14 @@ class Simulator:
             epoch, tokens = payload
             home, _, key = self.work.regs[b]
             # The device's receipt key pair: derived from its route key (no draw from the random streams,
-            # so runs keep their events); the private half goes to its home only.
-            receipt_secret = receipt_seed(key)
+            # so runs keep their events); the private half goes to its home only. A new one at every
+            # refresh with rotate_receipt_keys (rule F5c).
+            receipt_secret = receipt_seed(key, epoch if self.sc.workload.rotate_receipt_keys else None)
             reg = make_registration(key, epoch, int(t), int(self.sc.duration_s * 4) + 3600,
                                     receipt_public_key(receipt_secret))
             self.work.regs[b] = (home, reg, key)
+            if self.stale is not None:
+                self.stale.saw(b, reg)
             self.homes[home].add_registration(reg, tokens, receipt_secret)
             if self.alive[home]:
                 self._apply(home, eng.register(reg, t))
@@ -395,6 +448,8 @@ class Simulator:
             self._served(t)
         elif kind == EventKind.UNRESPONSIVE:
             self._unresponsive(a, b, t)
+        elif kind == EventKind.STALE:
+            self._stale(b, t)
         elif kind == EventKind.PARTITION:
             assert isinstance(payload, Partition)
             n = self.net.n
@@ -520,7 +575,10 @@ class Simulator:
                         # not re-dialled, a lost link is.
                         self._apply(to, self.engines[to].peer_down(self.names[src], self.now, eff.reason))
                         self._rearm(to)
-                case Delivered() | CustodyTaken() | CustodyReleased():
+                case CustodyReleased():
+                    if self.stale is not None and eff.push_id in self.stale.pushes:
+                        self.stale.settled[eff.push_id] = eff.status  # a late receipt corrects it
+                case Delivered() | CustodyTaken():
                     pass  # for a driver with storage; the engine's trace rows already say it
                 case _:
                     assert_never(eff)
@@ -611,6 +669,9 @@ class Simulator:
             # cut of an honest link, and there should be none (loss and churn are not black holes).
             summary["cuts_of_honest"] = len(self.tracer.scored)
         summary["cuts_by_reason"] = cut_reasons(self.tracer.scored)
+        if self.stale is not None:
+            summary.update(self.stale.summary())
+            summary["score_penalties"] = score_penalties(self.engines)
         summary.update(fallback_summary(self.engines, self.collector))
         summary.update(scope_reach(self.collector, self.net, self.names, self.sc.engine.gossip_ttl))
         if self.ingress is not None:

@@ -168,6 +168,17 @@ def cut_reasons(scored: Sequence[tuple[str, str | None, str | None]]) -> dict[st
     return dict(sorted(out.items()))
 
 
+def score_penalties(engines: Sequence[Engine]) -> dict[str, int]:
+    """Every score penalty the relays gave a neighbour in the run, by reason (the engines' score_*
+    counters: docs/protocol.md, "Peer scoring")."""
+    out: dict[str, int] = {}
+    for eng in engines:
+        for name, n in eng.counters.items():
+            if name.startswith("score_"):
+                out[name] = out.get(name, 0) + n
+    return dict(sorted(out.items()))
+
+
 def fallback_summary(engines: Sequence[Engine], collector: Collector) -> dict[str, object]:
     """The fallback budget (docs/protocol.md, "Repair and fallback") and its effect: the budget in
     messages per push, the pushes whose custodian stopped searching because the next ring would not

@@ -14,7 +14,7 @@ from nacl.signing import SigningKey
 
 from inri.protocol.keys import new_signing_key
 from inri.protocol.messages import Registration
-from simulations.adversary import Adversary
+from simulations.adversary import CLIENT_KINDS, Adversary
 from simulations.events import EventKind, EventQueue
 from simulations.scenario import Scenario
 
@@ -65,6 +65,8 @@ class Roles:
         for a in sc.adversaries:
             if a.kind == "push_spammer":
                 spam_adv = a
+                continue
+            if a.kind in CLIENT_KINDS:  # a home app (stale_sender: simulations/stale.py), no relay
                 continue
             for i in free[: a.count or int(round(a.fraction * n))]:
                 role[i] = a

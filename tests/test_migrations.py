@@ -35,7 +35,7 @@ def test_every_released_schema_opens_with_every_device_kept(version: int, tmp_pa
     assert sorted(r.route_id for r in store.homed()) == sorted(r.route_id for r in regs)
     assert all(store.check_secret(r.route_id, bytes([i]) * 32) for i, r in enumerate(regs, 1))
     assert [store.unspent_tokens(r.route_id) for r in regs] == [5, 4, 5]
-    assert store.sign_receipt(regs[0].route_id, b"m") is not None  # device 1's receipt key survived
+    assert store.sign_receipt(regs[0].route_id, b"m", None) is not None  # device 1's receipt key survived
     assert [m[1] for m in store.pending(regs[1].route_id)] == [b"sealed message"]
     assert len(store.endpoints(regs[2].route_id)) == 1
     store.set_wake_hook(1, regs[0].route_id, "https://gw.example/wake", b"t", NOW)  # a table added since 0.1.0

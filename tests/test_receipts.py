@@ -210,7 +210,7 @@ def test_the_daemon_store_keeps_the_receipt_key_across_a_restart(tmp_path: Path)
     store.close()
     store = Store(tmp_path / "s.sqlite3")
     msg = receipt_signed_bytes(b"p" * 16, reg.route_id, ReceiptStatus.STORED)
-    sig = store.sign_receipt(reg.route_id, msg)
+    sig = store.sign_receipt(reg.route_id, msg, reg.receipt_key)
     assert sig is not None and reg.receipt_key is not None
     VerifyKey(reg.receipt_key).verify(msg, sig)
     store.close()
@@ -250,7 +250,7 @@ def test_an_unregistered_devices_web_push_gone_receipts_are_still_signed(tmp_pat
     mem.add_registration(reg, [], secret)
     mem.mint_endpoint(reg.route_id, None)
     mem.remove(reg.route_id)
-    sig = mem.sign_receipt(reg.route_id, msg)
+    sig = mem.sign_receipt(reg.route_id, msg, reg.receipt_key)
     assert sig is not None
     VerifyKey(reg.receipt_key).verify(msg, sig)
     store = Store(tmp_path / "s.sqlite3")
@@ -259,7 +259,7 @@ def test_an_unregistered_devices_web_push_gone_receipts_are_still_signed(tmp_pat
     store.remove_device(reg.route_id)
     store.close()
     store = Store(tmp_path / "s.sqlite3")  # and after a restart
-    sig = store.sign_receipt(reg.route_id, msg)
+    sig = store.sign_receipt(reg.route_id, msg, reg.receipt_key)
     assert sig is not None
     VerifyKey(reg.receipt_key).verify(msg, sig)
     store.close()

@@ -16,6 +16,7 @@ Injected objects:
 
 from __future__ import annotations
 
+from collections.abc import Container
 from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
 from typing import Protocol
@@ -85,9 +86,19 @@ class HomeStore(Protocol):
 
     def is_home(self, route_id: bytes) -> bool: ...
 
-    def sign_receipt(self, route_id: bytes, message: bytes) -> bytes | None:
-        """Sign message (keys.receipt_signed_bytes) with the receipt key the device handed over when it
-        registered here; None when it handed none over (the receipt then goes unsigned)."""
+    def receipt_keys(self, route_id: bytes) -> Container[bytes] | None:
+        """The public receipt keys whose private halves this home holds for route_id (rule F5c): the
+        current registration's and each superseded one's until its registration expired (an unregistered
+        device's too, while its Web Push endpoints answer GONE); empty when its device handed none over.
+        None when this relay does not answer for route_id (it is not its home)."""
+        ...
+
+    def sign_receipt(self, route_id: bytes, message: bytes, receipt_key: bytes | None) -> bytes | None:
+        """Sign message (keys.receipt_signed_bytes, receipts_signed_bytes, generation_signed_bytes) with the
+        private half of receipt_key, the receipt key of the registration the push carried (rule F5c:
+        current or superseded, see receipt_keys); receipt_key None: the current registration's (no
+        relay can judge such a receipt). None when this home holds no such key (the receipt then goes
+        unsigned)."""
         ...
 
     def accept_push(
@@ -149,6 +160,10 @@ class CustodyStatus(StrEnum):
     UNKNOWN_ENDPOINT = "unknown_endpoint"  # Web Push: no such endpoint (or a forged tag)
     GONE = "gone"  # Web Push: endpoint revoked or device unregistered
     RATE_LIMITED = "rate_limited"  # Web Push: the endpoint's limit at home
+    # Rule F5c: the home does not hold the receipt key of the push's registration (the device signed one
+    # it never registered there, or the home lost it): at the home at once, elsewhere at the deadline
+    # (the `not home` answer is unsigned: until then the push is retried along its route)
+    UNKNOWN_REGISTRATION = "unknown_registration"
     # No receipt by the deadline though routes existed (hops None), or the home dropped it because its
     # Web Push TTL had run out (receipt EXPIRED: hops set)
     EXPIRED = "expired"

@@ -34,6 +34,7 @@ from inri.protocol.messages import (
     Push,
     ReceiptStatus,
     Registration,
+    RouteErrorReason,
     WebPushMeta,
 )
 
@@ -198,6 +199,9 @@ class CustodyRules(EngineState):
         pid = push.push_id
         status = self._accept_at_home(push, now)
         if status is not None:
+            if isinstance(status, RouteErrorReason):  # rule F5c (NOT_HOME): no key of its registration here
+                self._count("push_dropped_not_home")
+                return self._settle(pid, CustodyStatus.UNKNOWN_REGISTRATION, 0, now)
             return self._deliver_local(pid, push, status, now) + self._settle(pid, status, 0, now)
         cfg = self.config
         self._reverse.put(pid, (_LOCAL, now + cfg.reverse_ttl_s, None, -1))
@@ -259,7 +263,8 @@ class CustodyRules(EngineState):
         return [self._forward(readdress(push, limits.MAX_TTL, 0, c.attempt, 0), nh, now)]
 
     # Rule C1.
-    def _settle(self, pid: bytes, status: ReceiptStatus, hops: int, now: float) -> list[Effect]:
+    def _settle(self, pid: bytes, status: ReceiptStatus | CustodyStatus, hops: int, now: float) -> list[Effect]:
+        """Custody of pid ends with the home's answer (a receipt's status), or a final status decided here."""
         c = self._custody.pop(pid, None)
         self._reverse.pop(pid, None)
         if c is None:
@@ -273,7 +278,7 @@ class CustodyRules(EngineState):
                 st.queue_sent = c.sent_at
                 st.queue_delay = now - c.sent_at
             self._queue_front(st)
-        final = RECEIPT_STATUS[status]
+        final = status if isinstance(status, CustodyStatus) else RECEIPT_STATUS[status]
         if self.config.stem and hops > 0:  # rule C4b (rtt.py)
             self._route_len.put(c.push.route_id, hops)
         if self._level:
@@ -290,8 +295,9 @@ class CustodyRules(EngineState):
             # A late receipt still corrects the status, once it verifies against the push's receipt key.
             self._reverse.put(pid, (_LATE, now + self.config.reverse_ttl_s, c.push.registration, -1))
             # expired: routes existed but no receipt came back in time; unreachable: no relay on our
-            # side ever had a route to the device.
-            final = CustodyStatus.EXPIRED if c.routed else CustodyStatus.UNREACHABLE
+            # side ever had a route to the device; unknown_registration: `not home` came back (F5c).
+            final = (CustodyStatus.UNKNOWN_REGISTRATION if c.refused else
+                     CustodyStatus.EXPIRED if c.routed else CustodyStatus.UNREACHABLE)
             if self._level:
                 self._trace(now, "push_settled", msg=pid.hex(), route=c.push.route_id.hex(), reason=final)
                 self._trace(now, "push_dropped", msg=pid.hex(), route=c.push.route_id.hex(), reason=final)

@@ -282,6 +282,9 @@ class Engine(MembershipRules, GossipRules, StemRules, TreeRules, ForwardingRules
         # F8c (forwarding.py): push id -> (`repair found` words heard for a local repair of it, refutations
         # heard, expiry), on the searching relay and on relays between it and a find.
         self._finds: BoundedMap[bytes, tuple[int, int, float]] = BoundedMap(config.reverse_max)
+        # F5c (forwarding.py): push id -> (the neighbour that sent its last route copy, that copy's attempt,
+        # expiry) when F6b kept the reverse entry of an earlier copy: a `not home` for that copy goes there.
+        self._kept_from: BoundedMap[bytes, tuple[str, int, float]] = BoundedMap(config.reverse_max)
         self._heard_any = -float("inf")  # custody.py (C7): when a frame last came from any neighbour
         self._hop_srtt = 0.0  # rtt.py (C4)
         self._hop_rttvar = 0.0
@@ -525,6 +528,7 @@ class Engine(MembershipRules, GossipRules, StemRules, TreeRules, ForwardingRules
         self._blamed.sweep(lambda v: v[2] <= now)
         self._steer.sweep(lambda v: v[1] <= now)
         self._finds.sweep(lambda v: v[2] <= now)
+        self._kept_from.sweep(lambda v: v[2] <= now)
         for pid in [pid for pid, c in self._custody.items() if now >= c.deadline]:
             del self._custody[pid]
             self._count("custody_expired")

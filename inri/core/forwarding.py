@@ -57,6 +57,7 @@ HOLE_EVIDENCE_WINDOW_S = 30.0
 _LOCAL = ReverseMark.LOCAL
 _LATE = ReverseMark.LATE
 _FULL = TraceLevel.FULL
+_NOT_HOME = RouteErrorReason.NOT_HOME  # rule F5c
 # Rule F6b: the push seen-cache key (push id, _ERROR_PASSED) marks a route error passed on for the last
 # copy received (seen keys of copies are attempt * 2 + mode >= 0).
 _ERROR_PASSED = -1
@@ -367,18 +368,24 @@ class ForwardingRules(EngineState):
                     self._count("reverse_evicted")
             else:
                 self._count("reverse_kept")
+                if not msg.ring:  # F5c: who sent this copy, should a `not home` answer it (_on_not_home)
+                    self._kept_from.put(pid, (peer, msg.attempt, now + cfg.reverse_ttl_s))
         status = self._accept_at_home(msg, now)
         if status is not None:
+            if isinstance(status, RouteErrorReason):  # rule F5c: no key of the push's registration here
+                return self._push_drop(peer, msg, now, "not_home", status)
             out = self._deliver_local(pid, msg, status, now, hops=msg.hops + 1)
+            # Rule F5c: signed with the receipt key of the registration this push carried (the current
+            # one, or a superseded one this home still holds), so every relay on the way back verifies it.
+            reg = msg.registration
+            rkey = reg.receipt_key if reg is not None and reg.route_id == rid else None
             hold = self._receipt_hold
             if hold is not None:  # rule F5b: answered with the round's other receipts (flush_receipts)
-                reg = msg.registration
-                group = hold.setdefault((peer, rid, reg.receipt_key if reg is not None and reg.route_id == rid
-                                         else None), {})
+                group = hold.setdefault((peer, rid, rkey), {})
                 if pid not in group:  # a second copy in the same round: the first one's answer stands
                     group[pid] = (status, msg.hops + 1)
                 return out
-            sig = self._home.sign_receipt(rid, receipt_signed_bytes(pid, rid, status))
+            sig = self._home.sign_receipt(rid, receipt_signed_bytes(pid, rid, status), rkey)
             out.append(Send(peer, Receipt(pid, status, msg.hops + 1, sig)))
             return out
         if msg.ttl <= 1:
@@ -672,6 +679,45 @@ class ForwardingRules(EngineState):
             self._trace(now, "receipt_forwarded", msg=pid.hex(), peer=back[0], reason="repair_found", count=1)
         return [Send(back[0], msg)]
 
+    # Rule F5c.
+    def _on_not_home(self, peer: str, msg: RouteError, now: float) -> list[Effect]:
+        """`not home`: the push's home holds no receipt key of the registration the push carried (the device
+        signed one it never registered there, or the home lost it), so it refused the push rather than
+        answer with a receipt the path would refuse as forged. Unsigned (any relay on the way could send
+        it), so it is neutral: an answer (the next hop is no black hole) that earns nothing and changes no
+        route and no score, passed back along the reverse path once per copy (F6b). The custodian keeps
+        custody and re-sends along the route at its scheduled retries, never wider (the home was reached;
+        a relay that lied is gone round by the alternate attempt), and settles the push as
+        `unknown_registration` at its deadline."""
+        pid = msg.push_id
+        w = self._await.get(pid)
+        copy = w[4] if w is not None and w[0] == peer else None  # the copy it answers (F6: awaited here)
+        self._answered(peer, pid, now, reward=False)
+        self._count("route_error_not_home")
+        back = self._reverse.get(pid)
+        if back is None:
+            return []
+        prev = back[0]
+        kept = None if copy is None else self._kept_from.get(pid)
+        if kept is not None and copy is not None and kept[1] == copy.attempt and kept[0] in self._active:
+            # The copy it answers came from a relay that is not this push's reverse entry (F6b kept an
+            # earlier copy's, over fewer hops): that relay awaits the answer, and would blame this one as
+            # a black hole without it (the custodian re-sends a refused push along its route, and routes
+            # change between its copies). Back along that copy's own path: no cycle.
+            prev = kept[0]
+        if prev is _LOCAL:
+            c = self._custody.get(pid)
+            if c is not None:
+                c.refused = True
+                self._home_down(c, now)  # route re-sends only (custody.py), as after `home unreachable`
+            return []
+        if isinstance(prev, ReverseMark) or prev not in self._active or not self._error_once(pid, now):
+            return []
+        self._active[prev].last_sent = now
+        if self._level:
+            self._trace(now, "receipt_forwarded", msg=pid.hex(), peer=prev, reason="not_home", count=1)
+        return [Send(prev, msg)]
+
     # Rule F8c.
     def _count_find(self, pid: bytes, found: int, now: float) -> tuple[int, int]:
         """Add a `repair found` (found = 1) or its refutation (0) heard here for push pid's search: (finds,
@@ -870,13 +916,13 @@ class ForwardingRules(EngineState):
         out: list[Effect] = []
         cap = max(1, min(self.config.receipt_batch_max, limits.MAX_RECEIPTS_PER_BATCH))
         sign = self._home.sign_receipt
-        for (peer, rid, _key), group in hold.items():
+        for (peer, rid, key), group in hold.items():  # F5c: each under its pushes' own receipt key
             items = [(pid, status, hops) for pid, (status, hops) in group.items()]
             for i in range(0, len(items), cap):
                 chunk = items[i:i + cap]
-                sig = sign(rid, receipts_signed_bytes(rid, chunk)) if len(chunk) > 1 else None
+                sig = sign(rid, receipts_signed_bytes(rid, chunk), key) if len(chunk) > 1 else None
                 if sig is None:  # one receipt, or no receipt key here (unsigned, as before F5): one frame each
-                    out += [Send(peer, Receipt(pid, st, hops, sign(rid, receipt_signed_bytes(pid, rid, st))))
+                    out += [Send(peer, Receipt(pid, st, hops, sign(rid, receipt_signed_bytes(pid, rid, st), key)))
                             for pid, st, hops in chunk]
                     continue
                 self._count("receipt_batches_sent")
@@ -992,6 +1038,8 @@ class ForwardingRules(EngineState):
             return self._on_repair_failed(peer, msg, now)
         if msg.reason == RouteErrorReason.REPAIR_FOUND:
             return self._on_repair_found(peer, msg, now)
+        if msg.reason == _NOT_HOME:
+            return self._on_not_home(peer, msg, now)
         # An answer, if not a receipt: no black hole there. It earns what a receipt earns, so a
         # neighbour blamed while the home behind it was down (not yet detected) recovers.
         # `next hop down` (F6) is neutral: it earns nothing, or a black hole could buy score with it.

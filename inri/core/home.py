@@ -1,12 +1,14 @@
 """In-memory HomeStore: the home relay's registrations, tokens, spends and mailboxes.
 
 Used by the simulator and the tests; the daemon has the same contract on SQLite (inri.node.store).
+Both keep their receipt keys in a `ReceiptKeyring` (rule F5c), so they sign alike.
 """
 
 from __future__ import annotations
 
 import hmac
 import os
+from collections.abc import Container
 
 from nacl.signing import SigningKey
 
@@ -19,6 +21,102 @@ ENDPOINT_RATE_PER_S = 1.0
 ENDPOINT_BURST = 20
 # A TTL 0 message stored for an open stream is kept this long for the device's ack.
 TTL0_GRACE_S = 60
+
+
+# Rule F5c: a superseded receipt key is kept this long after the registration that carried it expired.
+# Pushes in custody are re-sent with their registration until their custody deadline (300 s by default,
+# counted from acceptance), so one accepted just before the registration expired still reaches the home
+# after it; an hour covers any custody deadline a relay is likely to be configured with.
+RECEIPT_KEY_GRACE_S = 3600.0
+# Rule F5c: superseded receipt keys kept per route id, the earliest-expiring dropped first. A device that
+# rotates its receipt key at every refresh has this many credentials in the wild whose pushes are still
+# answered (older ones get `not home`); it bounds what one device can make its home store.
+SUPERSEDED_KEYS_MAX = 8
+
+
+class ReceiptKeyring:
+    """Rule F5c: the receipt keys a home holds, per route id: the current registration's, and each
+    superseded one until RECEIPT_KEY_GRACE_S after its registration expired (at most SUPERSEDED_KEYS_MAX).
+
+    A push carries the registration its credential was made with; its receipt must verify under that
+    registration's receipt key at every relay on the way back (rule F5). A home that signed with the key
+    it holds now would have every push made with a credential from before a rotation answered with a
+    receipt the path refuses as forged, and the home scored down and cut for it. Both home stores
+    (MemoryHomeStore, the daemon's Store) keep their keys here, so they answer alike; the daemon's
+    Store also writes them to disk. Times are wall-clock seconds (registrations' issued_at/expires_at).
+    """
+
+    __slots__ = ("_keys", "_current")
+
+    def __init__(self) -> None:
+        # route id -> public receipt key -> (signing key, until when it is held: inf for the current one)
+        self._keys: dict[bytes, dict[bytes, tuple[SigningKey, float]]] = {}
+        self._current: dict[bytes, bytes] = {}  # route id -> its current public receipt key
+
+    def held(self, route_id: bytes) -> Container[bytes]:
+        """The public receipt keys held for route_id (empty: none)."""
+        return self._keys.get(route_id, {})
+
+    def install(self, route_id: bytes, secret: bytes, superseded_until: float | None, now: float) -> None:
+        """The device handed over `secret` (a receipt key seed): it signs from now on. The key it replaces,
+        if another, is kept until superseded_until (its registration's expiry: RECEIPT_KEY_GRACE_S is added
+        here), or dropped when that is None; keys held past their time are dropped (now: wall clock)."""
+        key = SigningKey(secret)
+        pub = bytes(key.verify_key)
+        keys = self._keys.setdefault(route_id, {})
+        old = self._current.get(route_id)
+        if old is not None and old != pub:
+            signer, _ = keys.pop(old)
+            if superseded_until is not None:
+                keys[old] = (signer, superseded_until + RECEIPT_KEY_GRACE_S)
+        keys[pub] = (key, float("inf"))
+        self._current[route_id] = pub
+        self._prune(route_id, now)
+
+    def keep(self, route_id: bytes, secret: bytes, until: float, now: float) -> None:
+        """Hold `secret` as a superseded key of route_id until `until` (already including its grace): a key
+        read back from disk, or one handed over with an older registration than the current one."""
+        key = SigningKey(secret)
+        pub = bytes(key.verify_key)
+        keys = self._keys.setdefault(route_id, {})
+        if pub not in keys:
+            keys[pub] = (key, until)
+            self._prune(route_id, now)
+
+    def _prune(self, route_id: bytes, now: float) -> None:
+        keys = self._keys[route_id]
+        old = sorted((until, pub) for pub, (_, until) in keys.items() if until != float("inf"))
+        drop = [pub for until, pub in old if until < now]
+        live = len(old) - len(drop)
+        drop += [pub for _, pub in old[len(drop):len(drop) + max(0, live - SUPERSEDED_KEYS_MAX)]]
+        for pub in drop:
+            del keys[pub]
+        if not keys:
+            del self._keys[route_id]
+
+    def prune(self, now: float) -> None:
+        """Drop every superseded key held past its time (wall clock)."""
+        for rid in list(self._keys):
+            self._prune(rid, now)
+
+    def superseded(self, route_id: bytes) -> list[tuple[bytes, float]]:
+        """(seed, until) of each superseded key of route_id (what the daemon's Store writes to disk)."""
+        return sorted((bytes(signer), until) for signer, until in self._keys.get(route_id, {}).values()
+                      if until != float("inf"))
+
+    def forget(self, route_id: bytes) -> None:
+        """Drop every key of route_id (its device unregistered)."""
+        self._keys.pop(route_id, None)
+        self._current.pop(route_id, None)
+
+    def sign(self, route_id: bytes, message: bytes, receipt_key: bytes | None) -> bytes | None:
+        """See `inri.core.api.HomeStore.sign_receipt`."""
+        if receipt_key is None:
+            receipt_key = self._current.get(route_id)
+            if receipt_key is None:
+                return None
+        got = self._keys.get(route_id, {}).get(receipt_key)
+        return None if got is None else got[0].sign(message).signature
 
 
 def tag_ok(home_key: bytes, push: Push, meta: WebPushMeta, vapid_key: bytes | None) -> bool:
@@ -37,7 +135,7 @@ class MemoryHomeStore:
 
     def __init__(self, mailbox_max: int = 1000, home_key: bytes | None = None) -> None:
         self._regs: dict[bytes, Registration] = {}
-        self._receipt_keys: dict[bytes, SigningKey] = {}  # route id -> the device's receipt key
+        self._receipt_keys = ReceiptKeyring()  # the devices' receipt keys, current and superseded (F5c)
         self._tokens: dict[bytes, set[bytes]] = {}  # route id -> unspent tokens
         self._spent: dict[bytes, dict[bytes, bytes]] = {}  # route id -> token -> push id that spent it
         self.mailboxes: dict[bytes, dict[bytes, tuple[bytes, float]]] = {}  # push id -> (ciphertext, t)
@@ -58,13 +156,21 @@ class MemoryHomeStore:
         """Home a registration here (or refresh it) and add tokens for it.
 
         receipt_secret: the 32-byte seed of the device's receipt key pair (the registration carries its
-        public half); this home signs its receipts for the route id with it.
+        public half); this home signs its receipts for the route id with it (rule F5c: a newer
+        registration's key becomes the current one and the one it replaces is kept until the registration
+        that carried it expires; an older registration's is kept until its own expires).
         """
         rid = registration.route_id
-        if receipt_secret is not None:
-            self._receipt_keys[rid] = SigningKey(receipt_secret)
         old = self._regs.get(rid)
-        if old is None or registration.epoch >= old.epoch:
+        current = old is None or registration.epoch >= old.epoch
+        if receipt_secret is not None:
+            if current:
+                self._receipt_keys.install(rid, receipt_secret, None if old is None else old.expires_at,
+                                           registration.issued_at)
+            else:
+                self._receipt_keys.keep(rid, receipt_secret, registration.expires_at + RECEIPT_KEY_GRACE_S,
+                                        registration.issued_at)
+        if current:
             self._regs[rid] = registration
         self._tokens.setdefault(rid, set()).update(tokens)
         self._spent.setdefault(rid, {})
@@ -75,9 +181,9 @@ class MemoryHomeStore:
         for table in (self._regs, self._tokens, self._spent, self.mailboxes):
             table.pop(route_id, None)
         if self.endpoints.pop(route_id, None) is not None:
-            self._gone.add(route_id)  # its receipt key stays: GONE receipts are signed too
+            self._gone.add(route_id)  # its receipt keys stay: GONE receipts are signed too
         else:
-            self._receipt_keys.pop(route_id, None)
+            self._receipt_keys.forget(route_id)
 
     def mint_endpoint(self, route_id: bytes, vapid_key: bytes | None, now: float = 0.0) -> EndpointToken:
         """A new Web Push endpoint of a route id homed here (restricted to vapid_key when given)."""
@@ -134,10 +240,15 @@ class MemoryHomeStore:
         """Every registration homed here (a restarted relay originates them again, as the daemon does)."""
         return list(self._regs.values())
 
-    def sign_receipt(self, route_id: bytes, message: bytes) -> bytes | None:
+    def receipt_keys(self, route_id: bytes) -> Container[bytes] | None:
+        """See `inri.core.api.HomeStore.receipt_keys`."""
+        if route_id in self._regs or route_id in self._gone:
+            return self._receipt_keys.held(route_id)
+        return None
+
+    def sign_receipt(self, route_id: bytes, message: bytes, receipt_key: bytes | None) -> bytes | None:
         """See `inri.core.api.HomeStore.sign_receipt`."""
-        key = self._receipt_keys.get(route_id)
-        return None if key is None else key.sign(message).signature
+        return self._receipt_keys.sign(route_id, message, receipt_key)
 
     def accept_push(
         self, route_id: bytes, token: bytes, push_id: bytes, ciphertext: bytes, now: float

@@ -28,6 +28,7 @@ from inri.protocol.messages import (
     ReceiptStatus,
     RegGossip,
     Registration,
+    RouteErrorReason,
     WebPushMeta,
 )
 
@@ -221,7 +222,7 @@ class Custody:
     """A push this relay accepted from a home app, kept until its receipt returns (C1-C3)."""
 
     __slots__ = ("push", "attempt", "ring_step", "deadline", "next_retry", "home_down", "routed", "ring_spent",
-                 "sent_to", "sent_at")
+                 "sent_to", "sent_at", "refused")
 
     def __init__(self, push: Push, deadline: float) -> None:
         self.push = push
@@ -235,6 +236,9 @@ class Custody:
         # Rule C7: the one next hop the last attempt went to (None: a ring or none), and when.
         self.sent_to: str | None = None
         self.sent_at = 0.0
+        # Rule F5c: a `not home` came back for it (its home holds no key of its registration; unsigned, so
+        # it settles the push only at the deadline, as `unknown_registration`).
+        self.refused = False
 
 
 class EngineState:
@@ -281,6 +285,8 @@ class EngineState:
     _repair_heap: list[tuple[float, bytes, str, bytes, bool]]
     _steer: BoundedMap[bytes, tuple[str | None, float]]  # forwarding.py (F9)
     _finds: BoundedMap[bytes, tuple[int, int, float]]  # forwarding.py (F8c)
+    # forwarding.py (F5c): push id -> (sender, attempt, expiry) of its last route copy whose reverse entry was kept
+    _kept_from: BoundedMap[bytes, tuple[str, int, float]]
     _hop_srtt: float  # rtt.py (C4): per-link round-trip estimate (0: no sample yet) and its variation
     _hop_rttvar: float
     _route_len: BoundedMap[bytes, int]  # rtt.py (C4b): route id -> links its last receipt came back over
@@ -342,14 +348,31 @@ class EngineState:
     def _trace(self, now: float, kind: str, **fields: Any) -> None:
         self._emit(now, self.relay_id, kind, **fields)
 
-    def _accept_at_home(self, push: Push, now: float) -> ReceiptStatus | None:
-        """Rule F2: the home store's verdict on push, or None when this relay is not its home."""
+    def _accept_at_home(self, push: Push, now: float) -> ReceiptStatus | RouteErrorReason | None:
+        """Rule F2: the home store's verdict on push, or None when this relay is not its home.
+
+        Rule F5c: RouteErrorReason.NOT_HOME (nothing stored, no token spent) when it is the home but
+        holds no private half of the receipt key of the registration push carries (the device signed a
+        registration it never registered here, or this home lost it): no receipt it could send would
+        verify on the way back, and one that does not costs the relay that sends it (F5)."""
+        home = self._home
         if push.webpush is not None:
-            return self._home.accept_webpush(push, now + self.wall_offset)
-        if self._home.is_home(push.route_id):
-            return self._home.accept_push(push.route_id, push.token, push.push_id, push.ciphertext,
-                                          now + self.wall_offset)
+            if self._key_unknown_at_home(push):
+                return RouteErrorReason.NOT_HOME
+            return home.accept_webpush(push, now + self.wall_offset)
+        if home.is_home(push.route_id):
+            if self._key_unknown_at_home(push):
+                return RouteErrorReason.NOT_HOME
+            return home.accept_push(push.route_id, push.token, push.push_id, push.ciphertext, now + self.wall_offset)
         return None
+
+    def _key_unknown_at_home(self, push: Push) -> bool:
+        """Rule F5c: this relay answers for push's route id but holds no key of its registration's receipt key."""
+        reg = push.registration
+        if reg is None or reg.receipt_key is None or reg.route_id != push.route_id:
+            return False  # no relay can judge its receipt by it: the current key signs (F5)
+        keys = self._home.receipt_keys(push.route_id)
+        return keys is not None and reg.receipt_key not in keys
 
     def _local_expiry(self, expires_at: int) -> float:
         """A registration's wall-clock expiry as a time on the engine's monotonic clock."""
@@ -430,6 +453,7 @@ class EngineState:
         def _home_down(self, c: Custody, now: float) -> None: ...
         def _await_route(self, c: Custody, now: float) -> None: ...
         def _route_renewed(self, rid: bytes, now: float) -> None: ...
-        def _settle(self, pid: bytes, status: ReceiptStatus, hops: int, now: float) -> list[Effect]: ...
+        def _settle(self, pid: bytes, status: ReceiptStatus | CustodyStatus, hops: int,
+                    now: float) -> list[Effect]: ...
         def _retry(self, c: Custody, now: float) -> list[Effect]: ...
         def _attempt(self, c: Custody, now: float) -> list[Effect]: ...

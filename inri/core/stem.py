@@ -513,7 +513,8 @@ class StemRules(EngineState):
         # The next generation: at least the seconds since the registration was issued (wall clock), so a
         # home that restarted, and forgot the generations it issued, still issues a higher one.
         generation = max(self._generation_of(rid, reg.epoch) + 1, int(now + self.wall_offset) - reg.issued_at, 1)
-        sig = self._home.sign_receipt(rid, generation_signed_bytes(rid, reg.epoch, generation))
+        sig = (None if reg.receipt_key is None  # F5c: under the key the relays check it against (G10)
+               else self._home.sign_receipt(rid, generation_signed_bytes(rid, reg.epoch, generation), reg.receipt_key))
         if sig is None:  # a registration without a receipt key: it waits for the device's refresh
             self._count("stem_restem_unsigned")
             return []

@@ -228,7 +228,7 @@ def openapi_document(version: str, body_limits: dict[str, int]) -> dict[str, Any
                     "push_id": HEX_ID,
                     "status": {"enum": ["pending", "delivered", "spent", "unknown_token",
                                         "mailbox_full", "expired", "unreachable",
-                                        "unknown_endpoint", "gone", "rate_limited"]},
+                                        "unknown_endpoint", "gone", "rate_limited", "unknown_registration"]},
                     "hops": {"type": ["integer", "null"]}, "accepted_at": {"type": "number"},
                     "settled_at": {"type": ["number", "null"]}}}), "404": _problem_ref("not_found")}}},
             "/healthz": {"get": {"summary": "Liveness", "responses": {"200": _json({"type": "object"})}}},

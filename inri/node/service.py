@@ -99,8 +99,9 @@ DRAIN_WEIGHT = 0.3
 DRAIN_SAMPLE_MIN_S = 0.2
 RETRY_AFTER_MAX_S = 60
 OVERLOAD_LOG_INTERVAL_S = 10.0  # one warning per interval while overloaded, with the count refused
-# Settled statuses that are not the path draining (custody gave up on the push).
-_NOT_DRAINED = frozenset((CustodyStatus.EXPIRED, CustodyStatus.UNREACHABLE))
+# Settled statuses that are not the path draining (custody gave up on the push; unknown_registration:
+# at the deadline, after `not home` answers, rule F5c).
+_NOT_DRAINED = frozenset((CustodyStatus.EXPIRED, CustodyStatus.UNREACHABLE, CustodyStatus.UNKNOWN_REGISTRATION))
 
 
 @dataclass(frozen=True, slots=True)

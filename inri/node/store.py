@@ -34,22 +34,22 @@ import hmac
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Container, Iterator
 from pathlib import Path
 from typing import Any
 
 import trio
-from nacl.signing import SigningKey
 
 from inri.core.budget import KeyedBuckets
-from inri.core.home import ENDPOINT_BURST, ENDPOINT_RATE_PER_S, TTL0_GRACE_S, tag_ok
+from inri.core.home import ENDPOINT_BURST, ENDPOINT_RATE_PER_S, TTL0_GRACE_S, ReceiptKeyring, tag_ok
 from inri.node.migrations import SchemaError, migrate
 from inri.protocol.codec import DecodeError, decode, decode_registration, encode_registration, encode_unchecked
 from inri.protocol.messages import ContentEncoding, Push, ReceiptStatus, Registration, Urgency
 from inri.protocol.webpush import EndpointToken
 
 # 2: registrations in protocol v2 wire form (with a receipt key) and the devices' receipt key seeds.
-# A change to an existing table bumps this with a step in migrations.py (its docstring says how).
+# A change to an existing table bumps this with a step in migrations.py (its docstring says how); a new
+# table needs none (created when missing): superseded_receipt_keys (rule F5c).
 SCHEMA_VERSION = 2
 STATUS_RETENTION_S = 7 * 24 * 3600  # push status answers kept a week after settling
 CHECKPOINT_INTERVAL_S = 1.0  # a grouping store checkpoints the WAL this often (in a thread) when it was written
@@ -75,6 +75,9 @@ CREATE TABLE IF NOT EXISTS wp_endpoints (
     route_id BLOB NOT NULL, endpoint_id BLOB NOT NULL, vapid_key BLOB, revoked INTEGER NOT NULL DEFAULT 0,
     created REAL NOT NULL, seal_key BLOB, PRIMARY KEY (route_id, endpoint_id)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS wp_gone (route_id BLOB PRIMARY KEY, receipt_secret BLOB) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS superseded_receipt_keys (
+    route_id BLOB NOT NULL, receipt_secret BLOB NOT NULL, until REAL NOT NULL,
+    PRIMARY KEY (route_id, receipt_secret)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS wp_messages (
     push_id BLOB NOT NULL, route_id BLOB NOT NULL, endpoint_id BLOB NOT NULL, topic TEXT,
     urgency INTEGER NOT NULL, encoding INTEGER NOT NULL, expires_at REAL NOT NULL,
@@ -132,16 +135,22 @@ class Store:
             self._db.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
         self._home: dict[bytes, Registration] = {}
         self._box_counts: dict[bytes, int] = {}  # route id -> stored messages (see _box_count)
-        # route id -> the receipt key the device handed over: it signs this home's receipts and never
-        # leaves this relay (docs/security.md "Receipt signatures").
-        self._receipt_keys: dict[bytes, SigningKey] = {}
+        # The receipt keys the devices handed over, current and superseded (rule F5c): they sign this
+        # home's receipts and never leave this relay (docs/security.md "Receipt signatures").
+        self._receipt_keys = ReceiptKeyring()
+        self._gone: set[bytes] = set()  # unregistered devices whose Web Push endpoints answer GONE
+        wall = time.time()
         for rid, blob, rsecret in self._db.execute("SELECT route_id, registration, receipt_secret FROM devices"):
             self._home[bytes(rid)] = decode_registration(bytes(blob))
             if rsecret is not None:
-                self._receipt_keys[bytes(rid)] = SigningKey(bytes(rsecret))
+                self._receipt_keys.install(bytes(rid), bytes(rsecret), None, wall)
         for rid, rsecret in self._db.execute("SELECT route_id, receipt_secret FROM wp_gone"):
-            if rsecret is not None:  # an unregistered device's Web Push endpoints answer GONE, signed
-                self._receipt_keys[bytes(rid)] = SigningKey(bytes(rsecret))
+            self._gone.add(bytes(rid))
+            if rsecret is not None and bytes(rid) not in self._home:  # its Web Push endpoints answer GONE, signed
+                self._receipt_keys.install(bytes(rid), bytes(rsecret), None, wall)
+        for rid, rsecret, until in self._db.execute("SELECT route_id, receipt_secret, until FROM "
+                                                    "superseded_receipt_keys"):
+            self._receipt_keys.keep(bytes(rid), bytes(rsecret), float(until), wall)
         # Web Push: the key endpoint capabilities derive from (random, made once, kept with the store).
         row = self._db.execute("SELECT value FROM meta WHERE key='wp_home_key'").fetchone()
         if row is None:
@@ -349,9 +358,11 @@ class Store:
             except sqlite3.IntegrityError:
                 return False
             self._db.executemany("INSERT OR IGNORE INTO tokens VALUES (?, ?, NULL)", [(t, rid) for t in tokens])
+            self._db.execute("DELETE FROM superseded_receipt_keys WHERE route_id=?", (rid,))
         self._home[rid] = registration
+        self._receipt_keys.forget(rid)  # an unregistered device's keys (its GONE answers) end here
         if receipt_secret is not None:
-            self._receipt_keys[rid] = SigningKey(receipt_secret)
+            self._receipt_keys.install(rid, receipt_secret, None, registration.issued_at)
         return True
 
     def check_secret(self, route_id: bytes, secret: bytes) -> bool:
@@ -362,20 +373,26 @@ class Store:
     def refresh_registration(self, registration: Registration, receipt_secret: bytes | None = None) -> bool:
         """Store a newer epoch of a homed device's registration; False if not newer or not homed here.
 
-        receipt_secret: the registration's receipt key seed, when the device hands over a new one.
+        receipt_secret: the registration's receipt key seed, when the device hands over a new one. The key
+        it replaces is kept until the registration that carried it expires (rule F5c: pushes made with
+        credentials from before the rotation are answered under their own key).
         """
         rid = registration.route_id
         old = self._home.get(rid)
         if old is None or registration.epoch <= old.epoch:
             return False
+        keys = self._receipt_keys
+        if receipt_secret is not None:
+            keys.install(rid, receipt_secret, old.expires_at, registration.issued_at)
         with self._tx():
             self._db.execute("UPDATE devices SET registration=?, epoch=? WHERE route_id=?",
                              (encode_registration(registration), registration.epoch, rid))
             if receipt_secret is not None:
                 self._db.execute("UPDATE devices SET receipt_secret=? WHERE route_id=?", (receipt_secret, rid))
+                self._db.execute("DELETE FROM superseded_receipt_keys WHERE route_id=?", (rid,))
+                self._db.executemany("INSERT INTO superseded_receipt_keys VALUES (?, ?, ?)",
+                                     [(rid, seed, until) for seed, until in keys.superseded(rid)])
         self._home[rid] = registration
-        if receipt_secret is not None:
-            self._receipt_keys[rid] = SigningKey(receipt_secret)
         return True
 
     def add_tokens(self, route_id: bytes, tokens: list[bytes]) -> None:
@@ -391,20 +408,24 @@ class Store:
 
     def remove_device(self, route_id: bytes) -> None:
         """Unregister: delete the device, its tokens and its mailbox (nothing about it remains but, when it
-        had Web Push endpoints, its route id and receipt key: they answer GONE, signed)."""
-        key = self._receipt_keys.get(route_id)
+        had Web Push endpoints, its route id and receipt keys: they answer GONE, signed)."""
+        row = self._db.execute("SELECT receipt_secret FROM devices WHERE route_id=?", (route_id,)).fetchone()
+        key = None if row is None or row[0] is None else bytes(row[0])
         with self._tx():
             had = self._db.execute("SELECT 1 FROM wp_endpoints WHERE route_id=? LIMIT 1", (route_id,)).fetchone()
             for table in ("devices", "tokens", "mailbox", "wp_endpoints", "wp_messages"):
                 self._db.execute(f"DELETE FROM {table} WHERE route_id=?", (route_id,))  # noqa: S608 - fixed names
             if had:  # its Web Push endpoints answer 410 from now on (senders then forget them)
-                # The receipt key stays with it: its GONE receipts must verify (rule F5).
-                self._db.execute("INSERT OR IGNORE INTO wp_gone VALUES (?, ?)",
-                                 (route_id, None if key is None else bytes(key)))
+                # The receipt keys stay with it: its GONE receipts must verify (rules F5, F5c).
+                self._db.execute("INSERT OR IGNORE INTO wp_gone VALUES (?, ?)", (route_id, key))
+            else:
+                self._db.execute("DELETE FROM superseded_receipt_keys WHERE route_id=?", (route_id,))
         self._home.pop(route_id, None)
         self._box_counts.pop(route_id, None)
-        if not had:
-            self._receipt_keys.pop(route_id, None)
+        if had:
+            self._gone.add(route_id)
+        else:
+            self._receipt_keys.forget(route_id)
 
     def homed(self) -> list[Registration]:
         """Every registration homed here (re-gossiped after a restart)."""
@@ -418,9 +439,15 @@ class Store:
     def registration(self, route_id: bytes) -> Registration | None:
         return self._home.get(route_id)
 
-    def sign_receipt(self, route_id: bytes, message: bytes) -> bytes | None:
-        key = self._receipt_keys.get(route_id)
-        return None if key is None else key.sign(message).signature
+    def receipt_keys(self, route_id: bytes) -> Container[bytes] | None:
+        """See `inri.core.api.HomeStore.receipt_keys` (same semantics as MemoryHomeStore's)."""
+        if route_id in self._home or route_id in self._gone:
+            return self._receipt_keys.held(route_id)
+        return None
+
+    def sign_receipt(self, route_id: bytes, message: bytes, receipt_key: bytes | None) -> bytes | None:
+        """See `inri.core.api.HomeStore.sign_receipt`."""
+        return self._receipt_keys.sign(route_id, message, receipt_key)
 
     def accept_push(
         self, route_id: bytes, token: bytes, push_id: bytes, ciphertext: bytes, now: float
@@ -667,11 +694,14 @@ class Store:
                 "settled_at": row[3]}
 
     def prune(self, now: float | None = None) -> int:
-        """Forget settled push statuses older than the retention; returns rows deleted."""
+        """Forget settled push statuses older than the retention, and superseded receipt keys held past their
+        time (rule F5c); returns the status rows deleted."""
         now = time.time() if now is None else now
         with self._tx():
             cur = self._db.execute("DELETE FROM push_status WHERE settled_at IS NOT NULL AND settled_at < ?",
                                    (now - STATUS_RETENTION_S,))
+            self._db.execute("DELETE FROM superseded_receipt_keys WHERE until < ?", (now,))  # rule F5c
+        self._receipt_keys.prune(now)
         return cur.rowcount
 
     def sync_mode(self) -> int:

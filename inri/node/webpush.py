@@ -86,7 +86,7 @@ def endpoint_url(store: Store, origin: str, route_id: bytes, token: EndpointToke
     registration's (no relay could check the signature)."""
     reg = _signing_registration(store, route_id)
     raw = encode_registration(reg)
-    signature = store.sign_receipt(route_id, endpoint_signed_bytes(raw, token.body()))
+    signature = store.sign_receipt(route_id, endpoint_signed_bytes(raw, token.body()), reg.receipt_key)
     signed = None if signature is None else token.signed(signature)
     if signed is None or not signed.authentic(raw, reg.receipt_key):
         raise EndpointError(NEEDS_RECEIPT_KEY)
