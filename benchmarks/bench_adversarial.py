@@ -4,7 +4,8 @@ Every scenario runs twice through the real CLI: as shipped, and with `--no-adver
 topology, workload and homes; hostile relays behave honestly, spammers stay silent), so each figure
 has its own unloaded/honest baseline from the same run of this script. rushing-1k also runs with a
 5 ms forwarding jitter; receipt-forgers-1k also with `--unsigned-receipts` (the protocol before signed
-receipts, issue 15). Set BENCH_ADV_SCENARIOS to choose (comma-separated).
+receipts, issue 15); stale-sender-1k's figure is its honest cuts (issue 43, rule F5c). Set
+BENCH_ADV_SCENARIOS to choose (comma-separated).
 """
 
 from __future__ import annotations
@@ -17,12 +18,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-DEFAULT = "black-holes-1k,rushing-1k,forger-1k,reg-spammer-1k,receipt-forgers-1k,push-spammer-1k"
+DEFAULT = "black-holes-1k,rushing-1k,forger-1k,reg-spammer-1k,receipt-forgers-1k,push-spammer-1k,stale-sender-1k"
 KEYS = ("delivery_ratio", "route_coverage", "convergence_p50_s", "stretch_median", "stretch_p95",
         "messages_per_delivered_push", "cuts_of_hostile", "cuts_of_honest", "hostile_isolated",
         "primary_via_hostile", "spam_registrations", "spam_routes_cached_max", "victim_honest_lost",
         "victim_latency_p99_s", "spam_offered", "spam_accepted", "receipts_forged", "receipts_refused",
-        "settled_not_delivered", "wall_s")
+        "settled_not_delivered", "score_penalties", "stale_settled", "wall_s")
 
 
 def run(scenario: str, *extra: str) -> dict[str, Any]:
@@ -58,6 +59,11 @@ def main() -> None:
                                     f"refused {hostile['receipts_refused']}, believed (settled, never stored) "
                                     f"{hostile['settled_not_delivered']} signed vs "
                                     f"{unsigned['settled_not_delivered']} unsigned"})
+        if sc.startswith("stale-sender"):
+            figures.append({"metric": f"{sc} honest relays cut", "value": hostile["cuts_of_honest"], "unit": "cuts",
+                            "ceiling": "0, and no score penalty (rule F5c)",
+                            "note": f"penalties {hostile['score_penalties']}; stale pushes settled "
+                                    f"{hostile['stale_settled']}"})
         if sc.startswith("rushing"):
             figures.append({"metric": f"{sc} primary next hop hostile", "value": hostile["primary_via_hostile"],
                             "unit": "share", "ceiling": f"honest run {honest['primary_via_hostile']:.4f}"})

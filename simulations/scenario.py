@@ -59,6 +59,9 @@ keepalive_interval_s = 2.0
 kind = "black_hole"           # black_hole | rushing | forger | reg_spammer | receipt_forger |
                               # push_spammer | stale_sender
 fraction = 0.1                # share of relays (or count = N)
+# rate_per_s, start_s, end_s: spam rates and window (reg_spammer, forger; stale_sender: its pushes per
+# second); rate_x, capacity_per_s, honest_share, connections, reject_cost: push_spammer (ingress.py);
+# devices: stale_sender's own devices (stale.py; needs [workload] refresh_interval_s > 0)
 ```
 """
 

@@ -82,11 +82,22 @@ Push forwarding
       radius there too: stale routes cannot capture the search.
   F4c. ([engine] last_ring_past_routes, on) ...on the custodian's last ring    forwarding.py
       only (the widest the budget affords, radius > 7).
-  F5. Receipts are signed by the home relay with the registration's receipt   forwarding.py
-      key (over push id, route id, status). Every relay on the way back checks
-      it against the push's (verified) registration; a receipt that does not
-      verify is ignored (custody and reverse state stay) and its sender is
-      scored down (bad_receipt).
+  F5. Receipts are signed by the home relay with the receipt key of the      forwarding.py
+      registration the push carried (over push id, route id, status). Every
+      relay on the way back checks it against the push's (verified)
+      registration; a receipt that does not verify is ignored (custody and
+      reverse state stay) and its sender is scored down (bad_receipt).
+  F5b. Batched receipts: a home that flushes once per round answers one       forwarding.py, service.py
+      route's pushes from one neighbour with one ReceiptBatch under one
+      signature; verified once per relay, passed on whole.
+  F5c. Receipts across a rotation: the home keeps each superseded receipt     home.py, forwarding.py,
+      key (at most 8 per route id) until an hour after its registration       custody.py
+      expired, and signs each receipt, batch and generation with the key of
+      the push's own registration. A push whose key it does not hold is
+      refused (nothing stored, no token spent) with route error `not home`:
+      unsigned, neutral on the way back (no route or score change), passed
+      to the sender of the copy it answers; the custodian re-sends along the
+      route only and settles it unknown_registration at its deadline.
   F6b. Reverse paths never cycle: a later copy takes a relay's reverse entry   forwarding.py
       only over fewer hops; route errors keep reverse paths, and a relay
       passes on one route error per copy of the push it received.

@@ -129,6 +129,8 @@ TITLES = {
     "invalid_field": "A field is missing or invalid",
     "too_large": "Request body too large",
     "bad_registration": "Registration refused",
+    "unsupported_version": "Registration of another protocol version",
+    "bad_receipt_key": "Receipt secret missing, unexpected or not the registration's",
     "already_registered": "Route key already registered",
     "not_newer": "Registration epoch is not newer",
     "bad_credentials": "Device credentials missing or wrong",
@@ -391,7 +393,9 @@ class RelayApi:
         try:
             reg = decode_registration(raw)
         except DecodeError as exc:
-            raise Problem(400, "bad_registration", f"registration: {exc.detail}") from None
+            # unsupported_version: another protocol version's wire form (docs/api.md); anything else bad_registration
+            code = "unsupported_version" if exc.code == "unsupported_version" else "bad_registration"
+            raise Problem(400, code, f"registration: {exc.detail}") from None
         assert isinstance(text, str)  # b64d refused anything else
         self._remember(self._decoded, text, reg)
         return reg

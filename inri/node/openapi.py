@@ -70,22 +70,27 @@ def openapi_document(version: str, body_limits: dict[str, int]) -> dict[str, Any
                 "summary": "Register a device at this (home) relay",
                 "requestBody": _body("POST /v1/devices", {"type": "object", "required": ["registration"],
                                                          "properties": {"registration": B64, "tokens": {
-                                                             "type": "integer", "minimum": 1, "maximum": 500}}}),
+                                                             "type": "integer", "minimum": 1, "maximum": 500},
+                                                             "receipt_secret": B64}}),
                 "responses": {
                     "201": _json({"type": "object", "properties": {
                         "device_id": HEX_ID, "device_secret": B64, "tokens": {"type": "array", "items": B64},
                         "relay": {"type": "string"}, "expires_at": {"type": "integer"}}}, "registered"),
-                    "400": _problem_ref("malformed_json", "bad_registration"),
+                    "400": _problem_ref("malformed_json", "bad_registration", "unsupported_version",
+                                        "bad_receipt_key"),
                     "409": _problem_ref("already_registered"), "413": _problem_ref("too_large"),
                     "422": _problem_ref("invalid_field"), "429": _problem_ref("rate_limited")}}},
             "/v1/devices/{device_id}/registration": {"post": {
                 "summary": "Refresh the registration (a newer epoch under the same route key)",
                 "security": [{"device": []}], "parameters": [DEVICE_PARAM],
                 "requestBody": _body("POST /v1/devices/{device_id}/registration", {
-                    "type": "object", "required": ["registration"], "properties": {"registration": B64}}),
+                    "type": "object", "required": ["registration"],
+                    "properties": {"registration": B64, "receipt_secret": B64}}),
                 "responses": {"200": _json({"type": "object", "properties": {
                     "device_id": HEX_ID, "epoch": {"type": "integer"}, "expires_at": {"type": "integer"}}}),
-                              **BODY_ERRORS, "400": _problem_ref("malformed_json", "bad_registration", "not_newer"),
+                              **BODY_ERRORS, "400": _problem_ref("malformed_json", "bad_registration",
+                                                                  "unsupported_version", "bad_receipt_key",
+                                                                  "not_newer"),
                               **AUTH_ERRORS}}},
             "/v1/devices/{device_id}/tokens": {"post": {
                 "summary": "More one-use tokens", "security": [{"device": []}], "parameters": [DEVICE_PARAM],
@@ -201,7 +206,8 @@ def openapi_document(version: str, body_limits: dict[str, int]) -> dict[str, Any
                 "responses": {
                     "202": _json({"type": "object", "properties": {"push_id": HEX_ID, "status": {"type": "string"}}},
                                  "accepted and durably in custody"),
-                    "400": _problem_ref("malformed_json", "bad_registration"), "413": _problem_ref("too_large"),
+                    "400": _problem_ref("malformed_json", "bad_registration", "unsupported_version"),
+                    "413": _problem_ref("too_large"),
                     "422": _problem_ref("invalid_field"), "429": _problem_ref("rate_limited", "overloaded")}}},
             "/v1/push/batch": {"post": {
                 "summary": "Up to 100 pushes in one request, each checked and accepted as POST /v1/push would be",

@@ -521,11 +521,12 @@ def decode_registration(data: bytes) -> Registration:
         raw = msgpack.unpackb(data, raw=False, max_map_len=0, max_ext_len=0, max_array_len=16)
     except Exception as exc:  # noqa: BLE001 - msgpack raises many types
         raise DecodeError("malformed", f"not msgpack: {type(exc).__name__}") from None
-    if type(raw) is not list or len(raw) != 7:
+    if type(raw) is list and raw and type(raw[0]) is int and raw[0] != L.PROTOCOL_VERSION:
+        # First, as for frames: a version 1 registration has 6 elements, and its client should hear why.
+        raise DecodeError("unsupported_version", f"version {raw[0]!r}, this relay speaks {L.PROTOCOL_VERSION}")
+    if type(raw) is not list or len(raw) != 7 or raw[0] != L.PROTOCOL_VERSION:
         raise DecodeError("malformed",
                           "registration must be [version, key, epoch, issued_at, lifetime, sig, receipt_key]")
-    if raw[0] != L.PROTOCOL_VERSION:
-        raise DecodeError("unsupported_version", f"version {raw[0]!r}")
     return _reg_from_list(raw[1:])
 
 
