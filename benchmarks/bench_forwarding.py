@@ -69,6 +69,9 @@ class Hop:
     def active_peers(self) -> list[str]:
         return sorted(self.peers)
 
+    def listed_peers(self) -> list[str]:
+        return sorted(self.peers)
+
     def receive_frame(self, peer: str, data: bytes) -> None:
         if peer in self.forward:
             self.links.send(self.forward[peer], data, 0.0)

@@ -163,7 +163,7 @@ class Simulator:
         for u, v in self.net.undirected_edges():
             self._link_up(u, v, 0.0)
         for i, eng in enumerate(self.engines):
-            self._apply(i, eng.start(0.0))
+            self._apply(i, eng.start(0.0, sync_routes=False))  # the whole mesh starts now: no routes to sync (G11)
 
     def _start_spam(self) -> None:
         """The push spammer: a home app with its own registered device, pushing through the victim."""

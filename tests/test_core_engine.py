@@ -200,7 +200,8 @@ def test_garbage_frames_get_an_error_frame_and_change_nothing() -> None:
 def test_membership_refuses_inbound_over_capacity_and_replaces_lost_neighbours() -> None:
     cfg = replace(EngineConfig(), active_min=3, active_max=4)
     eng, _ = lone_engine(cfg)
-    effects = eng.add_candidates([PeerInfo(f"c{i}", f"addr{i}") for i in range(6)], 0.0) + eng.start(0.0)
+    effects = eng.add_candidates([PeerInfo(f"c{i}", f"addr{i}") for i in range(6)], 0.0) + eng.start(
+        0.0, sync_routes=False)  # no G11 (a Hello asking for routes on every link)
     connects = [e for e in effects if isinstance(e, Connect)]
     assert len(connects) == 3
     hellos = []

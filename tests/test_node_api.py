@@ -136,8 +136,10 @@ async def test_bad_input_gets_documented_errors_and_the_relay_stays_up(tmp_path:
                 problem(await c.post(url + "/v1/push", json=[1, 2]), 422, "invalid_field")
                 problem(await c.post(url + "/v1/push", json={"registration": 5}), 422, "invalid_field")
                 problem(await c.post(url + "/v1/push", json={"registration": "!!"}), 422, "invalid_field")
-                problem(await c.post(url + "/v1/push", json={"registration": b64e(b"\x93\x01\x02\x03")}), 400,
+                problem(await c.post(url + "/v1/push", json={"registration": b64e(b"\x93\x02\x02\x03")}), 400,
                         "bad_registration")
+                problem(await c.post(url + "/v1/push", json={"registration": b64e(b"\x93\x01\x02\x03")}), 400,
+                        "unsupported_version")  # a version 1 array, however short
                 problem(await c.post(url + "/v1/push", content=b"x" * (1024 * 1024)), 413, "too_large")
                 problem(await c.post(url + "/v1/devices", json={"registration": b64e(b"\xc1")}), 400,
                         "bad_registration")
@@ -416,7 +418,8 @@ def test_documented_push_statuses_are_the_ones_the_relay_produces() -> None:
     from tests.procs import ROOT
 
     produced = {"pending", "delivered", "spent", "unknown_token", "mailbox_full", "expired", "unreachable",
-                "unknown_endpoint", "gone", "rate_limited"}  # the last three: Web Push pushes
+                "unknown_endpoint", "gone", "rate_limited",  # these three: Web Push pushes
+                "unknown_registration"}  # rule F5c (tests/test_registration_api.py produces it)
     enum = openapi_document("0", {k: 1 for k in ("POST /v1/devices", "POST /v1/devices/{device_id}/registration",
                                                  "POST /v1/devices/{device_id}/tokens", "POST /v1/push",
                                                  "POST /v1/push/batch",

@@ -49,6 +49,9 @@ class Forwarder:
     def active_peers(self) -> list[str]:
         return sorted(self.peers)
 
+    def listed_peers(self) -> list[str]:
+        return sorted(self.peers)
+
     def receive_frame(self, peer: str, data: bytes) -> None:
         if peer in self.route:
             self.links.send(self.route[peer], data, 0.0)

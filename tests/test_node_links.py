@@ -74,7 +74,7 @@ async def test_a_neighbour_that_never_reads_cannot_grow_our_send_queue(tmp_path:
             quic._write_connection_limits = lambda *a, **k: None  # type: ignore[method-assign]
             quic._write_stream_limits = lambda *a, **k: None  # type: ignore[method-assign]
             n.start_soon(_keepalives, link)
-            while hostile.node_id not in service.active_peers():
+            while hostile.node_id not in service.listed_peers():  # a neighbour (M7: it spoke on the link)
                 await trio.sleep(0.01)
             # A gossip flood: 1,500 devices homed at the relay, each registration gossiped to the peer.
             peak = 0
@@ -107,7 +107,8 @@ async def _wait(cond: Any) -> None:
 
 async def test_gossip_from_a_link_still_pending_is_kept_until_it_is_admitted(tmp_path: Path) -> None:
     """Issue 13 item 17: a full relay holds a new inbound link pending (rule M4); what the peer gossips
-    meanwhile reaches the engine once the link is admitted, and /v1/status lists only active neighbours."""
+    meanwhile reaches the engine once the link is admitted, and /v1/status lists only neighbours both ends
+    hold (rule M7: active here, and heard from since the link came up)."""
     cfg = replace(EngineConfig().test_profile(), active_min=1, active_max=1)
     p1, p2 = NodeIdentity.generate(), NodeIdentity.generate()
     reg = make_registration(new_signing_key(b"\x11" * 32), 1, int(time.time()), 3_600)
@@ -121,6 +122,9 @@ async def test_gossip_from_a_link_still_pending_is_kept_until_it_is_admitted(tmp
                 eps.append(ep)
             first = await eps[0].connect(links.endpoint.listen_addr, expect_node_id=service.node_id)
             await _wait(lambda: service.active_peers() == [p1.node_id])
+            assert links.neighbours() == []  # not heard from yet: it may not hold the link (M7)
+            await first.send(encode(Keepalive(1, False)))
+            await _wait(lambda: service.listed_peers() == [p1.node_id])
             second = await eps[1].connect(links.endpoint.listen_addr, expect_node_id=service.node_id)
             await _wait(lambda: service.status()["pending_neighbours"] == [p2.node_id])
             assert [nb["node_id"] for nb in links.neighbours()] == [p1.node_id]  # active ones only

@@ -45,7 +45,9 @@ from inri.protocol.messages import (
     Registration,
     RouteError,
     RouteErrorReason,
+    RouteSync,
     StemRepair,
+    SyncedRoute,
     Urgency,
     WebPushMeta,
 )
@@ -90,6 +92,11 @@ messages = st.one_of(
     # Rule G9: tree gossip with a lag (when flooding's copy would have come)
     st.builds(RegGossip, registration=registrations, ttl=st.integers(0, L.MAX_TTL), hops=st.integers(0, 255),
               lag_ms=st.integers(1, L.MAX_ANNOUNCE_LAG_MS)),
+    # Rule G11: routes a neighbour holds, for a relay that asked at link-up
+    st.builds(RouteSync, entries=st.lists(st.builds(SyncedRoute, route_id=blob(L.ROUTE_ID_BYTES),
+                                                    hops=st.integers(0, L.MAX_TTL),
+                                                    ttl_s=st.integers(0, L.MAX_LIFETIME_S)),
+                                          min_size=1, max_size=8).map(tuple)),
 )
 
 
@@ -141,6 +148,8 @@ SPEC: dict[int, list[Check]] = {
         fields([text(L.MAX_NODE_ID_CHARS), text(L.MAX_ADDR_CHARS)])(p) for p in v)],
     MessageType.ERROR: [enum(ErrorCode), text(L.MAX_ERROR_DETAIL_CHARS)],
     MessageType.STEM_REPAIR: [exact_bytes(L.ROUTE_ID_BYTES), uint(L.MAX_EPOCH), uint(L.MAX_EPOCH)],
+    MessageType.ROUTE_SYNC: [lambda v: type(v) is list and 1 <= len(v) <= L.MAX_SYNCED_ROUTES and all(
+        fields([exact_bytes(L.ROUTE_ID_BYTES), uint(L.MAX_TTL), uint(L.MAX_LIFETIME_S)])(e) for e in v)],
 }
 # RegGossip's other shapes: a stem frame (a 4th field, always true) and a route generation (G10:
 # stem flag, generation >= 1, the home's 64-byte signature).

@@ -30,7 +30,7 @@ async def test_batch_answers_each_push_as_the_single_endpoint_would(tmp_path: Pa
             cred = dev.export_credential(5)
             good = [_item(cred, t, b"m%d" % i) for i, t in enumerate(cred.tokens[:3])]
             bad_token = {**good[0], "token": b64e(b"xyz")}
-            bad_reg = {**good[0], "registration": b64e(b"\x93\x01\x02\x03")}
+            bad_reg = {**good[0], "registration": b64e(b"\x93\x02\x02\x03")}
             items = [good[0], bad_token, "not an object", good[1], bad_reg, good[2]]
             async with httpx.AsyncClient() as c:
                 r = await c.post(url + "/v1/push/batch", json={"pushes": items})

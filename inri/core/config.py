@@ -77,6 +77,10 @@ class EngineConfig:
     # names the home" 1.12-1.19x chance at 12, 1.03-1.06x at 40, and no stem takes it below 1x; issue 19,
     # docs/protocol.md). 40 + a mesh's longest flood path stays under 128 (one-byte hops on the wire).
     stem_hop_noise: int = 40
+    # Rule G11 (inri/core/sync.py): a relay that (re)starts asks the neighbours whose links come up in its
+    # first minute for the routes they hold, and takes those it lacks as provisional routes through them
+    # (false: routes come back only with its snapshot, G5 and gossip, as before).
+    route_sync: bool = True
 
     # Pushes
     # The radius of the custodian's last ring (after 1, 3, 5, 7), when the fallback budget allows it.

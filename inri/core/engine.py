@@ -186,8 +186,10 @@ from inri.core.rtt import ROUTE_LEN_MAX, RttRules
 from inri.core.scoring import ScoringRules
 from inri.core.state import SWEEP_INTERVAL_S, Custody, Neighbour, ReverseMark, make_keepalive, readdress
 from inri.core.stem import StemRules
+from inri.core.sync import SYNC, SyncRules
 from inri.core.tables import EXPORT_CHUNK, BoundedMap, CompactRouteTable, ExportRow, RouteTable
 from inri.core.tree import TREE_CACHE_MAX, TREE_MISSING_MAX, TREE_VTIME_MAX, TreeRules
+from inri.protocol import limits
 from inri.protocol.codec import DecodeError, decode
 from inri.protocol.messages import (
     Announcement,
@@ -206,6 +208,7 @@ from inri.protocol.messages import (
     RegGraft,
     Registration,
     RouteError,
+    RouteSync,
     StemRepair,
 )
 
@@ -224,8 +227,8 @@ HOOKS = {
 }
 
 
-class Engine(MembershipRules, GossipRules, StemRules, TreeRules, ForwardingRules, CustodyRules, ScoringRules,
-             RttRules):
+class Engine(MembershipRules, GossipRules, StemRules, TreeRules, SyncRules, ForwardingRules, CustodyRules,
+             ScoringRules, RttRules):
     """One relay's protocol state. Every method takes `now` and returns effects to carry out."""
 
     def __init__(
@@ -277,6 +280,14 @@ class Engine(MembershipRules, GossipRules, StemRules, TreeRules, ForwardingRules
         self._next_rejoin = 0.0  # M6, the other side: its own limiter (membership.py)
         self._started_at = 0.0  # M6: former neighbours get back in for a while after start()
         self._rejoined: set[str] = set()
+        self._full_until: dict[str, float] = {}  # M7: candidates that refused us as full -> not dialled until
+        # G11 (sync.py): route sync at link-up; provisional routes learnt from it, at most route_max.
+        self._sync_until = -float("inf")
+        self._sync_asked: set[str] = set()
+        self._sync_served: set[str] = set()
+        self._sync_out: dict[str, tuple[list[bytes], int]] = {}
+        self._sync_keys: tuple[float, list[bytes]] | None = None
+        self._provisional: BoundedMap[bytes, tuple[str, int, float]] = BoundedMap(config.route_max)
         # Pushes forwarded along a route, awaiting an answer: push id -> (next hop, deadline, sent,
         # route id), in send order, with a heap (deadline, push id) for expiry: the timeout shrinks
         # with the hops the copy has travelled (rule F6), so the relay nearest a black hole answers first.
@@ -373,7 +384,10 @@ class Engine(MembershipRules, GossipRules, StemRules, TreeRules, ForwardingRules
         state = self._active.get(peer)
         if state is None:
             if peer in self._probation and isinstance(msg, Hello):
-                return self._on_probation_hello(peer, msg, now)
+                out = self._on_probation_hello(peer, msg, now)
+                if SYNC in msg.features and peer in self._active:  # G11: admitted, and it asks for routes
+                    out += self._on_sync_request(peer, now)
+                return out
             self._count("frames_from_stranger")
             return []
         state.last_heard = now
@@ -405,6 +419,8 @@ class Engine(MembershipRules, GossipRules, StemRules, TreeRules, ForwardingRules
                 return self._on_graft(peer, state, msg, now)
             case StemRepair():
                 return self._on_stem_repair(peer, msg, now)
+            case RouteSync():
+                return self._on_route_sync(peer, msg, now)
             case Keepalive():
                 if not msg.reply:
                     state.last_sent = now
@@ -416,10 +432,22 @@ class Engine(MembershipRules, GossipRules, StemRules, TreeRules, ForwardingRules
             case ErrorFrame():
                 self._count("peer_errors")
                 return []
-            case Hello():  # only meaningful on a link held on probation (rule M4), handled above
-                return []
+            case Hello():  # on an active link (M4's probation: handled above)
+                return self._on_hello(peer, state, msg, now)
             case _:
                 assert_never(msg)
+
+    # Rules M7, G11.
+    def _on_hello(self, peer: str, state: Neighbour, msg: Hello, now: float) -> list[Effect]:
+        """A Hello on an active link: on a link peer dialled, answered with ours (M7: it lists the link once
+        it hears from us, and now does within a round trip); `sync` in it asks for our routes (G11)."""
+        out: list[Effect] = []
+        if not state.outbound:
+            state.last_sent = now
+            out.append(Send(peer, Hello(limits.PROTOCOL_VERSION, self.relay_id, self.listen_addr, ())))
+        if SYNC in msg.features:
+            out += self._on_sync_request(peer, now)
+        return out
 
     # ------------------------------------------------------------------------------------------
     # time
@@ -488,6 +516,8 @@ class Engine(MembershipRules, GossipRules, StemRules, TreeRules, ForwardingRules
             out += self._grace_expired(now)
         for p in list(self._announce):  # link-up announcements left over from peer_up (rule G5)
             out += self._announce_homed(p, now, ANNOUNCE_SHARE * cfg.reg_budget_per_peer_per_s * interval)
+        for p in list(self._sync_out):  # routes still to send to a neighbour that asked (rule G11)
+            out += self._sync_send(p, now)
         decay = self._score_decay
         ka_after = interval * 0.99
         active = self._active
@@ -539,6 +569,8 @@ class Engine(MembershipRules, GossipRules, StemRules, TreeRules, ForwardingRules
         self._blamed.sweep(lambda v: v[2] <= now)
         self._steer.sweep(lambda v: v[1] <= now)
         self._finds.sweep(lambda v: v[2] <= now)
+        if self._provisional:  # G11
+            self._provisional.sweep(lambda v: v[2] <= now)
         self._kept_from.sweep(lambda v: v[2] <= now)
         for pid in [pid for pid, c in self._custody.items() if now >= c.deadline]:
             del self._custody[pid]
@@ -550,8 +582,8 @@ class Engine(MembershipRules, GossipRules, StemRules, TreeRules, ForwardingRules
     # introspection
 
     def route_count(self) -> int:
-        """Route ids with at least one next hop."""
-        return self._routes.routed_count()
+        """Route ids with at least one next hop (a provisional one, rule G11, included)."""
+        return self._routes.routed_count() + (self.provisional_count() if self._provisional else 0)
 
     def route_table_kind(self) -> str:
         """How the route table is stored: "compact" or "dict" (`[engine] route_table`)."""
@@ -560,6 +592,11 @@ class Engine(MembershipRules, GossipRules, StemRules, TreeRules, ForwardingRules
     def active_peers(self) -> list[str]:
         """The active view, sorted."""
         return sorted(self._active)
+
+    def listed_peers(self) -> list[str]:
+        """The active neighbours this relay has heard from since their link came up, sorted (rule M7): the
+        other end holds the link too. What a relay lists as its neighbours (docs/api.md, /v1/status)."""
+        return sorted(p for p, st in self._active.items() if st.last_heard > st.up_at)
 
     def passive_peers(self) -> list[str]:
         """The passive view (candidates), oldest first."""
@@ -650,6 +687,7 @@ class Engine(MembershipRules, GossipRules, StemRules, TreeRules, ForwardingRules
             "connecting": len(self._connecting),
             "lost": len(self._lost),
             "banned": len(self._banned),
+            "routes_provisional": len(self._provisional),
             "awaiting_receipt": len(self._await),
             "reg_duplicate": self.reg_duplicates,
             **self.counters,

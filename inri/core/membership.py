@@ -1,4 +1,4 @@
-"""Membership, rules M1-M6 (HyParView-like): the active and passive views, links up and down,
+"""Membership, rules M1-M7 (HyParView-like): the active and passive views, links up and down,
 reconnection, the outbound quota, priority joins and peer exchange. Keepalive liveness (M2) is
 checked in the engine's timer (engine.Engine._tick)."""
 
@@ -17,6 +17,7 @@ from inri.core.state import (
     EngineState,
     Neighbour,
 )
+from inri.core.sync import SYNC, SYNC_WINDOW_S
 from inri.protocol import limits
 from inri.protocol.messages import (
     Hello,
@@ -36,6 +37,12 @@ BACK = "back"  # Hello feature: the dialler re-dials a lost neighbour (rule M6)
 # at most active_max of them: a restarted relay's view was filled by whoever dialled first, while its
 # former neighbours still hold routes through it (a restarted home refused them as "full").
 REJOIN_WINDOW_S = 60.0
+# Rule M7: a candidate that refused our link as full is not dialled again for this long. A relay below
+# active_min re-dialled full relays each time a bootstrap or peer exchange listed them again (every few
+# seconds), for as long as the mesh stayed full: each dial was a link it listed while the full relay
+# held it on probation (issue 43: 2 of 9 starts of 8 relays never settled in 120 s).
+FULL_BACKOFF_S = 60.0
+FULL_REMEMBERED_MAX = 256  # candidates remembered as full (the oldest forgotten first)
 # Links that ended for these reasons take their route claims with them (peer_down).
 _PURGE_ON_DOWN = frozenset((DisconnectReason.MAKE_ROOM, DisconnectReason.OUTBOUND_QUOTA))
 # Links that ended for these reasons are not re-dialled.
@@ -72,13 +79,24 @@ class MembershipRules(EngineState):
         return self._refill(now)
 
     # Rule M1.
-    def start(self, now: float) -> list[Effect]:
-        """Begin: arm timers and Connect to passive candidates until active_min links are wanted."""
+    def start(self, now: float, *, sync_routes: bool = True) -> list[Effect]:
+        """Begin: arm timers and Connect to passive candidates until active_min links are wanted.
+
+        sync_routes: ask the neighbours whose links come up in the next SYNC_WINDOW_S for the routes they
+        hold (rule G11, `[engine] route_sync`); False when every relay of a mesh starts at once (a
+        simulation's or MiniNet's first start: nobody holds routes yet)."""
         self._arm_tick(now)
+        out: list[Effect] = []
+        if sync_routes and self.config.route_sync:
+            self._sync_until = now + SYNC_WINDOW_S
+            # G11: links that came up before start (a daemon accepts links while it restores custody)
+            for peer in sorted(self._active):
+                self._sync_asked.add(peer)
+                out.append(Send(peer, Hello(limits.PROTOCOL_VERSION, self.relay_id, self.listen_addr, (SYNC,))))
         self._started_at = now  # M6
         self._next_sweep = now + SWEEP_INTERVAL_S
         self._next_exchange = now + self.config.peer_exchange_interval_s * (0.5 + self._rng.random())
-        return self._refill(now)
+        return out + self._refill(now)
 
     # Rule M1.
     def _refill(self, now: float) -> list[Effect]:
@@ -95,7 +113,8 @@ class MembershipRules(EngineState):
         want = self.config.active_min - have
         if want <= 0 or not self._passive:
             return out
-        choices = [p for p in self._passive if p not in self._connecting]
+        full = self._full_until
+        choices = [p for p in self._passive if p not in self._connecting and not (full and full.get(p, 0.0) > now)]
         self._rng.shuffle(choices)
         if self._near:
             choices = self._proximity_order(choices)
@@ -169,9 +188,12 @@ class MembershipRules(EngineState):
         back = self._lost.pop(peer, None) is not None and outbound
         self._probation.pop(peer, None)
         # M4: tell a full relay we are short of neighbours, so it makes room; M6: that we were its
-        # neighbour (it may have restarted and been filled by others).
+        # neighbour (it may have restarted and been filled by others); G11: ask for its routes.
+        sync = self._sync_wanted(now)
         features = ((LOW,) if outbound and len(self._active) < self.config.priority_join_below else ()) + (
-            (BACK,) if back else ())
+            (BACK,) if back else ()) + ((SYNC,) if sync else ())
+        if sync:
+            self._sync_asked.add(peer)
         if features:
             out.append(Send(peer, Hello(limits.PROTOCOL_VERSION, self.relay_id, self.listen_addr, features)))
         self._active[peer] = Neighbour(addr, outbound, now, self.config.reg_budget_peer_burst,
@@ -192,9 +214,18 @@ class MembershipRules(EngineState):
         state = self._active.pop(peer, None)
         self._connecting.pop(peer, None)
         self._probation.pop(peer, None)
+        if reason == DisconnectReason.FULL:  # M7: it refused us as full: not dialled again for a while
+            full = self._full_until
+            full.pop(peer, None)
+            full[peer] = now + FULL_BACKOFF_S
+            while len(full) > FULL_REMEMBERED_MAX:
+                del full[next(iter(full))]
         if state is None:
             return self._refill(now)
         self._announce.pop(peer, None)
+        self._sync_asked.discard(peer)  # G11: a RouteSync on a later link is taken only if asked there,
+        self._sync_served.discard(peer)  # and a request on it is answered again
+        self._sync_out.pop(peer, None)
         if self._tree_stats or self._tree_out:
             self._tree_peer_down(peer)
         # When it went down: a one-hop route through it (it was the home) is reported `home unreachable`
@@ -249,8 +280,9 @@ class MembershipRules(EngineState):
 
     # Rule M4.
     def _on_probation_hello(self, peer: str, msg: Hello, now: float) -> list[Effect]:
-        """M4: a Hello on an inbound link held while full. "low": make room; otherwise refuse."""
-        _, addr = self._probation.pop(peer)
+        """M4: a Hello on an inbound link held while full. "low": make room; otherwise refuse ("back": M6;
+        only "sync": the probation goes on, G11)."""
+        until, addr = self._probation.pop(peer)
         if (BACK in msg.features and now < self._started_at + REJOIN_WINDOW_S
                 and len(self._rejoined) < self.config.active_max):
             # M6: a former neighbour is let back in; it takes the place of one that is not.
@@ -266,6 +298,12 @@ class MembershipRules(EngineState):
                 if victim_addr:
                     self._passive[victim] = victim_addr
                 return out
+        if SYNC in msg.features and LOW not in msg.features and BACK not in msg.features:
+            # A Hello only asking for routes (G11, a relay in its first minute) claims no room: the
+            # probation runs its course, as for a relay that says nothing (refusing it at once made relays
+            # cycle through full candidates faster and pick far ones: a built mesh lost its proximity).
+            self._probation[peer] = (until, addr)
+            return []
         if LOW not in msg.features or not self._active or now < self._next_make_room:
             self._count("peer_refused_full")
             return [Disconnect(peer, DisconnectReason.FULL)]

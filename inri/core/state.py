@@ -179,11 +179,15 @@ class Neighbour:
 
     __slots__ = ("addr", "outbound", "last_heard", "last_sent", "reg_budget", "nonce", "score", "push_budget",
                  "congested_at", "answered_at", "answer_delay", "answers", "silences", "ka_sent", "unresponsive_at",
-                 "queue_order", "queue_sent", "queue_delay", "queue_heard", "push_out", "budget_penalized_at")
+                 "queue_order", "queue_sent", "queue_delay", "queue_heard", "push_out", "budget_penalized_at",
+                 "up_at")
 
     def __init__(self, addr: str, outbound: bool, now: float, burst: float, push_burst: float) -> None:
         self.addr = addr
         self.outbound = outbound
+        # Rule M7: when the link came up; once a frame came from it since (last_heard later), the other
+        # end holds the link too (a relay sends nothing to a link it holds on probation, M4).
+        self.up_at = now
         self.last_heard = now
         self.last_sent = now
         self.reg_budget = TokenBucket(burst, now)  # registration gossip budget
@@ -277,6 +281,7 @@ class EngineState:
     _next_make_room: float
     _next_rejoin: float
     _started_at: float  # membership.py (M6): when start() ran
+    _full_until: dict[str, float]  # membership.py (M7): candidate -> until when it is not dialled (it was full)
     _rejoined: set[str]  # former neighbours let back in since (M6)
     # push id -> (next hop, deadline, sent, route id, the copy sent): rules S1, F6, C4 (round trips), C5
     _await: BoundedMap[bytes, tuple[str, float, float, bytes, Push]]
@@ -339,6 +344,16 @@ class EngineState:
     _tree_vtime: BoundedMap[bytes, tuple[int, float]]  # route id -> (epoch, virtual arrival of its primary)
     _tree_grafts: list[tuple[float, bytes, int]]
     _tree_cache: BoundedMap[bytes, tuple[Registration, int, int, float, str | None]]
+    # sync.py (G11): until when this relay asks new neighbours for their routes; the neighbours asked on their
+    # current link; those answered on theirs; per neighbour answered, the route ids and how many are left to
+    # send (from the end); the route ids read for answers, and when; the provisional routes learnt: route id
+    # -> (next hop, distance, expiry)
+    _sync_until: float
+    _sync_asked: set[str]
+    _sync_served: set[str]
+    _sync_out: dict[str, tuple[list[bytes], int]]
+    _sync_keys: tuple[float, list[bytes]] | None
+    _provisional: BoundedMap[bytes, tuple[str, int, float]]
     # forwarding.py (F5b): receipts held for flush_receipts, or None (answered at once)
     _receipt_hold: dict[tuple[str, bytes, bytes | None], dict[bytes, tuple[ReceiptStatus, int]]] | None
 
@@ -433,6 +448,13 @@ class EngineState:
         def _stem_successor_down(self, peer: str, now: float) -> list[Effect]: ...
         def _restem_due_now(self, now: float) -> list[Effect]: ...
         def _repair_due_now(self, now: float) -> list[Effect]: ...
+        # sync.py
+        def _sync_wanted(self, now: float) -> bool: ...
+        def _on_sync_request(self, peer: str, now: float) -> list[Effect]: ...
+        def _sync_send(self, peer: str, now: float) -> list[Effect]: ...
+        def _provisional_hop(self, rid: bytes, exclude: str | None) -> str | None: ...
+        def _drop_provisional(self, rid: bytes, peer: str) -> None: ...
+        def _purge_provisional(self, peer: str) -> None: ...
         # tree.py
         def _tree_forward(self, reg: Registration, ttl: int, hops: int, exclude: str | None, now: float,
                           jitter: float) -> list[Effect]: ...

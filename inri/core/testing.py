@@ -89,7 +89,7 @@ class MiniNet:
                 self.engines[int(sb)].add_candidates([PeerInfo(sa, f"addr-{sa}")], 0.0)
                 self.link_up(sa, sb)
         for i, e in enumerate(self.engines):
-            self.apply(str(i), e.start(0.0))
+            self.apply(str(i), e.start(0.0, sync_routes=False))  # the whole mesh starts now: no routes to sync
 
     def apply(self, src: str, effects: list[Effect]) -> None:
         """Carry out effects of engine `src`."""

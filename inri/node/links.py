@@ -51,6 +51,8 @@ class LinkEvents(Protocol):
 
     def active_peers(self) -> list[str]: ...
 
+    def listed_peers(self) -> list[str]: ...
+
 
 DEFAULT_SEND_QUEUE_MAX_BYTES = 4 * 1024 * 1024  # RelayConfig.quic.send_queue_max_bytes
 _PUSH_TYPE = int(MessageType.PUSH)
@@ -187,14 +189,15 @@ class LinkManager:
             await trio.sleep_forever()
 
     def neighbours(self) -> list[dict[str, object]]:
-        """Links to active neighbours (for /v1/status; what inri_neighbours counts)."""
-        active = set(self.events.active_peers()) if self.events is not None else set()
-        return [self._describe(p, link) for p, link in sorted(self._links.items()) if p in active]
+        """Links to neighbours both ends hold (rule M7: for /v1/status; what inri_neighbours counts)."""
+        listed = set(self.events.listed_peers()) if self.events is not None else set()
+        return [self._describe(p, link) for p, link in sorted(self._links.items()) if p in listed]
 
     def pending(self) -> list[dict[str, object]]:
-        """Links that are open but not (yet) an active neighbour: e.g. held while this relay is full."""
-        active = set(self.events.active_peers()) if self.events is not None else set()
-        return [self._describe(p, link) for p, link in sorted(self._links.items()) if p not in active]
+        """Links that are open but not (yet) a neighbour both ends hold: e.g. held while this relay is full,
+        or dialled and not yet heard from (rule M7)."""
+        listed = set(self.events.listed_peers()) if self.events is not None else set()
+        return [self._describe(p, link) for p, link in sorted(self._links.items()) if p not in listed]
 
     @staticmethod
     def _describe(peer: str, link: Link) -> dict[str, object]:

@@ -83,7 +83,9 @@ class RelayCollector(Collector):
         sources = {"engine": stats, "service": service.counters}
         gauges = (
             ("inri_routes_cached", "route ids with a cached route vector", stats["routes"]),
-            ("inri_neighbours", "active neighbours", stats["active"]),
+            ("inri_neighbours", "neighbours both ends hold (rule M7)", len(service.listed_peers())),
+            ("inri_routes_provisional", "routes learnt from a neighbour at link-up, not yet from gossip (G11)",
+             stats["routes_provisional"]),
             ("inri_passive_peers", "passive-view candidates", stats["passive"]),
             ("inri_custody_pushes", "pushes held in custody (on disk until their receipt)", stats["custody"]),
             ("inri_reverse_path_entries", "reverse-path state entries", stats["reverse"]),

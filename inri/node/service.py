@@ -64,6 +64,7 @@ from inri.protocol.messages import (
     RegGraft,
     Registration,
     RouteError,
+    RouteSync,
     StemRepair,
     WebPushMeta,
 )
@@ -76,7 +77,7 @@ _OUT_NAMES = {cls: "frames_out_" + t.name.lower() for cls, t in (
     (Keepalive, MessageType.KEEPALIVE),
     (PeerExchange, MessageType.PEER_EXCHANGE), (ErrorFrame, MessageType.ERROR),
     (RegAnnounce, MessageType.REG_ANNOUNCE), (RegGraft, MessageType.REG_GRAFT),
-    (StemRepair, MessageType.STEM_REPAIR))}
+    (StemRepair, MessageType.STEM_REPAIR), (RouteSync, MessageType.ROUTE_SYNC))}
 _IN_NAMES = {int(t): "frames_in_" + t.name.lower() for t in MessageType}
 # The per-push frames the engine builds from frames it decoded (and so validated) or from pushes the
 # API verified: encoded without codec.encode's re-decode (issue 16: no re-validation of frames we
@@ -648,15 +649,19 @@ class RelayService:
     def active_peers(self) -> list[str]:
         return self.engine.active_peers()
 
+    def listed_peers(self) -> list[str]:
+        """Neighbours both ends hold (rule M7): what /v1/status lists and inri_neighbours counts."""
+        return self.engine.listed_peers()
+
     def status(self) -> dict[str, Any]:
         eng = self.engine
         return {
             "node_id": self.node_id,
             "quic_addr": eng.listen_addr,
             "passive": len(eng.passive_peers()),
-            # Open links the engine does not hold as neighbours yet (e.g. held while this relay is
-            # full): not in "neighbours", which lists active neighbours only (inri_neighbours).
-            "pending_neighbours": sorted(set(self._linked) - set(eng.active_peers())),
+            # Open links that are not a neighbour both ends hold (rule M7: held while this relay is full,
+            # or dialled and not heard from yet): not in "neighbours" (inri_neighbours).
+            "pending_neighbours": sorted(set(self._linked) - set(eng.listed_peers())),
             "routes": eng.route_count(),
             "route_table": eng.route_table_kind(),  # [engine] route_table: "compact" by default
             "peer_scores": eng.peer_scores(),  # docs/protocol.md, Peer scoring

@@ -36,7 +36,9 @@ from inri.protocol.messages import (
     Registration,
     RouteError,
     RouteErrorReason,
+    RouteSync,
     StemRepair,
+    SyncedRoute,
     Urgency,
     WebPushMeta,
 )
@@ -352,6 +354,20 @@ def _announce_from(f: list[Any]) -> RegAnnounce:
                        _route_ids(f[2], "eager") if len(f) > 2 else ())
 
 
+def _route_sync_from(f: list[Any]) -> RouteSync:
+    _fields(f, 1, "route_sync")
+    raw = _bounded_list(f[0], L.MAX_SYNCED_ROUTES, "synced routes")
+    if not raw:
+        raise DecodeError("malformed", "route_sync: empty")
+    entries = []
+    for e in raw:
+        if type(e) is not list or len(e) != 3:
+            raise DecodeError("malformed", "synced route: expected [route_id, hops, ttl_s]")
+        entries.append(SyncedRoute(_bytes(e[0], L.ROUTE_ID_BYTES, "route_id"), _uint(e[1], L.MAX_TTL, "hops"),
+                                   _uint(e[2], L.MAX_LIFETIME_S, "ttl_s")))
+    return RouteSync(tuple(entries))
+
+
 def _graft_from(f: list[Any]) -> RegGraft:
     _fields(f, 2, "reg_graft")
     return RegGraft(_bytes(f[0], L.ROUTE_ID_BYTES, "route_id"), _uint(f[1], L.MAX_EPOCH, "epoch"))
@@ -370,6 +386,7 @@ _DECODERS: dict[int, Callable[[list[Any]], Message]] = {
     MessageType.REG_ANNOUNCE: _announce_from,
     MessageType.REG_GRAFT: _graft_from,
     MessageType.STEM_REPAIR: _stem_repair_from,
+    MessageType.ROUTE_SYNC: _route_sync_from,
 }
 
 
@@ -423,6 +440,10 @@ def _to_fields(msg: Message) -> tuple[MessageType, list[Any]]:
         return MessageType.REG_GRAFT, [msg.route_id, msg.epoch]
     if isinstance(msg, StemRepair):
         return MessageType.STEM_REPAIR, [msg.route_id, msg.epoch, msg.generation]
+    if isinstance(msg, RouteSync):
+        if not msg.entries:
+            raise EncodeError("RouteSync: no entries")
+        return MessageType.ROUTE_SYNC, [[[e.route_id, e.hops, e.ttl_s] for e in msg.entries]]
     raise EncodeError(f"not a wire message: {type(msg).__name__}")
 
 

@@ -35,6 +35,7 @@ class MessageType(IntEnum):
     REG_GRAFT = 10  # gossip_scheme "tree": ask a neighbour for a full registration it announced
     STEM_REPAIR = 11  # stem on (rule G10): "the stem below me broke", sent back along the stem to the home
     RECEIPT_BATCH = 12  # rule F5b: a home relay's receipts for several pushes of one route under one signature
+    ROUTE_SYNC = 13  # rule G11: routes a neighbour holds, sent to a relay that asked for them at link-up
 
 
 class ReceiptStatus(IntEnum):
@@ -293,6 +294,25 @@ class PeerInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class SyncedRoute:
+    """One entry of a RouteSync: the sender holds a route to route_id, `hops` from its home (its distance),
+    for `ttl_s` more seconds (its registration's remaining lifetime)."""
+
+    route_id: bytes
+    hops: int
+    ttl_s: int
+
+
+@dataclass(frozen=True, slots=True)
+class RouteSync:
+    """Rule G11: routes the sender holds, for a neighbour that asked at link-up (a Hello with the feature
+    `sync`): a restarted relay re-learns the routes it lacks as provisional routes through the sender.
+    Not signed and not forwarded; never sent to a relay that did not ask."""
+
+    entries: tuple[SyncedRoute, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class PeerExchange:
     """A sample of the sender's active and passive views (HyParView shuffle)."""
 
@@ -308,4 +328,4 @@ class ErrorFrame:
 
 
 Message = (Hello | RegGossip | Push | Receipt | ReceiptBatch | RouteError | Keepalive | PeerExchange | ErrorFrame
-           | RegAnnounce | RegGraft | StemRepair)
+           | RegAnnounce | RegGraft | StemRepair | RouteSync)
