@@ -23,9 +23,10 @@ import trio
 
 from inri import mesh
 from inri.client import DeviceClient, HomeAppClient
+from inri.core import membership
 from inri.core.api import CustodyStatus
 from inri.core.config import EngineConfig
-from inri.core.membership import FULL_BACKOFF_S, PROBATION_S
+from inri.core.membership import PROBATION_S
 from inri.core.sync import SYNC, SYNC_ROUTES_PER_TICK
 from inri.core.testing import MiniNet
 from inri.node import routesnap
@@ -79,20 +80,21 @@ def test_a_link_a_full_relay_holds_on_probation_is_listed_by_neither_end_and_clo
     assert not any(listed_at_5)
 
 
-def test_a_relay_below_active_min_does_not_dial_a_full_relay_again_for_the_backoff() -> None:
-    """The bootstrap lists the full relay again every 2 s (peers_interval_s in the lab): it is dialled once
-    per FULL_BACKOFF_S, not once per listing."""
+@pytest.mark.parametrize("backoff", [True, False])
+def test_a_relay_below_active_min_backs_off_from_a_full_relay(backoff: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bootstrap lists the full relay again every 2 s (peers_interval_s in the lab) for two minutes: it
+    is dialled again 2 s after its first refusal, then twice as long after each (up to 60 s): 6 dials
+    (refused after 2-3 s of probation each: at 0, ~5, ~11, ~22, ~41, ~76 s). Without the backoff (as before
+    M7), at the first listing after each refusal: 23."""
+    if not backoff:
+        monkeypatch.setattr(membership, "FULL_BACKOFF_MIN_S", 0.0)
     net = _full_relay_and_a_dialler()
     t0 = net.now
-    while net.now < t0 + FULL_BACKOFF_S - 2.0:
+    while net.now < t0 + 120.0:
         net.apply("5", net.engines[5].add_candidates([PeerInfo("0", "addr-0")], net.now))
         net.run_until(net.now + 2.0)
-    assert _dials(net) == 1
-    net.apply("5", net.engines[5].add_candidates([PeerInfo("0", "addr-0")], net.now))
-    net.run_until(t0 + FULL_BACKOFF_S + 4.0)
-    net.apply("5", net.engines[5].add_candidates([PeerInfo("0", "addr-0")], net.now))
-    net.run_until(net.now + PROBATION_S + 2.0)
-    assert _dials(net) == 2  # after the backoff: tried again (the mesh may have room by now)
+    dials = _dials(net)
+    assert dials <= 6 if backoff else dials >= 20, dials
 
 
 def test_a_link_is_listed_once_each_end_heard_from_the_other() -> None:
@@ -104,6 +106,7 @@ def test_a_link_is_listed_once_each_end_heard_from_the_other() -> None:
     assert "2" in net.engines[1].active_peers() and "2" not in net.engines[1].listed_peers()
     # Listed once something came over it: keepalives at the latest (one interval), a round trip on.
     net.run_until(net.now + EngineConfig().keepalive_interval_s + 0.03)
+    assert not any(isinstance(m, Hello) for a, _, m in net.sent if a == "1")  # nothing but keepalives
     assert "1" in net.engines[2].listed_peers() and "2" in net.engines[1].listed_peers()
 
 

@@ -52,6 +52,13 @@ Registration gossip
       registration at generation + 1, signed with the registration's receipt
       key; a higher generation replaces every route of the epoch, a lower one
       is dropped, and one not signed by the home costs its sender.
+  G11. Route sync at link-up ([engine] route_sync): a relay in its first     sync.py, membership.py,
+      SYNC_WINDOW_S asks each neighbour whose link comes up (Hello feature      forwarding.py
+      "sync") for its routes; the neighbour answers once per link with
+      RouteSync frames (route id, hops, seconds left), paced; route ids with
+      no live next hop here become provisional routes through it: they only
+      forward pushes, are never forwarded, announced or exported, and go on
+      a `no route` answer; a learnt route always takes precedence.
   G9. Tree gossip (with [engine] gossip_scheme = "tree"): G2's forward sends   tree.py
       full frames only on links eager for the registration's direction (the
       neighbour it came from) and distance, measured by prunes, and batched
@@ -153,6 +160,10 @@ Membership (HyParView-like)
   M5. Proximity with a far link: candidates a bootstrap ranked near (the      membership.py
       first `near` of add_candidates) are dialled nearest first, while
       far_links of the dialled links go to a random candidate not ranked near.
+  M7. Links both ends hold: a relay lists a neighbour (listed_peers) only     membership.py, engine.py
+      once it heard from it since the link came up (nothing is sent on a
+      link held on probation); a candidate that refused us as full is not
+      dialled again for 2 s, doubling with each refusal up to 60 s.
 
 Peer scoring (zero trust between relays)
   S1. Each neighbour has a score: undecodable frames, forged gossip, gossip    scoring.py (decay: _tick)
@@ -189,7 +200,6 @@ from inri.core.stem import StemRules
 from inri.core.sync import SYNC, SyncRules
 from inri.core.tables import EXPORT_CHUNK, BoundedMap, CompactRouteTable, ExportRow, RouteTable
 from inri.core.tree import TREE_CACHE_MAX, TREE_MISSING_MAX, TREE_VTIME_MAX, TreeRules
-from inri.protocol import limits
 from inri.protocol.codec import DecodeError, decode
 from inri.protocol.messages import (
     Announcement,
@@ -280,7 +290,7 @@ class Engine(MembershipRules, GossipRules, StemRules, TreeRules, SyncRules, Forw
         self._next_rejoin = 0.0  # M6, the other side: its own limiter (membership.py)
         self._started_at = 0.0  # M6: former neighbours get back in for a while after start()
         self._rejoined: set[str] = set()
-        self._full_until: dict[str, float] = {}  # M7: candidates that refused us as full -> not dialled until
+        self._full_until: dict[str, tuple[float, float]] = {}  # M7: candidates that refused us as full
         # G11 (sync.py): route sync at link-up; provisional routes learnt from it, at most route_max.
         self._sync_until = -float("inf")
         self._sync_asked: set[str] = set()
@@ -432,22 +442,10 @@ class Engine(MembershipRules, GossipRules, StemRules, TreeRules, SyncRules, Forw
             case ErrorFrame():
                 self._count("peer_errors")
                 return []
-            case Hello():  # on an active link (M4's probation: handled above)
-                return self._on_hello(peer, state, msg, now)
+            case Hello():  # on an active link: G11's request for routes (M4's probation: handled above)
+                return self._on_sync_request(peer, now) if SYNC in msg.features else []
             case _:
                 assert_never(msg)
-
-    # Rules M7, G11.
-    def _on_hello(self, peer: str, state: Neighbour, msg: Hello, now: float) -> list[Effect]:
-        """A Hello on an active link: on a link peer dialled, answered with ours (M7: it lists the link once
-        it hears from us, and now does within a round trip); `sync` in it asks for our routes (G11)."""
-        out: list[Effect] = []
-        if not state.outbound:
-            state.last_sent = now
-            out.append(Send(peer, Hello(limits.PROTOCOL_VERSION, self.relay_id, self.listen_addr, ())))
-        if SYNC in msg.features:
-            out += self._on_sync_request(peer, now)
-        return out
 
     # ------------------------------------------------------------------------------------------
     # time

@@ -37,11 +37,13 @@ BACK = "back"  # Hello feature: the dialler re-dials a lost neighbour (rule M6)
 # at most active_max of them: a restarted relay's view was filled by whoever dialled first, while its
 # former neighbours still hold routes through it (a restarted home refused them as "full").
 REJOIN_WINDOW_S = 60.0
-# Rule M7: a candidate that refused our link as full is not dialled again for this long. A relay below
-# active_min re-dialled full relays each time a bootstrap or peer exchange listed them again (every few
-# seconds), for as long as the mesh stayed full: each dial was a link it listed while the full relay
-# held it on probation (issue 43: 2 of 9 starts of 8 relays never settled in 120 s).
-FULL_BACKOFF_S = 60.0
+# Rule M7: a candidate that refused our link as full is not dialled again for FULL_BACKOFF_MIN_S, then
+# twice as long after each further refusal, up to FULL_BACKOFF_MAX_S. A relay below active_min re-dialled
+# full relays each time a bootstrap or peer exchange listed them again (every few seconds), for as long
+# as the mesh stayed full. Short at first: a full relay often has room again seconds later (a restarted
+# relay's former neighbours: a flat 60 s kept it from its next hops, and pushes searched meanwhile).
+FULL_BACKOFF_MIN_S = 2.0
+FULL_BACKOFF_MAX_S = 60.0
 FULL_REMEMBERED_MAX = 256  # candidates remembered as full (the oldest forgotten first)
 # Links that ended for these reasons take their route claims with them (peer_down).
 _PURGE_ON_DOWN = frozenset((DisconnectReason.MAKE_ROOM, DisconnectReason.OUTBOUND_QUOTA))
@@ -114,7 +116,8 @@ class MembershipRules(EngineState):
         if want <= 0 or not self._passive:
             return out
         full = self._full_until
-        choices = [p for p in self._passive if p not in self._connecting and not (full and full.get(p, 0.0) > now)]
+        choices = [p for p in self._passive if p not in self._connecting
+                   and not (full and p in full and full[p][0] > now)]
         self._rng.shuffle(choices)
         if self._near:
             choices = self._proximity_order(choices)
@@ -216,10 +219,14 @@ class MembershipRules(EngineState):
         self._probation.pop(peer, None)
         if reason == DisconnectReason.FULL:  # M7: it refused us as full: not dialled again for a while
             full = self._full_until
-            full.pop(peer, None)
-            full[peer] = now + FULL_BACKOFF_S
+            last = full.pop(peer, None)
+            # doubled after each refusal in a row; a refusal long after the last backoff ended starts over
+            wait = (FULL_BACKOFF_MIN_S if last is None or now - last[0] > FULL_BACKOFF_MAX_S
+                    else min(FULL_BACKOFF_MAX_S, 2 * last[1]))
+            full[peer] = (now + wait, wait)
             while len(full) > FULL_REMEMBERED_MAX:
                 del full[next(iter(full))]
+
         if state is None:
             return self._refill(now)
         self._announce.pop(peer, None)

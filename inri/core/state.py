@@ -281,7 +281,8 @@ class EngineState:
     _next_make_room: float
     _next_rejoin: float
     _started_at: float  # membership.py (M6): when start() ran
-    _full_until: dict[str, float]  # membership.py (M7): candidate -> until when it is not dialled (it was full)
+    # membership.py (M7): candidate that refused us as full -> (not dialled until, the backoff that gave it)
+    _full_until: dict[str, tuple[float, float]]
     _rejoined: set[str]  # former neighbours let back in since (M6)
     # push id -> (next hop, deadline, sent, route id, the copy sent): rules S1, F6, C4 (round trips), C5
     _await: BoundedMap[bytes, tuple[str, float, float, bytes, Push]]
