@@ -109,3 +109,24 @@ def relay_cmd(data_dir: Path, *args: str) -> list[str]:
     """`inri relay` on loopback ports 0 with a dead bootstrap and the test profile, plus args."""
     return [sys.executable, "-m", "inri.cli", "relay", "--data-dir", str(data_dir), "--api", "127.0.0.1:0",
             "--quic", "127.0.0.1:0", "--bootstrap", "http://127.0.0.1:9", "--profile", "test", *args]
+
+
+def farthest_relay(info: dict[str, Any], home: str) -> str:
+    """The name of the relay of a mesh (inri.mesh.up's info) farthest in links from relay `home`, as
+    their /v1/status neighbours say (a link listed by either end counts)."""
+    names = {r["node_id"]: r["name"] for r in info["relays"]}
+    g: dict[str, set[str]] = {r["name"]: set() for r in info["relays"]}
+    for r in info["relays"]:
+        for nb in mesh.status(r["api"])["neighbours"]:
+            if nb["node_id"] in names:
+                g[r["name"]].add(names[nb["node_id"]])
+                g[names[nb["node_id"]]].add(r["name"])
+    dist = {home: 0}
+    todo = [home]
+    while todo:
+        cur = todo.pop(0)
+        for nb in sorted(g[cur]):
+            if nb not in dist:
+                dist[nb] = dist[cur] + 1
+                todo.append(nb)
+    return max(sorted(dist), key=lambda n: dist[n])

@@ -24,6 +24,7 @@ from inri.core.api import CustodyStatus, Disconnect, DisconnectReason
 from inri.core.testing import MiniNet
 from inri.protocol.codec import make_registration
 from inri.protocol.keys import new_signing_key, receipt_public_key
+from tests.procs import farthest_relay
 
 HOME = 6
 CHAIN = [(0, 1), (1, 2), (2, 3), (3, 4), (4, 5), (5, HOME)]
@@ -243,30 +244,10 @@ ROUNDS = 3
 BEFORE, DURING = 14, 21  # pushes answered 202 just before the kill, and while the home is down
 
 
-def _far_from(info: dict[str, Any], home: str) -> str:
-    """The relay farthest (in links) from `home`."""
-    names = {r["node_id"]: r["name"] for r in info["relays"]}
-    g: dict[str, set[str]] = {r["name"]: set() for r in info["relays"]}
-    for r in info["relays"]:
-        for nb in mesh.status(r["api"])["neighbours"]:
-            if nb["node_id"] in names:
-                g[r["name"]].add(names[nb["node_id"]])
-                g[names[nb["node_id"]]].add(r["name"])
-    dist = {home: 0}
-    todo = [home]
-    while todo:
-        cur = todo.pop(0)
-        for nb in sorted(g[cur]):
-            if nb not in dist:
-                dist[nb] = dist[cur] + 1
-                todo.append(nb)
-    return max(sorted(dist), key=lambda n: dist[n])
-
-
 async def _round(info: dict[str, Any], round_no: int) -> dict[str, Any]:
     by_name = {r["name"]: r for r in info["relays"]}
     home = by_name["R1"]
-    far = by_name[_far_from(info, "R1")]
+    far = by_name[farthest_relay(info, "R1")]
     dev = DeviceClient(home["api"])
     async with httpx.AsyncClient(timeout=5) as c:
         # Routes of earlier rounds may be gone by now (route errors while the home was down, F6): wait

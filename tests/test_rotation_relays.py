@@ -13,7 +13,6 @@ custody deadline, and no relay scores down, cuts or bans anyone (`/metrics`, `/v
 from __future__ import annotations
 
 import base64
-import collections
 import hashlib
 import os
 import struct
@@ -29,6 +28,7 @@ from nacl.signing import SigningKey
 
 from inri import mesh
 from inri.node.metrics import parse_metrics
+from tests.procs import farthest_relay
 
 pytestmark = pytest.mark.integration
 ENTRY_DEADLINE_S = 12.0  # the entry relay's custody deadline ([engine] custody_deadline_s; 300 by default)
@@ -56,25 +56,6 @@ def penalties(api: str) -> dict[str, float]:
                                                           'inri_engine_events_total{event="receipt_refused"}'))}
 
 
-def farthest(info: dict[str, Any], home: str) -> str:
-    names = {r["node_id"]: r["name"] for r in info["relays"]}
-    g: dict[str, set[str]] = {r["name"]: set() for r in info["relays"]}
-    for r in info["relays"]:
-        for nb in mesh.status(r["api"])["neighbours"]:
-            if nb["node_id"] in names:
-                g[r["name"]].add(names[nb["node_id"]])
-                g[names[nb["node_id"]]].add(r["name"])
-    dist = {home: 0}
-    q = collections.deque([home])
-    while q:
-        u = q.popleft()
-        for v in sorted(g[u]):
-            if v not in dist:
-                dist[v] = dist[u] + 1
-                q.append(v)
-    return max(sorted(dist), key=lambda n: dist[n])
-
-
 async def settled(c: httpx.AsyncClient, url: str, within: float) -> dict[str, Any]:
     """The push status at url once it is no longer pending (AssertionError after `within` seconds)."""
     with trio.move_on_after(within):
@@ -98,7 +79,7 @@ def test_a_push_with_the_credential_from_before_a_rotation_gets_no_relay_banned(
 async def _acceptance(info: dict[str, Any]) -> None:
     relays = {r["name"]: r for r in info["relays"]}
     home = relays["R1"]["api"]
-    entry = relays[farthest(info, "R1")]["api"]
+    entry = relays[farthest_relay(info, "R1")]["api"]
     route, receipt1, receipt2 = SigningKey.generate(), SigningKey.generate(), SigningKey.generate()
     device_id = hashlib.blake2b(bytes(route.verify_key), digest_size=16).hexdigest()
     now = int(time.time())

@@ -226,7 +226,6 @@ class MembershipRules(EngineState):
             full[peer] = (now + wait, wait)
             while len(full) > FULL_REMEMBERED_MAX:
                 del full[next(iter(full))]
-
         if state is None:
             return self._refill(now)
         self._announce.pop(peer, None)
