@@ -424,6 +424,69 @@ def test_both_stores_keep_an_unregistered_devices_keys_only_while_its_endpoints_
     assert stores.store.receipt_keys(other.regs[0][0].route_id) is None
 
 
+def test_both_stores_keep_a_superseded_key_while_web_push_endpoints_minted_under_it_may_come(
+        stores: Stores) -> None:
+    """An endpoint URL outlives its registration (rule C1b): a device with Web Push endpoints when it
+    rotates keeps the superseded key while it stays registered; one without loses it with its grace.
+    The cap still holds, the earliest superseded dropped first, in the same order after a restart."""
+    dev, plain = Device(), Device()
+    for d, mint in ((dev, True), (plain, False)):
+        reg, seed = d.rotate(T0)
+        stores.add(reg, seed)
+        if mint:
+            stores.mint(reg.route_id)
+        stores.add(*d.rotate(T0 + 10))
+    late = dev.regs[0][0].expires_at + int(RECEIPT_KEY_GRACE_S) + 100
+    for d in (dev, plain):  # a rotation long after the first registration and its grace ran out
+        stores.add(*d.rotate(late))
+    if stores.sql is not None:
+        stores.sql.prune(late)
+    stores.reopen()
+    kept = stores.store.receipt_keys(dev.regs[0][0].route_id)
+    assert [r for r, _ in dev.regs if r.receipt_key in kept] == [r for r, _ in dev.regs]
+    assert _signs_with(stores.store, dev.regs[0][0].route_id, dev.regs[0][0].receipt_key)
+    dropped = stores.store.receipt_keys(plain.regs[0][0].route_id)
+    assert [r for r, _ in plain.regs if r.receipt_key in dropped] == [plain.regs[-1][0]]  # both expired
+    for i in range(SUPERSEDED_KEYS_MAX):
+        stores.add(*dev.rotate(late + 1 + i))
+    stores.reopen()
+    kept = stores.store.receipt_keys(dev.regs[0][0].route_id)
+    assert [r for r, _ in dev.regs if r.receipt_key in kept] == [r for r, _ in dev.regs[-SUPERSEDED_KEYS_MAX - 1:]]
+
+
+def test_a_web_push_endpoint_from_before_a_rotation_is_delivered_after_its_registration_expired() -> None:
+    """docs/protocol.md rules C1b and F5c: an endpoint minted under registration 1, whose device then
+    rotated its receipt key twice, the second time long after registration 1 and its grace expired. A
+    push to it entered three hops from the home is accepted (C1b: routes of a newer epoch are live) and
+    delivered, its receipt signed under registration 1's key; nobody is scored down."""
+    net = MiniNet(4, [(0, 1), (1, 2), (2, 3)], config=CFG)
+    dev = Device()
+    seed1 = os.urandom(32)
+    first = make_registration(dev.key, 1, 0, 100, receipt_public_key(seed1))
+    _home(net, 3, first, seed1, [])
+    tok = net.homes[3].mint_endpoint(first.route_id, None)
+    net.run_until(60)
+    seed2 = os.urandom(32)
+    _home(net, 3, make_registration(dev.key, 2, 60, 10_000, receipt_public_key(seed2)), seed2, [])
+    late = int(first.expires_at + RECEIPT_KEY_GRACE_S + 100)
+    net.run_until(late)
+    seed3 = os.urandom(32)
+    _home(net, 3, make_registration(dev.key, 3, late, 10_000, receipt_public_key(seed3)), seed3, [])
+    net.run_until(late + 5)
+    pid = os.urandom(16)
+    tag = push_tag(tok.cap, pid, b"old url", 60, Urgency.NORMAL, ContentEncoding.AES128GCM, None,
+                   vapid_key_hash(None))
+    meta = WebPushMeta(tok.endpoint_id, tag, 60, Urgency.NORMAL, ContentEncoding.AES128GCM, None)
+    res = net.engines[0].inject_push(first, bytes(16), b"old url", net.now, push_id=pid, webpush=meta)
+    net.apply("0", res.effects)
+    net.run_until(net.now + 5)
+    assert net.custody.get(pid) == CustodyStatus.DELIVERED, net.custody.get(pid)
+    got = next(m for src, _, m in net.sent if src == "3" and isinstance(m, Receipt) and m.push_id == pid)
+    assert got.signature is not None and _verifies(first.receipt_key or b"", receipt_signed_bytes(
+        pid, first.route_id, got.status), got.signature)
+    _scores_untouched(net)
+
+
 def test_a_database_from_before_rule_f5c_opens_and_keeps_rotating(tmp_path: Path) -> None:
     """No schema version change: the new table is created in a database that lacks it."""
     from inri.node.store import SCHEMA_VERSION, Store

@@ -117,17 +117,25 @@ async def _acceptance(info: dict[str, Any]) -> None:
         r = await c.post(wp_url, headers={"ttl": "60"})  # an endpoint minted before the rotation
         assert r.status_code == 201, r.text
         webpush = r.headers["location"]
+        # The same endpoint as listed after the rotation: its URL carries the new registration.
+        r = await c.get(home + f"/v1/devices/{device_id}/endpoints", headers=auth)
+        relisted = entry + "/wp/" + r.json()["endpoints"][0]["url"].split("/wp/", 1)[1]
+        assert relisted != wp_url
+        r = await c.post(relisted, headers={"ttl": "60"})
+        assert r.status_code == 201, r.text
+        webpush_new = r.headers["location"]
         ghost = await push(registration(route, 3, now + 2, 3600, SigningKey.generate()), tokens[1])
         control = await push(reg2, tokens[2])
         got = {name: (await settled(c, url, 10.0))["status"] for name, url in
-               (("issued", issued), ("never", never), ("webpush", webpush), ("control", control))}
+               (("issued", issued), ("never", never), ("webpush", webpush), ("webpush_new", webpush_new),
+                ("control", control))}
         assert got == {"issued": "delivered", "never": "unknown_token", "webpush": "delivered",
-                       "control": "delivered"}, got
+                       "webpush_new": "delivered", "control": "delivered"}, got
         st = await settled(c, ghost, ENTRY_DEADLINE_S + 10.0)
         assert st["status"] == "unknown_registration", st
         # The device got what was delivered, once each.
         r = await c.get(home + f"/v1/devices/{device_id}/messages", headers=auth)
-        assert len(r.json()["messages"]) == 3, r.text
+        assert len(r.json()["messages"]) == 4, r.text
         after = {name: penalties(rl["api"]) for name, rl in relays.items()}
         assert not any(after.values()), after
         for name, rl in relays.items():

@@ -99,12 +99,14 @@ Push forwarding
       signature; verified once per relay, passed on whole.
   F5c. Receipts across a rotation: the home keeps each superseded receipt     home.py, forwarding.py,
       key (at most 8 per route id) until an hour after its registration       custody.py
-      expired, and signs each receipt, batch and generation with the key of
-      the push's own registration. A push whose key it does not hold is
-      refused (nothing stored, no token spent) with route error `not home`:
-      unsigned, neutral on the way back (no route or score change), passed
-      to the sender of the copy it answers; the custodian re-sends along the
-      route only and settles it unknown_registration at its deadline.
+      expired (while the device stays registered, when it had Web Push
+      endpoints at the rotation: C1b), and signs each receipt, batch and
+      generation with the key of the push's own registration. A push whose
+      key it does not hold is refused (nothing stored, no token spent) with
+      route error `not home`: unsigned, neutral on the way back (no route or
+      score change), passed to the sender of the copy it answers; the
+      custodian re-sends along the route only and settles it
+      unknown_registration at its deadline.
   F6b. Reverse paths never cycle: a later copy takes a relay's reverse entry   forwarding.py
       only over fewer hops; route errors keep reverse paths, and a relay
       passes on one route error per copy of the push it received.

@@ -34,9 +34,18 @@ RECEIPT_KEY_GRACE_S = 3600.0
 SUPERSEDED_KEYS_MAX = 8
 
 
+# Rule F5c: `until` of a superseded key its device had Web Push endpoints for when it rotated: held while the
+# device stays registered. An endpoint URL embeds the registration it was minted under and outlives it
+# (rule C1b: a browser keeps a subscription for months and cannot be told of a new URL), so a push to a
+# URL from before the rotation must still be answered under that registration's key.
+WHILE_REGISTERED = float("inf")
+
+
 class ReceiptKeyring:
     """Rule F5c: the receipt keys a home holds, per route id: the current registration's, and each
-    superseded one until RECEIPT_KEY_GRACE_S after its registration expired (at most SUPERSEDED_KEYS_MAX).
+    superseded one until RECEIPT_KEY_GRACE_S after its registration expired, or while the device stays
+    registered when it had Web Push endpoints at the rotation (WHILE_REGISTERED); at most
+    SUPERSEDED_KEYS_MAX, the earliest to expire (then the earliest superseded) dropped first.
 
     A push carries the registration its credential was made with; its receipt must verify under that
     registration's receipt key at every relay on the way back (rule F5). A home that signed with the key
@@ -49,7 +58,8 @@ class ReceiptKeyring:
     __slots__ = ("_keys", "_current")
 
     def __init__(self) -> None:
-        # route id -> public receipt key -> (signing key, until when it is held: inf for the current one)
+        # route id -> public receipt key -> (signing key, until when it is held), the current key and then
+        # the superseded ones in the order they were superseded
         self._keys: dict[bytes, dict[bytes, tuple[SigningKey, float]]] = {}
         self._current: dict[bytes, bytes] = {}  # route id -> its current public receipt key
 
@@ -60,7 +70,8 @@ class ReceiptKeyring:
     def install(self, route_id: bytes, secret: bytes, superseded_until: float | None, now: float) -> None:
         """The device handed over `secret` (a receipt key seed): it signs from now on. The key it replaces,
         if another, is kept until superseded_until (its registration's expiry: RECEIPT_KEY_GRACE_S is added
-        here), or dropped when that is None; keys held past their time are dropped (now: wall clock)."""
+        here; WHILE_REGISTERED: until `forget`), or dropped when that is None; keys held past their time
+        are dropped (now: wall clock)."""
         key = SigningKey(secret)
         pub = bytes(key.verify_key)
         keys = self._keys.setdefault(route_id, {})
@@ -85,10 +96,11 @@ class ReceiptKeyring:
 
     def _prune(self, route_id: bytes, now: float) -> None:
         keys = self._keys[route_id]
-        old = sorted((until, pub) for pub, (_, until) in keys.items() if until != float("inf"))
-        drop = [pub for until, pub in old if until < now]
+        current = self._current.get(route_id)
+        old = sorted((until, i, pub) for i, (pub, (_, until)) in enumerate(keys.items()) if pub != current)
+        drop = [pub for until, _, pub in old if until < now]
         live = len(old) - len(drop)
-        drop += [pub for _, pub in old[len(drop):len(drop) + max(0, live - SUPERSEDED_KEYS_MAX)]]
+        drop += [pub for _, _, pub in old[len(drop):len(drop) + max(0, live - SUPERSEDED_KEYS_MAX)]]
         for pub in drop:
             del keys[pub]
         if not keys:
@@ -100,9 +112,11 @@ class ReceiptKeyring:
             self._prune(rid, now)
 
     def superseded(self, route_id: bytes) -> list[tuple[bytes, float]]:
-        """(seed, until) of each superseded key of route_id (what the daemon's Store writes to disk)."""
-        return sorted((bytes(signer), until) for signer, until in self._keys.get(route_id, {}).values()
-                      if until != float("inf"))
+        """(seed, until) of each superseded key of route_id, in the order they were superseded (what the
+        daemon's Store writes to disk, and reads back in that order with `keep`)."""
+        current = self._current.get(route_id)
+        return [(bytes(signer), until) for pub, (signer, until) in self._keys.get(route_id, {}).items()
+                if pub != current]
 
     def forget(self, route_id: bytes) -> None:
         """Drop every key of route_id (its device unregistered)."""
@@ -158,15 +172,17 @@ class MemoryHomeStore:
         receipt_secret: the 32-byte seed of the device's receipt key pair (the registration carries its
         public half); this home signs its receipts for the route id with it (rule F5c: a newer
         registration's key becomes the current one and the one it replaces is kept until the registration
-        that carried it expires; an older registration's is kept until its own expires).
+        that carried it expires, or while the device stays registered when it has Web Push endpoints; an
+        older registration's is kept until its own expires).
         """
         rid = registration.route_id
         old = self._regs.get(rid)
         current = old is None or registration.epoch >= old.epoch
         if receipt_secret is not None:
             if current:
-                self._receipt_keys.install(rid, receipt_secret, None if old is None else old.expires_at,
-                                           registration.issued_at)
+                until = (None if old is None else WHILE_REGISTERED if self.endpoints.get(rid)
+                         else old.expires_at)
+                self._receipt_keys.install(rid, receipt_secret, until, registration.issued_at)
             else:
                 self._receipt_keys.keep(rid, receipt_secret, registration.expires_at + RECEIPT_KEY_GRACE_S,
                                         registration.issued_at)

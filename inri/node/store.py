@@ -41,7 +41,14 @@ from typing import Any
 import trio
 
 from inri.core.budget import KeyedBuckets
-from inri.core.home import ENDPOINT_BURST, ENDPOINT_RATE_PER_S, TTL0_GRACE_S, ReceiptKeyring, tag_ok
+from inri.core.home import (
+    ENDPOINT_BURST,
+    ENDPOINT_RATE_PER_S,
+    TTL0_GRACE_S,
+    WHILE_REGISTERED,
+    ReceiptKeyring,
+    tag_ok,
+)
 from inri.node.migrations import SchemaError, migrate
 from inri.protocol.codec import DecodeError, decode, decode_registration, encode_registration, encode_unchecked
 from inri.protocol.messages import ContentEncoding, Push, ReceiptStatus, Registration, Urgency
@@ -77,7 +84,7 @@ CREATE TABLE IF NOT EXISTS wp_endpoints (
 CREATE TABLE IF NOT EXISTS wp_gone (route_id BLOB PRIMARY KEY, receipt_secret BLOB) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS superseded_receipt_keys (
     route_id BLOB NOT NULL, receipt_secret BLOB NOT NULL, until REAL NOT NULL,
-    PRIMARY KEY (route_id, receipt_secret)) WITHOUT ROWID;
+    PRIMARY KEY (route_id, receipt_secret));
 CREATE TABLE IF NOT EXISTS wp_messages (
     push_id BLOB NOT NULL, route_id BLOB NOT NULL, endpoint_id BLOB NOT NULL, topic TEXT,
     urgency INTEGER NOT NULL, encoding INTEGER NOT NULL, expires_at REAL NOT NULL,
@@ -148,8 +155,9 @@ class Store:
             self._gone.add(bytes(rid))
             if rsecret is not None and bytes(rid) not in self._home:  # its Web Push endpoints answer GONE, signed
                 self._receipt_keys.install(bytes(rid), bytes(rsecret), None, wall)
+        # In rowid order: the order they were superseded (the keyring drops the earliest first, rule F5c).
         for rid, rsecret, until in self._db.execute("SELECT route_id, receipt_secret, until FROM "
-                                                    "superseded_receipt_keys"):
+                                                    "superseded_receipt_keys ORDER BY rowid"):
             self._receipt_keys.keep(bytes(rid), bytes(rsecret), float(until), wall)
         # Web Push: the key endpoint capabilities derive from (random, made once, kept with the store).
         row = self._db.execute("SELECT value FROM meta WHERE key='wp_home_key'").fetchone()
@@ -374,8 +382,9 @@ class Store:
         """Store a newer epoch of a homed device's registration; False if not newer or not homed here.
 
         receipt_secret: the registration's receipt key seed, when the device hands over a new one. The key
-        it replaces is kept until the registration that carried it expires (rule F5c: pushes made with
-        credentials from before the rotation are answered under their own key).
+        it replaces is kept until the registration that carried it expires, or while the device stays
+        registered when it has Web Push endpoints (rule F5c: pushes made with credentials, and to endpoint
+        URLs, from before the rotation are answered under their own key).
         """
         rid = registration.route_id
         old = self._home.get(rid)
@@ -383,7 +392,10 @@ class Store:
             return False
         keys = self._receipt_keys
         if receipt_secret is not None:
-            keys.install(rid, receipt_secret, old.expires_at, registration.issued_at)
+            endpoints = self._db.execute("SELECT 1 FROM wp_endpoints WHERE route_id=? AND revoked=0 LIMIT 1",
+                                         (rid,)).fetchone()
+            keys.install(rid, receipt_secret, old.expires_at if endpoints is None else WHILE_REGISTERED,
+                         registration.issued_at)
         with self._tx():
             self._db.execute("UPDATE devices SET registration=?, epoch=? WHERE route_id=?",
                              (encode_registration(registration), registration.epoch, rid))
