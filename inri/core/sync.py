@@ -155,6 +155,10 @@ class SyncRules(EngineState):
             del self._provisional[rid]
 
     def provisional_count(self) -> int:
-        """Route ids this relay reaches only through a provisional route (rule G11)."""
-        routes = self._routes
-        return sum(1 for rid in self._provisional if not routes.next_hops_of(rid))
+        """Route ids this relay reaches only through a provisional route (rule G11) whose neighbour is up:
+        one through a neighbour whose link went down forwards nothing (`_provisional_hop`) until that
+        neighbour links again, so it is no route to count (a relay restarted amid link churn listed
+        routes it could not use, and searched for their pushes)."""
+        routes, active = self._routes, self._active
+        return sum(1 for rid, (peer, _, _) in self._provisional.items()
+                   if peer in active and not routes.next_hops_of(rid))
