@@ -11,7 +11,7 @@
    adds rounds of the same pushes sent N per `POST /v1/push/batch` request to this tree's relay:
    pushes/s and CPU per push, printed apart (the 3x target is for single pushes).
 2. The same HTTP load on a bare ASGI 202 endpoint served by hypercorn and by the relay's front
-   (inri/node/http1.py): the HTTP server's own ceiling, the measurement behind choosing the front.
+   (inri/common/front): the HTTP server's own ceiling, the measurement behind choosing the front.
 3. A 3-hop line (entry - forwarder - forwarder - home, four relays, one bootstrap per link): wrk at
    the entry, pushes stored/s at the home end to end beside the PoC's rate, and CPU per push at the
    entry, a forwarding relay and the home, and the home's receipt batches (rule F5b: receipts per
@@ -408,13 +408,14 @@ async def line_push(info: dict[str, Any], workdir: Path) -> dict[str, Any]:
 
 
 def bare_servers(d: Path) -> dict[str, dict[str, float]]:
-    """A bare ASGI app answering 202, under hypercorn and under inri/node/http1.py, the same wrk load."""
+    """A bare ASGI app answering 202, under hypercorn and under the relay's front, the same wrk load."""
     (d / "bare_app.py").write_text(BARE_APP)
     (d / "bare_lean.py").write_text(
-        "import sys, trio\nfrom hypercorn.config import Config\nfrom inri.node.http1 import serve\n"
-        "from bare_app import app\nc = Config()\nc.bind = [sys.argv[1]]\n"
-        "trio.run(lambda: serve(app, c, shutdown_trigger=trio.sleep_forever))\n")
-    out: dict[str, dict[str, list[float]]] = {"hypercorn": {}, "http1": {}}
+        "import functools, sys, trio\nfrom inri.common.front import FrontSettings, HttpServer, listening_socket\n"
+        "from bare_app import app\nsock = listening_socket(sys.argv[1])\n"
+        "server = HttpServer(app, FrontSettings())\n"
+        "trio.run(functools.partial(server.run, [sock], shutdown_trigger=trio.sleep_forever))\n")
+    out: dict[str, dict[str, list[float]]] = {"hypercorn": {}, "front": {}}
     procs = {}
     env = {**os.environ, "PYTHONPATH": f"{ROOT}:{d}"}
     for name in out:
@@ -471,7 +472,7 @@ def main() -> None:
             for f in cleanup[::-1]:
                 f()
             cleanup.clear()
-            print("2. bare ASGI 202 endpoint: hypercorn vs inri/node/http1.py", flush=True)
+            print("2. bare ASGI 202 endpoint: hypercorn vs the relay's front (inri/common/front)", flush=True)
             bare = bare_servers(d)
             print("3. a 3-hop line R1 (entry) - R2 - R3 - R4 (home)", flush=True)
             line: dict[str, Any] = {}
@@ -550,8 +551,8 @@ def main() -> None:
         {"metric": "CPU per push entry/fwd/home", "value": round(cpu[0], 3), "unit": "ms",
          "ceiling": "aim 0.35/0.2/0.3", "note": f"fwd {cpu[1]:.3f}/{cpu[2]:.3f}, home {cpu[3]:.3f}; medians of "
                                                 f"{line.get('runs', 0)} runs, worst entry {worst[0]:.3f}"},
-        {"metric": "bare 202: http1 vs hypercorn", "value": round(bare["http1"]["rps"] / bare["hypercorn"]["rps"], 2),
-         "unit": "x", "note": f"{bare['http1']['rps']:,.0f}/s vs {bare['hypercorn']['rps']:,.0f}/s"},
+        {"metric": "bare 202: front vs hypercorn", "value": round(bare["front"]["rps"] / bare["hypercorn"]["rps"], 2),
+         "unit": "x", "note": f"{bare['front']['rps']:,.0f}/s vs {bare['hypercorn']['rps']:,.0f}/s"},
     ]
     if batch is not None:
         figures.append({"metric": f"one relay, push batch of {BATCH}, vs seed PoC", "value":

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import signal
 import socket
@@ -16,13 +15,13 @@ from pathlib import Path
 
 import structlog
 import trio
-from hypercorn.config import Config as HyperConfig
-from hypercorn.trio import serve as hyper_serve
 
 from bootstrap_nodes.config import BootstrapConfig, ConfigError, load_bootstrap_config
 from bootstrap_nodes.service import Bootstrap, BootstrapApp
 from inri.common.addr import format_addr, parse_addr
 from inri.common.docs import DocsHelpFormatter, docs_hint, version_line
+from inri.common.front import HttpServer, listening_socket, raise_fd_limit
+from inri.common.front.server import LISTEN_BACKLOG
 from inri.common.identity import NodeIdentity
 from inri.common.lock import DataDirBusy, DataDirLock
 from inri.common.logs import configure_logging
@@ -30,6 +29,7 @@ from inri.node.quic import probe
 
 log = structlog.get_logger("inri.bootstrap")
 READY_FILE = "bootstrap.json"  # written into the data dir once the bootstrap listens: its URL and pid
+GRACEFUL_S = 3.0  # requests in flight at SIGINT/SIGTERM get this long
 
 
 def check_listen_fd(fd: int) -> None:
@@ -55,23 +55,30 @@ async def serve(cfg: BootstrapConfig, listen_fd: int | None = None) -> None:
 
     boot = Bootstrap(cfg, prober)
     app = BootstrapApp(boot)
-    hc = HyperConfig()
     if listen_fd is not None:
         # Bound by whoever started us (a supervisor's socket activation, a test that must know every
-        # bootstrap's URL before any starts): hypercorn serves it as is and listens on it.
-        hc.bind = [f"fd://{listen_fd}"]
+        # bootstrap's URL before any starts): served as it is, listening.
+        sock = socket.socket(fileno=listen_fd)
+        sock.listen(LISTEN_BACKLOG)
     else:
-        host, port = parse_addr(cfg.listen)
-        hc.bind = [format_addr(host, port)]
-    hc.accesslog = None
-    hc.errorlog = logging.getLogger("inri.bootstrap.http")  # through structlog's renderer (inri.common.logs)
-    hc.graceful_timeout = 3.0
-    hc.include_server_header = False
+        sock = listening_socket(cfg.listen)
+    fds = raise_fd_limit(cfg.connections_max)
+    if fds < cfg.connections_max:
+        log.warning("the descriptor limit is below connections_max: accepting pauses when it is reached",
+                    limit=fds, connections_max=cfg.connections_max)
+    server = HttpServer(app, cfg, stats=app.front, graceful_s=GRACEFUL_S)
+    served = trio.Event()
+
+    async def run_server(task_status: trio.TaskStatus[list[str]]) -> None:
+        try:
+            await server.run([sock], shutdown_trigger=shutdown.wait, task_status=task_status)
+        finally:
+            served.set()
+
     shutdown = trio.Event()
     try:
         async with trio.open_nursery() as nursery:
-            binds = await nursery.start(lambda task_status: hyper_serve(app, hc, shutdown_trigger=shutdown.wait,  # type: ignore[arg-type]
-                                                                        task_status=task_status))
+            binds = await nursery.start(run_server)
             nursery.start_soon(boot.sweep_loop)
             if cfg.peers:
                 nursery.start_soon(boot.sync_loop)
@@ -85,11 +92,11 @@ async def serve(cfg: BootstrapConfig, listen_fd: int | None = None) -> None:
                     break
             log.info("bootstrap stopping")
             shutdown.set()
-            with trio.move_on_after(4):
-                while any("hyper" in t.name or "lambda" in t.name for t in nursery.child_tasks):
-                    await trio.sleep(0.05)
+            with trio.move_on_after(GRACEFUL_S + 1):  # requests in flight finish, then everything stops
+                await served.wait()
             nursery.cancel_scope.cancel()
     finally:
+        sock.close()
         boot.close()
 
 

@@ -16,6 +16,7 @@ from msgspec import Meta
 
 from inri.common.addr import parse_addr
 from inri.common.config import ConfigError, Setting, apply, read_toml
+from inri.common.front import FrontSettings, check_front_settings
 
 __all__ = ["BootstrapConfig", "ConfigError", "load_bootstrap_config"]
 
@@ -24,8 +25,11 @@ AtLeastOne = Meta(ge=1)
 
 
 @dataclass(frozen=True)
-class BootstrapConfig:
-    listen: str = "0.0.0.0:8470"  # HTTP listen address (put TLS in front, e.g. a reverse proxy)
+class BootstrapConfig(FrontSettings):
+    """[bootstrap]: the HTTP front's deadlines, caps and trusted proxies (the relay's [api] keys of the same
+    names, inri/common/front), then the bootstrap's own keys."""
+
+    listen: str = "0.0.0.0:8470"  # HTTP listen address (put TLS in front, e.g. a reverse proxy: trusted_proxies)
     data_dir: str = "./bootstrap-data"  # SQLite store of relay records
     allow_private: bool = False  # accept loopback/private/link-local addresses (tests, lab meshes)
     record_ttl_s: Annotated[float, Positive] = 1800.0  # a record not refreshed for this long is dropped
@@ -73,6 +77,7 @@ def load_bootstrap_config(
         parse_addr(cfg.listen)
     except ValueError as exc:
         raise ConfigError(f"{at('listen')}: {exc}") from None
+    check_front_settings(cfg, at)
     if cfg.log_level.lower() not in ("debug", "info", "warning", "error"):
         raise ConfigError(f"{at('log_level')}: expected debug, info, warning or error, got {cfg.log_level!r}")
     for url in cfg.peers:

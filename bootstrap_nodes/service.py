@@ -1,4 +1,4 @@
-"""The bootstrap node: announce, peer lists, record sync, health and metrics over HTTP (hypercorn/trio).
+"""The bootstrap node: announce, peer lists, record sync, health and metrics over HTTP (inri/common/front).
 
 Announce rules, in the order they are checked (each refusal has a stable code, docs/operations.md):
 size (413 too_large) -> rate (429 rate_limited) -> decoding (400 malformed) -> signature (403
@@ -34,6 +34,7 @@ from bootstrap_nodes.store import RecordStore
 from inri.common.addr import rate_key
 from inri.common.b64url import b64d, b64e
 from inri.common.buildinfo import build_info
+from inri.common.front import FrontStats
 from inri.common.http import (
     Problem,
     Receive,
@@ -255,6 +256,7 @@ class BootstrapCollector(Collector):
         yield CounterMetricFamily("inri_bootstrap_rate_limited", "requests refused by the per-address rate limit",
                                   value=boot.rate.hits)
         yield self.app.http_codes.metric("inri_bootstrap_http_responses")
+        yield from self.app.front.metrics("inri_bootstrap_http")
 
 
 class BootstrapApp:
@@ -263,6 +265,7 @@ class BootstrapApp:
     def __init__(self, boot: Bootstrap) -> None:
         self.boot = boot
         self.http_codes = StatusCounts()
+        self.front = FrontStats()  # the HTTP front serving this app counts here (inri_bootstrap_http_* metrics)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(BootstrapCollector(self))
         build_info(self.registry, "bootstrap")

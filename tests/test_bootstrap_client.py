@@ -8,8 +8,6 @@ from typing import Any
 
 import trio
 import trio.testing
-from hypercorn.config import Config as HyperConfig
-from hypercorn.trio import serve
 
 from inri.common.identity import NodeIdentity
 from inri.node.bootstrap_client import BootstrapClient, make_record
@@ -17,6 +15,7 @@ from inri.node.config import load_config
 from inri.node.reachability import Reachability
 from inri.node.relay import _BootstrapLoop
 from inri.protocol.messages import PeerInfo
+from tests.inproc import serving as served
 
 
 class FakeBootstrap:
@@ -39,18 +38,8 @@ class FakeBootstrap:
 
 @asynccontextmanager
 async def serving(app: FakeBootstrap) -> AsyncIterator[str]:
-    hc = HyperConfig()
-    hc.bind = ["127.0.0.1:0"]
-    hc.accesslog = None
-    stop = trio.Event()
-    async with trio.open_nursery() as n:
-        binds = await n.start(lambda task_status: serve(app, hc, shutdown_trigger=stop.wait,  # type: ignore[arg-type]
-                                                        task_status=task_status))
-        try:
-            yield binds[0]
-        finally:
-            stop.set()
-            n.cancel_scope.cancel()
+    async with served(app) as url:
+        yield url
 
 
 async def test_every_request_of_a_relay_uses_one_http_connection() -> None:

@@ -9,13 +9,12 @@ from pathlib import Path
 
 import httpx
 import trio
-from hypercorn.config import Config as HyperConfig
-from hypercorn.trio import serve as hyper_serve
 from nacl.signing import SigningKey
 
 from bootstrap_nodes.config import BootstrapConfig
 from bootstrap_nodes.service import RECORDS_PAGE, Bootstrap, BootstrapApp
 from inri.protocol.peer_record import encode_record, make_peer_record
+from tests.inproc import serving as served
 
 N_RECORDS = 5000
 
@@ -27,19 +26,8 @@ async def _proven(addr: str, node_id: str) -> bool:
 @asynccontextmanager
 async def serving(boot: Bootstrap) -> AsyncIterator[str]:
     """The bootstrap's ASGI app on 127.0.0.1, port 0 (read back); yields its URL."""
-    hc = HyperConfig()
-    hc.bind = ["127.0.0.1:0"]
-    hc.accesslog = None
-    shutdown = trio.Event()
-    async with trio.open_nursery() as nursery:
-        binds = await nursery.start(lambda task_status: hyper_serve(BootstrapApp(boot), hc,  # type: ignore[arg-type]
-                                                                    shutdown_trigger=shutdown.wait,
-                                                                    task_status=task_status))
-        try:
-            yield binds[0]
-        finally:
-            shutdown.set()
-            nursery.cancel_scope.cancel()
+    async with served(BootstrapApp(boot)) as url:
+        yield url
 
 
 def _config(tmp: Path, name: str) -> BootstrapConfig:

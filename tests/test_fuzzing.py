@@ -11,6 +11,7 @@ import pytest
 import trio
 
 from fuzz.campaign import format_report, fuzz_decoders, fuzz_http, fuzz_quic
+from fuzz.http_head import fuzz_head_parser
 from inri import mesh
 from inri.node.config import load_config
 from tests.inproc import relay_api
@@ -34,6 +35,26 @@ def test_every_decoder_raises_only_its_documented_error() -> None:
     for target in ("codec.decode", "peer_record.decode_record", "scenario.from_dict"):
         assert report.outcomes[f"{target}: accepted"] > 0
         assert sum(v for k, v in report.outcomes.items() if k.startswith(f"{target}: rejected")) > 0
+
+
+def test_the_fronts_request_parser_gives_h11s_result_or_hands_over_whole_and_byte_by_byte() -> None:
+    """fuzz/http_head.py (h11's fuzz/afl-server.py invariant, with the front's refusals): short profile."""
+    report = fuzz_head_parser(2500, seed=41)
+    assert not report.failures, format_report("HTTP head parser", report)
+    for kind in ("fast", "h11", "refused 400", "refused 431", "need more"):
+        assert report.outcomes[f"front.parse_head: {kind}"] > 0, format_report("HTTP head parser", report)
+
+
+def test_the_head_fuzzer_reports_a_parser_that_lets_smuggling_through(monkeypatch: pytest.MonkeyPatch) -> None:
+    import fuzz.http_head
+    from inri.common.front import parse
+
+    def lenient(buf: bytes, end: int) -> object:
+        return parse.DEFER
+
+    monkeypatch.setattr(parse, "_slow", lenient)
+    report = fuzz.http_head.fuzz_head_parser(300, seed=41)
+    assert any("but the head has" in f for f in report.failures), format_report("HTTP head parser", report)
 
 
 def test_the_campaign_reports_a_decoder_that_raises_the_wrong_error() -> None:

@@ -13,7 +13,6 @@ from typing import Any
 import httpx
 import pytest
 import trio
-from hypercorn.config import Config as HyperConfig
 
 from inri import mesh
 from inri.client import DeviceClient
@@ -21,35 +20,28 @@ from inri.client.credential import seal
 from inri.common.b64url import b64e
 from inri.node.api import create_app
 from inri.node.config import RelayConfig
-from inri.node.http1 import serve
 from inri.node.service import RelayService
 from inri.node.store import Store
 from inri.node.tracefile import TraceFile
 from inri.protocol.codec import encode_registration
-from tests.inproc import NullNetwork
+from tests.inproc import NullNetwork, serving
 
 WRITES = ("BEGIN", "INSERT", "UPDATE", "DELETE", "REPLACE")
 
 
 @asynccontextmanager
 async def grouping_relay(tmp: Path) -> AsyncIterator[tuple[str, Store]]:
-    """A relay as `inri relay` runs it (store.run grouping commits, the http1 front), no mesh."""
+    """A relay as `inri relay` runs it (store.run grouping commits, the HTTP front), no mesh."""
     cfg = RelayConfig()
     store = Store(tmp / "relay.sqlite3")
     service = RelayService("a" * 32, cfg.engine.test_profile(), store, NullNetwork(), TraceFile(tmp / "t", "a" * 32))
-    hc = HyperConfig()
-    hc.bind = ["127.0.0.1:0"]
-    hc.accesslog = None
-    stop = trio.Event()
     async with trio.open_nursery() as n:
         await n.start(store.run)
         await n.start(service.run)
-        app = create_app(service, config=cfg)
-        binds = await n.start(lambda task_status: serve(app, hc, shutdown_trigger=stop.wait, task_status=task_status))
         try:
-            yield binds[0], store
+            async with serving(create_app(service, config=cfg), cfg.api) as url:
+                yield url, store
         finally:
-            stop.set()
             n.cancel_scope.cancel()
     store.close()
 

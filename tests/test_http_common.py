@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import socket
 import subprocess
 import sys
@@ -15,13 +14,12 @@ from pathlib import Path
 import httpx
 import pytest
 import trio
-from hypercorn.config import Config as HyperConfig
-from hypercorn.trio import serve
 from prometheus_client.parser import text_string_to_metric_families
 
 from bootstrap_nodes.config import BootstrapConfig
 from bootstrap_nodes.service import Bootstrap, BootstrapApp
 from inri.common.http import Problem, Route, Router
+from tests.inproc import serving
 from tests.procs import ROOT
 
 
@@ -49,16 +47,9 @@ async def test_bootstrap_answers_problems_with_allow_and_a_scrape_prometheus_par
         return False
 
     boot = Bootstrap(BootstrapConfig(data_dir=str(tmp_path / "b"), max_body_bytes=1024), prober)
-    hc = HyperConfig()
-    hc.bind = ["127.0.0.1:0"]
-    hc.accesslog = None
-    stop = trio.Event()
     try:
         with trio.fail_after(30):
-            async with trio.open_nursery() as n:
-                binds = await n.start(lambda task_status: serve(BootstrapApp(boot), hc, shutdown_trigger=stop.wait,
-                                                                task_status=task_status))
-                url = binds[0]
+            async with serving(BootstrapApp(boot)) as url:
                 async with httpx.AsyncClient() as c:
                     r = await c.get(url + "/v1/announce")
                     assert r.status_code == 405 and r.headers["allow"] == "POST"
@@ -69,7 +60,6 @@ async def test_bootstrap_answers_problems_with_allow_and_a_scrape_prometheus_par
                     assert (r.status_code, r.json()["code"]) == (413, "too_large")
                     assert (await c.get(url + "/v1/peers?count=3")).json() == {"peers": []}
                     scrape = await c.get(url + "/metrics")
-                stop.set()
     finally:
         boot.close()
     assert scrape.headers["content-type"].startswith("text/plain; version=0.0.4")
@@ -128,48 +118,6 @@ def test_wrk_parser_reads_the_latency_distribution_not_the_stdev_column() -> Non
     assert rps == 2760.41 and bad == 17
     assert math.isclose(p50, 0.01111) and math.isclose(p99, 102.40e-6)
     assert all(math.isnan(x) for x in parse_wrk("wrk: connection refused")[1:3])
-
-
-async def test_api_server_failures_after_start_back_off_and_hypercorn_errors_are_logged(
-        monkeypatch: pytest.MonkeyPatch, autojump_clock: trio.testing.MockClock) -> None:
-    """The HTTP server is served again after a failure, with doubling delays (not every 50 ms forever),
-    on the same listening socket; hypercorn's error log reaches the relay's log."""
-    import structlog
-
-    from inri.node import relay as relay_mod
-    from inri.node.config import RelayConfig
-
-    starts: list[float] = []
-
-    async def failing_serve(app: object, config: HyperConfig, *, shutdown_trigger: object,
-                            task_status: trio.TaskStatus[list[str]]) -> None:
-        starts.append(trio.current_time())
-        assert config.bind[0].startswith("fd://")
-        os.close(int(config.bind[0][5:]))  # what hypercorn would close
-        if len(starts) == 1:
-            task_status.started(["http://127.0.0.1:1"])
-            config.log.error_logger.error("connection from %s failed", "127.0.0.1")  # type: ignore[union-attr]
-        raise RuntimeError("server crashed")
-
-    monkeypatch.setattr(relay_mod, "hyper_serve", failing_serve)
-    listener = relay_mod.bind_api("127.0.0.1:0")
-    shutdown = trio.Event()
-    try:
-        with structlog.testing.capture_logs() as logs:
-            async with trio.open_nursery() as n:
-                binds = await n.start(relay_mod._serve_api, None, RelayConfig(), listener, shutdown)
-                await trio.sleep(30)  # virtual time
-                shutdown.set()
-                n.cancel_scope.cancel()
-    finally:
-        listener.close()
-    assert binds == ["http://127.0.0.1:1"]
-    gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
-    assert 10 <= len(starts) <= 30, gaps  # not 600 restarts in 30 s (every 50 ms)
-    assert gaps[:4] == pytest.approx([0.05, 0.1, 0.2, 0.4])
-    assert max(gaps) == pytest.approx(relay_mod.API_RESTART_MAX_S)
-    assert any(e.get("source") == "hypercorn" and "127.0.0.1 failed" in e["event"] for e in logs), logs
-    assert sum(e["event"] == "HTTP server failed; serving again" for e in logs) == len(starts)
 
 
 async def test_respond_sends_json_it_is_given_already_encoded_and_encodes_the_rest_compactly() -> None:

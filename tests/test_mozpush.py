@@ -24,13 +24,12 @@ import http_ece
 import httpx
 import pytest
 import trio
-from hypercorn.config import Config as HyperConfig
 from pywebpush import WebPushException, webpush
 
 from inri.common.b64url import b64d, b64e
+from inri.common.front import HttpServer
 from inri.node.api import create_app
 from inri.node.config import MozPushSection, RelayConfig, WakeSection, WebPushSection
-from inri.node.http1 import serve
 from inri.node.mozpush import CloseCode
 from inri.node.service import RelayService
 from inri.node.store import Store
@@ -65,16 +64,12 @@ async def mp_relay(tmp: Path, *, wake: WakeSection | None = None, sock: socket.s
     wake hooks' task (wake: their [wake] section). sock: serve on this listener (kept open), else a new one."""
     own = sock or listener()
     url = f"http://127.0.0.1:{own.getsockname()[1]}"
-    fd = os.dup(own.fileno()) if sock is not None else own.detach()
     cfg = RelayConfig(webpush=WebPushSection(public_origins=(url,)), mozpush=MozPushSection(**mozpush),
                       wake=wake or WakeSection())
     tmp.mkdir(parents=True, exist_ok=True)
     store = Store(tmp / "relay.sqlite3")
     service = RelayService("a" * 32, cfg.engine.test_profile(), store, NullNetwork(), TraceFile(tmp / "t", "a" * 32),
                            wake=cfg.wake)
-    hc = HyperConfig()
-    hc.bind = [f"fd://{fd}"]
-    hc.accesslog = None
     stop = trio.Event()
     try:
         async with trio.open_nursery() as n:
@@ -84,13 +79,16 @@ async def mp_relay(tmp: Path, *, wake: WakeSection | None = None, sock: socket.s
             await n.start(service.wake.run)  # after create_app, as the daemon: every owner kind is wired
             await n.start(app.agents.run)
             await n.start(app.mozpush.run)
-            await n.start(lambda task_status: serve(app, hc, shutdown_trigger=stop.wait, task_status=task_status))
+            server = HttpServer(app, cfg.api, stats=app.front)
+            await n.start(lambda task_status: server.run([own], shutdown_trigger=stop.wait, task_status=task_status))
             try:
                 yield Relay(url, url.replace("http", "ws") + "/v1/mozpush", service, app)
             finally:
                 stop.set()
                 n.cancel_scope.cancel()
     finally:
+        if sock is None:  # ours; a caller's listener stays open (the front served a duplicate of it)
+            own.close()
         store.close()
 
 

@@ -1,4 +1,4 @@
-"""The relay HTTP/WebSocket API, served by hypercorn's trio worker on loopback, driven by httpx and the SDK."""
+"""The relay HTTP/WebSocket API, served by the HTTP front on loopback, driven by httpx and the SDK."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from pathlib import Path
 import httpx
 import pytest
 import trio
-from hypercorn.config import Config as HyperConfig
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from trio_websocket import open_websocket_url
@@ -21,12 +20,12 @@ from inri.client.credential import b64e, seal
 from inri.node import api
 from inri.node.api import create_app
 from inri.node.config import RelayConfig
-from inri.node.http1 import serve
 from inri.node.metrics import parse_metrics
 from inri.node.service import RelayService
 from inri.node.store import Store
 from inri.node.tracefile import TraceFile
 from inri.protocol.codec import encode_registration
+from tests.inproc import serving
 
 
 class NullNetwork:
@@ -51,21 +50,15 @@ async def relay(tmp: Path, cfg: RelayConfig | None = None) -> AsyncIterator[tupl
     store = Store(tmp / "relay.sqlite3")
     service = RelayService("a" * 32, cfg.engine.test_profile(), store, NullNetwork(),
                            TraceFile(tmp / "traces", "a" * 32))
-    hc = HyperConfig()
-    hc.bind = ["127.0.0.1:0"]  # port 0, read back from hypercorn: no port picked and released
-    hc.accesslog = None
-    stop = trio.Event()
     async with trio.open_nursery() as n:
         await n.start(service.run)
         app = create_app(service, config=cfg)
         await n.start(app.agents.run)
         await n.start(app.mozpush.run)
-        binds = await n.start(lambda task_status: serve(app, hc,
-                                                        shutdown_trigger=stop.wait, task_status=task_status))
         try:
-            yield binds[0], service
+            async with serving(app, cfg.api) as url:  # port 0, read back
+                yield url, service
         finally:
-            stop.set()
             n.cancel_scope.cancel()
             store.close()
 
@@ -469,7 +462,7 @@ async def test_metrics_scrape_parses_with_prometheus_client_and_keeps_sources_ap
         assert any(n == name for n, _ in samples), name
 
 
-async def test_what_hypercorn_refuses_has_the_documented_empty_answers(tmp_path: Path) -> None:
+async def test_what_the_front_refuses_has_the_documented_empty_answers(tmp_path: Path) -> None:
     """docs/api.md, Errors: HTTP the server cannot parse never reaches the API: 400/501 with empty bodies."""
     with trio.fail_after(30):
         async with relay(tmp_path) as (url, _):

@@ -1,4 +1,4 @@
-"""The relay's HTTP/WebSocket API (docs/api.md): a bare ASGI app served by hypercorn's trio worker.
+"""The relay's HTTP/WebSocket API (docs/api.md): a bare ASGI app served by the HTTP front (inri/common/front).
 
 Routing, body limits, problem+json and status counts come from `inri.common.http`, shared with the
 bootstrap node (why no framework: see there). The router is a table of (method, path) -> handler,
@@ -35,6 +35,7 @@ from nacl.public import PublicKey, SealedBox
 from inri import __version__
 from inri.common import b64url
 from inri.common.b64url import b64e
+from inri.common.front import FrontStats
 from inri.common.http import (
     Problem,
     Receive,
@@ -219,6 +220,7 @@ class RelayApi:
         self.device_rate = RateLimiter(self.limits.device_rate_per_s, self.limits.device_rate_burst)
         self.token_rate = RateLimiter(self.limits.token_rate_per_s, self.limits.token_rate_burst)
         self.http_codes = StatusCounts()
+        self.front = FrontStats()  # the HTTP front serving this app counts here (inri_http_* metrics)
         self.tarpitted = 0  # rate-limited requests waiting for their 429 (see ApiSection.tarpit_s)
         self.ws_open = 0
         body = self.limits.max_body_bytes
@@ -297,7 +299,7 @@ class RelayApi:
         await self._answer(send, scope["path"], scope["method"], self._dispatch(scope, receive))
 
     async def fast_post(self, target: bytes, client: tuple[Any, ...] | None, body: bytes, exchange: Any) -> bool:
-        """The HTTP front's shortcut (inri/node/http1.py) for the hot `POST /v1/push`, its body read: the same
+        """The HTTP front's shortcut (inri/common/front) for the hot `POST /v1/push`, its body read: the same
         limits, checks, answers and counts as through __call__, without building an ASGI scope, matching
         routes or wrapping the body in a Request. False for any other target (it goes through __call__).
 
@@ -305,7 +307,7 @@ class RelayApi:
         complete application/json answer without ASGI messages (the 202 of every push)."""
         if target != b"/v1/push":
             return False
-        # The 202 leaves once the push is committed, written by the group commit's task (http1.py,
+        # The 202 leaves once the push is committed, written by the group commit's task (the front's
         # answer_json's `after`): the request's task does not wait for the commit.
         await self._answer(exchange.send, "/v1/push", "POST", self._push_body(client, body, durable=False),
                            functools.partial(exchange.answer_json, after=self.service.store.after_commit))

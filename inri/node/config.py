@@ -18,6 +18,7 @@ from msgspec import Meta
 
 from inri.common.addr import format_addr, parse_addr
 from inri.common.config import ConfigError, Setting, apply, engine_config, read_toml
+from inri.common.front import FrontSettings, check_front_settings
 from inri.core.config import EngineConfig
 from inri.protocol.limits import MAX_FRAME_BYTES
 from inri.protocol.peer_record import parse_geo
@@ -37,7 +38,7 @@ AtLeastOne = Meta(ge=1)
 @dataclass(frozen=True)
 class RelaySection:
     data_dir: str = "./inri-data"  # identity, SQLite store, trace files
-    api: str = "127.0.0.1:8480"  # HTTP/WebSocket listen address (put a TLS reverse proxy in front)
+    api: str = "127.0.0.1:8480"  # HTTP/WebSocket listen address (TLS: [api] tls_cert, or a reverse proxy)
     quic: str = "0.0.0.0:4433"  # QUIC listen address for relay-to-relay links (UDP)
     public_addr: str = ""  # QUIC address announced to bootstraps and peers; default: the quic address
     bootstrap: tuple[str, ...] = ()  # bootstrap URLs; empty: bootstrap_nodes/default.toml
@@ -83,7 +84,10 @@ class QuicSection:
 
 
 @dataclass(frozen=True)
-class ApiSection:
+class ApiSection(FrontSettings):
+    """[api]: the HTTP front's deadlines, caps and trusted proxies (FrontSettings, inri/common/front), then
+    what the API itself limits."""
+
     max_body_bytes: Annotated[int, Meta(ge=1024)] = 16 * 1024  # larger bodies get 413 without being read
     rate_per_s: Annotated[float, Positive] = 50.0  # per client address (/64 for IPv6), token bucket
     rate_burst: Annotated[int, AtLeastOne] = 100
@@ -109,8 +113,8 @@ class ApiSection:
     custody_backlog_s: Annotated[float, Positive] = 10.0
     custody_backlog_min: Annotated[int, AtLeastOne] = 200
     custody_route_max: Annotated[int, AtLeastOne] = 1000
-    # HTTPS on relay.api (PEM files; both or neither): Web Push senders such as node's web-push speak
-    # only https. Empty: plain HTTP, for a TLS reverse proxy in front.
+    # HTTPS on relay.api (PEM files; both or neither), served by the same front (trio.SSLStream): Web Push
+    # senders such as node's web-push speak only https. Empty: plain HTTP (a TLS reverse proxy in front).
     tls_cert: str = ""
     tls_key: str = ""
 
@@ -246,6 +250,7 @@ def _validate(cfg: RelayConfig, origin: dict[tuple[str, str], str]) -> None:
     for url in r.bootstrap:
         if not url.startswith(("http://", "https://")):
             raise ConfigError(f"{at('relay', 'bootstrap')}: {url!r} is not an http(s) URL")
+    check_front_settings(cfg.api, lambda key: at("api", key))
     if bool(cfg.api.tls_cert) != bool(cfg.api.tls_key):
         raise ConfigError(f"{at('api', 'tls_cert')}: tls_cert and tls_key go together (PEM certificate chain and key)")
     for name in ("tls_cert", "tls_key"):

@@ -147,6 +147,7 @@ class RelayCollector(Collector):
             limited.add_metric([key], limiter.hits)
         yield limited
         yield api.http_codes.metric("inri_http_responses")
+        yield from api.front.metrics("inri_http")  # the HTTP front: connections, deadlines, shedding, restarts
         yield CounterMetricFamily("inri_webpush_accepted", "Web Push pushes answered 201 at this relay",
                                   value=api.wp_counts.get("accepted", 0))
         refused = CounterMetricFamily("inri_webpush_refused", "Web Push pushes refused at this relay, by HTTP "

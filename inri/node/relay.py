@@ -1,7 +1,7 @@
 """`inri relay`: one relay process — identity, store, QUIC mesh, HTTP/WebSocket API, bootstrap client.
 
 Task tree (trio, structured): the link manager (QUIC endpoint and its links), the relay service (the
-engine's timer loop), the store's group commit, the HTTP API (inri/node/http1.py), the bootstrap
+engine's timer loop), the store's group commit, the HTTP API (inri/common/front), the bootstrap
 loop, and the signal watcher. SIGINT/SIGTERM stop the HTTP listener first (in-flight requests finish within the grace
 period), then everything else; a push is answered 202 only after its SQLite commit, so nothing
 accepted is lost by stopping — or by being killed.
@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import gc
 import json
-import logging
 import os
 import random
 import signal
@@ -24,17 +23,15 @@ from typing import Any
 
 import structlog
 import trio
-from hypercorn.config import Config as HyperConfig
-from hypercorn.trio import serve as hypercorn_serve
 
 from inri.common.addr import format_addr, parse_addr
+from inri.common.front import HttpServer, TlsContext, TlsError, listening_socket, raise_fd_limit
 from inri.common.identity import NodeIdentity
 from inri.node import routesnap
 from inri.node.api import create_app
 from inri.node.bootstrap_client import NO_ANSWER, Backoff, BootstrapClient, BootstrapError, load_seed_list, make_record
 from inri.node.config import RelayConfig, public_addrs
 from inri.node.datadir import open_data_dir
-from inri.node.http1 import serve as hyper_serve  # hypercorn's serve() interface, the lean h11 front (http1.py)
 from inri.node.links import LinkManager
 from inri.node.quic import LinkImpairment, QuicEndpoint
 from inri.node.reachability import ANNOUNCE_TIMEOUT_S, AnnounceOutcome, Reachability
@@ -47,13 +44,6 @@ log = structlog.get_logger("inri.relay")
 READY_FILE = "relay.json"  # written into the data dir once the relay listens: its URLs, for scripts
 
 
-API_RESTART_MIN_S = 0.05  # first retry after the HTTP server failed; doubles per failure in a row
-# Small, because a client can trigger the upstream crash (see _serve_api): connections wait in the
-# listening socket's backlog meanwhile (never refused), so the cost of a crash is at most this delay.
-API_RESTART_MAX_S = 2.0
-API_STABLE_S = 10.0  # a server that ran this long before failing starts the backoff over
-
-
 class StartupError(Exception):
     """The relay could not start; the message is one line for the operator (the process exits 1)."""
 
@@ -62,78 +52,31 @@ def _api_url(host: str, port: int, tls: bool = False) -> str:
     return f"{'https' if tls else 'http'}://{format_addr(host, port)}"
 
 
-class _HypercornLog(logging.Handler):
-    """hypercorn's error log (warnings and errors: a failed connection, a crashed server) into ours."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        log.log(record.levelno, record.getMessage(), source="hypercorn", exc_info=record.exc_info)
-
-
-def _hypercorn_logger() -> logging.Logger:
-    logger = logging.getLogger("inri.hypercorn")
-    if not logger.handlers:
-        logger.addHandler(_HypercornLog())
-        logger.setLevel(logging.WARNING)  # its INFO lines only repeat "Running on ...", which we log once
-        logger.propagate = False
-    return logger
-
-
 def bind_api(addr: str) -> socket.socket:
     """The API's listening socket, bound once for the relay's life; StartupError naming addr if taken."""
-    host, port = parse_addr(addr)
-    where = format_addr(host, port)
     try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-        family, type_, proto, _, sockaddr = infos[0]
-        sock = socket.socket(family, type_, proto)
+        return listening_socket(addr)
     except OSError as exc:
-        raise StartupError(f"cannot listen for the HTTP API on {where}: {exc.strerror or exc}") from None
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # inherited by accepted connections
-        sock.bind(sockaddr)
-        sock.listen(1024)
-    except OSError as exc:
-        sock.close()
-        raise StartupError(f"cannot listen for the HTTP API on {where}: {exc.strerror or exc}") from None
-    return sock
+        raise StartupError(f"cannot listen for the HTTP API on {format_addr(*parse_addr(addr))}: "
+                           f"{exc.strerror or exc}") from None
 
 
-async def _serve_api(app: Any, cfg: RelayConfig, listener: socket.socket, shutdown: trio.Event,
-                     task_status: Any) -> None:
-    hc = HyperConfig()
-    hc.graceful_timeout = cfg.relay.shutdown_grace_s
-    hc.accesslog = None
-    hc.errorlog = _hypercorn_logger()
-    hc.keep_alive_timeout = 30
-    hc.include_server_header = False
-    if cfg.api.tls_cert:  # HTTPS on the same listener (config checks that the key comes with it)
-        hc.certfile, hc.keyfile = cfg.api.tls_cert, cfg.api.tls_key
-    # Should the HTTP server fail as a whole (hypercorn 0.18, served before http1.py, ended on one
-    # malformed connection: upstream issues #203/#225), the API is served again, the relay (links,
-    # custody, store) never goes down with it. Each run gets a duplicate of the listening socket (the
-    # server closes what it is given), so the address never has to be bound again, and failures in a
-    # row back off up to API_RESTART_MAX_S.
-    # The lean front (http1.py) has no TLS: with [api] tls_cert, hypercorn itself serves (and terminates
-    # TLS for) the same app; for throughput, terminate TLS in a reverse proxy and keep the lean front.
-    serve = hypercorn_serve if cfg.api.tls_cert else hyper_serve
-    status = task_status
-    delay = API_RESTART_MIN_S
-    while True:
-        hc.bind = [f"fd://{os.dup(listener.fileno())}"]
-        started = trio.current_time()
-        try:
-            await serve(app, hc, shutdown_trigger=shutdown.wait, task_status=status)
-            return
-        except Exception as exc:  # noqa: BLE001 - any server failure: serve again (see above)
-            if shutdown.is_set():
-                return
-            if trio.current_time() - started > API_STABLE_S:
-                delay = API_RESTART_MIN_S
-            log.error("HTTP server failed; serving again", error=repr(exc)[:300], retry_in_s=delay)
-            status = trio.TASK_STATUS_IGNORED
-            await trio.sleep(delay)
-            delay = min(API_RESTART_MAX_S, delay * 2)
+def _tls_reloader(tls: TlsContext) -> Callable[[], None]:
+    """A SIGHUP hook (inri/node/reload.py): the API's certificate and key read again; new connections get
+    them, open ones keep theirs; a file that does not load leaves the running certificate in use."""
+
+    def reload_tls_certificate() -> None:
+        tls.reload()
+        log.info("TLS certificate reloaded", cert=tls.cert_file)
+
+    return reload_tls_certificate
+
+
+async def _serve_api(server: HttpServer, listener: socket.socket, shutdown: trio.Event,
+                     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
+    """The API on its listening socket until shutdown (inri.common.front: plain or TLS, with its deadlines
+    and caps; a failed listener accepts again there, counted in inri_http_restarts_total)."""
+    await server.run([listener], shutdown_trigger=shutdown.wait, task_status=task_status)
 
 
 PEERS_ASKED = 16  # candidates asked of a bootstrap per request
@@ -263,6 +206,18 @@ async def run_relay(cfg: RelayConfig, *, shutdown: trio.Event | None = None,
     except BaseException:
         opened.close()
         raise
+    try:  # HTTPS on the API's listener, served by the front; SIGHUP reads the files again (TlsContext.reload)
+        tls = TlsContext(cfg.api.tls_cert, cfg.api.tls_key) if cfg.api.tls_cert else None
+    except TlsError as exc:
+        listener.close()
+        opened.close()
+        raise StartupError(str(exc)) from None
+    if tls is not None:
+        on_sighup = [*on_sighup, _tls_reloader(tls)]
+    fds = raise_fd_limit(cfg.api.connections_max)
+    if fds < cfg.api.connections_max:
+        log.warning("the descriptor limit is below api.connections_max: accepting pauses when it is reached "
+                    "(raise LimitNOFILE / ulimit -n)", limit=fds, connections_max=cfg.api.connections_max)
     shutdown = shutdown or trio.Event()
     ready = False
     stop_anchors: list[tuple[str, str]] = []
@@ -303,6 +258,7 @@ async def run_relay(cfg: RelayConfig, *, shutdown: trio.Event | None = None,
             cfg = dataclasses.replace(cfg, webpush=dataclasses.replace(
                 cfg.webpush, public_origins=(_api_url(bound[0], bound[1], bool(cfg.api.tls_cert)),)))
         app = create_app(service, config=cfg, neighbours=links.neighbours)
+        server = HttpServer(app, cfg.api, stats=app.front, tls=tls, graceful_s=cfg.relay.shutdown_grace_s)
         log.info("relay starting", node_id=identity.node_id, quic=endpoint.listen_addr, api=cfg.relay.api,
                  data_dir=str(data))
         snapshot_s = cfg.relay.route_snapshot_s
@@ -322,7 +278,7 @@ async def run_relay(cfg: RelayConfig, *, shutdown: trio.Event | None = None,
                 await nursery.start(app.mozpush.run)
                 if snapshot_s > 0:
                     nursery.start_soon(_route_snapshots, service, data, snapshot_s)
-                binds = await nursery.start(_serve_api, app, cfg, listener, shutdown)
+                binds = await nursery.start(_serve_api, server, listener, shutdown)
                 api_url = binds[0] if binds else _api_url(*parse_addr(cfg.relay.api), bool(cfg.api.tls_cert))
                 boot = _BootstrapLoop(cfg, identity, service, endpoint.listen_addr)
                 nursery.start_soon(boot.run)
@@ -337,7 +293,7 @@ async def run_relay(cfg: RelayConfig, *, shutdown: trio.Event | None = None,
                         watch.cancel_scope.cancel()
                 log.info("relay stopping")
                 stop_anchors = service.export_anchors()  # before the links close (routesnap.py)
-                # hypercorn finishes in-flight requests (graceful_timeout), then we stop the rest.
+                # The API finishes requests in flight (shutdown_grace_s), then we stop the rest.
                 with trio.move_on_after(cfg.relay.shutdown_grace_s + 1):
                     while _api_running(nursery):
                         await trio.sleep(0.05)
