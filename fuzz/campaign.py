@@ -5,7 +5,8 @@ mutates them at the byte level (bit flips, random bytes, truncation, insertion, 
 structure level (the msgpack or JSON tree: type swaps, boundary integers, resized fields, dropped or
 extra items). A case *fails* when a decoder raises anything but its documented error, when a value
 that decodes does not survive a round trip, when the relay answers 5xx or a 4xx without a problem
-body with a stable `code`, when the relay goes down or writes a traceback, or when a rejected input
+body with a stable `code`, when the relay goes down, writes a traceback or counts a failure of its HTTP
+server (a listener restarted, a connection ended on an error of its own), or when a rejected input
 changed the relay's state.
 
 Used by tests/test_fuzzing.py (short profile, CI) and benchmarks/bench_fuzzing.py (100,000 decoder
@@ -364,6 +365,15 @@ async def _state(client: Any, api: str) -> tuple[Any, ...]:
     return tuple(st[k] for k in STATE_KEYS)
 
 
+async def _server_failures(client: Any, api: str) -> tuple[float, float]:
+    """The relay's inri_http_restarts_total and inri_http_connection_errors_total: what a client never sees
+    (its connection is served again, or its answer came before the crash)."""
+    from inri.node.metrics import parse_metrics
+
+    metrics = parse_metrics((await client.get(api + "/metrics")).text)
+    return metrics.get("inri_http_restarts_total", 0.0), metrics.get("inri_http_connection_errors_total", 0.0)
+
+
 async def fuzz_http(api: str, cases: int, seed: int = 1) -> Report:
     """Mutated requests against every route of a running relay's HTTP API.
 
@@ -399,6 +409,7 @@ async def fuzz_http(api: str, cases: int, seed: int = 1) -> Report:
     ]
     started = time.perf_counter()
     async with httpx.AsyncClient(timeout=10) as client:
+        failed_before = await _server_failures(client, api)
         for i in range(cases):
             method, path, headers, body = bodies[i % len(bodies)]
             op = rng.randrange(10)
@@ -460,6 +471,10 @@ async def fuzz_http(api: str, cases: int, seed: int = 1) -> Report:
                 report.outcomes[f"http: accepted {r.status_code}"] += 1
         if (await client.get(api + "/healthz")).status_code != 200:
             report.fail("http", "relay not healthy after the campaign", b"")
+        failed = await _server_failures(client, api)
+        if failed != failed_before:  # an answer then a crash is invisible to the client (issue 41 item 9)
+            report.fail("http", f"the HTTP server failed during the campaign: {failed_before} -> {failed} "
+                                "(listener restarts, connection errors)", b"")
     report.seconds = time.perf_counter() - started
     return report
 

@@ -83,6 +83,28 @@ async def test_http_seed_requests_get_past_field_validation(tmp_path: Path) -> N
     assert past_422 >= 10, format_report("http", report)
 
 
+async def test_the_http_campaign_fails_when_the_server_fails_after_answering(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 41 item 9: every answer arrives, then the connection's handling fails (a client only sees a
+    closed keep-alive connection and opens another): the campaign reports it."""
+    from inri.common.front.connection import Connection
+
+    original = Connection._fast_request
+
+    async def answer_then_fail(self: Connection, *args: Any) -> None:
+        await original(self, *args)
+        raise RuntimeError("injected after the answer")
+
+    monkeypatch.setattr(Connection, "_fast_request", answer_then_fail)
+    cfg = load_config(None, env={"INRI_API_RATE_PER_S": "100000", "INRI_API_RATE_BURST": "100000",
+                                 "INRI_API_TARPIT_S": "0"})
+    with trio.fail_after(60):
+        async with relay_api(tmp_path, cfg) as url:
+            report = await fuzz_http(url, 30, seed=5)
+    assert any("the HTTP server failed during the campaign" in f for f in report.failures), \
+        format_report("http", report)
+
+
 @pytest.mark.integration
 async def test_a_live_relay_api_and_quic_port_survive_fuzzing(lab: dict[str, Any]) -> None:
     r = lab["relays"][0]
@@ -92,7 +114,9 @@ async def test_a_live_relay_api_and_quic_port_survive_fuzzing(lab: dict[str, Any
     quic = await fuzz_quic(r["api"], r["quic"], r["node_id"], 150, seed=5)
     assert not quic.failures, format_report("quic", quic)
     assert quic.outcomes["quic: rejected with error frame"] > 50
-    assert "Traceback" not in Path(r["log"]).read_text()
+    log = Path(r["log"]).read_text()
+    assert "Traceback" not in log
+    assert "HTTP connection failed" not in log and "HTTP listener failed" not in log
 
 
 def _alive(api: str, wait_s: float = 3.0) -> bool:
