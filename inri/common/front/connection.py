@@ -286,7 +286,8 @@ class Connection:
                 await self.refuse(verdict.status)
                 return
             else:
-                rest = await self._h11_request(buf)
+                request, buf = buf, b""  # (a WebSocket's bytes are not kept for its whole life)
+                rest = await self._h11_request(request)
                 if rest is None:
                     return
                 buf = rest
@@ -391,7 +392,9 @@ class Connection:
             await self._shed_answer()
             return None
         if _is_websocket(event):
-            await WebSocket(self, conn, event).run()
+            ws = WebSocket(self, conn, event)
+            del conn, event, buf  # an idle WebSocket keeps nothing of its request (issue 37: <= 20 KB each)
+            await ws.run()
             return None
         exchange = Exchange(self, conn, head_only=event.method == b"HEAD")
         try:

@@ -56,7 +56,7 @@ class WebSocket:
 
     def __init__(self, connection: Connection, conn: h11.Connection, req: h11.Request) -> None:
         self.c = connection
-        self.req = req
+        self.req: h11.Request | None = req
         self.trailing = bytes(conn.trailing_data[0])
         self.handshake: WSConnection | None = WSConnection(ConnectionType.SERVER)
         self.ws: WsFrames | None = None  # the frames, once accepted (the handshake and its h11 are dropped)
@@ -68,21 +68,12 @@ class WebSocket:
         self.pinged_at = math.inf  # when our unanswered Ping left
 
     async def run(self) -> None:
-        req, c = self.req, self.c
+        c = self.c
         server = c.server
-        assert self.handshake is not None
-        # wsproto does the handshake from the request's bytes: the head h11 parsed, then what came after it.
-        head = b"%s %s HTTP/1.1\r\n" % (req.method, req.target) + b"".join(
-            b"%s: %s\r\n" % (k, v) for k, v in req.headers.raw_items()) + b"\r\n"
-        self.handshake.receive_data(head + self.trailing)
-        self.trailing = b""
-        first = next(self.handshake.events(), None)
-        if not isinstance(first, WsRequest):
+        scope = self._handshake()
+        if scope is None:
             await c.refuse(400)
             return
-        scope = c.scope_of(req.method, bytes(req.target), list(req.headers), "websocket")
-        del scope["method"]
-        scope["subprotocols"] = list(first.subprotocols)
         connected = False
 
         async def receive() -> dict[str, Any]:
@@ -108,6 +99,25 @@ class WebSocket:
             await self._reject()
         elif not self.closed:
             await self._out(CloseConnection(code=1000))
+
+    def _handshake(self) -> dict[str, Any] | None:
+        """The upgrade request handed to wsproto (which checks it), then dropped; the ASGI scope, or None
+        when wsproto does not take it for a WebSocket handshake."""
+        req, c = self.req, self.c
+        assert req is not None and self.handshake is not None
+        self.req = None
+        # wsproto does the handshake from the request's bytes: the head h11 parsed, then what came after it.
+        head = b"%s %s HTTP/1.1\r\n" % (req.method, req.target) + b"".join(
+            b"%s: %s\r\n" % (k, v) for k, v in req.headers.raw_items()) + b"\r\n"
+        self.handshake.receive_data(head + self.trailing)
+        self.trailing = b""
+        first = next(self.handshake.events(), None)
+        if not isinstance(first, WsRequest):
+            return None
+        scope = c.scope_of(req.method, bytes(req.target), list(req.headers), "websocket")
+        del scope["method"]
+        scope["subprotocols"] = list(first.subprotocols)
+        return scope
 
     def due(self, now: float) -> float:
         """Liveness (module docstring): the sweeper's call on this connection's WebSocket."""
