@@ -531,3 +531,27 @@ def test_the_sweeper_keeps_about_one_entry_per_connection() -> None:
             if at < item.armed:
                 sweeper.arm(item, at)
     assert len(sweeper) == 100
+
+
+def test_the_fronts_keys_are_the_same_in_a_relays_api_and_a_bootstraps_config(tmp_path: Any) -> None:
+    """[api] and [bootstrap] take the same keys from files and the environment; a trusted proxy that is not
+    an address or network is refused, naming where it came from."""
+    from bootstrap_nodes.config import load_bootstrap_config
+    from inri.common.config import ConfigError
+    from inri.node.config import load_config
+
+    relay = load_config(None, env={"INRI_API_TRUSTED_PROXIES": "127.0.0.1, 10.0.0.0/8",
+                                   "INRI_API_CLIENT_IP_HEADER": "forwarded", "INRI_API_HEAD_TIMEOUT_S": "5"})
+    assert relay.api.trusted_proxies == ("127.0.0.1", "10.0.0.0/8") and relay.api.head_timeout_s == 5.0
+    assert relay.api.client_ip_header == "forwarded"
+    boot = load_bootstrap_config(None, env={"INRI_BOOTSTRAP_TRUSTED_PROXIES": "::1",
+                                            "INRI_BOOTSTRAP_CONNECTIONS_MAX": "7"})
+    assert boot.trusted_proxies == ("::1",) and boot.connections_max == 7
+    toml = tmp_path / "relay.toml"
+    toml.write_text('[api]\ntrusted_proxies = ["10.0.0.300"]\n')
+    with pytest.raises(ConfigError, match=r"relay.toml: api.trusted_proxies: '10.0.0.300' is not an IP address"):
+        load_config(toml, env={})
+    with pytest.raises(ConfigError, match="INRI_BOOTSTRAP_TRUSTED_PROXIES: 'proxy.example' is not an IP"):
+        load_bootstrap_config(None, env={"INRI_BOOTSTRAP_TRUSTED_PROXIES": "proxy.example"})
+    with pytest.raises(ConfigError, match="INRI_API_CLIENT_IP_HEADER"):
+        load_config(None, env={"INRI_API_CLIENT_IP_HEADER": "x-real-ip"})

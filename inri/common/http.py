@@ -2,7 +2,7 @@
 
 A bare ASGI app rather than Starlette/FastAPI: the relay's push path is the hot one, and FastAPI cost
 ~30% more CPU per request than a bare ASGI app when measured on this project's target machine kind
-(2 cores, hypercorn's trio worker). What both apps need, and what lives here once:
+(2 cores, hypercorn's trio worker, which served the API then). What both apps need, and what lives here once:
 
 - `Problem`: an error answer, rendered as RFC 9457 `application/problem+json` with a stable `code`;
 - `Router`: a table of (method, path pattern) -> handler with a body limit per route; a known path with
@@ -11,8 +11,9 @@ A bare ASGI app rather than Starlette/FastAPI: the relay's push path is the hot 
 - `respond` / `respond_problem`, which also count every answer by status (`StatusCounts`);
 - `serve_lifespan` for the ASGI lifespan protocol, and `metrics_answer` for the Prometheus exposition.
 
-What hypercorn itself refuses (HTTP/1.1 it cannot parse: 400, headers over 16 KiB: 431, an unknown
-transfer coding: 501) never reaches an app: those answers have an empty body (docs/api.md, Errors).
+What the HTTP front itself refuses (inri/common/front: HTTP/1.1 it cannot parse or that could be read
+two ways: 400, heads over 16 KiB: 431, an unknown transfer coding: 501) never reaches an app: those
+answers have an empty body (docs/api.md, Errors).
 """
 
 from __future__ import annotations
