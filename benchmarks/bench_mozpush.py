@@ -35,12 +35,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench_poc import start_line  # noqa: E402  (benchmarks/ is sys.path[0])
-from hypercorn.config import Config as HyperConfig  # noqa: E402
 
 from inri import mesh  # noqa: E402
+from inri.common.front import HttpServer  # noqa: E402
 from inri.node.api import create_app  # noqa: E402
 from inri.node.config import RelayConfig  # noqa: E402
-from inri.node.http1 import serve  # noqa: E402
 from inri.node.service import RelayService  # noqa: E402
 from inri.node.store import Store  # noqa: E402
 from inri.node.tracefile import TraceFile  # noqa: E402
@@ -135,9 +134,6 @@ def where_memory_goes(workdir: Path) -> list[tuple[str, float]]:
     store = Store(workdir / "traced.sqlite3")
     service = RelayService("a" * 32, cfg.engine.test_profile(), store, NullNetwork(),
                            TraceFile(workdir / "t", "a" * 32))
-    hc = HyperConfig()
-    hc.bind = [f"fd://{sock.detach()}"]
-    hc.accesslog = None
     out: list[tuple[str, float]] = []
 
     async def go() -> None:
@@ -148,7 +144,8 @@ def where_memory_goes(workdir: Path) -> list[tuple[str, float]]:
             app = create_app(service, config=cfg)
             await n.start(app.agents.run)
             await n.start(app.mozpush.run)
-            await n.start(lambda task_status: serve(app, hc, shutdown_trigger=stop.wait, task_status=task_status))
+            server = HttpServer(app, cfg.api, stats=app.front)
+            await n.start(lambda task_status: server.run([sock], shutdown_trigger=stop.wait, task_status=task_status))
             ws = url.replace("http", "ws") + "/v1/mozpush"
             for c in await open_idle(ws, 50):
                 await c.aclose()
@@ -183,6 +180,7 @@ def where_memory_goes(workdir: Path) -> list[tuple[str, float]]:
 
     trio.run(go)
     store.close()
+    sock.close()
     return out
 
 
