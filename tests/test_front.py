@@ -555,3 +555,52 @@ def test_the_fronts_keys_are_the_same_in_a_relays_api_and_a_bootstraps_config(tm
         load_bootstrap_config(None, env={"INRI_BOOTSTRAP_TRUSTED_PROXIES": "proxy.example"})
     with pytest.raises(ConfigError, match="INRI_API_CLIENT_IP_HEADER"):
         load_config(None, env={"INRI_API_CLIENT_IP_HEADER": "x-real-ip"})
+
+
+async def test_a_tls_context_reloaded_serves_new_connections_the_new_certificate(tmp_path: Any) -> None:
+    """TlsContext.reload (the relay's SIGHUP hook): new connections get the new certificate; files that
+    do not load leave the running context in use."""
+    import ssl
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives.serialization import Encoding
+
+    from inri.common.front import TlsContext, TlsError
+    from tests.inproc import serving
+    from tests.test_webpush import make_tls
+
+    first, second = tmp_path / "a", tmp_path / "b"
+    first.mkdir()
+    second.mkdir()
+    cert, key, _ = make_tls(first)
+    cert2, key2, _ = make_tls(second)
+    tls = TlsContext(str(cert), str(key))
+    server = HttpServer(echo_app, SETTINGS, tls=tls)
+
+    async def served_cert(url: str) -> bytes:
+        host, port = url.removeprefix("https://").rsplit(":", 1)
+        ctx = ssl.create_default_context()
+        ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+        stream = trio.SSLStream(await trio.open_tcp_stream(host, int(port)), ctx, server_hostname=host)
+        await stream.do_handshake()
+        der = stream.getpeercert(binary_form=True)
+        await stream.send_all(GET)
+        assert (await stream.receive_some(65536)).startswith(b"HTTP/1.1 200 ")
+        await stream.aclose()
+        assert der is not None
+        return bytes(der)
+
+    with trio.fail_after(30):
+        async with serving(echo_app, server=server) as url:
+            assert url.startswith("https://")
+            before = await served_cert(url)
+            (second / "broken.pem").write_text("not a key")
+            tls.cert_file, tls.key_file = str(cert2), str(second / "broken.pem")
+            with pytest.raises(TlsError, match="broken.pem"):
+                tls.reload()
+            assert await served_cert(url) == before
+            tls.cert_file, tls.key_file = str(cert2), str(key2)
+            tls.reload()
+            after = await served_cert(url)
+    assert before == x509.load_pem_x509_certificate(cert.read_bytes()).public_bytes(Encoding.DER)
+    assert after == x509.load_pem_x509_certificate(cert2.read_bytes()).public_bytes(Encoding.DER)
