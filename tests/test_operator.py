@@ -13,6 +13,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -203,6 +204,57 @@ def test_healthz_is_degraded_once_isolated_too_long_and_sighup_never_exits(tmp_p
     finally:
         assert relay.stop() == 0
     _json_lines(tmp_path / "r.log")
+
+
+def _served_certificate(api: str) -> bytes:
+    """The certificate (DER) a new TLS connection to the relay's API is served."""
+    host, port = api.removeprefix("https://").rsplit(":", 1)
+    return ssl.PEM_cert_to_DER_cert(ssl.get_server_certificate((host, int(port)), timeout=10))
+
+
+def test_sighup_reloads_a_renewed_tls_certificate_for_new_connections(tmp_path: Path) -> None:
+    """Issue 39/41: the files at [api] tls_cert/tls_key replaced (as a renewal does) and SIGHUP sent: new
+    connections get the new certificate, a connection opened before keeps working, and files that do not load
+    are logged while the running certificate stays."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives.serialization import Encoding
+
+    from tests.test_webpush import make_tls
+
+    (tmp_path / "old").mkdir()
+    (tmp_path / "new").mkdir()
+    cert, key, ca = make_tls(tmp_path / "old")
+    cert2, key2, ca2 = make_tls(tmp_path / "new")
+    old_der = x509.load_pem_x509_certificate(cert.read_bytes()).public_bytes(Encoding.DER)
+    new_der = x509.load_pem_x509_certificate(cert2.read_bytes()).public_bytes(Encoding.DER)
+    log = tmp_path / "r.log"
+    relay = _relay(tmp_path / "d", log, INRI_API_TLS_CERT=str(cert), INRI_API_TLS_KEY=str(key))
+    try:
+        api = relay_ready(relay, tmp_path / "d")["api"]
+        assert api.startswith("https://") and _served_certificate(api) == old_der
+        # One connection, opened on the old certificate and kept across the reloads
+        with httpx.Client(verify=ssl.create_default_context(cafile=ca)) as kept:
+            assert kept.get(api + "/healthz").status_code in (200, 503)
+            key.write_text("not a key\n")  # a renewal half done: the key does not load
+            relay.p.send_signal(signal.SIGHUP)
+            _wait(lambda: any(e.get("event") == "reload failed; keeping the running configuration"
+                              and e.get("hook") == "reload_tls_certificate" and str(key) in str(e.get("error"))
+                              for e in _json_lines(log)), 30, log.read_text()[-2000:])
+            assert relay.alive() and _served_certificate(api) == old_der
+            shutil.copy(cert2, cert)
+            shutil.copy(key2, key)
+            relay.p.send_signal(signal.SIGHUP)
+            _wait(lambda: any(e.get("event") == "TLS certificate reloaded" for e in _json_lines(log)), 30,
+                  log.read_text()[-2000:])
+            assert _served_certificate(api) == new_der
+            with httpx.Client(verify=ssl.create_default_context(cafile=ca2)) as fresh:
+                assert fresh.get(api + "/healthz").status_code in (200, 503)
+            # Open connections are left alone: this client trusts only the old CA, so it could not open another.
+            again = kept.get(api + "/healthz")
+            assert again.extensions["network_stream"].get_extra_info("ssl_object").getpeercert(True) == old_der
+        assert relay.alive()
+    finally:
+        assert relay.stop() == 0
 
 
 def test_sighup_reloads_the_log_level_from_the_config_file(tmp_path: Path) -> None:

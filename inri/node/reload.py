@@ -3,8 +3,8 @@
 SIGHUP never stops the relay. The hooks run in order; each gets its chance even when one before it
 failed, and a failure is logged as one line, the relay keeping what it had. Today the hook the `inri
 relay` command installs (`config_reloader`) re-reads the config file and the environment and sets the
-log level. The TLS certificate reload joins here as one more hook once the HTTP front serves TLS
-itself (issue 41: `[api] tls_cert` / `tls_key` re-read, new connections get the new certificate).
+log level; with `[api] tls_cert`, `run_relay` adds one that reads the certificate and key again
+(`TlsContext.reload`, inri/common/front/tls.py: new connections get the new certificate).
 """
 
 from __future__ import annotations
