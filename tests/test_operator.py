@@ -257,6 +257,47 @@ def test_sighup_reloads_a_renewed_tls_certificate_for_new_connections(tmp_path: 
         assert relay.stop() == 0
 
 
+def test_metrics_served_on_their_own_listener_and_a_taken_port_is_one_line(tmp_path: Path) -> None:
+    """[metrics] listen: /metrics on a listener of its own (relay.json names it), nothing else there, and the
+    API's port answers /metrics 404; a second relay whose metrics port is taken refuses to start in one line."""
+    relay = _relay(tmp_path / "d", tmp_path / "r.log", INRI_METRICS_LISTEN="127.0.0.1:0")
+    try:
+        info = relay_ready(relay, tmp_path / "d")
+        api, metrics = info["api"], info["metrics"]
+        assert metrics != api and metrics.startswith("http://127.0.0.1:")
+        scrape = httpx.get(metrics + "/metrics")
+        assert scrape.status_code == 200 and scrape.headers["content-type"].startswith("text/plain")
+        assert "inri_build_info{" in scrape.text and "inri_http_connections " in scrape.text
+        assert httpx.get(api + "/metrics").json()["code"] == "not_found"
+        assert httpx.get(metrics + "/v1/status").status_code == 404  # the metrics port serves metrics only
+        assert httpx.get(metrics + "/healthz").status_code == 404
+        assert httpx.post(metrics + "/metrics").status_code == 405
+        assert httpx.get(api + "/v1/status").status_code == 200
+        port = metrics.rsplit(":", 1)[1]
+        second = subprocess.run([*INRI, "relay", "--data-dir", str(tmp_path / "e"), "--api", "127.0.0.1:0",
+                                 "--quic", "127.0.0.1:0"], capture_output=True, text=True, timeout=60,
+                                env={**os.environ, "INRI_METRICS_LISTEN": f"127.0.0.1:{port}"})
+        assert second.returncode == 1, second.stderr
+        assert second.stderr.strip() == (f"inri relay: cannot listen for metrics on 127.0.0.1:{port}: "
+                                         "Address already in use")
+        assert relay.alive()
+    finally:
+        assert relay.stop() == 0
+
+
+def test_a_second_bootstrap_on_a_taken_port_is_refused_in_one_line(tmp_path: Path) -> None:
+    boot = Proc(bootstrap_cmd("127.0.0.1:0", tmp_path / "b", []), tmp_path / "b.log")
+    try:
+        port = bootstrap_url(boot).rsplit(":", 1)[1]
+        second = subprocess.run(bootstrap_cmd(f"127.0.0.1:{port}", tmp_path / "c", []), capture_output=True,
+                                text=True, timeout=60)
+        assert second.returncode == 1, second.stderr
+        assert second.stderr.strip() == f"inri-bootstrap: cannot listen on 127.0.0.1:{port}: Address already in use"
+        assert httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200  # the first one still serves
+    finally:
+        boot.stop()
+
+
 def test_sighup_reloads_the_log_level_from_the_config_file(tmp_path: Path) -> None:
     conf = tmp_path / "relay.toml"
     conf.write_text('[relay]\nlog_level = "warning"\n')

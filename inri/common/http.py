@@ -9,7 +9,8 @@ A bare ASGI app rather than Starlette/FastAPI: the relay's push path is the hot 
   the wrong method is a 405 that carries `Allow`, an unknown path a 404;
 - `Request`: headers, query, and a body read against the route's limit (413 before the rest is read);
 - `respond` / `respond_problem`, which also count every answer by status (`StatusCounts`);
-- `serve_lifespan` for the ASGI lifespan protocol, and `metrics_answer` for the Prometheus exposition.
+- `serve_lifespan` for the ASGI lifespan protocol, `metrics_answer` for the Prometheus exposition and
+  `MetricsApp`, the app of a listener that serves only it (`[metrics] listen`).
 
 What the HTTP front itself refuses (inri/common/front: HTTP/1.1 it cannot parse or that could be read
 two ways: 400, heads over 16 KiB: 431, an unknown transfer coding: 501) never reaches an app: those
@@ -246,6 +247,35 @@ async def serve_lifespan(receive: Receive, send: Send) -> None:
         elif msg["type"] == "lifespan.shutdown":
             await send({"type": "lifespan.shutdown.complete"})
             return
+
+
+class MetricsApp:
+    """The ASGI app of a metrics listener (`[metrics] listen`): `GET /metrics` (registry) and nothing else;
+    other paths 404, other methods 405, WebSockets refused. Answers count in counts, as the API's do."""
+
+    def __init__(self, registry: CollectorRegistry, counts: StatusCounts, titles: dict[str, str]) -> None:
+        self.registry = registry
+        self.counts = counts
+        self.titles = titles
+        self.router = Router([Route("GET", "/metrics", self._metrics)])
+
+    async def _metrics(self) -> tuple[int, Any]:
+        return 200, metrics_answer(self.registry)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        match scope["type"]:
+            case "http":
+                try:
+                    route, _ = self.router.match(scope["method"], scope["path"])
+                    status, payload = await route.handler()
+                except Problem as p:
+                    await respond_problem(send, self.counts, p, scope["path"], self.titles)
+                else:
+                    await respond(send, self.counts, status, payload)
+            case "websocket":
+                await send({"type": "websocket.close", "code": 1008})
+            case "lifespan":
+                await serve_lifespan(receive, send)
 
 
 def retry_after_seconds(value: str | None, cap: float = 3600.0) -> float | None:

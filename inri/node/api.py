@@ -250,7 +250,7 @@ class RelayApi:
             Route("GET", MOZPUSH_PATH, self.mozpush_over_http),
             Route("GET", "/healthz", self.health),
             Route("GET", "/v1/status", self.status),
-            Route("GET", "/metrics", self.metrics),
+            *([] if self.config.metrics.listen else [Route("GET", "/metrics", self.metrics)]),  # else its listener
             Route("GET", "/openapi.json", self.openapi),
         ])
         wp = self.config.webpush

@@ -23,8 +23,8 @@ from inri.core.config import EngineConfig
 from inri.protocol.limits import MAX_FRAME_BYTES
 from inri.protocol.peer_record import parse_geo
 
-__all__ = ["ApiSection", "ConfigError", "MozPushSection", "QuicSection", "RelayConfig", "RelaySection",
-           "TraceSection", "WakeSection", "describe", "load_config", "public_addrs", "read_toml"]
+__all__ = ["ApiSection", "ConfigError", "MetricsSection", "MozPushSection", "QuicSection", "RelayConfig",
+           "RelaySection", "TraceSection", "WakeSection", "describe", "load_config", "public_addrs", "read_toml"]
 
 # An origin as RFC 6454 writes it (no path, query or fragment; a trailing "/" tolerated): Web Push
 # compares VAPID `aud` with it, so "push.example.org" (no scheme) would refuse every signed push.
@@ -192,6 +192,13 @@ class MozPushSection:
 
 
 @dataclass(frozen=True)
+class MetricsSection:
+    # Prometheus metrics on a listener of their own ("127.0.0.1:9480"), served by the same HTTP front as the
+    # API; the API's port then answers /metrics 404. Empty: GET /metrics on the API's port.
+    listen: str = ""
+
+
+@dataclass(frozen=True)
 class RelayConfig:
     relay: RelaySection = field(default_factory=RelaySection)
     quic: QuicSection = field(default_factory=QuicSection)
@@ -202,6 +209,7 @@ class RelayConfig:
     webpush: WebPushSection = field(default_factory=WebPushSection)
     wake: WakeSection = field(default_factory=WakeSection)
     mozpush: MozPushSection = field(default_factory=MozPushSection)
+    metrics: MetricsSection = field(default_factory=MetricsSection)
 
     @property
     def data_path(self) -> Path:
@@ -210,7 +218,7 @@ class RelayConfig:
 
 _SECTIONS = {"relay": RelaySection, "quic": QuicSection, "api": ApiSection, "trace": TraceSection,
              "store": StoreSection, "engine": EngineConfig, "webpush": WebPushSection, "wake": WakeSection,
-             "mozpush": MozPushSection}
+             "mozpush": MozPushSection, "metrics": MetricsSection}
 TEST_PROFILE_QUIC_IDLE_S = 5.0
 
 
@@ -238,6 +246,11 @@ def _validate(cfg: RelayConfig, origin: dict[tuple[str, str], str]) -> None:
             parse_addr(getattr(r, name))
         except ValueError as exc:
             raise ConfigError(f"{at('relay', name)}: {exc}") from None
+    if cfg.metrics.listen:
+        try:
+            parse_addr(cfg.metrics.listen)
+        except ValueError as exc:
+            raise ConfigError(f"{at('metrics', 'listen')}: {exc}") from None
     try:
         public_addrs(r.public_addr)
     except ValueError as exc:

@@ -26,9 +26,10 @@ import trio
 
 from inri.common.addr import format_addr, parse_addr
 from inri.common.front import HttpServer, TlsContext, TlsError, listening_socket, raise_fd_limit
+from inri.common.http import MetricsApp
 from inri.common.identity import NodeIdentity
 from inri.node import routesnap
-from inri.node.api import create_app
+from inri.node.api import TITLES, create_app
 from inri.node.bootstrap_client import NO_ANSWER, Backoff, BootstrapClient, BootstrapError, load_seed_list, make_record
 from inri.node.config import RelayConfig, public_addrs
 from inri.node.datadir import open_data_dir
@@ -52,12 +53,13 @@ def _api_url(host: str, port: int, tls: bool = False) -> str:
     return f"{'https' if tls else 'http'}://{format_addr(host, port)}"
 
 
-def bind_api(addr: str) -> socket.socket:
-    """The API's listening socket, bound once for the relay's life; StartupError naming addr if taken."""
+def bind_api(addr: str, what: str = "the HTTP API") -> socket.socket:
+    """The API's (or what's) listening socket, bound once for the relay's life; StartupError naming addr if
+    taken."""
     try:
         return listening_socket(addr)
     except OSError as exc:
-        raise StartupError(f"cannot listen for the HTTP API on {format_addr(*parse_addr(addr))}: "
+        raise StartupError(f"cannot listen for {what} on {format_addr(*parse_addr(addr))}: "
                            f"{exc.strerror or exc}") from None
 
 
@@ -201,15 +203,23 @@ async def run_relay(cfg: RelayConfig, *, shutdown: trio.Event | None = None,
     data = cfg.data_path
     opened = open_data_dir(data, cfg.store.synchronous)  # lock, key, store (migrated): datadir.py
     identity, store = opened.identity, opened.store
-    try:
-        listener = bind_api(cfg.relay.api)  # a taken port is a clear error before anything starts
+    listeners: list[socket.socket] = []
+    try:  # a taken port is a clear error before anything starts
+        listener = bind_api(cfg.relay.api)
+        listeners.append(listener)
+        metrics_listener = bind_api(cfg.metrics.listen, "metrics") if cfg.metrics.listen else None
     except BaseException:
+        for sock in listeners:
+            sock.close()
         opened.close()
         raise
+    if metrics_listener is not None:
+        listeners.append(metrics_listener)
     try:  # HTTPS on the API's listener, served by the front; SIGHUP reads the files again (TlsContext.reload)
         tls = TlsContext(cfg.api.tls_cert, cfg.api.tls_key) if cfg.api.tls_cert else None
     except TlsError as exc:
-        listener.close()
+        for sock in listeners:
+            sock.close()
         opened.close()
         raise StartupError(str(exc)) from None
     if tls is not None:
@@ -259,6 +269,9 @@ async def run_relay(cfg: RelayConfig, *, shutdown: trio.Event | None = None,
                 cfg.webpush, public_origins=(_api_url(bound[0], bound[1], bool(cfg.api.tls_cert)),)))
         app = create_app(service, config=cfg, neighbours=links.neighbours)
         server = HttpServer(app, cfg.api, stats=app.front, tls=tls, graceful_s=cfg.relay.shutdown_grace_s)
+        # [metrics] listen: the same front (deadlines, caps, counts), plain HTTP, serving /metrics only
+        metrics_server = HttpServer(MetricsApp(app.registry, app.http_codes, TITLES), cfg.api, stats=app.front,
+                                    graceful_s=cfg.relay.shutdown_grace_s)
         log.info("relay starting", node_id=identity.node_id, quic=endpoint.listen_addr, api=cfg.relay.api,
                  data_dir=str(data))
         snapshot_s = cfg.relay.route_snapshot_s
@@ -280,12 +293,17 @@ async def run_relay(cfg: RelayConfig, *, shutdown: trio.Event | None = None,
                     nursery.start_soon(_route_snapshots, service, data, snapshot_s)
                 binds = await nursery.start(_serve_api, server, listener, shutdown)
                 api_url = binds[0] if binds else _api_url(*parse_addr(cfg.relay.api), bool(cfg.api.tls_cert))
+                ready_info: dict[str, Any] = {"node_id": identity.node_id, "api": api_url, "quic": endpoint.listen_addr,
+                              "pid": os.getpid()}
+                if metrics_listener is not None:
+                    ready_info["metrics"] = (await nursery.start(_serve_api, metrics_server, metrics_listener,
+                                                                 shutdown))[0]
                 boot = _BootstrapLoop(cfg, identity, service, endpoint.listen_addr)
                 nursery.start_soon(boot.run)
-                _write_ready(data, {"node_id": identity.node_id, "api": api_url, "quic": endpoint.listen_addr,
-                                    "pid": os.getpid()})
+                _write_ready(data, ready_info)
                 ready = True
-                log.info("relay ready", node_id=identity.node_id, api=api_url, quic=endpoint.listen_addr)
+                log.info("relay ready", node_id=identity.node_id, api=api_url, quic=endpoint.listen_addr,
+                         metrics=f"{ready_info.get('metrics', api_url)}/metrics")
                 with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
                     async with trio.open_nursery() as watch:
                         watch.start_soon(_first_signal, signals, shutdown, on_sighup)
@@ -319,7 +337,8 @@ async def run_relay(cfg: RelayConfig, *, shutdown: trio.Event | None = None,
                            f"{type(leaf).__name__}: {leaf}") from exc
     finally:
         opened.close()
-        listener.close()
+        for sock in listeners:
+            sock.close()
 
 
 async def _route_snapshots(service: RelayService, data: Path, interval_s: float) -> None:
