@@ -354,6 +354,58 @@ async def test_a_crash_injected_in_one_connection_leaves_the_others_untouched(
     assert 0 < got.count(b"HTTP/1.1 202 ") < 400
 
 
+async def test_a_handler_exception_answers_500_and_only_an_app_escaping_one_ends_its_connection(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 41 item 3: a bug in a request's handler (the ASGI path and the fast push path alike) answers
+    `500 internal` and its connection goes on; an exception escaping the app altogether gets an empty 500
+    and that connection closes; a connection opened before is served throughout and nothing restarts."""
+    from inri.node.api import RelayApi
+
+    async def broken_status(self: RelayApi, req: Any) -> tuple[int, Any]:
+        raise RuntimeError("injected in a handler")
+
+    async def broken_push(self: RelayApi, *args: Any, **kw: Any) -> tuple[int, Any]:
+        raise RuntimeError("injected in the push handler")
+
+    escaping = False
+    original_http = RelayApi._http
+
+    async def http(self: RelayApi, scope: Any, receive: Any, send: Any) -> None:
+        if escaping and scope["path"] == "/v1/status":
+            raise RuntimeError("injected outside the handlers")
+        await original_http(self, scope, receive, send)
+
+    monkeypatch.setattr(RelayApi, "status", broken_status)
+    monkeypatch.setattr(RelayApi, "_pushed", broken_push)
+    monkeypatch.setattr(RelayApi, "_http", http)
+    health = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+    with trio.fail_after(60):
+        async with relay_api(tmp_path) as url:
+            host, port = url.removeprefix("http://").rsplit(":", 1)
+            keep = await trio.open_tcp_stream(host, int(port))
+            await keep.send_all(health)
+            assert (await keep.receive_some(65536)).startswith(b"HTTP/1.1 200 ")
+            raw = (b"GET /v1/status HTTP/1.1\r\nHost: x\r\n\r\n"
+                   b"POST /v1/push HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 2\r\n"
+                   b"\r\n{}" + health)
+            answer = await _exchange(url, raw, b"HTTP/1.1 ", 3)
+            assert re.findall(rb"HTTP/1\.1 (\d{3}) ", answer) == [b"500", b"500", b"200"], answer
+            assert answer.count(b'"code":"internal"') == 2
+            escaping = True
+            stream = await trio.open_tcp_stream(host, int(port))
+            await stream.send_all(b"GET /v1/status HTTP/1.1\r\nHost: x\r\n\r\n" + health)
+            closed = await _read_all(stream)
+            await stream.aclose()
+            assert re.findall(rb"HTTP/1\.1 (\d{3}) ", closed) == [b"500"], closed  # and nothing behind it
+            assert closed.endswith(b"\r\n\r\n") and b"content-length: 0" in closed.lower()
+            await keep.send_all(health)
+            assert (await keep.receive_some(65536)).startswith(b"HTTP/1.1 200 ")
+            await keep.aclose()
+            assert await _scrape(url, "inri_http_restarts_total") == 0
+            assert await _scrape(url, "inri_http_connection_errors_total") == 0
+            assert await _scrape(url, 'inri_http_responses_total{code="500"}') == 2
+
+
 async def _ignore_closed(fn: Callable[..., Any], *args: Any) -> None:
     try:
         await fn(*args)
