@@ -1,7 +1,8 @@
 """A relay behind the TLS-terminating reverse proxy the docs recommend (Debian's nginx, started here) with
 `[api] trusted_proxies` and `[webpush] public_origins` (issue 41 item 8): an unmodified pywebpush sender
 with the public origin as VAPID `aud` gets 201 and the device receives; two clients behind the proxy
-have separate rate limits; nobody, behind the proxy or not, can move its address with X-Forwarded-For."""
+have separate rate limits; nobody, behind the proxy or not, can move its address with X-Forwarded-For.
+The bootstrap's rate limit follows the same `trusted_proxies` (no proxy needed to show it)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import trio
 from pywebpush import webpush
 
 from inri.client import DeviceClient
-from tests.procs import Proc, relay_cmd, relay_ready
+from tests.procs import Proc, bootstrap_cmd, bootstrap_url, relay_cmd, relay_ready
 from tests.test_webpush import Sender, Subscriber, make_tls
 
 pytestmark = pytest.mark.integration
@@ -178,3 +179,34 @@ public_origins = ["{public}"]
         proc.stop()
         stop(nginx)
     assert "Traceback" not in (tmp_path / "relay.log").read_text()
+
+
+async def test_a_bootstraps_rate_limit_believes_only_its_trusted_proxies(tmp_path: Path) -> None:
+    """`[bootstrap] trusted_proxies`: requests relayed by the proxy (127.0.0.1 here, adding X-Forwarded-For as
+    nginx does) count against the client it names, the last address of the header; a client reaching the
+    bootstrap from an address not in the list counts as itself whatever header it sends."""
+    boot = Proc(bootstrap_cmd("127.0.0.1:0", tmp_path / "b", []), tmp_path / "b.log",
+                {"INRI_BOOTSTRAP_TRUSTED_PROXIES": "127.0.0.1", "INRI_BOOTSTRAP_RATE_PER_S": "0.001",
+                 "INRI_BOOTSTRAP_RATE_BURST": str(BURST)})
+    try:
+        url = bootstrap_url(boot) + "/v1/peers"
+
+        def from_(source: str) -> httpx.AsyncClient:
+            return httpx.AsyncClient(timeout=10, transport=httpx.AsyncHTTPTransport(local_address=source))
+
+        with trio.fail_after(60):
+            async with from_("127.0.0.1") as proxy, from_("127.0.0.6") as direct:
+                one = {"x-forwarded-for": "203.0.113.1"}
+                assert [(await proxy.get(url, headers=one)).status_code for _ in range(BURST + 1)] == \
+                    [200] * BURST + [429]
+                assert (await proxy.get(url, headers={"x-forwarded-for": "203.0.113.2"})).status_code == 200
+                # 203.0.113.1 naming another client before it: the proxy appended the address that counts
+                spoof = {"x-forwarded-for": "203.0.113.3, 203.0.113.1"}
+                assert (await proxy.get(url, headers=spoof)).status_code == 429
+                codes = [(await direct.get(url, headers={"x-forwarded-for": f"198.51.100.{i}"})).status_code
+                         for i in range(BURST + 1)]
+                assert codes == [200] * BURST + [429]  # not a trusted proxy: its own address counts
+                assert (await proxy.get(url, headers={"x-forwarded-for": "203.0.113.3"})).status_code == 200
+    finally:
+        boot.stop()
+    assert "Traceback" not in (tmp_path / "b.log").read_text()
