@@ -14,6 +14,7 @@ where that memory goes, and the time from a sender's 201 at the farthest relay t
 from __future__ import annotations
 
 import base64
+import dataclasses
 import inspect
 import json
 import os
@@ -50,6 +51,11 @@ from tests.mozpush_client import MPClient  # noqa: E402
 IDLE = int(os.environ.get("BENCH_MOZPUSH_IDLE", "10000"))
 TRACED = int(os.environ.get("BENCH_MOZPUSH_TRACED", "2000"))
 PUSHES = int(os.environ.get("BENCH_MOZPUSH_PUSHES", "100"))
+# Every connection comes from this one address: the front's caps are lifted to hold them all, and its
+# WebSocket Pings (to clients silent ws_ping_interval_s) pushed past the run, so idle means idle.
+FRONT = {"connections_max": 4 * IDLE + 1000, "connections_per_client_max": 4 * IDLE + 1000,
+         "ws_ping_interval_s": 3600.0}
+FRONT_KEYS = "".join(f"{k} = {v!r}\n" for k, v in FRONT.items())
 
 
 def rss_kib(pid: int) -> int:
@@ -81,7 +87,7 @@ def idle_connections(workdir: Path) -> dict[str, float]:
     (data / "relay.toml").write_text(
         f'[relay]\ndata_dir = "{data}"\napi = "127.0.0.1:0"\nquic = "127.0.0.1:0"\nprofile = "test"\n'
         'bootstrap = ["http://127.0.0.1:9"]\nlog_format = "json"\n[api]\nrate_per_s = 1000000.0\n'
-        "rate_burst = 1000000\n")
+        f"rate_burst = 1000000\n{FRONT_KEYS}")
     log = open(workdir / "idle.log", "ab")  # noqa: SIM115 - the child holds it
     proc = subprocess.Popen([sys.executable, "-m", "inri.cli", "relay", "--config", str(data / "relay.toml")],
                             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
@@ -131,6 +137,7 @@ def where_memory_goes(workdir: Path) -> list[tuple[str, float]]:
     sock.listen(4096)
     url = f"http://127.0.0.1:{sock.getsockname()[1]}"
     cfg = RelayConfig()
+    cfg = dataclasses.replace(cfg, api=dataclasses.replace(cfg.api, **FRONT))  # type: ignore[arg-type]
     store = Store(workdir / "traced.sqlite3")
     service = RelayService("a" * 32, cfg.engine.test_profile(), store, NullNetwork(),
                            TraceFile(workdir / "t", "a" * 32))
