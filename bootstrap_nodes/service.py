@@ -106,7 +106,8 @@ class Bootstrap:
             ip = ipaddress.ip_address(_host(addr))
         except ValueError:
             return False  # IP literals only: a bootstrap never resolves names relays hand it
-        if ip.is_unspecified or ip.is_multicast or ip.is_reserved:
+        # Python counts ::1 as reserved (it lies in ::/8): loopback is private, not reserved, here.
+        if ip.is_unspecified or ip.is_multicast or (ip.is_reserved and not ip.is_loopback):
             return False
         if ip.is_loopback or ip.is_private or ip.is_link_local:
             return self.cfg.allow_private

@@ -2,19 +2,27 @@
 
 from __future__ import annotations
 
+import socket
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 import trio.testing
 
+from bootstrap_nodes.config import BootstrapConfig
+from bootstrap_nodes.service import Bootstrap, Refused
 from inri.common.identity import NodeIdentity
-from inri.node.bootstrap_client import BootstrapClient, make_record
+from inri.node.bootstrap_client import BootstrapClient, BootstrapError, make_record
 from inri.node.config import load_config
-from inri.node.reachability import Reachability
+from inri.node.quic import probe
+from inri.node.reachability import ANNOUNCE_TIMEOUT_S, AnnounceOutcome, Reachability
 from inri.node.relay import _BootstrapLoop
 from inri.protocol.messages import PeerInfo
+from inri.protocol.peer_record import encode_record
 from tests.inproc import serving as served
 
 
@@ -115,3 +123,61 @@ async def test_an_isolated_relay_backs_off_with_jitter(mock_clock: trio.testing.
             await trio.sleep(64)  # the current wait (<= 60 s) ends, the relay asks, then asks again within 2 s
             assert len(fake.asked) >= before + 2 and fake.asked[before + 1] - fake.asked[before] <= 2.0
         n.cancel_scope.cancel()
+
+
+class RefusingClient(FakeClient):
+    """A bootstrap whose probe of the relay's address takes `probe_s` and fails: 422 `unreachable`."""
+
+    def __init__(self, probe_s: float) -> None:
+        super().__init__()
+        self.probe_s = probe_s
+
+    async def announce(self, record: object) -> str:
+        await trio.sleep(self.probe_s)
+        raise BootstrapError("unreachable", "no QUIC handshake with this node key at 127.0.0.1:9")
+
+
+async def test_an_unanswered_public_addr_is_refused_and_named_within_10_s(
+        tmp_path: Path, mock_clock: trio.testing.MockClock) -> None:
+    """Issue 39: an unreachable `public_addr` is named within 10 s. The chain, on virtual time: a relay
+    announces as it starts; the bootstrap's QUIC probe of an address that never answers (a real UDP port
+    nobody reads) gives up after `probe_timeout_s`, well before the relay's announce request does
+    (ANNOUNCE_TIMEOUT_S), so the relay hears `unreachable` and says so at once."""
+    mock_clock.autojump_threshold = 0
+    cfg = BootstrapConfig(data_dir=str(tmp_path / "b"), allow_private=True)
+    prober_id = NodeIdentity.generate()
+
+    async def prober(addr: str, node_id: str) -> bool:
+        return await probe(prober_id, addr, node_id, timeout_s=cfg.probe_timeout_s)
+
+    boot = Bootstrap(cfg, prober)
+    relay_id = NodeIdentity.generate()
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as hole, socket.socket(socket.AF_INET6,
+                                                                                 socket.SOCK_DGRAM) as hole6:
+        hole.bind(("127.0.0.1", 0))
+        hole6.bind(("::1", 0))
+        addrs = [f"127.0.0.1:{hole.getsockname()[1]}", f"[::1]:{hole6.getsockname()[1]}"]  # IPv4 + IPv6
+        now = int(time.time())
+        start = trio.current_time()
+        with pytest.raises(Refused) as refused:
+            await boot.admit(encode_record(make_record(relay_id, addrs, None, 1, now * 1000, now)),
+                             source="announce")
+        probed_s = trio.current_time() - start
+    assert refused.value.code == "unreachable" and addrs[0] in refused.value.detail, refused.value.detail
+    assert probed_s == pytest.approx(len(addrs) * cfg.probe_timeout_s)  # each address probed once, in turn
+    assert probed_s < ANNOUNCE_TIMEOUT_S  # the relay's request waits longer: it hears the answer
+
+    # The relay's side: its first announcement goes out as it starts and the refusal is named at once.
+    service = LonelyService()
+    loop = _BootstrapLoop(load_config(None, env={"INRI_RELAY_BOOTSTRAP": "http://bootstrap"}), relay_id,
+                          service, addrs[0])  # type: ignore[arg-type]
+    loop.client = RefusingClient(probed_s)  # type: ignore[assignment]
+    async with trio.open_nursery() as n:
+        begun = trio.current_time()
+        n.start_soon(loop.run)
+        while service.reachability.outcome is not AnnounceOutcome.UNREACHABLE:
+            await trio.sleep(0.01)
+        named_s = trio.current_time() - begun
+        n.cancel_scope.cancel()
+    assert named_s == pytest.approx(probed_s, abs=0.02) and named_s <= 10
+    assert service.reachability.status(trio.current_time())["unreachable_addr"] == "127.0.0.1:9"

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import random
+import time
+from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bootstrap_nodes.config import ConfigError, load_bootstrap_config
+from bootstrap_nodes.config import BootstrapConfig, ConfigError, load_bootstrap_config
 from bootstrap_nodes.ranking import Candidate, prefix_of, rank
+from bootstrap_nodes.service import Bootstrap, Refused
 from inri.common.identity import NodeIdentity
-from inri.node.bootstrap_client import load_seed_list
+from inri.node.bootstrap_client import load_seed_list, make_record
 from inri.protocol.codec import DecodeError
 from inri.protocol.peer_record import (
     MAX_RECORD_BYTES,
@@ -114,3 +117,30 @@ def test_config_errors_are_clear(tmp_path) -> None:
 def test_default_seed_list_parses() -> None:
     urls = load_seed_list()
     assert urls and all(u.startswith("https://") for u in urls)
+
+
+@pytest.mark.parametrize(("addr", "lab", "public"), [
+    ("8.8.8.8:4433", True, True), ("[2606:4700::1111]:4433", True, True),
+    ("127.0.0.1:4433", True, False), ("[::1]:4433", True, False),  # ::1 lies in ::/8, "reserved" to Python
+    ("10.1.2.3:4433", True, False), ("[fe80::1]:4433", True, False),
+    ("0.0.0.0:4433", False, False), ("[::]:4433", False, False), ("224.0.0.1:4433", False, False),
+    ("240.0.0.1:4433", False, False), ("relay.example:4433", False, False)])
+async def test_which_addresses_a_bootstrap_lists(tmp_path: Path, addr: str, lab: bool, public: bool) -> None:
+    """Public IP literals always; loopback, private and link-local only with allow_private (a lab mesh,
+    IPv6 included); unspecified, multicast, reserved and names never."""
+    ident = NodeIdentity.generate()
+
+    async def proven(a: str, node_id: str) -> bool:
+        return True
+
+    for allow_private, listed in ((True, lab), (False, public)):
+        boot = Bootstrap(BootstrapConfig(data_dir=str(tmp_path / str(allow_private)), allow_private=allow_private),
+                         proven)
+        now = int(time.time())
+        raw = encode_record(make_record(ident, [addr], None, 1, now * 1000, now))
+        if listed:
+            assert (await boot.admit(raw, source="announce")).addrs == (addr,)
+        else:
+            with pytest.raises(Refused) as refused:
+                await boot.admit(raw, source="announce")
+            assert refused.value.code in ("address_not_allowed", "malformed"), refused.value.detail

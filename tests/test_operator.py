@@ -2,8 +2,9 @@
 
 One relay per data directory; a copied identity refused by the bootstrap and logged by both
 relays; backup while pushes flow and restore with every registration; public_addr refused at
---check-config unless IP literals; an unreachable public address named within 10 s; /healthz
-degraded when isolated; SIGHUP reloads the log level and never exits; JSON logs are all JSON.
+--check-config unless IP literals; an unreachable public address named (within 10 s: checked on
+virtual time in test_bootstrap_client.py); /healthz degraded when isolated;
+SIGHUP reloads the log level and never exits; JSON logs are all JSON.
 """
 
 from __future__ import annotations
@@ -157,7 +158,7 @@ def test_ipv4_and_ipv6_public_addresses_are_both_accepted(tmp_path: Path) -> Non
     assert proc.returncode == 0, proc.stderr
 
 
-def test_an_unreachable_public_addr_is_named_within_10_s(tmp_path: Path) -> None:
+def test_an_unreachable_public_addr_is_named_in_status_log_metrics_and_healthz(tmp_path: Path) -> None:
     boot = Proc(bootstrap_cmd("127.0.0.1:0", tmp_path / "b", []), tmp_path / "b.log")
     hole = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)  # a UDP port nobody answers on: a closed firewall
     hole.bind(("127.0.0.1", 0))
@@ -167,10 +168,9 @@ def test_an_unreachable_public_addr_is_named_within_10_s(tmp_path: Path) -> None
         url = bootstrap_url(boot)
         relay = _relay(tmp_path / "d", tmp_path / "r.log", "--public-addr", f"127.0.0.1:{port}", boot=url)
         api = relay_ready(relay, tmp_path / "d")["api"]
-        started = time.monotonic()
-        _wait(lambda: httpx.get(api + "/v1/status").json()["reachability"]["announce"] == "unreachable", 10,
+        # How soon (virtual time, within 10 s): test_bootstrap_client.py; here the 60 s is a hang guard only.
+        _wait(lambda: httpx.get(api + "/v1/status").json()["reachability"]["announce"] == "unreachable", 60,
               (tmp_path / "r.log").read_text()[-2000:])
-        assert time.monotonic() - started < 10
         lines = [e for e in _json_lines(tmp_path / "r.log") if e.get("event") == f"unreachable from the bootstrap: "
                  f"open UDP {port}"]
         assert lines and lines[0]["level"] == "error"
