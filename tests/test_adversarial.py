@@ -90,8 +90,8 @@ def test_linkability_is_measured_against_chance() -> None:
     assert m["registrations_observed"] > 40 and m["colluders"] == 10
     for key in ("single_relay_home_guess", "colluders_home_guess", "single_relay_epoch_link", "colluders_epoch_link"):
         assert 0.0 <= m[key] <= 1.0
-    # What the measurement shows (docs/protocol.md): hop counts let observers narrow the home down,
-    # and pooling 5% of the relays pins it; a single relay stays far from certain.
+    # What the measurement shows (docs/results/2026-11-25-stem-privacy.md): hop counts let observers narrow
+    # the home down, and pooling 5% of the relays pins it; a single relay stays far from certain.
     assert m["chance_home"] < m["single_relay_home_guess"] <= m["colluders_home_guess"]
     assert m["single_relay_home_exact"] < 0.1
     assert m["chance_epoch_link"] < m["colluders_epoch_link"]
