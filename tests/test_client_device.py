@@ -1,4 +1,4 @@
-"""The device SDK against a relay's real HTTP/WebSocket API (hypercorn on loopback, port 0 read back)."""
+"""The device SDK against a relay's real HTTP/WebSocket API (its HTTP front on loopback, port 0 read back)."""
 
 from __future__ import annotations
 
