@@ -3,7 +3,8 @@
 Used by tests/test_firefox.py and benchmarks/bench_mozpush.py. No driver: the profile's user.js sets the
 push server (`dom.push.serverURL`), and the page takes its orders from `PageServer` (it long-polls
 `/cmd`) and reports back over HTTP (`/report`): subscriptions, and every `push` event its service worker
-receives, with the text and the worker's clock. Firefox is Debian's firefox-esr (.ci/run installs it).
+receives, with the text and the worker's clock. Firefox is Debian's firefox-esr (.ci/run installs it); a
+profile is made to trust a test CA with NSS's certutil (Debian's libnss3-tools, also installed by .ci/run).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 FIREFOX = shutil.which("firefox-esr") or shutil.which("firefox")
+CERTUTIL = shutil.which("certutil")
 
 PAGE = """<!doctype html><meta charset="utf-8"><title>INRI push test</title>
 <script>
@@ -70,7 +72,6 @@ self.addEventListener("push", e => {
 """
 
 PREFS = {
-    "dom.push.testing.allowInsecureServerURL": True,
     "dom.push.testing.ignorePermission": True,
     "dom.push.loglevel": "debug",
     "devtools.console.stdout.chrome": True,
@@ -177,10 +178,21 @@ class Firefox:
         assert FIREFOX is not None
         self.profile, self.page_url, self.log = profile, page_url, log
         profile.mkdir(parents=True, exist_ok=True)
-        prefs = {**PREFS, "dom.push.serverURL": server_url}
+        prefs: dict[str, object] = {**PREFS, "dom.push.serverURL": server_url}
+        if server_url.startswith("ws://"):  # Firefox refuses a plain push server without it (docs/browsers.md)
+            prefs["dom.push.testing.allowInsecureServerURL"] = True
         (profile / "user.js").write_text("".join(f"user_pref({json.dumps(k)}, {json.dumps(v)});\n"
                                                  for k, v in prefs.items()))
         self.proc: subprocess.Popen[bytes] | None = None
+
+    def trust_ca(self, ca: Path) -> None:
+        """Make the profile's certificate database (NSS, cert9.db) trust the CA in the PEM file ca for TLS
+        servers, as a user importing a private CA does (Settings, Certificates, Import)."""
+        assert CERTUTIL is not None
+        db = f"sql:{self.profile}"
+        subprocess.run([CERTUTIL, "-N", "-d", db, "--empty-password"], check=True, capture_output=True, timeout=30)
+        subprocess.run([CERTUTIL, "-A", "-d", db, "-n", "INRI test CA", "-t", "C,,", "-i", str(ca)], check=True,
+                       capture_output=True, timeout=30)
 
     def start(self) -> None:
         home = self.profile.parent / "home"
@@ -202,15 +214,16 @@ class Firefox:
                 return line.split(",", 1)[1].strip(' ");')
         return None
 
-    def stop(self) -> None:
+    def stop(self, keep_uaid: bool = True) -> None:
         """Quit (SIGTERM: Firefox shuts down cleanly), then make sure the whole process group is gone.
 
         Firefox keeps its uaid in a pref, written to prefs.js shortly after it changes and at shutdown. A
         Firefox that had to be killed (a loaded machine: no clean exit within 20 s) before that write
-        comes back without a uaid and drops every subscription, so a uaid it holds is awaited first."""
+        comes back without a uaid and drops every subscription, so a uaid it holds is awaited first (unless
+        keep_uaid is false: the profile is not started again)."""
         if self.proc is None:
             return
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + (60 if keep_uaid else 0)
         while self.saved_uaid() is None and self.proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.2)
         try:
