@@ -419,3 +419,15 @@ def test_a_registration_decoded_before_does_not_let_a_bool_or_a_float_through(
     raw[2][pos] = bool(value) if kind == "bool" else float(value)
     with pytest.raises(DecodeError):
         decode(msgpack.packb(raw, use_bin_type=True))
+
+
+def test_a_version_that_only_equals_the_protocol_version_is_refused() -> None:
+    """2.0 (a float) == 2 in Python, but each message has one encoding: a frame or registration whose
+    version is not the integer 2 is refused, not decoded into a message that re-encodes differently."""
+    with pytest.raises(DecodeError) as err:
+        decode(msgpack.packb([int(MessageType.KEEPALIVE), float(L.PROTOCOL_VERSION), 1, False]))
+    assert err.value.code == "unsupported_version"
+    reg = make_registration(KEY, 1, 100, 3600)
+    with pytest.raises(DecodeError) as err:
+        decode_registration(msgpack.packb([float(L.PROTOCOL_VERSION), *_reg_list(reg)], use_bin_type=True))
+    assert err.value.code == "malformed"

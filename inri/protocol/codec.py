@@ -503,7 +503,7 @@ def _decode_checked(data: bytes) -> Message:
     mtype, version = raw[0], raw[1]
     if type(mtype) is not int or mtype not in _DECODERS:
         raise DecodeError("malformed", f"unknown message type {mtype!r}")
-    if version != L.PROTOCOL_VERSION:
+    if type(version) is not int or version != L.PROTOCOL_VERSION:  # 2.0 == 2: one encoding per message
         raise DecodeError("unsupported_version", f"version {version!r}, this relay speaks {L.PROTOCOL_VERSION}")
     try:
         return _DECODERS[mtype](raw[2:])
@@ -545,7 +545,7 @@ def decode_registration(data: bytes) -> Registration:
     if type(raw) is list and raw and type(raw[0]) is int and raw[0] != L.PROTOCOL_VERSION:
         # First, as for frames: a version 1 registration has 6 elements, and its client should hear why.
         raise DecodeError("unsupported_version", f"version {raw[0]!r}, this relay speaks {L.PROTOCOL_VERSION}")
-    if type(raw) is not list or len(raw) != 7 or raw[0] != L.PROTOCOL_VERSION:
+    if type(raw) is not list or len(raw) != 7 or type(raw[0]) is not int or raw[0] != L.PROTOCOL_VERSION:
         raise DecodeError("malformed",
                           "registration must be [version, key, epoch, issued_at, lifetime, sig, receipt_key]")
     return _reg_from_list(raw[1:])
