@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -458,3 +459,16 @@ def test_scale_100k_is_the_size_issue_18_names() -> None:
     sc = load("scale-100k")
     assert (sc.topology.relays, sc.workload.registrations, sc.workload.pushes, sc.churn.fail_fraction) == (
         100_000, 1_000, 10_000, 0.05)
+
+
+def test_churn_2k_is_churn_10k_at_a_fifth_of_its_size() -> None:
+    """churn-2k (the churn runs of docs/results/ and docs/protocol.md) stands for churn-10k at 2,000
+    relays: the same faults, mesh shape, timing and engine; a fifth of the relays, registrations, pushes."""
+    small, big = load("churn-2k"), load("churn-10k")
+    assert small == replace(
+        big,
+        name="churn-2k",
+        topology=replace(big.topology, relays=big.topology.relays // 5),
+        workload=replace(big.workload, registrations=big.workload.registrations // 5,
+                         pushes=big.workload.pushes // 5),
+    )
