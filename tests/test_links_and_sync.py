@@ -331,6 +331,9 @@ async def test_a_restarted_relay_relearns_every_route_from_its_neighbours(tmp_pa
                 assert got >= len(devices), (snapshot, got)
                 # They serve: one push per device entered at R6 leaves it once, along a route (a search
                 # would send it to every neighbour), and is delivered.
+                with trio.fail_after(60):  # two neighbours at least: a search then costs two frames a push
+                    while len((await status())["neighbours"]) < 2:
+                        await trio.sleep(0.1)
                 m0 = parse_metrics((await c.get(r6["api"] + "/metrics")).text)
                 before = m0["inri_pushes_out_total"]
                 app = HomeAppClient([r6["api"]])
@@ -345,7 +348,10 @@ async def test_a_restarted_relay_relearns_every_route_from_its_neighbours(tmp_pa
                 out = m1["inri_pushes_out_total"] - before
                 events = {k: v - m0.get(k, 0) for k, v in m1.items() if "events" in k and v != m0.get(k, 0)}
                 print(f"snapshot {snapshot}: {out} push frames out for {len(pids)} pushes, events {events}")
-                assert statuses == ["delivered"] * len(pids) and out <= len(pids) + 1, (statuses, out, events)
+                # One frame each along a route; a push may come back once around a loop a handed-over
+                # route closes (G11's known gap: docs/results/2026-11-29-routes-at-link-up.md) and leave
+                # again. Searches would send every push to each of R6's neighbours (two or more).
+                assert statuses == ["delivered"] * len(pids) and out < 2 * len(pids), (statuses, out, events)
     finally:
         for dev in devices:
             await dev.aclose()
