@@ -90,7 +90,7 @@ def test_a_custodian_re_sends_after_the_measured_round_trip_not_a_fixed_period()
     eng = engine()
     r = routed(eng)
     t = learn_fast_path(eng, r)
-    assert 0.02 < eng._hop_srtt < 0.04
+    assert 0.02 < eng._rtt.srtt() < 0.04
     wait, where = first_resend(eng, r, t + 1.0, pid_of(99))
     assert CFG.receipt_timeout_min_s <= wait < 0.6 and where == "b"
     # The same history with fixed periods (adaptive_retry = false): custody_retry_s, as before C4.

@@ -752,7 +752,7 @@ def test_with_the_stem_on_a_custodian_times_its_re_send_by_the_receipts_hops_not
         distance = far.next_hops(reg.route_id)[0][1]
         links = next(r[6] for r in net.tracer.rows if r[2] == "push_settled" and r[3] == first.push_id.hex())
         assert links is not None and links < distance  # the receipt's hops: the links the push took
-        by_receipt, by_distance = far._path_period(links), far._path_period(distance)
+        by_receipt, by_distance = far._rtt.path_period(links), far._rtt.path_period(distance)
         assert by_receipt < 0.7 * by_distance
         apply = net.apply
         sends: list[tuple[float, int]] = []

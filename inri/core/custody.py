@@ -215,8 +215,8 @@ class CustodyRules(EngineState):
                   else cfg.custody_retry_s)
         c.next_retry = now + period * (1 + c.attempt // 2)
         self._schedule(pid, c.next_retry)
-        self._mark_seen((pid, c.attempt * 2), now)
-        self._mark_seen((pid, c.attempt * 2 + 1), now)
+        self._seen.mark_copy(pid, c.attempt, False, now)
+        self._seen.mark_copy(pid, c.attempt, True, now)
         if c.attempt and self._level:
             self._trace(now, "push_retry", msg=pid.hex(), route=push.route_id.hex(), count=c.attempt)
         # The first two attempts follow the route when there is one (the second prefers backups all
@@ -279,8 +279,7 @@ class CustodyRules(EngineState):
                 st.queue_delay = now - c.sent_at
             self._queue_front(st)
         final = status if isinstance(status, CustodyStatus) else RECEIPT_STATUS[status]
-        if self.config.stem and hops > 0:  # rule C4b (rtt.py)
-            self._route_len.put(c.push.route_id, hops)
+        self._rtt.route_measured(c.push.route_id, hops)  # rule C4b (rtt.py)
         if self._level:
             self._trace(now, "push_settled", msg=pid.hex(), route=c.push.route_id.hex(), hops=hops, reason=final)
         return [released(pid, final, hops)]
@@ -351,7 +350,7 @@ class CustodyRules(EngineState):
         c.routed = True
         self._sent_to(c, nh, now)
         self._reverse.put(pid, (_LOCAL, now + cfg.reverse_ttl_s, None, -1))
-        self._mark_seen((pid, c.attempt * 2), now)
+        self._seen.mark_copy(pid, c.attempt, False, now)
         push = self._aged(c, now)
         if self._level:
             self._trace(now, "push_retry", msg=pid.hex(), route=push.route_id.hex(), count=c.attempt)
@@ -376,7 +375,7 @@ class CustodyRules(EngineState):
         pid = c.push.push_id
         self._count("custody_parked_search")
         self._reverse.put(pid, (_LOCAL, now + cfg.reverse_ttl_s, None, -1))
-        self._mark_seen((pid, c.attempt * 2 + 1), now)
+        self._seen.mark_copy(pid, c.attempt, True, now)
         push = self._aged(c, now)
         if self._level:
             self._trace(now, "push_fallback", msg=pid.hex(), route=push.route_id.hex(), ttl=LOCAL_REPAIR_RADIUS,

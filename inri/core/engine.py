@@ -27,8 +27,10 @@ from inri.core.custody import CustodyRules
 from inri.core.forwarding import ForwardingRules
 from inri.core.gossip import ANNOUNCE_SHARE, GossipRules
 from inri.core.membership import MembershipRules
-from inri.core.rtt import ROUTE_LEN_MAX, RttRules
+from inri.core.roundtrip import ROUTE_LEN_MAX, RttEstimator
+from inri.core.rtt import RttRules
 from inri.core.scoring import ScoringRules
+from inri.core.seen import SeenCache
 from inri.core.state import SWEEP_INTERVAL_S, Custody, Neighbour, ReverseMark, make_keepalive, readdress
 from inri.core.stem import StemRules
 from inri.core.sync import SYNC, SyncRules
@@ -107,8 +109,7 @@ class Engine(MembershipRules, GossipRules, StemRules, TreeRules, SyncRules, Forw
         self._lost: dict[str, list[Any]] = {}  # node id -> [addr, retry_at, failures]
         self._routes = CompactRouteTable() if config.route_table == "compact" else RouteTable()
         self._origin_bucket: dict[bytes, TokenBucket] = {}  # route id -> refresh budget (rule G4)
-        # (push id, attempt * 2 + ring mode) -> expiry
-        self._push_seen: BoundedMap[tuple[bytes, int], float] = BoundedMap(config.push_seen_max)
+        self._seen = SeenCache(config.push_seen_max, config.seen_ttl_s, config.reverse_ttl_s)  # seen.py (F1)
         # push id -> (previous hop, expiry, the push's registration: whose receipt key its receipt needs)
         self._reverse: BoundedMap[bytes, tuple[str | ReverseMark, float, Registration | None, int]] = BoundedMap(
             config.reverse_max)
@@ -152,12 +153,9 @@ class Engine(MembershipRules, GossipRules, StemRules, TreeRules, SyncRules, Forw
         # expiry) when F6b kept the reverse entry of an earlier copy: a `not home` for that copy goes there.
         self._kept_from: BoundedMap[bytes, tuple[str, int, float]] = BoundedMap(config.reverse_max)
         self._heard_any = -float("inf")  # custody.py (C7): when a frame last came from any neighbour
-        self._hop_srtt = 0.0  # rtt.py (C4)
-        self._hop_rttvar = 0.0
-        self._route_len: BoundedMap[bytes, int] = BoundedMap(ROUTE_LEN_MAX)  # rtt.py (C4b)
+        self._rtt = RttEstimator(config)  # rtt.py (C4, C4b): the round-trip estimate
         self._waiting_route: dict[bytes, set[bytes]] = {}  # custody.py (C3c)
         self._renewed_at: BoundedMap[bytes, float] = BoundedMap(ROUTE_LEN_MAX)
-        self._rtt_from_paths = False
         # Slow, not silent (rule S1, scoring.py): pushes past receipt_timeout_s whose next hop keeps
         # answering, slowly, get a longer grace: push id -> (next hop, sent, grace end), with a heap
         # (grace end, push id) for expiry; pushes blamed on a neighbour (push id -> (next hop, sent,
@@ -396,7 +394,7 @@ class Engine(MembershipRules, GossipRules, StemRules, TreeRules, SyncRules, Forw
     def _sweep(self, now: float) -> None:
         if now >= self._routes.expire_from:
             self._sweep_routes(now)
-        self._push_seen.sweep(lambda exp: exp <= now)
+        self._seen.sweep(now)
         self._reverse.sweep(lambda v: v[1] <= now and v[0] is not _LOCAL)
         self._blamed.sweep(lambda v: v[2] <= now)
         self._steer.sweep(lambda v: v[1] <= now)
@@ -511,7 +509,7 @@ class Engine(MembershipRules, GossipRules, StemRules, TreeRules, SyncRules, Forw
         """Table sizes and counters."""
         return {
             "routes": len(self._routes),
-            "seen": len(self._push_seen),
+            "seen": len(self._seen),
             "reverse": len(self._reverse),
             "custody": len(self._custody),
             "active": len(self._active),

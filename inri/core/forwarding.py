@@ -12,6 +12,7 @@ from inri.core.api import (
     Send,
     TraceLevel,
 )
+from inri.core.seen import Mark
 from inri.core.state import (
     RECEIPT_STATUS,
     EngineState,
@@ -58,20 +59,6 @@ _LOCAL = ReverseMark.LOCAL
 _LATE = ReverseMark.LATE
 _FULL = TraceLevel.FULL
 _NOT_HOME = RouteErrorReason.NOT_HOME  # rule F5c
-# Rule F6b: the push seen-cache key (push id, _ERROR_PASSED) marks a route error passed on for the last
-# copy received (seen keys of copies are attempt * 2 + mode >= 0).
-_ERROR_PASSED = -1
-# Rule F8b: seen-cache keys (push id, _REPAIR_WATCHED) marks a local repair of the push watched here (F8),
-# (push id, _REPAIR_FOUND) a `repair found` heard for it, (push id, _FOUND_PASSED) one passed on.
-_REPAIR_WATCHED = -2
-_REPAIR_FOUND = -3
-_FOUND_PASSED = -4
-# Rule F10: (push id, _REROUTED) marks a push this relay sent around a dead end its copy met (once per push).
-_REROUTED = -5
-# Rule F8c: (push id, _QUICK_PASSED) marks a search whose quick verdict (F8b) was left to F8's full wait by a
-# `repair found`; (push id, _REFUTE_PASSED) a refutation (`duplicate`) passed back to the searching relay.
-_QUICK_PASSED = -6
-_REFUTE_PASSED = -7
 
 
 def _onward(push: Push, ring: int) -> Push:
@@ -135,12 +122,11 @@ class ForwardingRules(EngineState):
         since = None if primary is None else self._down_since.get(primary)
         if since is not None and now - since < HOME_SEARCH_AFTER_S:
             return []
-        ring_key = (msg.push_id, msg.attempt * 2 + 1)
         if (msg.registration is None or msg.ttl <= LOCAL_REPAIR_RADIUS or len(self._active) < 2
-                or ring_key in self._push_seen):
+                or self._seen.copy_seen(msg.push_id, msg.attempt, True)):
             return []
         self._count("push_home_search")
-        self._mark_seen(ring_key, now)
+        self._seen.mark_copy(msg.push_id, msg.attempt, True, now)
         return self._ring_flood(_onward(msg, LOCAL_REPAIR_RADIUS), peer, now)
 
     # Rules F3 (home unreachable), G7.
@@ -174,11 +160,6 @@ class ForwardingRules(EngineState):
     def has_route(self, route_id: bytes) -> bool:
         """True when a live next hop is known for route_id."""
         return self._next_hop(route_id, None, low_ok=True) is not None
-
-    # Rules F1 (each (push id, attempt, mode) once).
-    def _mark_seen(self, key: tuple[bytes, int], now: float) -> None:
-        """Enter a (push id, attempt, mode) key in the seen-cache, oldest evicted past push_seen_max."""
-        self._push_seen.put(key, now + self.config.seen_ttl_s)
 
     # Rules F1, S1 (an answer is awaited).
     def _forward(self, msg: Push, nh: str, now: float) -> Send:
@@ -338,8 +319,7 @@ class ForwardingRules(EngineState):
             return self._score(peer, cfg.score_budget_drop, now, "budget_peer")
         # Seen per (push, attempt, mode): a ring copy that met a route continues in route mode through
         # relays that already saw (and flooded) the ring copy of the same attempt.
-        key = (pid, msg.attempt * 2 + (1 if msg.ring else 0))
-        if key in self._push_seen:
+        if not self._seen.first_copy(pid, msg.attempt, msg.ring != 0, now):  # F6b's mark goes with a new copy
             self._count("push_seen_dropped")
             if msg.ring:  # ring copies are not awaited: they die quietly
                 return []
@@ -350,8 +330,6 @@ class ForwardingRules(EngineState):
                 self._trace(now, "route_error", msg=pid.hex(), route=msg.route_id.hex(), peer=peer,
                             reason="duplicate", count=1)
             return [Send(peer, RouteError(pid, msg.route_id, RouteErrorReason.DUPLICATE))]
-        self._push_seen.put(key, now + cfg.seen_ttl_s)
-        self._push_seen.pop((pid, _ERROR_PASSED), None)  # F6b: this copy may be answered by an error again
         if self._level >= _FULL:
             # Trace hops = links crossed to reach this relay, as in push_delivered (docs/trace-schema.md);
             # the frame's own counter stops one short (the sender counts the link it sends on).
@@ -415,11 +393,10 @@ class ForwardingRules(EngineState):
                         and msg.ring + msg.hops > limits.RING_RADII[-1])
                 go_on = msg.ring > 1 and (cfg.ring_past_routes or last)
                 more = self._ring_flood(_onward(msg, msg.ring - 1), peer, now) if go_on else []
-                route_key = (pid, msg.attempt * 2)
-                if route_key in self._push_seen:
+                if self._seen.copy_seen(pid, msg.attempt, False):
                     self._count("push_seen_dropped")
                     return more
-                self._mark_seen(route_key, now)
+                self._seen.mark_copy(pid, msg.attempt, False, now)
                 out = [self._forward(_onward(msg, 0), nh, now)] + more
                 if msg.attempt < ROUTE_ATTEMPTS and cfg.adaptive_retry and peer in self._active:
                     # Rule F8b: a local repair's copy (route attempts only: a custodian's rings are
@@ -455,13 +432,12 @@ class ForwardingRules(EngineState):
             if low is None and self._home_adjacent(rid):
                 return (self._push_drop(peer, msg, now, "home_unreachable", RouteErrorReason.HOME_UNREACHABLE)
                         + self._home_search(msg, peer, now))
-            ring_key = (pid, msg.attempt * 2 + 1)
             if (msg.registration is not None and msg.ttl > LOCAL_REPAIR_RADIUS and len(self._active) > 1
-                    and ring_key not in self._push_seen):
+                    and not self._seen.copy_seen(pid, msg.attempt, True)):
                 # Local repair (AODV): our route broke; ask the neighbourhood before giving up. Neighbours
                 # with a route of their own (not through us: the sender is excluded) carry it on.
                 self._count("push_local_repair")
-                self._mark_seen(ring_key, now)
+                self._seen.mark_copy(pid, msg.attempt, True, now)
                 self._watch_repair(msg, peer, now)
                 return self._ring_flood(_onward(msg, LOCAL_REPAIR_RADIUS), peer, now)
             if low is not None:  # the neighbourhood was asked: the low-scored next hop is the last resort
@@ -526,7 +502,8 @@ class ForwardingRules(EngineState):
         when it would reach the custodian before the custodian's own retry (C4's period for the whole
         route, as this relay would compute it), or it is only a cost."""
         cfg = self.config
-        srtt = self._hop_srtt
+        rtt = self._rtt
+        srtt = rtt.srtt()
         if not cfg.adaptive_retry or srtt <= 0.0 or msg.attempt >= ROUTE_ATTEMPTS:
             return
         entry = self._routes.get(msg.route_id)
@@ -534,9 +511,9 @@ class ForwardingRules(EngineState):
         back = msg.hops + 1  # links from the custodian to here
         if d <= 0:
             d = back  # no route held here any more: the path so far stands in for the rest
-        link = srtt + 2.0 * self._hop_rttvar
+        link = rtt.link_wait(2.0)
         wait = (d + REPAIR_EXTRA_LINKS) * link
-        period = self._path_period(back + d)
+        period = rtt.path_period(back + d)
         # Rule F8b: the search's own verdict comes sooner. A copy that meets a route says so (`repair
         # found`) from at most LOCAL_REPAIR_RADIUS links away; with no such word within that many link
         # round trips the search found nothing (its other copies died quietly), and the custodian hears
@@ -544,9 +521,10 @@ class ForwardingRules(EngineState):
         quick = LOCAL_REPAIR_RADIUS * link
         if back * srtt + quick >= period:
             return
-        self._mark_seen((msg.push_id, _REPAIR_WATCHED), now)
-        self._push_seen.pop((msg.push_id, _REPAIR_FOUND), None)
-        self._push_seen.pop((msg.push_id, _QUICK_PASSED), None)
+        seen = self._seen
+        seen.mark(msg.push_id, Mark.REPAIR_WATCHED, now)
+        seen.clear(msg.push_id, Mark.REPAIR_FOUND)
+        seen.clear(msg.push_id, Mark.QUICK_PASSED)
         self._finds.pop(msg.push_id, None)  # F8c: this search's finds only
         heapq.heappush(self._repair_heap, (now + quick, msg.push_id, prev, msg.route_id, True))
         if back * srtt + wait < period:
@@ -562,10 +540,10 @@ class ForwardingRules(EngineState):
         heap = self._repair_heap
         while heap and heap[0][0] <= now:
             _, pid, prev, rid, quick = heapq.heappop(heap)
-            if quick and (pid, _REPAIR_FOUND) in self._push_seen:
+            if quick and self._seen.has(pid, Mark.REPAIR_FOUND):
                 # F8b: a copy found a route: the full wait (the entry after this one) decides, unless every
                 # find is refuted first (F8c, _find_refuted)
-                self._mark_seen((pid, _QUICK_PASSED), now)
+                self._seen.mark(pid, Mark.QUICK_PASSED, now)
                 continue
             out += self._report_repair_failed(pid, prev, rid, now)
         return out
@@ -630,7 +608,7 @@ class ForwardingRules(EngineState):
             return []
         if self.config.repair_steer:  # F9: the push's next copy through here avoids peer if it can
             self._steer.put(msg.push_id, (peer, now + self.config.reverse_ttl_s))
-            if (msg.reason == RouteErrorReason.DEAD_END and (msg.push_id, _REROUTED) not in self._push_seen
+            if (msg.reason == RouteErrorReason.DEAD_END and not self._seen.has(msg.push_id, Mark.REROUTED)
                     and self._other_hop(msg.route_id, prev, peer) is not None):
                 msg = RouteError(msg.push_id, msg.route_id, RouteErrorReason.REPAIR_FAILED)  # a way around here
         self._active[prev].last_sent = now
@@ -648,12 +626,12 @@ class ForwardingRules(EngineState):
         w = self._await.get(pid)
         if w is None or w[0] != peer or w[4].ring or w[4].attempt >= ROUTE_ATTEMPTS:
             return None
-        if (pid, _REROUTED) in self._push_seen:
+        if self._seen.has(pid, Mark.REROUTED):
             return None  # the copy sent around met a dead end too: the custodian hears of it
         other = self._other_hop(msg.route_id, prev, peer)
         if other is None:
             return None
-        self._mark_seen((pid, _REROUTED), now)
+        self._seen.mark(pid, Mark.REROUTED, now)
         self._steer.put(pid, (peer, now + self.config.reverse_ttl_s))
         self._count("push_rerouted_dead_end")
         return [self._forward(w[4], other, now)]
@@ -665,17 +643,16 @@ class ForwardingRules(EngineState):
         repair's ring copy on) passes it back along the reverse path, once per push. Neutral: no route,
         score or wait changes for it, so a relay that sends it wrongly only delays a notice."""
         pid = msg.push_id
-        if (pid, _REPAIR_WATCHED) in self._push_seen:
-            self._mark_seen((pid, _REPAIR_FOUND), now)
+        seen = self._seen
+        if seen.has(pid, Mark.REPAIR_WATCHED):
+            seen.mark(pid, Mark.REPAIR_FOUND, now)
             self._count_find(pid, 1, now)  # F8c
             return []
-        seen = self._push_seen
-        if (pid, 1) not in seen and (pid, 3) not in seen:
+        if not seen.copy_seen(pid, 0, True) and not seen.copy_seen(pid, 1, True):
             return []  # no route attempt's ring copy passed here (F8b's word goes back one ring only)
         self._count_find(pid, 1, now)  # F8c: every find counts here, the word goes back once
-        if (pid, _FOUND_PASSED) in seen:
+        if not seen.mark_once(pid, Mark.FOUND_PASSED, now):
             return []
-        self._mark_seen((pid, _FOUND_PASSED), now)
         back = self._reverse.get(pid)
         if back is None or isinstance(back[0], ReverseMark) or back[0] == peer or back[0] not in self._active:
             return []
@@ -748,20 +725,20 @@ class ForwardingRules(EngineState):
         finds, refuted = self._count_find(pid, 0, now)
         if refuted < finds:
             return []
-        seen = self._push_seen
+        seen = self._seen
         back = self._reverse.get(pid)
         if back is None or isinstance(back[0], ReverseMark) or back[0] not in self._active:
             return []
         prev = back[0]
-        if (pid, _REPAIR_WATCHED) in seen:  # the searching relay: its search found nothing after all
+        if seen.has(pid, Mark.REPAIR_WATCHED):  # the searching relay: its search found nothing after all
             self._count("repair_found_refuted")
-            seen.pop((pid, _REPAIR_FOUND), None)
-            if (pid, _QUICK_PASSED) in seen:
+            seen.clear(pid, Mark.REPAIR_FOUND)
+            if seen.has(pid, Mark.QUICK_PASSED):
                 return self._report_repair_failed(pid, prev, msg.route_id, now)
             return []  # the quick verdict, still due, decides
-        if (pid, _FOUND_PASSED) not in seen or (pid, _REFUTE_PASSED) in seen or prev == peer:
+        if not seen.has(pid, Mark.FOUND_PASSED) or seen.has(pid, Mark.REFUTE_PASSED) or prev == peer:
             return []
-        self._mark_seen((pid, _REFUTE_PASSED), now)
+        seen.mark(pid, Mark.REFUTE_PASSED, now)
         if self._level:
             self._trace(now, "receipt_forwarded", msg=pid.hex(), peer=prev, reason="duplicate", count=1)
         return [Send(prev, msg)]
@@ -771,11 +748,9 @@ class ForwardingRules(EngineState):
         """True the first time a route error for push pid is passed on since its last copy came (F6b:
         route errors keep the reverse path, so a relay passes on one route error per copy of the push it
         received; a new copy clears the mark, in _on_push): an answer never circles."""
-        guard = (pid, _ERROR_PASSED)
-        if guard in self._push_seen:
+        if not self._seen.mark_once(pid, Mark.ERROR_PASSED, now):
             self._count("route_error_repeat_dropped")
             return False
-        self._push_seen.put(guard, now + self.config.reverse_ttl_s)
         return True
 
     # Rule F3.

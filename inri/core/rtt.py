@@ -48,47 +48,17 @@ from inri.core.state import EngineState, Neighbour, readdress
 from inri.core.tables import RouteTable
 from inri.protocol.messages import Push, Receipt
 
-RTT_ALPHA = 0.125  # RFC 6298 section 2: srtt gain
-RTT_BETA = 0.25  # RFC 6298 section 2: rttvar gain
-RTT_VAR_FACTOR = 4.0  # RFC 6298: RTO = SRTT + K x RTTVAR, K = 4
-# d x (srtt + 4 rttvar) is RFC 6298's RTO for a path of d links. Measured (quic loss model): on
-# loss-1k it re-sends 5% of the pushes while their receipt is on its way (+4% push messages); twice
-# that re-sends 0.6%, but puts most routes of churn-2k at the 2 s cap (latency p95 2.2 s, not 1.4 s).
-PATH_FACTOR = 1.0
-# C4b: route ids whose last receipt's hop count a custodian remembers (stem on), oldest first out.
-ROUTE_LEN_MAX = 4096
-# A per-link sample larger than this is not a link's round trip (the longest terrestrial ones are
-# ~0.3 s) but a stall on the path (a host paused, a QUIC backoff, a relay that died): it would inflate
-# rttvar and keep every retry at the cap for a long while. Such pushes are S1's business.
-MAX_LINK_SAMPLE_S = 0.5
 _UNRESPONSIVE = "push_rerouted_unresponsive"  # rule C6's counter (and how _reroute_awaited knows it)
 
 
 class RttRules(EngineState):
-    """C4-C5: a per-link round-trip estimate, the retry period it gives, re-sends on link loss."""
-
-    # Rule C4 (estimate).
-    def _rtt_sample(self, per_link: float, path: bool) -> None:
-        """Feed one per-link round-trip sample (seconds) into srtt / rttvar; path: from a receipt."""
-        if not 0.0 < per_link <= MAX_LINK_SAMPLE_S:
-            return
-        if path and not self._rtt_from_paths:
-            self._rtt_from_paths = True
-            self._hop_srtt = 0.0  # the keepalive prior goes
-        elif not path and self._rtt_from_paths:
-            return
-        if self._hop_srtt <= 0.0:
-            self._hop_srtt = per_link
-            self._hop_rttvar = per_link / 2
-        else:
-            self._hop_rttvar += RTT_BETA * (abs(self._hop_srtt - per_link) - self._hop_rttvar)
-            self._hop_srtt += RTT_ALPHA * (per_link - self._hop_srtt)
+    """C4-C6: retry periods from the round-trip estimate (RttEstimator), re-sends on link loss."""
 
     # Rule C4 (keepalive samples).
     def _keepalive_answered(self, state: Neighbour, nonce: int, now: float) -> None:
         """A keepalive reply: one link round trip, if it answers the last keepalive we sent."""
         if nonce == state.nonce and state.ka_sent >= 0.0:
-            self._rtt_sample(now - state.ka_sent, False)
+            self._rtt.sample(now - state.ka_sent, False)
             state.ka_sent = -1.0  # one sample per keepalive
 
     # Rule C4 (receipt samples).
@@ -101,34 +71,18 @@ class RttRules(EngineState):
         ahead = msg.hops - sent_msg.hops
         if sent_msg.attempt or ahead <= 0:
             return  # Karn: which copy answered is unknown; or a receipt that cannot be ours
-        self._rtt_sample((now - waited[2]) / ahead, True)
+        self._rtt.sample((now - waited[2]) / ahead, True)
 
     # Rule C4 (period).
     def _retry_period(self, rid: bytes) -> float:
         """How long a custodian waits for the receipt of a push sent along rid's route."""
-        cfg = self.config
-        cap = cfg.custody_retry_s
-        if not cfg.adaptive_retry or self._hop_srtt <= 0.0:
-            return cap
+        rtt = self._rtt
+        if not rtt.active():
+            return self.config.custody_retry_s
         entry = self._routes.get(rid)
         if entry is None:
-            return cap
-        links = RouteTable.distance(entry)
-        if cfg.stem:  # C4b
-            known = self._route_len.get(rid)
-            if known is not None and known < links:
-                links = known
-        return self._path_period(links)
-
-    # Rule C4 (period of a path of `links` links).
-    def _path_period(self, links: int) -> float:
-        """C4's retry period for a route `links` links long (custody_retry_s without an estimate)."""
-        cfg = self.config
-        cap = cfg.custody_retry_s
-        if links <= 0 or not cfg.adaptive_retry or self._hop_srtt <= 0.0:
-            return cap
-        expected = PATH_FACTOR * links * (self._hop_srtt + RTT_VAR_FACTOR * self._hop_rttvar)
-        return min(cap, max(cfg.receipt_timeout_min_s, expected))
+            return self.config.custody_retry_s
+        return rtt.path_period(rtt.route_links(rid, RouteTable.distance(entry)))
 
     # Rule C6.
     def link_unresponsive(self, peer: str, now: float) -> list[Effect]:
@@ -188,13 +142,12 @@ class RttRules(EngineState):
         per attempt, where the push would otherwise wait for its custodian's retry. Not when suspect is
         the home itself (its neighbour at distance 1): no search finds a home that stopped answering
         (its custodian hears `home unreachable`, C5's way, and retries later)."""
-        ring_key = (msg.push_id, msg.attempt * 2 + 1)
         entry = self._routes.get(msg.route_id)
-        if (msg.registration is None or len(self._active) < 2 or ring_key in self._push_seen
+        if (msg.registration is None or len(self._active) < 2 or self._seen.copy_seen(msg.push_id, msg.attempt, True)
                 or (entry is not None and self._home_hop(msg.route_id, entry, suspect))):
             return []
         self._count("push_local_repair")
-        self._mark_seen(ring_key, now)
+        self._seen.mark_copy(msg.push_id, msg.attempt, True, now)
         if prev is not None:
             self._watch_repair(msg, prev, now)  # F8
         return self._ring_flood(readdress(msg, msg.ttl, msg.hops, msg.attempt, LOCAL_REPAIR_RADIUS), prev, now)

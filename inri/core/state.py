@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 from inri.core.api import CustodyReleased, CustodyStatus, DisconnectReason, Effect, HomeStore, Send, Verifier
 from inri.core.budget import TokenBucket
 from inri.core.config import EngineConfig
+from inri.core.roundtrip import RttEstimator
+from inri.core.seen import SeenCache
 from inri.core.tables import BoundedMap, CompactRouteTable, RouteEntry, RouteTable
 from inri.protocol.messages import (
     Announcement,
@@ -268,7 +270,7 @@ class EngineState:
     _lost: dict[str, list[Any]]
     _routes: RouteTable | CompactRouteTable
     _origin_bucket: dict[bytes, TokenBucket]
-    _push_seen: BoundedMap[tuple[bytes, int], float]
+    _seen: SeenCache  # seen.py (F1, F6b, F8b, F8c, F10): copies handled here, notes per push
     _reverse: BoundedMap[bytes, tuple[str | ReverseMark, float, Registration | None, int]]
     _custody: dict[bytes, Custody]
     _timers: list[tuple[float, int, bytes]]
@@ -293,12 +295,9 @@ class EngineState:
     _finds: BoundedMap[bytes, tuple[int, int, float]]  # forwarding.py (F8c)
     # forwarding.py (F5c): push id -> (sender, attempt, expiry) of its last route copy whose reverse entry was kept
     _kept_from: BoundedMap[bytes, tuple[str, int, float]]
-    _hop_srtt: float  # rtt.py (C4): per-link round-trip estimate (0: no sample yet) and its variation
-    _hop_rttvar: float
-    _route_len: BoundedMap[bytes, int]  # rtt.py (C4b): route id -> links its last receipt came back over
+    _rtt: RttEstimator  # rtt.py (C4, C4b): the per-link round-trip estimate and route lengths
     _waiting_route: dict[bytes, set[bytes]]  # custody.py (C3c): route id -> pushes in custody whose last copy failed
     _renewed_at: BoundedMap[bytes, float]  # custody.py (C3c): route id -> when a new epoch or generation last came
-    _rtt_from_paths: bool  # rtt.py: a receipt sample came (keepalive samples are ignored from then on)
     _heard_any: float  # custody.py (C7): when a frame last came from any neighbour
     _overdue: dict[bytes, tuple[str, float, float]]
     _hole_suspects: BoundedMap[tuple[str, bytes], float]
@@ -426,7 +425,6 @@ class EngineState:
         def _watch_repair(self, msg: Push, prev: str, now: float) -> None: ...
         def _steer_hop(self, pid: bytes, rid: bytes, prev: str | None, nh: str | None,
                        now: float) -> str | None: ...
-        def _mark_seen(self, key: tuple[bytes, int], now: float) -> None: ...
         def _deliver_local(self, pid: bytes, msg: Push, status: ReceiptStatus, now: float,
                            hops: int = 0) -> list[Effect]: ...
         # gossip.py
@@ -466,7 +464,6 @@ class EngineState:
         def _tree_peer_down(self, peer: str) -> None: ...
         # rtt.py
         def _retry_period(self, rid: bytes) -> float: ...
-        def _path_period(self, links: int) -> float: ...
         def _receipt_rtt(self, peer: str, msg: Receipt, now: float) -> None: ...
         def _reroute_awaited(self, peer: str, now: float, counter: str = ...) -> list[Effect]: ...
         def _keep_awaiting(self, pid: bytes, nh: str, now: float) -> bool: ...
