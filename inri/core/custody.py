@@ -28,7 +28,7 @@ from inri.core.state import (
     readdress,
     released,
 )
-from inri.core.tables import RouteTable
+from inri.core.tables import BoundedMap, RouteTable
 from inri.protocol import limits
 from inri.protocol.messages import (
     Push,
@@ -75,6 +75,10 @@ def widest_ring(budget: int, degree: int, limit: int) -> int:
 
 class CustodyRules(EngineState):
     """C1-C3: pushes this relay accepted from home apps."""
+
+    # The state this rule group owns (tests/test_core_owners.py; Engine.__init__ builds it).
+    _waiting_route: dict[bytes, set[bytes]]  # C3c: route id -> pushes in custody whose last copy failed
+    _renewed_at: BoundedMap[bytes, float]  # C3c: route id -> when a new epoch or generation last came
 
     # Rule C1.
     def inject_push(
@@ -225,7 +229,7 @@ class CustodyRules(EngineState):
         if c.attempt < ROUTE_ATTEMPTS or c.home_down:
             c.home_down = False
             nh = self._next_hop(push.route_id, None, alternate=c.attempt == 1)
-            if c.attempt and pid in self._steer:  # rule F9: not into the hole a search found
+            if c.attempt and self._steer_known(pid):  # rule F9: not into the hole a search found
                 nh = self._steer_hop(pid, push.route_id, None, nh, now)
             if nh is not None:
                 c.routed = True

@@ -307,14 +307,12 @@ class Engine(MembershipRules, GossipRules, StemRules, TreeRules, SyncRules, Forw
                         t = first
                     break
                 heapq.heappop(timers)
-        if self._repair_heap:  # F8
-            first = self._repair_heap[0][0]
-            if t is None or first < t:
-                t = first
-        if self._tree_flush_at is not None or self._tree_grafts:  # G9 (tree.py)
-            tree = self._tree_next()
-            if tree is not None and (t is None or tree < t):
-                return tree
+        repair = self._repair_next()  # F8 (forwarding.py)
+        if repair is not None and (t is None or repair < t):
+            t = repair
+        tree = self._tree_next()  # G9 (tree.py)
+        if tree is not None and (t is None or tree < t):
+            return tree
         return t
 
     def handle_timer(self, now: float) -> list[Effect]:
@@ -326,12 +324,10 @@ class Engine(MembershipRules, GossipRules, StemRules, TreeRules, SyncRules, Forw
             c = self._custody.get(pid)
             if c is not None and c.next_retry == when:
                 out += self._retry(c, now)
-        if self._tree_flush_at is not None or self._tree_grafts:  # G9 (tree.py)
-            out += self._tree_timer(now)
+        out += self._tree_timer(now)  # G9 (tree.py)
         if self._await_heap and self._await_heap[0][0] <= now:
             out += self._answers_overdue(now)
-        if self._repair_heap and self._repair_heap[0][0] <= now:
-            out += self._repairs_unanswered(now)
+        out += self._repairs_unanswered(now)  # F8 (forwarding.py)
         if self._next_tick is not None and now >= self._next_tick:
             out += self._tick(now)
         return out
@@ -342,8 +338,7 @@ class Engine(MembershipRules, GossipRules, StemRules, TreeRules, SyncRules, Forw
         out: list[Effect] = []
         interval = cfg.keepalive_interval_s
         dead_after = interval * cfg.keepalive_misses
-        if self._overdue_heap:
-            out += self._grace_expired(now)
+        out += self._grace_expired(now)  # S1 (scoring.py)
         for p in list(self._announce):  # link-up announcements left over from peer_up (rule G5)
             out += self._announce_homed(p, now, ANNOUNCE_SHARE * cfg.reg_budget_per_peer_per_s * interval)
         for p in list(self._sync_out):  # routes still to send to a neighbour that asked (rule G11)
@@ -375,10 +370,8 @@ class Engine(MembershipRules, GossipRules, StemRules, TreeRules, SyncRules, Forw
                 out.append(Disconnect(p, DisconnectReason.FULL))
         if self._embargo:  # G8
             out += self._stem_embargo(now)
-        if self._restem_due:  # G10
-            out += self._restem_due_now(now)
-        if self._repair_due:  # G10
-            out += self._repair_due_now(now)
+        out += self._restem_due_now(now)  # G10 (stem.py)
+        out += self._repair_due_now(now)
         if len(self._active) + len(self._connecting) < cfg.active_max:
             out += self._refill(now)
         if now >= self._next_exchange and self._active:
@@ -396,12 +389,10 @@ class Engine(MembershipRules, GossipRules, StemRules, TreeRules, SyncRules, Forw
             self._sweep_routes(now)
         self._seen.sweep(now)
         self._reverse.sweep(lambda v: v[1] <= now and v[0] is not _LOCAL)
-        self._blamed.sweep(lambda v: v[2] <= now)
-        self._steer.sweep(lambda v: v[1] <= now)
-        self._finds.sweep(lambda v: v[2] <= now)
+        self._sweep_scores(now)  # scoring.py
+        self._sweep_repairs(now)  # forwarding.py (F5c, F8c, F9)
         if self._provisional:  # G11
             self._provisional.sweep(lambda v: v[2] <= now)
-        self._kept_from.sweep(lambda v: v[2] <= now)
         for pid in [pid for pid, c in self._custody.items() if now >= c.deadline]:
             del self._custody[pid]
             self._count("custody_expired")

@@ -21,7 +21,7 @@ from inri.core.state import (
     make_send,
     readdress,
 )
-from inri.core.tables import RouteEntry, RouteTable
+from inri.core.tables import BoundedMap, RouteEntry, RouteTable
 from inri.protocol import limits
 from inri.protocol.keys import receipt_signed_bytes, receipts_signed_bytes
 from inri.protocol.messages import (
@@ -74,6 +74,17 @@ def _onward(push: Push, ring: int) -> Push:
 
 class ForwardingRules(EngineState):
     """F1-F4: what a relay does with a push, a receipt or a route error."""
+
+    # The state this rule group owns (tests/test_core_owners.py; Engine.__init__ builds it).
+    # F8: local repairs awaiting an answer: (deadline, push id, previous hop, route id)
+    _repair_heap: list[tuple[float, bytes, str, bytes, bool]]
+    _steer: BoundedMap[bytes, tuple[str | None, float]]  # F9
+    _finds: BoundedMap[bytes, tuple[int, int, float]]  # F8c
+    # F5c: push id -> (sender, attempt, expiry) of its last route copy whose reverse entry was kept
+    _kept_from: BoundedMap[bytes, tuple[str, int, float]]
+    _hole_suspects: BoundedMap[tuple[str, bytes], float]
+    # F5b: receipts held for flush_receipts, or None (answered at once)
+    _receipt_hold: dict[tuple[str, bytes, bytes | None], dict[bytes, tuple[ReceiptStatus, int]]] | None
 
     # Rules F1 (route vector), S2 (preference).
     def _next_hop(self, rid: bytes, exclude: str | None, alternate: bool = False, low_ok: bool = False) -> str | None:
@@ -197,7 +208,7 @@ class ForwardingRules(EngineState):
             del waits[pid]
             nh = w[0]
             out += self._receipt_overdue(pid, nh, w[2], now, w[1] - w[2])
-            if pid in self._overdue:
+            if self._in_grace(pid):
                 continue  # a slow neighbour's grace: not reported (scoring.py blames it when it ends)
             st = self._active.get(nh)
             if st is None or st.last_heard <= w[2]:
@@ -531,6 +542,24 @@ class ForwardingRules(EngineState):
             heapq.heappush(self._repair_heap, (now + wait, msg.push_id, prev, msg.route_id, False))
 
     # Rule F8.
+    def _repair_next(self) -> float | None:
+        """When the first local repair watched here is due (None: none)."""
+        heap = self._repair_heap
+        return heap[0][0] if heap else None
+
+    # Rules F5c, F8c, F9.
+    def _sweep_repairs(self, now: float) -> None:
+        """Drop the expired steering notes (F9), find counts (F8c) and kept senders (F5c)."""
+        self._steer.sweep(lambda v: v[1] <= now)
+        self._finds.sweep(lambda v: v[2] <= now)
+        self._kept_from.sweep(lambda v: v[2] <= now)
+
+    # Rule F9.
+    def _steer_known(self, pid: bytes) -> bool:
+        """True when a search for push pid failed (its next copies are steered, _steer_hop)."""
+        return pid in self._steer
+
+    # Rule F8.
     def _repairs_unanswered(self, now: float) -> list[Effect]:
         """Local repairs whose answer is overdue: the radius-2 search found nothing (its copies die
         quietly). Tell the relay upstream `repair failed`, a notice for the custodian that every relay
@@ -538,6 +567,8 @@ class ForwardingRules(EngineState):
         once instead of re-sending into the same hole after its retry period."""
         out: list[Effect] = []
         heap = self._repair_heap
+        if not heap or heap[0][0] > now:
+            return out
         while heap and heap[0][0] <= now:
             _, pid, prev, rid, quick = heapq.heappop(heap)
             if quick and self._seen.has(pid, Mark.REPAIR_FOUND):

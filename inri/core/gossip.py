@@ -4,7 +4,9 @@ home announces its registrations to every new neighbour."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import lru_cache
+from typing import Any
 
 from inri.core.api import (
     Effect,
@@ -63,6 +65,10 @@ gossip_frame_bytes = _gossip_frame_bytes  # bytes of one full registration frame
 
 class GossipRules(EngineState):
     """G1-G4: the route table, built from registration gossip."""
+
+    # The state this rule group owns (tests/test_core_owners.py; Engine.__init__ builds it).
+    _emit_row: Callable[[tuple[Any, ...]], None] | None  # the tracer's row fast path (route_set rows)
+    _tree_on: bool  # G9: the tree scheme (tree.py) instead of flooding
 
     # Rules G2 (at distance 0: this relay is the home).
     def register(self, registration: Registration, now: float, *, restart: bool = False) -> list[Effect]:
@@ -247,7 +253,7 @@ class GossipRules(EngineState):
         if self._level:
             label, route_hex, nbytes = _reg_trace(reg)
             if self._tree_on:  # G9: the lag field of the frames forwarded
-                nbytes += self._tree_extra
+                nbytes += self._tree_lag_bytes()
             if self._emit_row is not None:  # the hottest trace row: positional, no keyword dict
                 self._emit_row((now, self.relay_id, "route_set", label, route_hex, peer, hops, msg.ttl, epoch,
                                 len(out), nbytes, None))

@@ -54,6 +54,17 @@ _NO_REDIAL = frozenset((DisconnectReason.FULL, DisconnectReason.OUTBOUND_QUOTA, 
 class MembershipRules(EngineState):
     """M1-M4: who this relay is linked to."""
 
+    # The state this rule group owns (tests/test_core_owners.py; Engine.__init__ builds it).
+    _near: dict[str, int]  # candidates a proximity-ranked source called near -> rank (rule M5)
+    _far: set[str]  # peers dialled as far links (up or being dialled; rule M5)
+    _next_make_room: float
+    _next_rejoin: float
+    _started_at: float  # M6: when start() ran
+    # M7: candidate that refused us as full -> (not dialled until, the backoff that gave it)
+    _full_until: dict[str, tuple[float, float]]
+    _rejoined: set[str]  # former neighbours let back in since (M6)
+    listen_addr: str
+
     # Rule M1.
     def add_candidates(self, peers: list[PeerInfo], now: float, *, near: int = 0) -> list[Effect]:
         """Relays learned from a bootstrap list, a scenario or peer exchange: into the passive view.
@@ -232,8 +243,7 @@ class MembershipRules(EngineState):
         self._sync_asked.discard(peer)  # G11: a RouteSync on a later link is taken only if asked there,
         self._sync_served.discard(peer)  # and a request on it is answered again
         self._sync_out.pop(peer, None)
-        if self._tree_stats or self._tree_out:
-            self._tree_peer_down(peer)
+        self._tree_peer_down(peer)  # G9 (tree.py)
         # When it went down: a one-hop route through it (it was the home) is reported `home unreachable`
         # for a while, then searched for (forwarding.py, rule F3). Old entries go (bounded).
         if len(self._down_since) >= 4 * self.config.active_max + self.config.passive_max:

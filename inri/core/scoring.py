@@ -14,6 +14,7 @@ from inri.core.api import (
 from inri.core.state import (
     EngineState,
 )
+from inri.core.tables import BoundedMap
 
 # Slowness is not silence (rule S1). A neighbour whose answers come, but late, is given a longer
 # grace before a missing answer counts against it: SLOW_GRACE_FACTOR times its measured answer delay,
@@ -43,6 +44,11 @@ ANSWERING_SHARE = 0.5
 
 class ScoringRules(EngineState):
     """S1: change a neighbour's score; S2: cut and ban it when the score falls too low."""
+
+    # The state this rule group owns (tests/test_core_owners.py; Engine.__init__ builds it).
+    _overdue: dict[bytes, tuple[str, float, float]]
+    _overdue_heap: list[tuple[float, bytes]]
+    _blamed: BoundedMap[bytes, tuple[str, float, float]]
 
     # Rules S1, S2.
     def _score(self, peer: str, delta: float, now: float, reason: str) -> list[Effect]:
@@ -198,11 +204,23 @@ class ScoringRules(EngineState):
             return []
         return self._score(peer, self.config.score_no_receipt * factor, now, NO_RECEIPT)
 
+    # Rule S1 (slow, not silent).
+    def _in_grace(self, pid: bytes) -> bool:
+        """True when push pid's next hop, slow but answering, has a longer grace for it (not blamed yet)."""
+        return pid in self._overdue
+
+    # Rule S1.
+    def _sweep_scores(self, now: float) -> None:
+        """Forget the blames (pushes blamed on a neighbour) too old for a late answer to give back."""
+        self._blamed.sweep(lambda v: v[2] <= now)
+
     # Rule S1 (slow or silent).
     def _grace_expired(self, now: float) -> list[Effect]:
         """Blame the neighbours whose grace for a push ended without an answer."""
         out: list[Effect] = []
         heap = self._overdue_heap
+        if not heap:
+            return out
         while heap and heap[0][0] <= now:
             end, pid = heapq.heappop(heap)
             late = self._overdue.get(pid)

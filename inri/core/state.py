@@ -22,7 +22,6 @@ from inri.core.roundtrip import RttEstimator
 from inri.core.seen import SeenCache
 from inri.core.tables import BoundedMap, CompactRouteTable, RouteEntry, RouteTable
 from inri.protocol.messages import (
-    Announcement,
     Keepalive,
     Message,
     Push,
@@ -252,7 +251,6 @@ class EngineState:
 
     relay_id: str
     config: EngineConfig
-    listen_addr: str
     wall_offset: float
     counters: dict[str, int]
     reg_duplicates: int
@@ -260,12 +258,9 @@ class EngineState:
     _home: HomeStore
     _level: int
     _emit: Callable[..., None]
-    _emit_row: Callable[[tuple[Any, ...]], None] | None
     _rng: random.Random
     _active: dict[str, Neighbour]
     _passive: dict[str, str]
-    _near: dict[str, int]  # candidates a proximity-ranked source called near -> rank (rule M5)
-    _far: set[str]  # peers dialled as far links (up or being dialled; rule M5)
     _connecting: dict[str, float]
     _lost: dict[str, list[Any]]
     _routes: RouteTable | CompactRouteTable
@@ -280,30 +275,11 @@ class EngineState:
     _next_exchange: float
     _banned: dict[str, float]
     _probation: dict[str, tuple[float, str]]
-    _next_make_room: float
-    _next_rejoin: float
-    _started_at: float  # membership.py (M6): when start() ran
-    # membership.py (M7): candidate that refused us as full -> (not dialled until, the backoff that gave it)
-    _full_until: dict[str, tuple[float, float]]
-    _rejoined: set[str]  # former neighbours let back in since (M6)
     # push id -> (next hop, deadline, sent, route id, the copy sent): rules S1, F6, C4 (round trips), C5
     _await: BoundedMap[bytes, tuple[str, float, float, bytes, Push]]
     _await_heap: list[tuple[float, bytes]]
-    # forwarding.py (F8): local repairs awaiting an answer: (deadline, push id, previous hop, route id)
-    _repair_heap: list[tuple[float, bytes, str, bytes, bool]]
-    _steer: BoundedMap[bytes, tuple[str | None, float]]  # forwarding.py (F9)
-    _finds: BoundedMap[bytes, tuple[int, int, float]]  # forwarding.py (F8c)
-    # forwarding.py (F5c): push id -> (sender, attempt, expiry) of its last route copy whose reverse entry was kept
-    _kept_from: BoundedMap[bytes, tuple[str, int, float]]
     _rtt: RttEstimator  # rtt.py (C4, C4b): the per-link round-trip estimate and route lengths
-    _waiting_route: dict[bytes, set[bytes]]  # custody.py (C3c): route id -> pushes in custody whose last copy failed
-    _renewed_at: BoundedMap[bytes, float]  # custody.py (C3c): route id -> when a new epoch or generation last came
     _heard_any: float  # custody.py (C7): when a frame last came from any neighbour
-    _overdue: dict[bytes, tuple[str, float, float]]
-    _hole_suspects: BoundedMap[tuple[str, bytes], float]
-    _overdue_heap: list[tuple[float, bytes]]
-    _blamed: BoundedMap[bytes, tuple[str, float, float]]
-    _score_decay: float
     # Item 2 of issue 15 (a home relay that restarts): registrations homed here, announced to every
     # new neighbour (gossip.py); route ids still to announce per neighbour (paced within its budget);
     # when each former neighbour's link went down (forwarding.py: a dead one-hop route).
@@ -311,7 +287,6 @@ class EngineState:
     _deep: BoundedMap[tuple[bytes, int], int]
     _announce: dict[str, list[bytes]]
     _down_since: dict[str, float]
-    _stem_key: bytes  # stem.py: this relay's secret for its successor choices (G6)
     # stem.py (G8): stem registrations awaiting their flood: (route id, epoch) -> (until, registration,
     # predecessor, successor)
     _embargo: dict[tuple[bytes, int], tuple[float, Registration, str | None, str | None]]
@@ -325,37 +300,14 @@ class EngineState:
     _stem_next: dict[bytes, str]
     _stem_branches: dict[bytes, set[str]]
     _restem_at: dict[bytes, float]
-    _restem_due: dict[bytes, float]
-    _repair_asked: dict[bytes, tuple[int, int, float]]
-    _repair_due: dict[bytes, tuple[float, int]]
-
-    # tree.py (G9, gossip_scheme "tree"): full frames sent and prunes received per (direction: the neighbour
-    # a registration came from, None: homed here; hops; neighbour) and per (direction, None, neighbour);
-    # RegAnnounce frame per neighbour (announcements, prunes, eager requests) until _tree_flush_at;
-    # announced (route, epoch) pairs awaiting their full frame -> [(announcer, hops)]; graft timers
-    # (when, route id, epoch); and the registrations forwarded lately: route id -> (registration, ttl,
-    # hops, until, direction).
-    _tree_on: bool
-    _tree_stats: dict[tuple[str | None, int | None, str], list[int]]
-    _tree_out: dict[str, tuple[list[Announcement], list[bytes], list[bytes]]]
-    _tree_flush_at: float | None
-    _tree_missing: BoundedMap[tuple[bytes, int], list[tuple[str, int, float]]]  # (peer, hops, virtual arrival)
-    _tree_extra: int  # bytes of the lag field of the full frames last forwarded (trace rows)
-    _tree_vtime: BoundedMap[bytes, tuple[int, float]]  # route id -> (epoch, virtual arrival of its primary)
-    _tree_grafts: list[tuple[float, bytes, int]]
-    _tree_cache: BoundedMap[bytes, tuple[Registration, int, int, float, str | None]]
     # sync.py (G11): until when this relay asks new neighbours for their routes; the neighbours asked on their
     # current link; those answered on theirs; per neighbour answered, the route ids and how many are left to
-    # send (from the end); the route ids read for answers, and when; the provisional routes learnt: route id
-    # -> (next hop, distance, expiry)
+    # send (from the end); the provisional routes learnt: route id -> (next hop, distance, expiry)
     _sync_until: float
     _sync_asked: set[str]
     _sync_served: set[str]
     _sync_out: dict[str, tuple[list[bytes], int]]
-    _sync_keys: tuple[float, list[bytes]] | None
     _provisional: BoundedMap[bytes, tuple[str, int, float]]
-    # forwarding.py (F5b): receipts held for flush_receipts, or None (answered at once)
-    _receipt_hold: dict[tuple[str, bytes, bytes | None], dict[bytes, tuple[ReceiptStatus, int]]] | None
 
     def _count(self, name: str, n: int = 1) -> None:
         self.counters[name] = self.counters.get(name, 0) + n
@@ -413,6 +365,7 @@ class EngineState:
         def _answered(self, peer: str, pid: bytes, now: float, *, reward: bool = True,
                       any_peer: bool = False) -> bool: ...
         def _answer_expected(self, pid: bytes, now: float) -> float | None: ...
+        def _in_grace(self, pid: bytes) -> bool: ...
         def _receipt_overdue(self, pid: bytes, peer: str, sent: float, now: float,
                              wait: float | None = None) -> list[Effect]: ...
         # forwarding.py
@@ -423,6 +376,7 @@ class EngineState:
         def _home_hop(self, rid: bytes, entry: RouteEntry, nh: str) -> bool: ...
         def _ring_flood(self, msg: Push, sender: str | None, now: float) -> list[Effect]: ...
         def _watch_repair(self, msg: Push, prev: str, now: float) -> None: ...
+        def _steer_known(self, pid: bytes) -> bool: ...
         def _steer_hop(self, pid: bytes, rid: bytes, prev: str | None, nh: str | None,
                        now: float) -> str | None: ...
         def _deliver_local(self, pid: bytes, msg: Push, status: ReceiptStatus, now: float,
@@ -462,6 +416,7 @@ class EngineState:
         def _tree_first(self, reg: Registration, ttl: int, hops: int, peer: str, at: float, now: float,
                         jitter: float) -> list[Effect]: ...
         def _tree_peer_down(self, peer: str) -> None: ...
+        def _tree_lag_bytes(self) -> int: ...
         # rtt.py
         def _retry_period(self, rid: bytes) -> float: ...
         def _receipt_rtt(self, peer: str, msg: Receipt, now: float) -> None: ...

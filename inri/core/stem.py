@@ -84,6 +84,12 @@ _SCALE = float(1 << 64)
 class StemRules(EngineState):
     """G6-G8: the stem (anonymity) phase before the flood."""
 
+    # The state this rule group owns (tests/test_core_owners.py; Engine.__init__ builds it).
+    _stem_key: bytes  # this relay's secret for its successor choices (G6)
+    _restem_due: dict[bytes, float]
+    _repair_asked: dict[bytes, tuple[int, int, float]]
+    _repair_due: dict[bytes, tuple[float, int]]
+
     # Rule G6.
     def _stem_draw(self, rid: bytes, now: float) -> tuple[float, int]:
         """(fluff coin in [0, 1), successor index draw) for rid in the current stem period: keyed and
@@ -461,6 +467,8 @@ class StemRules(EngineState):
         generation within stem_embargo_s (a frame lost on the way up, or the home is down): ask again,
         REPAIR_TRIES times in all."""
         out: list[Effect] = []
+        if not self._repair_due:
+            return out
         for rid, (due, left) in list(self._repair_due.items()):
             if due > now:
                 continue
@@ -525,7 +533,10 @@ class StemRules(EngineState):
         return self._stem_originate(reg, now, "restem")
 
     def _restem_due_now(self, now: float) -> list[Effect]:
+        """G10: the re-stems put off by their pace that are due now."""
         out: list[Effect] = []
+        if not self._restem_due:
+            return out
         for rid, due in list(self._restem_due.items()):
             if due <= now:
                 del self._restem_due[rid]

@@ -49,6 +49,9 @@ SYNC_KEYS_MAX_AGE_S = 1.0
 class SyncRules(EngineState):
     """G11: asking for routes at link-up, answering, and the provisional routes learnt."""
 
+    # The state this rule group owns (tests/test_core_owners.py; Engine.__init__ builds it).
+    _sync_keys: tuple[float, list[bytes]] | None  # the route ids read for answers, and when
+
     # Rule G11 (the asker).
     def _sync_wanted(self, now: float) -> bool:
         """True while this relay asks new neighbours for their routes (its first SYNC_WINDOW_S)."""

@@ -33,7 +33,7 @@ import heapq
 from inri.core.api import Effect, Send, TraceLevel
 from inri.core.gossip import gossip_frame_bytes
 from inri.core.state import EngineState, Neighbour, make_send
-from inri.core.tables import Arrival, RouteEntry, RouteTable
+from inri.core.tables import Arrival, BoundedMap, RouteEntry, RouteTable
 from inri.protocol import limits
 from inri.protocol.messages import Announcement, RegAnnounce, RegGossip, RegGraft, Registration
 
@@ -93,6 +93,22 @@ def _claimed(entry: RouteEntry | None, epoch: int, peer: str) -> bool:
 
 class TreeRules(EngineState):
     """G9: eager/lazy push of registration gossip (gossip_scheme "tree")."""
+
+    # The state this rule group owns (tests/test_core_owners.py; Engine.__init__ builds it).
+    # G9: full frames sent and prunes received per (direction: the neighbour
+    # a registration came from, None: homed here; hops; neighbour) and per (direction, None, neighbour);
+    # RegAnnounce frame per neighbour (announcements, prunes, eager requests) until _tree_flush_at;
+    # announced (route, epoch) pairs awaiting their full frame -> [(announcer, hops)]; graft timers
+    # (when, route id, epoch); and the registrations forwarded lately: route id -> (registration, ttl,
+    # hops, until, direction).
+    _tree_stats: dict[tuple[str | None, int | None, str], list[int]]
+    _tree_out: dict[str, tuple[list[Announcement], list[bytes], list[bytes]]]
+    _tree_flush_at: float | None
+    _tree_missing: BoundedMap[tuple[bytes, int], list[tuple[str, int, float]]]  # (peer, hops, virtual arrival)
+    _tree_extra: int  # bytes of the lag field of the full frames last forwarded (trace rows)
+    _tree_vtime: BoundedMap[bytes, tuple[int, float]]  # route id -> (epoch, virtual arrival of its primary)
+    _tree_grafts: list[tuple[float, bytes, int]]
+    _tree_cache: BoundedMap[bytes, tuple[Registration, int, int, float, str | None]]
 
     # -- sending (first arrival or origination) ----------------------------------------------------
 
@@ -352,7 +368,7 @@ class TreeRules(EngineState):
     # -- timers --------------------------------------------------------------------------------------
 
     def _tree_next(self) -> float | None:
-        """When the tree scheme's timer is due (announcement flush, graft timeouts)."""
+        """When the tree scheme's timer is due (announcement flush, graft timeouts); None: nothing armed."""
         t = self._tree_flush_at
         if self._tree_grafts:
             first = self._tree_grafts[0][0]
@@ -360,8 +376,15 @@ class TreeRules(EngineState):
                 return first
         return t
 
+    def _tree_lag_bytes(self) -> int:
+        """Bytes of the lag field of the full frames last forwarded (trace rows' frame size)."""
+        return self._tree_extra
+
     def _tree_timer(self, now: float) -> list[Effect]:
+        """The announcement flush and graft timeouts that are due."""
         out: list[Effect] = []
+        if self._tree_flush_at is None and not self._tree_grafts:
+            return out
         if self._tree_flush_at is not None and now >= self._tree_flush_at:
             out += self._tree_flush(now)
         grafts = self._tree_grafts
@@ -437,6 +460,9 @@ class TreeRules(EngineState):
         return [Send(peer, RegGraft(rid, epoch))]
 
     def _tree_peer_down(self, peer: str) -> None:
+        """Forget what was measured and batched for peer, whose link went down."""
+        if not self._tree_stats and not self._tree_out:
+            return
         stats = self._tree_stats
         for key in [k for k in stats if k[0] == peer or k[2] == peer]:
             del stats[key]
