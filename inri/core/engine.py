@@ -35,10 +35,9 @@ from inri.core.state import SWEEP_INTERVAL_S, Custody, Neighbour, ReverseMark, m
 from inri.core.stem import StemRules
 from inri.core.sync import SYNC, SyncRules
 from inri.core.tables import EXPORT_CHUNK, BoundedMap, CompactRouteTable, ExportRow, RouteTable
-from inri.core.tree import TREE_CACHE_MAX, TREE_MISSING_MAX, TREE_VTIME_MAX, TreeRules
+from inri.core.tree import TreeGossip
 from inri.protocol.codec import DecodeError, decode
 from inri.protocol.messages import (
-    Announcement,
     ErrorCode,
     ErrorFrame,
     Hello,
@@ -73,8 +72,8 @@ HOOKS = {
 }
 
 
-class Engine(MembershipRules, GossipRules, StemRules, TreeRules, SyncRules, ForwardingRules, CustodyRules,
-             ScoringRules, RttRules):
+class Engine(MembershipRules, GossipRules, StemRules, SyncRules, ForwardingRules, CustodyRules, ScoringRules,
+             RttRules):
     """One relay's protocol state. Every method takes `now` and returns effects to carry out."""
 
     def __init__(
@@ -191,21 +190,15 @@ class Engine(MembershipRules, GossipRules, StemRules, TreeRules, SyncRules, Forw
         self._down_since: dict[str, float] = {}  # former neighbour -> when its link went down
         # Tree gossip (tree.py, rule G9); the tables stay empty with gossip_scheme "flood".
         self._tree_on = config.gossip_scheme == "tree"
-        self._tree_stats: dict[tuple[str | None, int | None, str], list[int]] = {}
-        self._tree_out: dict[str, tuple[list[Announcement], list[bytes], list[bytes]]] = {}
-        self._tree_flush_at: float | None = None
-        self._tree_missing: BoundedMap[tuple[bytes, int], list[tuple[str, int, float]]] = BoundedMap(TREE_MISSING_MAX)
-        self._tree_extra = 0
-        self._tree_vtime: BoundedMap[bytes, tuple[int, float]] = BoundedMap(TREE_VTIME_MAX)
-        self._tree_grafts: list[tuple[float, bytes, int]] = []
-        self._tree_cache: BoundedMap[bytes, tuple[Registration, int, int, float, str | None]] = BoundedMap(
-            TREE_CACHE_MAX)
         # Rule F5b: receipts answered as a home, held until flush_receipts (None: answered at once, the
         # default; a host that flushes once per round calls hold_receipts): (neighbour, route id, the
         # pushes' receipt key) -> push id -> (status, hops).
         self._receipt_hold: dict[tuple[str, bytes, bytes | None], dict[bytes, tuple[ReceiptStatus, int]]] | None = None
         self.counters: dict[str, int] = {}
         self.reg_duplicates = 0  # gossip arrivals of a known (route, epoch): a plain int on the hot path
+        # G9's owner (tree.py): its tables stay empty with gossip_scheme "flood" unless a neighbour announces.
+        self._tree = TreeGossip(relay_id, config, self._routes, self._active, rng, self.counters, tracer.emit,
+                                self._level)
 
     # ------------------------------------------------------------------------------------------
     # frames (dispatch)
@@ -256,9 +249,9 @@ class Engine(MembershipRules, GossipRules, StemRules, TreeRules, SyncRules, Forw
             case RouteError():
                 return self._on_route_error(peer, msg, now)
             case RegAnnounce():
-                return self._on_announce(peer, state, msg, now)
+                return self._tree.on_announce(peer, state, msg, now)
             case RegGraft():
-                return self._on_graft(peer, state, msg, now)
+                return self._tree.on_graft(peer, state, msg, now)
             case StemRepair():
                 return self._on_stem_repair(peer, msg, now)
             case RouteSync():
@@ -310,7 +303,7 @@ class Engine(MembershipRules, GossipRules, StemRules, TreeRules, SyncRules, Forw
         repair = self._repair_next()  # F8 (forwarding.py)
         if repair is not None and (t is None or repair < t):
             t = repair
-        tree = self._tree_next()  # G9 (tree.py)
+        tree = self._tree.next_due()  # G9 (tree.py)
         if tree is not None and (t is None or tree < t):
             return tree
         return t
@@ -324,7 +317,7 @@ class Engine(MembershipRules, GossipRules, StemRules, TreeRules, SyncRules, Forw
             c = self._custody.get(pid)
             if c is not None and c.next_retry == when:
                 out += self._retry(c, now)
-        out += self._tree_timer(now)  # G9 (tree.py)
+        out += self._tree.timer(now)  # G9 (tree.py)
         if self._await_heap and self._await_heap[0][0] <= now:
             out += self._answers_overdue(now)
         out += self._repairs_unanswered(now)  # F8 (forwarding.py)

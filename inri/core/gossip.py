@@ -88,7 +88,7 @@ class GossipRules(EngineState):
             return self._stem_register(registration, now, restart)
         out: list[Effect] = []
         if self._tree_on:  # G9: full frames along the eager links, announcements on the others (tree.py)
-            out = self._tree_forward(registration, self.config.gossip_ttl, 0, None, now, 0.0)
+            out = self._tree.forward(registration, self.config.gossip_ttl, 0, None, now, 0.0)
         else:
             gossip = RegGossip(registration, self.config.gossip_ttl, 0)
             for p, st in self._active.items():
@@ -176,7 +176,7 @@ class GossipRules(EngineState):
                     return self._drop_reg(now, reg, peer, "stale_epoch", cfg.score_replay)
                 self.reg_duplicates += 1  # the same epoch (most gossip arrivals): G3
                 if self._tree_on and not (msg.hops == 0 and msg.ttl == 1):  # G9: a full copy we had: prune
-                    self._tree_duplicate(peer, rid, now)
+                    self._tree.duplicate(peer, rid, now)
                 if self._embargo and (rid, epoch) in self._embargo:  # G7-G8: the flood reached a stem relay
                     return self._stem_flood_back(peer, msg, now)
                 if arrival is _REPLAYED:  # it gave us this (route, epoch) before: honest relays forward once
@@ -185,7 +185,7 @@ class GossipRules(EngineState):
                     if not self._shorter_than_claimed(peer, msg, entry):  # ...or again with fewer hops (G3b)
                         return self._drop_reg(now, reg, peer, "replayed", cfg.score_replay)
                     return self._reforward(peer, msg, now)
-                if self._tree_on and self._tree_earlier(peer, msg, entry, now):  # G9: a faster path
+                if self._tree_on and self._tree.earlier(peer, msg, entry, now):  # G9: a faster path
                     return []
                 if self._deep and (rid, epoch) in self._deep:  # G3b: a copy with more TTL left
                     again = self._reforward(peer, msg, now)
@@ -240,7 +240,7 @@ class GossipRules(EngineState):
         if hops > ttl:  # G3b: this copy spent more TTL than it has left; a later, shorter one goes on too
             self._deep.put((rid, epoch), hops)
         if self._tree_on:  # G9 (tree.py)
-            out = self._tree_first(reg, ttl, hops, peer, now - msg.lag_ms / 1000.0 if msg.lag_ms else now, now,
+            out = self._tree.first(reg, ttl, hops, peer, now - msg.lag_ms / 1000.0 if msg.lag_ms else now, now,
                                    cfg.forward_jitter_s)
         elif ttl > 0:
             fwd = RegGossip(reg, ttl, hops, False, msg.generation, msg.generation_sig) if msg.generation else \
@@ -253,7 +253,7 @@ class GossipRules(EngineState):
         if self._level:
             label, route_hex, nbytes = _reg_trace(reg)
             if self._tree_on:  # G9: the lag field of the frames forwarded
-                nbytes += self._tree_lag_bytes()
+                nbytes += self._tree.lag_bytes()
             if self._emit_row is not None:  # the hottest trace row: positional, no keyword dict
                 self._emit_row((now, self.relay_id, "route_set", label, route_hex, peer, hops, msg.ttl, epoch,
                                 len(out), nbytes, None))

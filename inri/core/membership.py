@@ -243,7 +243,7 @@ class MembershipRules(EngineState):
         self._sync_asked.discard(peer)  # G11: a RouteSync on a later link is taken only if asked there,
         self._sync_served.discard(peer)  # and a request on it is answered again
         self._sync_out.pop(peer, None)
-        self._tree_peer_down(peer)  # G9 (tree.py)
+        self._tree.peer_down(peer)  # G9 (tree.py)
         # When it went down: a one-hop route through it (it was the home) is reported `home unreachable`
         # for a while, then searched for (forwarding.py, rule F3). Old entries go (bounded).
         if len(self._down_since) >= 4 * self.config.active_max + self.config.passive_max:
