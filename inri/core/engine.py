@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from typing import Any, assert_never
 
 from inri.core.api import Disconnect, DisconnectReason, Effect, HomeStore, Send, Tracer, Verifier
+from inri.core.awaited import AwaitedAnswers
 from inri.core.budget import TokenBucket
 from inri.core.config import EngineConfig
 from inri.core.custody import CustodyRules
@@ -132,13 +133,8 @@ class Engine(MembershipRules, GossipRules, StemRules, SyncRules, ForwardingRules
         self._sync_out: dict[str, tuple[list[bytes], int]] = {}
         self._sync_keys: tuple[float, list[bytes]] | None = None
         self._provisional: BoundedMap[bytes, tuple[str, int, float]] = BoundedMap(config.route_max)
-        # Pushes forwarded along a route, awaiting an answer: push id -> (next hop, deadline, sent,
-        # route id), in send order, with a heap (deadline, push id) for expiry: the timeout shrinks
-        # with the hops the copy has travelled (rule F6), so the relay nearest a black hole answers first.
-        # No answer by then scores the next hop as a black hole (and reports the hole upstream, F6).
-        # rtt.py (C4, C5): ... and the copy sent (its hops and attempt give round-trip samples; C5 re-sends it).
-        self._await: BoundedMap[bytes, tuple[str, float, float, bytes, Push]] = BoundedMap(config.reverse_max)
-        self._await_heap: list[tuple[float, bytes]] = []
+        # Pushes forwarded along a route, awaiting an answer (awaited.py: rules F6, S1, C4-C6).
+        self._await = AwaitedAnswers(config.reverse_max)
         # F8 (forwarding.py): local repairs this relay started, until their answer is due (a receipt
         # passing back through here ends the wait: the reverse entry goes).
         self._repair_heap: list[tuple[float, bytes, str, bytes, bool]] = []
@@ -278,17 +274,9 @@ class Engine(MembershipRules, GossipRules, StemRules, SyncRules, ForwardingRules
     def get_timer(self) -> float | None:
         """The earliest time handle_timer wants to run (None: nothing armed)."""
         t = self._next_tick
-        heap = self._await_heap
-        if heap:
-            waits = self._await
-            while heap:  # answered pushes leave stale heap entries: drop them here, not on a wakeup
-                deadline, pid = heap[0]
-                w = waits.get(pid)
-                if w is not None and w[1] == deadline:
-                    if t is None or deadline < t:
-                        t = deadline
-                    break
-                heapq.heappop(heap)
+        deadline = self._await.next_deadline()  # F6, S1 (awaited.py)
+        if deadline is not None and (t is None or deadline < t):
+            t = deadline
         timers = self._timers
         if timers:
             custody = self._custody
@@ -318,8 +306,7 @@ class Engine(MembershipRules, GossipRules, StemRules, SyncRules, ForwardingRules
             if c is not None and c.next_retry == when:
                 out += self._retry(c, now)
         out += self._tree.timer(now)  # G9 (tree.py)
-        if self._await_heap and self._await_heap[0][0] <= now:
-            out += self._answers_overdue(now)
+        out += self._answers_overdue(now)  # F6, S1 (forwarding.py)
         out += self._repairs_unanswered(now)  # F8 (forwarding.py)
         if self._next_tick is not None and now >= self._next_tick:
             out += self._tick(now)

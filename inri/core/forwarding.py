@@ -190,22 +190,19 @@ class ForwardingRules(EngineState):
             return
         timeout = self.config.receipt_timeout_s
         deadline = now + max(timeout / 4, timeout * (1 - ANSWER_STEP_SHARE * msg.hops))
-        self._await.put_last(msg.push_id, (nh, deadline, now, msg.route_id, msg))
-        heapq.heappush(self._await_heap, (deadline, msg.push_id))
+        self._await.expect(msg.push_id, nh, deadline, now, msg.route_id, msg)
 
     # Rules S1 (a black hole is blamed), F6 (and reported upstream).
     def _answers_overdue(self, now: float) -> list[Effect]:
         """Pushes whose answer is overdue: blame the next hop (S1; a slow one gets its grace first) and
         tell the relay upstream where the hole is (F6)."""
         out: list[Effect] = []
-        heap = self._await_heap
         waits = self._await
-        while heap and heap[0][0] <= now:
-            deadline, pid = heapq.heappop(heap)
-            w = waits.get(pid)
-            if w is None or w[1] != deadline:
-                continue  # answered, or sent again since
-            del waits[pid]
+        while True:
+            due = waits.pop_overdue(now)
+            if due is None:
+                return out
+            pid, w = due
             nh = w[0]
             out += self._receipt_overdue(pid, nh, w[2], now, w[1] - w[2])
             if self._in_grace(pid):
@@ -233,7 +230,6 @@ class ForwardingRules(EngineState):
                 self._count("hole_suspected")
                 continue
             out += self._report_hole(pid, nh, now, rid)
-        return out
 
     # Rule F6.
     def _report_home_silent(self, pid: bytes, nh: str, now: float, rid: bytes) -> list[Effect]:

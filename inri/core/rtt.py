@@ -105,7 +105,7 @@ class RttRules(EngineState):
         suspect that _next_hop passes over, so it is never chosen)."""
         if not self.config.adaptive_retry or not self._await:
             return []
-        stranded = [(pid, w[4]) for pid, w in self._await.items() if w[0] == peer and w[1] > now]
+        stranded = self._await.awaited_from(peer, now)
         out: list[Effect] = []
         for pid, msg in stranded:
             back = self._reverse.get(pid)
@@ -118,12 +118,12 @@ class RttRules(EngineState):
                 # for an unresponsive next hop (C6), local repair asks the neighbourhood first.
                 got = self._report_home_silent(pid, peer, now, msg.route_id)
                 if got:
-                    self._await.pop(pid, None)
+                    self._await.discard(pid)
                 elif counter == _UNRESPONSIVE:
                     got = self._repair_stranded(msg, peer, prev, now)
                 out += got
                 continue
-            del self._await[pid]
+            self._await.discard(pid)
             self._count(counter)
             send: Send = self._forward(msg, nh, now)
             out.append(send)

@@ -124,9 +124,9 @@ class ScoringRules(EngineState):
         if waited is not None:
             if waited[0] != peer:
                 if any_peer:
-                    del self._await[pid]
+                    self._await.discard(pid)
                 return False
-            del self._await[pid]
+            self._await.discard(pid)
             sent = waited[2]
         else:
             late = self._overdue.get(pid)

@@ -16,6 +16,7 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 from inri.core.api import CustodyReleased, CustodyStatus, DisconnectReason, Effect, HomeStore, Send, Verifier
+from inri.core.awaited import AwaitedAnswers
 from inri.core.budget import TokenBucket
 from inri.core.config import EngineConfig
 from inri.core.roundtrip import RttEstimator
@@ -278,9 +279,7 @@ class EngineState:
     _next_exchange: float
     _banned: dict[str, float]
     _probation: dict[str, tuple[float, str]]
-    # push id -> (next hop, deadline, sent, route id, the copy sent): rules S1, F6, C4 (round trips), C5
-    _await: BoundedMap[bytes, tuple[str, float, float, bytes, Push]]
-    _await_heap: list[tuple[float, bytes]]
+    _await: AwaitedAnswers  # awaited.py (F6, S1, C4-C6): pushes forwarded, awaiting an answer
     _rtt: RttEstimator  # rtt.py (C4, C4b): the per-link round-trip estimate and route lengths
     _tree: TreeGossip  # tree.py (G9): tree gossip and its tables
     _heard_any: float  # custody.py (C7): when a frame last came from any neighbour
