@@ -7,6 +7,7 @@ import socket
 import time
 from collections.abc import Iterator
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -110,6 +111,9 @@ async def _closer(link: Link) -> None:
 
 
 async def test_bootstrap_mesh_announce_sync_refuse_restart(mesh: Mesh) -> None:
+    # The relays' QUIC endpoints are served by this test's trio loop, and the bootstraps probe them: every
+    # blocking call below runs in a thread, so the endpoints keep answering (a blocked loop made a
+    # bootstrap's probe time out under load: "no QUIC handshake").
     idents = [NodeIdentity.generate() for _ in range(N_RELAYS)]
     with trio.fail_after(90):
         async with trio.open_nursery() as nursery:
@@ -129,12 +133,12 @@ async def test_bootstrap_mesh_announce_sync_refuse_restart(mesh: Mesh) -> None:
 
             # Records sync between bootstraps: each ends up with all 20.
             deadline = trio.current_time() + 30
-            while any(records(u) < N_RELAYS for u in mesh.urls):
+            while any([await trio.to_thread.run_sync(records, u) < N_RELAYS for u in mesh.urls]):
                 assert trio.current_time() < deadline, [records(u) for u in mesh.urls]
                 await trio.sleep(0.2)
 
             # One bootstrap stops; relays configured with all three still get peers from the others.
-            mesh.stop(2)
+            await trio.to_thread.run_sync(mesh.stop, 2)
             ranked_ok = 0
             for i, ident in enumerate(idents):
                 client = BootstrapClient(mesh.urls, local_address=relay_host(i), timeout_s=2)
@@ -143,58 +147,61 @@ async def test_bootstrap_mesh_announce_sync_refuse_restart(mesh: Mesh) -> None:
                 assert len(set(ids)) == len(ids) >= 4
                 assert ident.node_id not in ids
                 # Prefix ranking: the first answer's near half is the asker's own /24.
-                one = httpx.get(mesh.urls[i % 2] + "/v1/peers", params={"node_id": ident.node_id, "count": 8},
-                                timeout=5).json()["peers"]
+                one = (await trio.to_thread.run_sync(partial(
+                    httpx.get, mesh.urls[i % 2] + "/v1/peers", params={"node_id": ident.node_id, "count": 8},
+                    timeout=5))).json()["peers"]
                 same = [p for p in one[:4] if p["addr"].split(".")[2] == relay_host(i).split(".")[2]]
                 ranked_ok += len(same) == 4
             assert ranked_ok == N_RELAYS
 
             url = mesh.urls[0]
-            before = httpx.get(url + "/v1/records", timeout=5).json()["records"]
+            listed = await trio.to_thread.run_sync(lambda: httpx.get(url + "/v1/records", timeout=5))
+            before = listed.json()["records"]
             victim = recs[0]
 
-            def refused(body: bytes, status: int, code: str) -> None:
-                r = httpx.post(url + "/v1/announce", content=body, timeout=10,
-                               headers={"content-type": "application/msgpack"})
+            async def refused(body: bytes, status: int, code: str) -> None:
+                r = await trio.to_thread.run_sync(lambda: httpx.post(
+                    url + "/v1/announce", content=body, timeout=10, headers={"content-type": "application/msgpack"}))
                 assert r.status_code == status, r.text
                 assert r.headers["content-type"] == "application/problem+json"
                 assert r.json()["code"] == code
 
             forged = replace(victim, seq=5, signature=bytes(64))
-            refused(encode_record(forged), 403, "bad_signature")
-            refused(encode_record(victim), 409, "replayed_seq")
+            await refused(encode_record(forged), 403, "bad_signature")
+            await refused(encode_record(victim), 409, "replayed_seq")
             expired = make_record(idents[0], [eps[0].listen_addr], "", 100, 9, now - 3600)
-            refused(encode_record(expired), 400, "stale_record")
-            refused(b"\x00" * (1024 * 1024), 413, "too_large")
-            refused(b"\xc1garbage", 400, "malformed")
+            await refused(encode_record(expired), 400, "stale_record")
+            await refused(b"\x00" * (1024 * 1024), 413, "too_large")
+            await refused(b"\xc1garbage", 400, "malformed")
             # An address where no relay with the announcing key answers (another relay's address) is
             # never listed; nor is a dead one.
             stranger, squatted = NodeIdentity.generate(), NodeIdentity.generate()
             ep_s = QuicEndpoint(squatted, idle_timeout_s=5)
             await ep_s.bind("127.0.6.6", 0)
             await nursery.start(ep_s.serve, _closer)
-            refused(encode_record(make_record(stranger, [ep_s.listen_addr], "", 1, 1, now)), 422, "unreachable")
+            await refused(encode_record(make_record(stranger, [ep_s.listen_addr], "", 1, 1, now)), 422, "unreachable")
             with held_port(socket.SOCK_DGRAM, "127.0.9.9") as silent:  # bound, never read: no QUIC answers
                 dead = f"127.0.9.9:{silent.getsockname()[1]}"
-                refused(encode_record(make_record(stranger, [dead], "", 1, 1, now)), 422, "unreachable")
+                await refused(encode_record(make_record(stranger, [dead], "", 1, 1, now)), 422, "unreachable")
             # A sixth relay in a full /24 is refused.
             extra = NodeIdentity.generate()
             ep_x = QuicEndpoint(extra, idle_timeout_s=5)
             await ep_x.bind("127.0.1.99", 0)
             await nursery.start(ep_x.serve, _closer)
-            refused(encode_record(make_record(extra, [ep_x.listen_addr], "", 1, 1, now)), 409, "prefix_full")
-            assert httpx.get(url + "/v1/records", timeout=5).json()["records"] == before  # nothing changed
+            await refused(encode_record(make_record(extra, [ep_x.listen_addr], "", 1, 1, now)), 409, "prefix_full")
+            after = await trio.to_thread.run_sync(lambda: httpx.get(url + "/v1/records", timeout=5))
+            assert after.json()["records"] == before  # nothing changed
 
             # Per-source rate limit: one address hammering gets 429 with Retry-After; others are unaffected.
             async with httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(local_address="127.0.5.5")) as c:
                 codes = [(await c.get(url + "/v1/peers", params={"count": 1})).status_code for _ in range(60)]
             assert 429 in codes and codes[0] == 200
-            ok = httpx.get(url + "/v1/peers", params={"count": 1}, timeout=5)
+            ok = await trio.to_thread.run_sync(lambda: httpx.get(url + "/v1/peers", params={"count": 1}, timeout=5))
             assert ok.status_code == 200
 
             # Restarting a bootstrap keeps its live records.
-            mesh.start(2)
-            assert records(mesh.urls[2]) == N_RELAYS
+            await trio.to_thread.run_sync(mesh.start, 2)
+            assert await trio.to_thread.run_sync(records, mesh.urls[2]) == N_RELAYS
             with pytest.raises(BootstrapError):
                 await BootstrapClient(["http://127.0.0.1:9"], timeout_s=1).fetch_peers("x", None, 4)
             nursery.cancel_scope.cancel()
