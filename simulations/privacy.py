@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from inri.core.stem import STEM_DISTANCE
+from inri.core.stemstate import STEM_DISTANCE
 from simulations.extras import require
 from simulations.scenario import from_dict
 from simulations.sim import Simulator

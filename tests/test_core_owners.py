@@ -20,6 +20,7 @@ from pathlib import Path
 from inri.core.awaited import AwaitedAnswers
 from inri.core.roundtrip import RttEstimator
 from inri.core.seen import SeenCache
+from inri.core.stemstate import StemState
 from inri.core.tree import TreeGossip
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,7 +28,7 @@ CORE = ROOT / "inri" / "core"
 
 # engine attribute -> the class that owns it (its fields are private to the class)
 OWNER_OBJECTS: dict[str, type] = {"_rtt": RttEstimator, "_seen": SeenCache, "_tree": TreeGossip,
-                                   "_await": AwaitedAnswers}
+                                   "_await": AwaitedAnswers, "_stem": StemState}
 
 # engine attribute -> the only module (inri/core/<name>.py) whose code reads or writes it
 OWNED: dict[str, str] = {
@@ -59,8 +60,7 @@ SHARED = frozenset({
     "relay_id", "config", "wall_offset", "counters", "reg_duplicates", "_verifier", "_home", "_level", "_rng",
     "_active", "_passive", "_connecting", "_lost", "_routes", "_origin_bucket", "_reverse", "_custody", "_timers",
     "_seq", "_next_tick", "_next_sweep", "_next_exchange", "_banned", "_probation", "_heard_any", "_homed", "_deep",
-    "_announce", "_down_since", "_embargo", "_stem_held", "_gen", "_stem_next", "_stem_branches", "_restem_at",
-    "_sync_until", "_sync_asked", "_sync_served", "_sync_out", "_provisional",
+    "_announce", "_down_since", "_sync_until", "_sync_asked", "_sync_served", "_sync_out", "_provisional",
 })
 
 

@@ -34,6 +34,7 @@ from inri.core.scoring import ScoringRules
 from inri.core.seen import SeenCache
 from inri.core.state import SWEEP_INTERVAL_S, Custody, Neighbour, ReverseMark, make_keepalive, readdress
 from inri.core.stem import StemRules
+from inri.core.stemstate import StemState
 from inri.core.sync import SYNC, SyncRules
 from inri.core.tables import EXPORT_CHUNK, BoundedMap, CompactRouteTable, ExportRow, RouteTable
 from inri.core.tree import TreeGossip
@@ -169,16 +170,12 @@ class Engine(MembershipRules, GossipRules, StemRules, SyncRules, ForwardingRules
         # Stem phase (stem.py): the key is drawn only with the stem on, so a stem-off run's random
         # stream (and simulator trace) is unchanged.
         self._stem_key = rng.randbytes(32) if config.stem else b""
-        self._embargo: dict[tuple[bytes, int], tuple[float, Registration, str | None, str | None]] = {}
         self._homed: dict[bytes, Registration] = {}  # registrations homed here (announced on link up)
         # G3b: (route id, epoch) whose first copy spent more than half its TTL here -> fewest hops forwarded.
         self._deep: BoundedMap[tuple[bytes, int], int] = BoundedMap(DEEP_MAX)
-        self._stem_held: dict[bytes, Registration] = {}  # stem routes held here (stem.py, announced on link up)
-        # Route generations and stem repair (stem.py, G10); empty unless a stem broke (or stem is off).
-        self._gen: dict[bytes, tuple[int, int, bytes]] = {}
-        self._stem_next: dict[bytes, str] = {}
-        self._stem_branches: dict[bytes, set[str]] = {}
-        self._restem_at: dict[bytes, float] = {}
+        # The stem's routes, embargoes, generations and successors (stemstate.py: G5, G7, G8, G10); stem
+        # repair (stem.py, G10): empty unless a stem broke (or stem is off).
+        self._stem = StemState()
         self._restem_due: dict[bytes, float] = {}
         self._repair_asked: dict[bytes, tuple[int, int, float]] = {}
         self._repair_due: dict[bytes, tuple[float, int]] = {}
@@ -348,7 +345,7 @@ class Engine(MembershipRules, GossipRules, StemRules, SyncRules, ForwardingRules
                 del self._probation[p]
                 self._count("peer_refused_full")
                 out.append(Disconnect(p, DisconnectReason.FULL))
-        if self._embargo:  # G8
+        if self._stem.any_embargo():  # G8
             out += self._stem_embargo(now)
         out += self._restem_due_now(now)  # G10 (stem.py)
         out += self._repair_due_now(now)

@@ -165,7 +165,7 @@ class ForwardingRules(EngineState):
         predecessor is the home or not, so it does not single the home out."""
         if (nh, 1) in RouteTable.vector(entry):
             return True
-        return bool(self._stem_held) and self._stem_keeps(rid, entry, nh)
+        return self._stem.keeps(rid, entry, nh)
 
     # Rule F1.
     def has_route(self, route_id: bytes) -> bool:
@@ -278,7 +278,7 @@ class ForwardingRules(EngineState):
         prev = back[0]
         if isinstance(prev, ReverseMark) or prev not in self._active:
             return []
-        if self._stem_held and entry is not None and self._stem_keeps(rid, entry, nh):
+        if entry is not None and self._stem.keeps(rid, entry, nh):
             # G7: a stem relay keeps its stem route (stem.py), so upstream keeps using it while it is up.
             kept = RouteErrorReason.NEXT_HOP_DOWN if nh in self._active else RouteErrorReason.NO_ROUTE
             return self._send_hole(pid, rid, prev, kept, now)
@@ -1066,7 +1066,7 @@ class ForwardingRules(EngineState):
         if self._provisional and not home_down and not hole:
             self._drop_provisional(msg.route_id, peer)  # G11: the neighbour it was learnt from has no route
         if entry is not None and RouteTable.claims(entry, peer):
-            if self._stem_held and self._stem_keeps(msg.route_id, entry, peer):
+            if self._stem.keeps(msg.route_id, entry, peer):
                 pass  # G7: a stem relay's only way to the home (stem.py)
             elif not home_down and not hole:
                 self._routes.drop_next_hop(msg.route_id, entry, peer)

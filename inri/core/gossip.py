@@ -133,9 +133,9 @@ class GossipRules(EngineState):
                 if frame is not None:
                     out.append(Send(peer, frame))
                     n -= 1
-                    if reg is not None and (rid in self._stem_branches or (rid, reg.epoch) in self._embargo):
+                    if reg is not None and (self._stem.branching(rid) or self._stem.embargoed((rid, reg.epoch))):
                         # G10b: a neighbour that may not hold this generation yet starts a stem of its own
-                        self._stem_branches.setdefault(rid, set()).add(peer)
+                        self._stem.add_branch(rid, peer)
             elif reg is not None and reg.expires_at > now + self.wall_offset:
                 out.append(Send(peer, RegGossip(reg, 1, 0)))
                 n -= 1
@@ -164,7 +164,7 @@ class GossipRules(EngineState):
         epoch = reg.epoch
         routes = self._routes
         entry = routes.get(rid)
-        if entry is not None and (msg.generation or self._gen):  # G10: a route generation (stem.py)
+        if entry is not None and (msg.generation or self._stem.generations()):  # G10: a route generation (stem.py)
             done = self._generation_arrival(peer, msg, entry, now)
             if done is not None:
                 return done
@@ -177,7 +177,7 @@ class GossipRules(EngineState):
                 self.reg_duplicates += 1  # the same epoch (most gossip arrivals): G3
                 if self._tree_on and not (msg.hops == 0 and msg.ttl == 1):  # G9: a full copy we had: prune
                     self._tree.duplicate(peer, rid, now)
-                if self._embargo and (rid, epoch) in self._embargo:  # G7-G8: the flood reached a stem relay
+                if self._stem.embargoed((rid, epoch)):  # G7-G8: the flood reached a stem relay
                     return self._stem_flood_back(peer, msg, now)
                 if arrival is _REPLAYED:  # it gave us this (route, epoch) before: honest relays forward once
                     if msg.hops == 0 and msg.ttl == 1:  # ...unless it is the home announcing it on a new link (G5)
@@ -231,7 +231,7 @@ class GossipRules(EngineState):
         # engine's monotonic clock: a wall-clock step later neither shortens nor stretches it.
         # (_local_expiry inline: once per new (route, epoch); offset 0 keeps the shared int.)
         routes.set_first(rid, epoch, expires_at - off if off else expires_at, peer, hops)
-        if msg.generation or self._gen:
+        if msg.generation or self._stem.generations():
             self._set_generation(rid, msg)
         if self._custody:  # C3c (custody.py)
             self._route_renewed(rid, now)
@@ -318,7 +318,7 @@ class GossipRules(EngineState):
         # routes), which a new route per scan would pay for every registration once the table is full.
         batch = max(1, self.config.route_max // EVICT_BATCH_DIVISOR)
         for victim in self._routes.evict_earliest(batch):
-            if self._gen or self._stem_next or self._stem_branches or self._restem_at:  # G10 state of the route
+            if self._stem.repairable():  # G10 state of the route
                 self._forget_generation(victim)
             self._count("routes_evicted")
             if self._level >= _FULL:
@@ -328,8 +328,8 @@ class GossipRules(EngineState):
     def _sweep_routes(self, now: float) -> None:
         for r in self._routes.expire(now):
             self._origin_bucket.pop(r, None)
-            self._stem_held.pop(r, None)
-            if self._gen or self._stem_next or self._stem_branches or self._restem_at:  # G10 state of a route gone
+            self._stem.release(r)
+            if self._stem.repairable():  # G10 state of a route gone
                 self._forget_generation(r)
             if self._level >= _FULL:
                 self._trace(now, "route_expired", route=r.hex(), reason="lifetime")

@@ -213,9 +213,9 @@ class MembershipRules(EngineState):
         self._active[peer] = Neighbour(addr, outbound, now, self.config.reg_budget_peer_burst,
                                    self.config.push_budget_peer_burst)
         self._down_since.pop(peer, None)
-        if self._homed or self._stem_held:  # rule G5: a new neighbour learns the routes homed here (paced:
+        if self._homed or self._stem.holds_any():  # rule G5: a new neighbour learns the routes homed here (paced:
             # the rest on ticks); with the stem on, stem relays announce the stem routes they hold too
-            self._announce[peer] = [*self._homed, *self._stem_held]
+            self._announce[peer] = [*self._homed, *self._stem.held_ids()]
             out += self._announce_homed(peer, now, ANNOUNCE_SHARE * self.config.reg_budget_peer_burst)
         self._arm_tick(now)
         if self._level:
@@ -262,7 +262,7 @@ class MembershipRules(EngineState):
         if self._level:
             self._trace(now, "peer_down", peer=peer, reason=reason)
         out = self._reroute_awaited(peer, now) + self._refill(now)  # rtt.py (C5)
-        if self._stem_next or self._stem_branches:  # G10, G10b: a stem successor lost (stem.py)
+        if self._stem.has_successors():  # G10, G10b: a stem successor lost (stem.py)
             out += self._stem_successor_down(peer, now)
         return out
 

@@ -21,6 +21,7 @@ from inri.core.budget import TokenBucket
 from inri.core.config import EngineConfig
 from inri.core.roundtrip import RttEstimator
 from inri.core.seen import SeenCache
+from inri.core.stemstate import StemState
 from inri.core.tables import BoundedMap, CompactRouteTable, RouteEntry, RouteTable
 from inri.protocol.messages import (
     Keepalive,
@@ -290,19 +291,7 @@ class EngineState:
     _deep: BoundedMap[tuple[bytes, int], int]
     _announce: dict[str, list[bytes]]
     _down_since: dict[str, float]
-    # stem.py (G8): stem registrations awaiting their flood: (route id, epoch) -> (until, registration,
-    # predecessor, successor)
-    _embargo: dict[tuple[bytes, int], tuple[float, Registration, str | None, str | None]]
-    # stem.py (G5 with the stem): registrations this relay holds a stem route for, announced on link up
-    _stem_held: dict[bytes, Registration]
-    # stem.py (G10): route generations seen here: route id -> (epoch, generation >= 1, the home's
-    # signature); the stem successor this relay (the home or a stem relay) passed a route id on to; at
-    # the home: when it last re-stemmed a route id, and re-stems put off by that pace (route id -> due);
-    # at a stem relay: the (epoch, generation) it already asked its predecessor to repair.
-    _gen: dict[bytes, tuple[int, int, bytes]]
-    _stem_next: dict[bytes, str]
-    _stem_branches: dict[bytes, set[str]]
-    _restem_at: dict[bytes, float]
+    _stem: StemState  # stemstate.py (G5, G7, G8, G10): stem routes held, embargoes, generations, successors
     # sync.py (G11): until when this relay asks new neighbours for their routes; the neighbours asked on their
     # current link; those answered on theirs; per neighbour answered, the route ids and how many are left to
     # send (from the end); the provisional routes learnt: route id -> (next hop, distance, expiry)
@@ -395,7 +384,6 @@ class EngineState:
         def _stem_embargo(self, now: float) -> list[Effect]: ...
         def _stem_flood_back(self, peer: str, msg: RegGossip, now: float) -> list[Effect]: ...
         def _stem_announcement(self, rid: bytes, homed: Registration | None, now: float) -> RegGossip | None: ...
-        def _stem_keeps(self, rid: bytes, entry: RouteEntry, peer: str) -> bool: ...
         def _generation_arrival(self, peer: str, msg: RegGossip, entry: RouteEntry,
                                 now: float) -> list[Effect] | None: ...
         def _generation_valid(self, msg: RegGossip) -> bool: ...

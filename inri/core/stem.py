@@ -20,7 +20,7 @@ relay at distance 2 + noise. The stem length L is geometric: P(L = k) = (1 - q)^
   rule G3), so pushes reach the home only through the stem and routes stay loop-free: every flood
   route ends at the fluff relay, every stem route at the home. A stem that comes back to a relay
   already on it (a loop) is bounced back to its sender, which fluffs. The predecessor being the only
-  way to the home, a `no route` answer or an unanswered push from it drops nothing (`_stem_keeps`).
+  way to the home, a `no route` answer or an unanswered push from it drops nothing (`StemState.keeps`).
   With the predecessor down, or silent since a push left, the stem relay answers `home unreachable`
   (forwarding.py, `_home_hop`), as the home's own neighbour does with the stem off (F3, F6): behind
   it is the home, or a failed stem relay the home re-stems around (G10), and no ring search finds a
@@ -52,7 +52,7 @@ relay at distance 2 + noise. The stem length L is geometric: P(L = k) = (1 - q)^
   no stem successor: the link-up announcements (G5) hand the generation to each new neighbour, which
   takes it as a stem of its own; so may a neighbour whose link comes up before the generation's flood
   came back to the home (its embargo is still armed). Until the next generation each of them is a
-  stem successor for G10 (`_stem_branches`): its link going down re-stems, and it may ask for one.
+  stem successor for G10 (`StemState.branching`): its link going down re-stems, and it may ask for one.
 - G5 with the stem on: link-up announcements are stem frames, from the home and from every stem relay
   whose stem route works, so they do not single the home out; a flood relay takes the sender as a
   next hop at distance 2 (a stem route never passes a flood relay: loop-free).
@@ -65,14 +65,11 @@ import hashlib
 from inri.core.api import Effect, Send, TraceLevel
 from inri.core.budget import TokenBucket
 from inri.core.state import MAX_CLOCK_SKEW_S, EngineState, Neighbour
+from inri.core.stemstate import STEM_DISTANCE
 from inri.core.tables import RouteEntry, RouteTable
 from inri.protocol.keys import generation_signed_bytes
 from inri.protocol.messages import RegGossip, Registration, StemRepair
 
-# A stem relay's feasibility distance (rule G7). The flood starts at hops >= STEM_DISTANCE, so no flood
-# copy ever becomes a backup at a stem relay. Not 1: distance 1 means "the home is my neighbour" to
-# rule F3 (home unreachable), which a stem relay must neither claim nor reveal.
-STEM_DISTANCE = 2
 # G10: a relay whose stem successor's link went down sends its StemRepair this many times in all (once per
 # stem_embargo_s) until a new generation of the epoch reaches it: one lost frame on the way back up the
 # stem must not leave the routes below the break dead (a stem relay below it answers `home unreachable`,
@@ -109,10 +106,10 @@ class StemRules(EngineState):
         succ = self._stem_successor(registration.route_id, None, draw)
         if succ is not None:
             self._arm_embargo(registration, None, succ, now)
-            self._stem_next[registration.route_id] = succ  # G10: its link going down re-stems
-            self._stem_branches.pop(registration.route_id, None)
+            self._stem.pass_on(registration.route_id, succ)  # G10: its link going down re-stems
+            self._stem.end_branches(registration.route_id)
         else:  # G10b: every neighbour the link-up announcements give it to starts a stem of its own
-            self._stem_branches[registration.route_id] = set()
+            self._stem.start_branches(registration.route_id)
         if self._level:
             self._trace(now, "reg_originated", msg=f"{registration.route_id.hex()}:{registration.epoch}",
                         route=registration.route_id.hex(), epoch=registration.epoch, ttl=self.config.gossip_ttl,
@@ -133,7 +130,7 @@ class StemRules(EngineState):
         rid = registration.route_id
         if restart and registration.receipt_key is not None:
             out = self._restem(rid, now)
-            if self._generation_of(rid, registration.epoch):
+            if self._stem.generation_of(rid, registration.epoch):
                 return out
         return self._stem_originate(registration, now)
 
@@ -143,14 +140,14 @@ class StemRules(EngineState):
 
     def _gossip(self, reg: Registration, ttl: int, hops: int, stem: bool = False) -> RegGossip:
         """A gossip frame of reg at this relay's generation of its (route id, epoch) (G10)."""
-        g = self._gen.get(reg.route_id) if self._gen else None
+        g = self._stem.generation(reg.route_id)
         if g is not None and g[0] == reg.epoch:
             return RegGossip(reg, ttl, hops, stem, g[1], g[2])
         return RegGossip(reg, ttl, hops, stem)
 
     def _arm_embargo(self, registration: Registration, pred: str | None, succ: str | None, now: float) -> None:
         until = now + self.config.stem_embargo_s * (1.0 + self._rng.random())
-        self._embargo[(registration.route_id, registration.epoch)] = (until, registration, pred, succ)
+        self._stem.arm((registration.route_id, registration.epoch), (until, registration, pred, succ))
 
     # Rules G1 and G4 (the same checks as the flood's), G6, G7.
     def _on_stem(self, peer: str, state: Neighbour, msg: RegGossip, now: float) -> list[Effect]:
@@ -161,7 +158,7 @@ class StemRules(EngineState):
         key = (rid, reg.epoch)
         routes = self._routes
         entry = routes.get(rid)
-        if entry is not None and (msg.generation or self._gen):  # G10
+        if entry is not None and (msg.generation or self._stem.generations()):  # G10
             done = self._generation_arrival(peer, msg, entry, now)
             if done is not None:
                 return done
@@ -169,7 +166,7 @@ class StemRules(EngineState):
         if entry is not None:
             known = routes.epoch(entry)
             if reg.epoch == known:
-                waiting = self._embargo.get(key)
+                waiting = self._stem.waiting(key)
                 if waiting is None:  # the flood of this epoch is out: a link-up announcement (G5)
                     return self._stem_offer(peer, reg, entry, now)
                 # The stem came back to a relay on it (G7). Every relay bounces it to the sender, and
@@ -179,8 +176,8 @@ class StemRules(EngineState):
                     self._count("stem_bounced")
                     return [self._stem_send(peer, reg, now)]
                 self._count("stem_loop")
-                del self._embargo[key]
-                self._stem_next.pop(rid, None)
+                self._stem.end_embargo(key)
+                self._stem.drop_successor(rid)
                 return self._stem_fluff(reg, None, now)
             if reg.epoch < known:
                 return self._drop_reg(now, reg, peer, "stale_epoch", cfg.score_replay)
@@ -204,12 +201,12 @@ class StemRules(EngineState):
         elif len(routes) >= cfg.route_max:
             self._evict_route(now)
         routes.set_first(rid, reg.epoch, self._local_expiry(reg.expires_at), peer, STEM_DISTANCE)
-        if msg.generation or self._gen:
+        if msg.generation or self._stem.generations():
             self._set_generation(rid, msg)
         if self._custody:  # C3c (custody.py)
             self._route_renewed(rid, now)
-        self._stem_next.pop(rid, None)
-        self._stem_held[rid] = reg  # announced to new neighbours while the stem route lives (G5)
+        self._stem.drop_successor(rid)
+        self._stem.hold(rid, reg)  # announced to new neighbours while the stem route lives (G5)
         coin, draw = self._stem_draw(rid, now)
         if not any(p != peer for p in self._active):
             # A dead end (no neighbour but the predecessor): its flood would reach nobody. Hand the stem
@@ -225,22 +222,10 @@ class StemRules(EngineState):
                 self._trace_stem(now, reg, peer, 0)
             return self._stem_fluff(reg, None, now)  # to the predecessor too (G8: the flood walks back down the stem)
         self._arm_embargo(reg, peer, succ, now)
-        self._stem_next[rid] = succ  # G10
+        self._stem.pass_on(rid, succ)  # G10
         if self._level:
             self._trace_stem(now, reg, peer, 1)
         return [self._stem_send(succ, reg, now)]
-
-    # Rule G7 (a stem route is the only way to the home: kept through route errors).
-    def _stem_keeps(self, rid: bytes, entry: RouteEntry, peer: str) -> bool:
-        """peer is this stem relay's stem next hop (its predecessor) for rid: its only next hop (G7), and
-        the only way to the home there is. A `no route` or an unanswered push from it (a frame lost on
-        the way, or a break further down the stem) then demotes nothing and drops nothing: dropping it
-        left the stem relay, and with it the route's whole flood, with no route until the next refresh,
-        for one lost frame (churn-2k: 7 of 35 lost pushes). Loop-free as before: a stem route never
-        passes a flood relay."""
-        held = self._stem_held.get(rid)
-        return (held is not None and held.epoch == RouteTable.epoch(entry)
-                and RouteTable.distance(entry) == STEM_DISTANCE and RouteTable.primary(entry) == peer)
 
     # Rule G5 with the stem on.
     def _stem_announcement(self, rid: bytes, homed: Registration | None, now: float) -> RegGossip | None:
@@ -249,12 +234,12 @@ class StemRules(EngineState):
         cannot tell the home from a stem relay. None: nothing (left) to announce."""
         entry = self._routes.get(rid)
         if entry is None:
-            self._stem_held.pop(rid, None)
+            self._stem.release(rid)
             return None
         distance = RouteTable.distance(entry)
-        reg = homed if distance == 0 else self._stem_held.get(rid)
+        reg = homed if distance == 0 else self._stem.held(rid)
         if reg is None or reg.epoch != RouteTable.epoch(entry):
-            self._stem_held.pop(rid, None)  # superseded by a newer epoch's flood
+            self._stem.release(rid)  # superseded by a newer epoch's flood
             return None
         if reg.expires_at <= now + self.wall_offset:
             return None
@@ -320,7 +305,7 @@ class StemRules(EngineState):
         more. Not to its stem successor, whose route points here: a copy from its own next hop would
         be a replay to it (G3)."""
         reg = msg.registration
-        waiting = self._embargo.pop((reg.route_id, reg.epoch))
+        waiting = self._stem.end_embargo((reg.route_id, reg.epoch))
         ttl = msg.ttl - 1
         if ttl <= 0:
             return []
@@ -336,15 +321,12 @@ class StemRules(EngineState):
     def _stem_embargo(self, now: float) -> list[Effect]:
         """Fluff every stem registration whose flood did not come back in time."""
         out: list[Effect] = []
-        for key, (until, reg, pred, succ) in list(self._embargo.items()):
-            if until > now:
-                continue
-            del self._embargo[key]
+        for key, (_, reg, pred, succ) in self._stem.pop_overdue(now):
             entry = self._routes.get(key[0])
             if entry is None or RouteTable.epoch(entry) != key[1] or reg.expires_at <= now + self.wall_offset:
                 continue  # superseded, unregistered or expired meanwhile
             if not self._active:  # nobody to tell yet: try again later
-                self._embargo[key] = (now + self.config.stem_embargo_s, reg, pred, succ)
+                self._stem.arm(key, (now + self.config.stem_embargo_s, reg, pred, succ))
                 continue
             self._count("stem_embargo_fired")
             # Not to the successor: its route points here. And this relay (the home too) keeps it as its
@@ -355,18 +337,11 @@ class StemRules(EngineState):
         return out
 
     # Rule G10: route generations, issued by the home to re-stem a registration whose stem broke.
-    def _generation_of(self, rid: bytes, epoch: int) -> int:
-        g = self._gen.get(rid)
-        return g[1] if g is not None and g[0] == epoch else 0
-
     def _forget_generation(self, rid: bytes) -> None:
         """rid's route is gone (expired, evicted, unregistered): so is its G10 state."""
-        self._gen.pop(rid, None)
-        self._stem_next.pop(rid, None)
-        self._stem_branches.pop(rid, None)
+        self._stem.forget(rid)
         self._repair_asked.pop(rid, None)
         self._repair_due.pop(rid, None)
-        self._restem_at.pop(rid, None)
         self._restem_due.pop(rid, None)
 
     def _generation_valid(self, msg: RegGossip) -> bool:
@@ -379,9 +354,9 @@ class StemRules(EngineState):
     def _set_generation(self, rid: bytes, msg: RegGossip) -> None:
         """The route of rid was just set from msg (a first arrival of its epoch or generation)."""
         if msg.generation and msg.generation_sig is not None:
-            self._gen[rid] = (msg.registration.epoch, msg.generation, msg.generation_sig)
+            self._stem.set_generation(rid, msg.registration.epoch, msg.generation, msg.generation_sig)
         else:
-            self._gen.pop(rid, None)
+            self._stem.drop_generation(rid)
 
     def _generation_arrival(self, peer: str, msg: RegGossip, entry: RouteEntry, now: float) -> list[Effect] | None:
         """A gossip frame (flood or stem) of the epoch held here, at another generation than ours. A lower
@@ -394,7 +369,7 @@ class StemRules(EngineState):
         epoch = RouteTable.epoch(entry)
         if epoch != reg.epoch:
             return None  # another epoch: G1 decides
-        known = self._generation_of(rid, epoch)
+        known = self._stem.generation_of(rid, epoch)
         if msg.generation == known:
             return None
         if msg.generation < known:
@@ -412,9 +387,9 @@ class StemRules(EngineState):
         if not bucket.take(now, cfg.reg_budget_per_origin_per_s, float(cfg.reg_budget_burst)):
             return self._drop_reg(now, reg, peer, "budget_origin")
         self._routes.pop(rid, None)
-        self._stem_held.pop(rid, None)
-        self._stem_next.pop(rid, None)
-        self._embargo.pop((rid, epoch), None)
+        self._stem.release(rid)
+        self._stem.drop_successor(rid)
+        self._stem.cancel_embargo((rid, epoch))
         self._deep.pop((rid, epoch), None)
         self._count("route_regenerated")
         return None
@@ -423,8 +398,8 @@ class StemRules(EngineState):
         """The link to peer went down: for every route id this relay passed on its stem to peer, the home
         re-stems it, and a stem relay asks its predecessor to have the home do so."""
         out: list[Effect] = []
-        for rid in [r for r, s in self._stem_next.items() if s == peer]:
-            del self._stem_next[rid]
+        for rid in self._stem.passed_to(peer):
+            self._stem.drop_successor(rid)
             entry = self._routes.get(rid)
             if entry is None:
                 continue
@@ -435,8 +410,8 @@ class StemRules(EngineState):
                 if asked:
                     self._repair_due[rid] = (now + self.config.stem_embargo_s, REPAIR_TRIES - 1)
                 out += asked
-        for rid in [r for r, s in self._stem_branches.items() if peer in s]:  # G10b: at a home
-            self._stem_branches[rid].discard(peer)
+        for rid in self._stem.branched_to(peer):  # G10b: at a home
+            self._stem.drop_branch(rid, peer)
             out += self._restem(rid, now)
         return out
 
@@ -445,12 +420,12 @@ class StemRules(EngineState):
         generation), again only after half a stem_embargo_s (the relay below the break repeats its
         request when no new generation came: REPAIR_TRIES)."""
         epoch = RouteTable.epoch(entry)
-        held = self._stem_held.get(rid)
+        held = self._stem.held(rid)
         pred = RouteTable.primary(entry)
         if (held is None or held.epoch != epoch or RouteTable.distance(entry) != STEM_DISTANCE
                 or pred is None or pred not in self._active):
             return []
-        generation = self._generation_of(rid, epoch)
+        generation = self._stem.generation_of(rid, epoch)
         last = self._repair_asked.get(rid)
         if (last is not None and last[:2] == (epoch, generation)
                 and now - last[2] < self.config.stem_embargo_s / 2):
@@ -478,7 +453,7 @@ class StemRules(EngineState):
             if entry is None or last is None:
                 continue
             epoch = RouteTable.epoch(entry)
-            if last[:2] != (epoch, self._generation_of(rid, epoch)):
+            if last[:2] != (epoch, self._stem.generation_of(rid, epoch)):
                 continue  # a new generation (or epoch) came: the stem was mended
             sent = self._ask_repair(rid, entry, now)
             if sent:
@@ -494,9 +469,9 @@ class StemRules(EngineState):
         stranger cannot make the home re-stem, and the home re-stems at most once per stem_embargo_s."""
         rid = msg.route_id
         entry = self._routes.get(rid)
-        successor = self._stem_next.get(rid) == peer or peer in self._stem_branches.get(rid, ())
+        successor = self._stem.is_successor(rid, peer)
         if (entry is None or RouteTable.epoch(entry) != msg.epoch or not successor
-                or self._generation_of(rid, msg.epoch) != msg.generation):
+                or self._stem.generation_of(rid, msg.epoch) != msg.generation):
             self._count("stem_repair_ignored")
             return []
         if RouteTable.distance(entry) == 0:
@@ -512,7 +487,7 @@ class StemRules(EngineState):
         if (reg is None or entry is None or RouteTable.distance(entry) != 0 or RouteTable.epoch(entry) != reg.epoch
                 or reg.expires_at <= now + self.wall_offset):
             return []
-        last = self._restem_at.get(rid)
+        last = self._stem.restemmed_at(rid)
         gap = self.config.stem_embargo_s
         if last is not None and now - last < gap:  # paced: one generation per stem_embargo_s
             self._restem_due[rid] = last + gap
@@ -520,15 +495,15 @@ class StemRules(EngineState):
         self._restem_due.pop(rid, None)
         # The next generation: at least the seconds since the registration was issued (wall clock), so a
         # home that restarted, and forgot the generations it issued, still issues a higher one.
-        generation = max(self._generation_of(rid, reg.epoch) + 1, int(now + self.wall_offset) - reg.issued_at, 1)
+        generation = max(self._stem.generation_of(rid, reg.epoch) + 1, int(now + self.wall_offset) - reg.issued_at, 1)
         sig = (None if reg.receipt_key is None  # F5c: under the key the relays check it against (G10)
                else self._home.sign_receipt(rid, generation_signed_bytes(rid, reg.epoch, generation), reg.receipt_key))
         if sig is None:  # a registration without a receipt key: it waits for the device's refresh
             self._count("stem_restem_unsigned")
             return []
-        self._restem_at[rid] = now
-        self._gen[rid] = (reg.epoch, generation, sig)
-        self._embargo.pop((rid, reg.epoch), None)
+        self._stem.restemmed(rid, now)
+        self._stem.set_generation(rid, reg.epoch, generation, sig)
+        self._stem.cancel_embargo((rid, reg.epoch))
         self._count("stem_restemmed")
         return self._stem_originate(reg, now, "restem")
 
