@@ -2,12 +2,15 @@
 engine has one owner, checked over the source (AST), so a rule group cannot quietly start reading or
 writing another group's tables.
 
-Three kinds of engine attribute:
+Four kinds of engine attribute:
 - OWNER_OBJECTS: an object that owns its data behind methods (aioquic's pattern: its connection holds
   its loss recovery as `self._loss`). Any rule group may call it; nothing outside its class touches its
   fields (`__slots__`).
 - OWNED: an attribute read and written only in one module (its rule group), apart from Engine.__init__,
   which builds every attribute. Other groups ask that module's methods.
+- CONTEXT: what the engine is given when it is built (its identity, configuration, verifier, home store,
+  random stream, trace level) or by its driver between calls (`wall_offset`): every rule group reads it,
+  none rebinds it (checked below); the objects among them have interfaces of their own.
 - SHARED: still read or written by several modules. This list only shrinks: an attribute moved to an
   owner leaves it, and a new attribute must be given an owner.
 """
@@ -18,6 +21,7 @@ import ast
 from pathlib import Path
 
 from inri.core.awaited import AwaitedAnswers
+from inri.core.engine import Engine
 from inri.core.roundtrip import RttEstimator
 from inri.core.seen import SeenCache
 from inri.core.stemstate import StemState
@@ -51,13 +55,17 @@ OWNED: dict[str, str] = {
     "_overdue": "scoring", "_overdue_heap": "scoring", "_blamed": "scoring",
     # engine.py (dispatch, timers: M2's keepalives, S1's decay)
     "_score_decay": "engine", "_tracer": "engine",
-    # state.py (the trace helper every group calls)
-    "_emit": "state",
+    # state.py (the trace and count helpers every group calls)
+    "_emit": "state", "counters": "state",
+    # gossip.py (G3's duplicate count)
+    "reg_duplicates": "gossip",
 }
+
+# Given at construction (or by the driver: wall_offset) and never rebound by a rule group.
+CONTEXT = frozenset({"relay_id", "config", "wall_offset", "_verifier", "_home", "_level", "_rng"})
 
 # Still read or written by several modules: the work left (docs/architecture.md says which groups).
 SHARED = frozenset({
-    "relay_id", "config", "wall_offset", "counters", "reg_duplicates", "_verifier", "_home", "_level", "_rng",
     "_active", "_passive", "_connecting", "_lost", "_routes", "_origin_bucket", "_reverse", "_custody", "_timers",
     "_seq", "_next_tick", "_next_sweep", "_next_exchange", "_banned", "_probation", "_heard_any", "_homed", "_deep",
     "_announce", "_down_since", "_sync_until", "_sync_asked", "_sync_served", "_sync_out", "_provisional",
@@ -80,11 +88,23 @@ def _init_nodes(tree: ast.Module) -> set[int]:
             for f in c.body if isinstance(f, ast.FunctionDef) and f.name == "__init__" for n in ast.walk(f)}
 
 
+# The classes Engine is built from: `self` in their methods is the engine (elsewhere in inri/core, for example
+# in tables.py's RouteTable, `self._seq` is that object's own field).
+RULE_GROUPS = frozenset(c.__name__ for c in Engine.__mro__)
+
+
+def _outside_rule_groups(tree: ast.Module) -> set[int]:
+    """ids of the nodes inside a class that is not one of Engine's rule groups."""
+    return {id(n) for c in ast.walk(tree) if isinstance(c, ast.ClassDef) and c.name not in RULE_GROUPS
+            for n in ast.walk(c)}
+
+
 def cross_owner_accesses(module: str, source: str) -> list[str]:
     """Accesses in `source` (inri/core/<module>.py) to an OWNED engine attribute of another module, or to a
     field of an owner object from outside its class: "module:line attribute"."""
     tree = ast.parse(source)
     skip = _init_nodes(tree)
+    elsewhere = _outside_rule_groups(tree)
     owners = {cls.__name__ for cls in OWNER_OBJECTS.values()}
     # inside an owner object's class, self is that object, not the engine
     in_owner = {id(n) for c in ast.walk(tree) if isinstance(c, ast.ClassDef) and c.name in owners for n in ast.walk(c)}
@@ -95,7 +115,7 @@ def cross_owner_accesses(module: str, source: str) -> list[str]:
             continue
         on_self = isinstance(n.value, ast.Name) and n.value.id == "self"
         owner = OWNED.get(n.attr)
-        if owner is not None and on_self and owner != module and id(n) not in in_owner:
+        if owner is not None and on_self and owner != module and id(n) not in in_owner and id(n) not in elsewhere:
             found.append(f"{module}:{n.lineno} {n.attr} (owned by {owner}.py)")
         cls = private.get(n.attr)
         if cls is not None and not on_self:  # an owner's own methods reach its fields through self only
@@ -105,12 +125,48 @@ def cross_owner_accesses(module: str, source: str) -> list[str]:
 
 def test_every_engine_attribute_has_an_owner_or_is_listed_shared() -> None:
     attrs = engine_attributes()
-    kinds = [set(OWNER_OBJECTS), set(OWNED), set(SHARED)]
-    assert not (kinds[0] & kinds[1]) and not (kinds[0] & kinds[2]) and not (kinds[1] & kinds[2])
+    kinds = [set(OWNER_OBJECTS), set(OWNED), set(CONTEXT), set(SHARED)]
+    assert all(not (a & b) for i, a in enumerate(kinds) for b in kinds[i + 1:]), "an attribute of two kinds"
     unclassified = attrs - set().union(*kinds)
     assert not unclassified, f"give these engine attributes an owner (tests/test_core_owners.py): {unclassified}"
     gone = set().union(*kinds) - attrs
     assert not gone, f"no longer engine attributes: remove them from tests/test_core_owners.py: {gone}"
+
+
+def context_rebindings(module: str, source: str) -> list[str]:
+    """Assignments in a rule group of `source` (outside Engine.__init__) to a CONTEXT attribute of the engine."""
+    tree = ast.parse(source)
+    skip = _init_nodes(tree) | _outside_rule_groups(tree)
+    found = []
+    for n in ast.walk(tree):
+        match n:
+            case ast.Assign(targets=targets):
+                pass
+            case ast.AugAssign(target=t) | ast.AnnAssign(target=t):
+                targets = [t]
+            case ast.Delete(targets=targets):
+                pass
+            case _:
+                continue
+        for t in targets:
+            for a in ast.walk(t):
+                if (isinstance(a, ast.Attribute) and a.attr in CONTEXT and isinstance(a.value, ast.Name)
+                        and a.value.id == "self" and id(a) not in skip):
+                    found.append(f"{module}:{a.lineno} {a.attr}")
+    return sorted(set(found))
+
+
+def test_no_rule_group_rebinds_the_engines_context() -> None:
+    found = []
+    for path in sorted(CORE.glob("*.py")):
+        found += context_rebindings(path.stem, path.read_text())
+    assert not found, "the engine's context is set at construction only:\n" + "\n".join(found)
+
+
+def test_the_context_check_sees_a_rebinding() -> None:
+    source = ("class ForwardingRules:\n    def f(self):\n        self.config = None\n        self.wall_offset += 1\n"
+              "class Other:\n    def g(self):\n        self.config = None\n")
+    assert context_rebindings("forwarding", source) == ["forwarding:3 config", "forwarding:4 wall_offset"]
 
 
 def test_no_rule_group_touches_another_owners_state() -> None:
@@ -135,13 +191,15 @@ def test_owner_fields_are_private_outside_the_core_too() -> None:
 
 def test_the_check_sees_a_cross_owner_access() -> None:
     """The checker itself: a rule group reading another group's table, or an owner object's field, is found."""
-    forwarding = ("class F:\n    def f(self):\n"
+    forwarding = ("class ForwardingRules:\n    def f(self):\n"
                   "        return self._steer, self._blamed, self._rtt._srtt, self._tree._missing\n")
     assert cross_owner_accesses("forwarding", forwarding) == [
         "forwarding:3 _blamed (owned by scoring.py)", "forwarding:3 _missing (a field of TreeGossip)",
         "forwarding:3 _srtt (a field of RttEstimator)"]
     init = "class Engine:\n    def __init__(self):\n        self._blamed = {}\n"
     assert cross_owner_accesses("engine", init) == []
+    # a class that is not a rule group has fields of its own
+    assert cross_owner_accesses("tables", "class RouteTable:\n    def f(self):\n        return self._steer\n") == []
 
 
 def test_owner_objects_have_slots_only() -> None:

@@ -487,6 +487,6 @@ class Engine(MembershipRules, GossipRules, StemRules, SyncRules, ForwardingRules
             "banned": len(self._banned),
             "routes_provisional": len(self._provisional),
             "awaiting_receipt": len(self._await),
-            "reg_duplicate": self.reg_duplicates,
-            **self.counters,
+            "reg_duplicate": self._duplicate_count(),  # G3 (gossip.py)
+            **self._counts(),
         }

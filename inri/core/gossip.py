@@ -69,6 +69,11 @@ class GossipRules(EngineState):
     # The state this rule group owns (tests/test_core_owners.py; Engine.__init__ builds it).
     _emit_row: Callable[[tuple[Any, ...]], None] | None  # the tracer's row fast path (route_set rows)
     _tree_on: bool  # G9: the tree scheme (tree.py) instead of flooding
+    reg_duplicates: int  # G3: gossip arrivals of a known (route, epoch): a plain int on the hot path
+
+    def _duplicate_count(self) -> int:
+        """G3: how many gossip arrivals were of a (route id, epoch) already known (stats)."""
+        return self.reg_duplicates
 
     # Rules G2 (at distance 0: this relay is the home).
     def register(self, registration: Registration, now: float, *, restart: bool = False) -> list[Effect]:

@@ -258,7 +258,6 @@ class EngineState:
     config: EngineConfig
     wall_offset: float
     counters: dict[str, int]
-    reg_duplicates: int
     _verifier: Verifier
     _home: HomeStore
     _level: int
@@ -303,6 +302,10 @@ class EngineState:
 
     def _count(self, name: str, n: int = 1) -> None:
         self.counters[name] = self.counters.get(name, 0) + n
+
+    def _counts(self) -> dict[str, int]:
+        """The counters `_count` keeps (the dict itself: stats copies it)."""
+        return self.counters
 
     def _trace(self, now: float, kind: str, **fields: Any) -> None:
         self._emit(now, self.relay_id, kind, **fields)
