@@ -177,6 +177,21 @@ def test_the_route_ideal_bench_prints_fewer_hops_and_more_stretch_as_hops_cost_m
                for r in rows)
 
 
+def _run_and_count_costs(scenario: Path, out: Path, *args: str) -> tuple[dict, dict]:
+    """`inri-sim run SCENARIO` with a JSON-lines summary trace in `out`, then bench_push_costs.py over that
+    trace: the run's summary and the bench's figures."""
+    run = subprocess.run([sys.executable, "-m", "simulations.cli", "run", str(scenario), *args, "--trace-dir",
+                          str(out), "--trace-level", "summary", "--trace-format", "jsonl", "--progress", "off"],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-500:]
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, str(root / "benchmarks" / "bench_push_costs.py"), str(out), "--json"],
+                          capture_output=True, text=True, timeout=120, cwd=root,
+                          env={**os.environ, "PYTHONPATH": str(root)})
+    assert proc.returncode == 0, proc.stderr[-500:]
+    return json.loads(run.stdout.strip().splitlines()[-1]), json.loads(proc.stdout)
+
+
 @pytest.mark.integration
 def test_the_push_costs_bench_splits_the_messages_the_summary_counts(tmp_path: Path) -> None:
     # A small mesh with loss and churn, so that pushes are re-sent and some homes go down: the bench's
@@ -186,24 +201,38 @@ def test_the_push_costs_bench_splits_the_messages_the_summary_counts(tmp_path: P
     text = text.replace("registrations = 5", "registrations = 20\ntokens_per_registration = 20")
     path.write_text(text + "[topology]\nrelays = 80\n[network]\nloss = 0.03\n"
                     "[churn]\nfail_fraction = 0.2\nstart_s = 10.0\nend_s = 20.0\ndowntime_s = 5.0\n")
-    out = tmp_path / "trace"
-    run = subprocess.run([sys.executable, "-m", "simulations.cli", "run", str(path), "--seed", "3", "--trace-dir",
-                          str(out), "--trace-level", "summary", "--trace-format", "jsonl"],
-                         capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr[-500:]
-    summary = json.loads(run.stdout.strip().splitlines()[-1])
-    root = Path(__file__).resolve().parents[1]
-    proc = subprocess.run([sys.executable, str(root / "benchmarks" / "bench_push_costs.py"), str(out), "--json"],
-                          capture_output=True, text=True, timeout=120, cwd=root,
-                          env={**os.environ, "PYTHONPATH": str(root)})
-    assert proc.returncode == 0, proc.stderr[-500:]
-    r = json.loads(proc.stdout)
+    summary, r = _run_and_count_costs(path, tmp_path / "trace", "--seed", "3")
     classes = r["classes"]
     assert sum(c["pushes"] for c in classes.values()) == r["pushes"] == summary["pushes"]
     assert r["delivered"] == summary["delivered_all"]
     assert classes["re-sent"]["pushes"] > 0
     assert abs(sum(c["messages_share"] for c in classes.values()) - 1.0) < 0.01
     assert r["messages_per_delivered_push"] == pytest.approx(summary["messages_per_delivered_push"], abs=0.006)
+
+
+HOMES_DOWN = Path(__file__).resolve().parent / "fixtures" / "homes-down.toml"
+
+
+@pytest.mark.integration
+def test_the_home_figures_of_a_run_are_what_the_push_costs_bench_recounts(tmp_path: Path) -> None:
+    """`inri-sim run` prints messages_per_delivered_push_live_home and messages_per_push_home_down beside
+    messages_per_delivered_push (issue 42, item 4), and they are exactly what bench_push_costs.py recounts
+    from the trace by row position (docs/metrics.md, "The home's state"), with pushes of all three home
+    states in the run: up throughout, failed while the push waited, down at injection."""
+    summary, r = _run_and_count_costs(HOMES_DOWN, tmp_path / "trace")
+    home = r["home"]
+    classes = home["classes"]
+    assert sum(c["pushes"] for c in classes.values()) == summary["pushes"]
+    assert classes["no home in the trace"]["pushes"] == 0
+    for state in ("home up throughout", "home failed while it waited", "home down at injection"):
+        assert classes[state]["pushes"] > 0, state
+    # some homes came back before their pushes were delivered: what these pushes spent after that is not
+    # spent while the home was down
+    came_back = classes["home down at injection"]
+    assert came_back["delivered"] > 0 and came_back["while_home_down_mean"] < came_back["mean"]
+    for key in ("messages_per_delivered_push_live_home", "messages_per_push_home_down"):
+        assert summary[key] is not None and summary[key] == pytest.approx(home[key], rel=1e-12), key
+    assert summary["messages_per_delivered_push_live_home"] != summary["messages_per_delivered_push"]
 
 
 def test_clustered_relays_gather_around_their_metros_in_a_connected_mesh() -> None:

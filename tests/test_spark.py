@@ -174,6 +174,21 @@ def test_home_cost_figures_follow_each_homes_downtime_in_trace_order(spark, tmp_
         assert summary[key] == pytest.approx(want, rel=1e-12), key
 
 
+def test_home_cost_figures_of_a_run_with_homes_going_down_agree_with_the_simulator(spark, tmp_path: Path) -> None:
+    """tests/fixtures/homes-down.toml through `inri-sim run`: a run whose pushes meet every state of their
+    home (tests/test_sim_topology.py checks the same run against bench_push_costs.py's recount), and Spark
+    gives the summary's home figures exactly."""
+    fixture = Path(__file__).resolve().parent / "fixtures" / "homes-down.toml"
+    proc = subprocess.run([sys.executable, "-m", "simulations.cli", "run", str(fixture), "--trace-dir",
+                           str(tmp_path / "trace"), "--trace-level", "summary", "--progress", "off"],
+                          capture_output=True, text=True, timeout=120, check=True)
+    sim = json.loads(proc.stdout.strip().splitlines()[-1])
+    ana = run(tmp_path / "trace", tmp_path / "report", spark=spark, plots=False)
+    for key in ("messages_per_delivered_push_live_home", "messages_per_push_home_down",
+                "pushes_never_delivered_home_up", "messages_per_delivered_push"):
+        assert sim[key] is not None and ana[key] == sim[key], key
+
+
 def test_malformed_lines_are_counted_not_fatal(spark, tmp_path: Path) -> None:
     hand_trace(tmp_path / "trace")
     with open(tmp_path / "trace" / "events.jsonl", "a") as f:
