@@ -320,7 +320,7 @@ def test_custody_parks_after_the_escalation_and_delivers_when_the_home_returns()
     net.kill(0)  # the home relay crashes
     pid = push(net, 5, reg, TOKENS[0])
     net.run_until(net.now + 90.0)  # route, backups, rings 1/3/5/7, full TTL: all fail; parked retries continue
-    assert pid not in net.custody and pid in net.engines[5]._custody
+    assert pid not in net.custody and net.engines[5]._custody.holds(pid)
     net.restart(0)
     net.run_until(net.now + 5.0)  # links come back
     net.apply("0", net.engines[0].register(reg, net.now))  # the restarted home re-gossips its registration
@@ -345,7 +345,7 @@ def test_parked_re_sends_back_off_while_the_home_stays_down() -> None:
     gaps = [round((b - a) / cfg.custody_retry_s, 6) for a, b in zip(parked, parked[1:], strict=False)]
     assert gaps[:3] == [PARK_FACTOR, 2 * PARK_FACTOR, 4 * PARK_FACTOR], gaps  # doubling from the first
     assert set(gaps[2:]) == {PARK_BACKOFF_MAX}, gaps
-    assert pid in net.engines[5]._custody  # still kept for the home's return, up to the deadline
+    assert net.engines[5]._custody.holds(pid)  # still kept for the home's return, up to the deadline
 
 
 def test_routes_expire_with_their_registration_and_sweeps_skip_tables_with_nothing_due() -> None:

@@ -22,6 +22,8 @@ from pathlib import Path
 
 from inri.core.awaited import AwaitedAnswers
 from inri.core.engine import Engine
+from inri.core.kept import CustodyTable
+from inri.core.reverse import ReversePaths
 from inri.core.roundtrip import RttEstimator
 from inri.core.seen import SeenCache
 from inri.core.stemstate import StemState
@@ -32,7 +34,8 @@ CORE = ROOT / "inri" / "core"
 
 # engine attribute -> the class that owns it (its fields are private to the class)
 OWNER_OBJECTS: dict[str, type] = {"_rtt": RttEstimator, "_seen": SeenCache, "_tree": TreeGossip,
-                                   "_await": AwaitedAnswers, "_stem": StemState}
+                                   "_await": AwaitedAnswers, "_stem": StemState,
+                                   "_custody": CustodyTable, "_reverse": ReversePaths}
 
 # engine attribute -> the only module (inri/core/<name>.py) whose code reads or writes it
 OWNED: dict[str, str] = {
@@ -66,9 +69,9 @@ CONTEXT = frozenset({"relay_id", "config", "wall_offset", "_verifier", "_home", 
 
 # Still read or written by several modules: the work left (docs/architecture.md says which groups).
 SHARED = frozenset({
-    "_active", "_passive", "_connecting", "_lost", "_routes", "_origin_bucket", "_reverse", "_custody", "_timers",
-    "_seq", "_next_tick", "_next_sweep", "_next_exchange", "_banned", "_probation", "_heard_any", "_homed", "_deep",
-    "_announce", "_down_since", "_sync_until", "_sync_asked", "_sync_served", "_sync_out", "_provisional",
+    "_active", "_passive", "_connecting", "_lost", "_routes", "_origin_bucket", "_next_tick",
+    "_next_sweep", "_next_exchange", "_banned", "_probation", "_heard_any", "_homed", "_deep", "_announce",
+    "_down_since", "_sync_until", "_sync_asked", "_sync_served", "_sync_out", "_provisional",
 })
 
 

@@ -199,7 +199,7 @@ def test_safety_with_a_hostile_peer(topo: tuple, data: st.DataObject) -> None:
             elif action == "receipt":
                 before = snapshot(to)
                 orphan = data.draw(st.binary(min_size=16, max_size=16))
-                known = orphan in eng._reverse or orphan in eng._await  # a push it did send us
+                known = eng._reverse.back(orphan) is not None or orphan in eng._await  # a push it did send us
                 net.apply(str(to), eng.receive_message(hostile, Receipt(orphan, ReceiptStatus.STORED, 2), net.now))
                 if not known:
                     assert snapshot(to) == before

@@ -4,7 +4,6 @@ re-sends it with an escalating search, parks it until the deadline, and re-adopt
 from __future__ import annotations
 
 import dataclasses
-import heapq
 import math
 from collections import deque
 
@@ -17,13 +16,12 @@ from inri.core.api import (
     InjectResult,
 )
 from inri.core.forwarding import LOCAL_REPAIR_RADIUS, ROUTE_ATTEMPTS
+from inri.core.kept import Custody
 from inri.core.state import (
     MAX_CLOCK_SKEW_S,
     RECEIPT_STATUS,
-    Custody,
     EngineState,
     Neighbour,
-    ReverseMark,
     new_push,
     readdress,
     released,
@@ -52,8 +50,7 @@ QUEUE_HEAD_SLACK = 1.5
 # Pushes injected here for one next hop: at most this share of its push budget (_next_hop_free).
 OUT_BUDGET_SHARE = 0.9
 QUEUE_REREAD_S = 0.05  # a head push found due before the relay read past its due time: look again this soon
-_LOCAL = ReverseMark.LOCAL
-_LATE = ReverseMark.LATE
+
 
 def ring_cost(radius: int, degree: int) -> int:
     """The most messages a ring copy of `radius` can cause on a mesh whose relays have at most `degree`
@@ -117,7 +114,7 @@ class CustodyRules(EngineState):
         push = new_push(pid, registration.route_id, token, ciphertext, self.config.push_ttl, 0, 0, 0, registration,
                         webpush)
         custody = Custody(push, now + self.config.custody_deadline_s)
-        self._custody[pid] = custody
+        self._custody.take(custody)
         if self._level:
             self._trace(now, "push_injected", msg=pid.hex(), route=push.route_id.hex(), ttl=push.ttl)
         effects: list[Effect] = [CustodyTaken(push, custody.deadline)]
@@ -169,7 +166,7 @@ class CustodyRules(EngineState):
         on disk and converts it back: a restart resets the monotonic clock).
         """
         pid = push.push_id
-        if pid in self._custody:
+        if self._custody.holds(pid):
             return []
         if deadline <= now:
             self._count("custody_expired")
@@ -178,7 +175,7 @@ class CustodyRules(EngineState):
         custody.attempt = max(0, attempt)
         # A restarted relay has no routes yet: skip straight to ring searches after the route attempts.
         custody.ring_step = max(0, custody.attempt - ROUTE_ATTEMPTS)
-        self._custody[pid] = custody
+        self._custody.take(custody)
         if custody.attempt >= self.config.custody_max_attempts:
             return self._parked_attempt(custody, now)
         return self._attempt(custody, now)
@@ -208,7 +205,7 @@ class CustodyRules(EngineState):
                 return self._settle(pid, CustodyStatus.UNKNOWN_REGISTRATION, 0, now)
             return self._deliver_local(pid, push, status, now) + self._settle(pid, status, 0, now)
         cfg = self.config
-        self._reverse.put(pid, (_LOCAL, now + cfg.reverse_ttl_s, None, -1))
+        self._reverse.mark_local(pid, now)
         # Retry periods 1, 1, 2, 2, 3, 3 x custody_retry_s: every escalation step (route, backups,
         # rings, full TTL) gets its turn within 12 retry periods (24 s by default), so black holes
         # on the routes cost latency, not pushes, within a 30 s deadline.
@@ -269,8 +266,8 @@ class CustodyRules(EngineState):
     # Rule C1.
     def _settle(self, pid: bytes, status: ReceiptStatus | CustodyStatus, hops: int, now: float) -> list[Effect]:
         """Custody of pid ends with the home's answer (a receipt's status), or a final status decided here."""
-        c = self._custody.pop(pid, None)
-        self._reverse.pop(pid, None)
+        c = self._custody.release(pid)
+        self._reverse.forget(pid)
         if c is None:
             return []
         if self._waiting_route:  # C3c
@@ -292,11 +289,11 @@ class CustodyRules(EngineState):
     def _retry(self, c: Custody, now: float) -> list[Effect]:
         pid = c.push.push_id
         if now >= c.deadline:
-            self._custody.pop(pid, None)
+            self._custody.release(pid)
             if self._waiting_route:  # C3c
                 self._forget_waiting(c)
             # A late receipt still corrects the status, once it verifies against the push's receipt key.
-            self._reverse.put(pid, (_LATE, now + self.config.reverse_ttl_s, c.push.registration, -1))
+            self._reverse.mark_late(pid, now, c.push.registration)
             # expired: routes existed but no receipt came back in time; unreachable: no relay on our
             # side ever had a route to the device; unknown_registration: `not home` came back (F5c).
             final = (CustodyStatus.UNKNOWN_REGISTRATION if c.refused else
@@ -353,7 +350,7 @@ class CustodyRules(EngineState):
                 return searched
         c.routed = True
         self._sent_to(c, nh, now)
-        self._reverse.put(pid, (_LOCAL, now + cfg.reverse_ttl_s, None, -1))
+        self._reverse.mark_local(pid, now)
         self._seen.mark_copy(pid, c.attempt, False, now)
         push = self._aged(c, now)
         if self._level:
@@ -378,7 +375,7 @@ class CustodyRules(EngineState):
         c.sent_to = None
         pid = c.push.push_id
         self._count("custody_parked_search")
-        self._reverse.put(pid, (_LOCAL, now + cfg.reverse_ttl_s, None, -1))
+        self._reverse.mark_local(pid, now)
         self._seen.mark_copy(pid, c.attempt, True, now)
         push = self._aged(c, now)
         if self._level:
@@ -407,7 +404,7 @@ class CustodyRules(EngineState):
         custody = self._custody
         while order:
             sent, pid = order[0]
-            if pid in custody:
+            if custody.holds(pid):
                 return sent
             order.popleft()
         return math.inf
@@ -503,5 +500,4 @@ class CustodyRules(EngineState):
 
     # Rule C2.
     def _schedule(self, pid: bytes, when: float) -> None:
-        self._seq += 1
-        heapq.heappush(self._timers, (when, self._seq, pid))
+        self._custody.schedule(pid, when)

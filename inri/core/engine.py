@@ -15,7 +15,6 @@ methods listed in `HOOKS`; tests/test_adversarial.py checks they still exist wit
 
 from __future__ import annotations
 
-import heapq
 import random
 from collections.abc import Iterator
 from typing import Any, assert_never
@@ -27,12 +26,14 @@ from inri.core.config import EngineConfig
 from inri.core.custody import CustodyRules
 from inri.core.forwarding import ForwardingRules
 from inri.core.gossip import ANNOUNCE_SHARE, GossipRules
+from inri.core.kept import CustodyTable
 from inri.core.membership import MembershipRules
+from inri.core.reverse import ReversePaths
 from inri.core.roundtrip import ROUTE_LEN_MAX, RttEstimator
 from inri.core.rtt import RttRules
 from inri.core.scoring import ScoringRules
 from inri.core.seen import SeenCache
-from inri.core.state import SWEEP_INTERVAL_S, Custody, Neighbour, ReverseMark, make_keepalive, readdress
+from inri.core.state import SWEEP_INTERVAL_S, Neighbour, make_keepalive, readdress
 from inri.core.stem import StemRules
 from inri.core.stemstate import StemState
 from inri.core.sync import SYNC, SyncRules
@@ -61,7 +62,6 @@ from inri.protocol.messages import (
 
 __all__ = ["HOOKS", "Engine", "readdress"]
 
-_LOCAL = ReverseMark.LOCAL
 DEEP_MAX = 65536  # G3b entries kept (oldest evicted): only far-travelled (route, epoch)s are entered
 
 # The extension point for hostile relays (simulations/adversary.py): the methods a subclass may
@@ -111,12 +111,8 @@ class Engine(MembershipRules, GossipRules, StemRules, SyncRules, ForwardingRules
         self._routes = CompactRouteTable() if config.route_table == "compact" else RouteTable()
         self._origin_bucket: dict[bytes, TokenBucket] = {}  # route id -> refresh budget (rule G4)
         self._seen = SeenCache(config.push_seen_max, config.seen_ttl_s, config.reverse_ttl_s)  # seen.py (F1)
-        # push id -> (previous hop, expiry, the push's registration: whose receipt key its receipt needs)
-        self._reverse: BoundedMap[bytes, tuple[str | ReverseMark, float, Registration | None, int]] = BoundedMap(
-            config.reverse_max)
-        self._custody: dict[bytes, Custody] = {}
-        self._timers: list[tuple[float, int, bytes]] = []  # (when, seq, push id) custody retries
-        self._seq = 0
+        self._reverse = ReversePaths(config.reverse_max, config.reverse_ttl_s)  # F4, F6b (reverse.py)
+        self._custody = CustodyTable()  # C1-C3, C7 (kept.py)
         self._next_tick: float | None = None
         self._next_sweep = 0.0
         self._next_exchange = 0.0
@@ -274,17 +270,9 @@ class Engine(MembershipRules, GossipRules, StemRules, SyncRules, ForwardingRules
         deadline = self._await.next_deadline()  # F6, S1 (awaited.py)
         if deadline is not None and (t is None or deadline < t):
             t = deadline
-        timers = self._timers
-        if timers:
-            custody = self._custody
-            while timers:  # settled pushes leave stale retry entries: dropped here too, not on a wakeup
-                first, _, pid = timers[0]
-                c = custody.get(pid)
-                if c is not None and c.next_retry == first:
-                    if t is None or first < t:
-                        t = first
-                    break
-                heapq.heappop(timers)
+        retry = self._custody.next_due()  # C2 (kept.py): stale entries dropped here too, not on a wakeup
+        if retry is not None and (t is None or retry < t):
+            t = retry
         repair = self._repair_next()  # F8 (forwarding.py)
         if repair is not None and (t is None or repair < t):
             t = repair
@@ -296,12 +284,9 @@ class Engine(MembershipRules, GossipRules, StemRules, SyncRules, ForwardingRules
     def handle_timer(self, now: float) -> list[Effect]:
         """Custody retries, keepalives, liveness, peer exchange and expiry sweeps that are due."""
         out: list[Effect] = []
-        timers = self._timers
-        while timers and timers[0][0] <= now:
-            when, _, pid = heapq.heappop(timers)
-            c = self._custody.get(pid)
-            if c is not None and c.next_retry == when:
-                out += self._retry(c, now)
+        custody = self._custody
+        while (c := custody.pop_due(now)) is not None:  # C2
+            out += self._retry(c, now)
         out += self._tree.timer(now)  # G9 (tree.py)
         out += self._answers_overdue(now)  # F6, S1 (forwarding.py)
         out += self._repairs_unanswered(now)  # F8 (forwarding.py)
@@ -365,14 +350,14 @@ class Engine(MembershipRules, GossipRules, StemRules, SyncRules, ForwardingRules
         if now >= self._routes.expire_from:
             self._sweep_routes(now)
         self._seen.sweep(now)
-        self._reverse.sweep(lambda v: v[1] <= now and v[0] is not _LOCAL)
+        self._reverse.sweep(now)
         self._sweep_scores(now)  # scoring.py
         self._sweep_repairs(now)  # forwarding.py (F5c, F8c, F9)
         if self._provisional:  # G11
             self._provisional.sweep(lambda v: v[2] <= now)
-        for pid in [pid for pid, c in self._custody.items() if now >= c.deadline]:
-            del self._custody[pid]
-            self._count("custody_expired")
+        expired = self._custody.expire(now)
+        if expired:
+            self._count("custody_expired", expired)
         for peer in [p for p, until in self._banned.items() if until <= now]:
             del self._banned[peer]
 

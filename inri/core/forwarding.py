@@ -12,11 +12,11 @@ from inri.core.api import (
     Send,
     TraceLevel,
 )
+from inri.core.reverse import Back, ReverseMark
 from inri.core.seen import Mark
 from inri.core.state import (
     RECEIPT_STATUS,
     EngineState,
-    ReverseMark,
     make_receipt,
     make_send,
     readdress,
@@ -242,7 +242,7 @@ class ForwardingRules(EngineState):
         entry = self._routes.get(rid)
         if entry is None or not self._home_hop(rid, entry, nh):
             return []
-        back = self._reverse.get(pid)
+        back = self._reverse.back(pid)
         if back is None:
             return []
         prev = back[0]
@@ -269,7 +269,7 @@ class ForwardingRules(EngineState):
         next hop is left here (the route is repaired: keep using this relay), `no route` otherwise
         (it stops using this relay for the route). Reverse state stays: a late receipt still finds
         its way back. A slow neighbour whose grace ends unanswered is blamed, not reported (rare)."""
-        back = self._reverse.get(pid)
+        back = self._reverse.back(pid)
         if back is None:
             return []
         entry = self._routes.get(rid)
@@ -342,18 +342,18 @@ class ForwardingRules(EngineState):
             # the frame's own counter stops one short (the sender counts the link it sends on).
             self._trace(now, "push_received", msg=pid.hex(), route=rid.hex(), peer=peer, hops=msg.hops + 1,
                         ttl=msg.ttl)
-        if pid not in self._custody:  # a custodian keeps its own LOCAL reverse marker
+        if not self._custody.holds(pid):  # a custodian keeps its own LOCAL reverse marker
             # The carried registration (when it is the route's) says which receipt key the answer must
             # be signed with; it is checked only if a receipt comes back (rule F5).
             # Rule F6b: a later copy (another attempt, a ring copy) takes the reverse path only when it
             # came over fewer hops than the copy that set it (or that one's link is down): every
             # reverse pointer then leads to a relay with a smaller hop count, so reverse paths never
             # form a cycle for an answer to go round.
-            old = self._reverse.get(pid)
+            old = self._reverse.back(pid)
             if old is None or msg.hops < old[3] or old[0] not in self._active:
                 reg = msg.registration
-                if self._reverse.put(pid, (peer, now + cfg.reverse_ttl_s, reg if reg is not None and
-                                           reg.route_id == rid else None, msg.hops)):
+                if self._reverse.remember(pid, peer, now, reg if reg is not None and reg.route_id == rid else None,
+                                          msg.hops):
                     self._count("reverse_evicted")
             else:
                 self._count("reverse_kept")
@@ -579,7 +579,7 @@ class ForwardingRules(EngineState):
     def _report_repair_failed(self, pid: bytes, prev: str, rid: bytes, now: float) -> list[Effect]:
         """This relay's search for push pid (received from prev) found nothing: `repair failed` (F9: `dead
         end`) to prev, once per copy, unless the push was answered meanwhile."""
-        back = self._reverse.get(pid)
+        back = self._reverse.back(pid)
         if back is None or back[0] != prev or prev not in self._active:
             return []  # answered (a receipt took the reverse entry), or the way back is gone
         if not self._error_once(pid, now):
@@ -603,7 +603,7 @@ class ForwardingRules(EngineState):
         not tell a true notice from a black hole's excuse. The custodian takes its next step (C2) at
         once: the other route attempt (backups first) or the first ring, rather than after its retry
         period (C4), which on a long route is seconds."""
-        back = self._reverse.get(msg.push_id)
+        back = self._reverse.back(msg.push_id)
         if back is None:
             return []
         prev = back[0]
@@ -680,7 +680,7 @@ class ForwardingRules(EngineState):
         self._count_find(pid, 1, now)  # F8c: every find counts here, the word goes back once
         if not seen.mark_once(pid, Mark.FOUND_PASSED, now):
             return []
-        back = self._reverse.get(pid)
+        back = self._reverse.back(pid)
         if back is None or isinstance(back[0], ReverseMark) or back[0] == peer or back[0] not in self._active:
             return []
         if self._level:
@@ -702,7 +702,7 @@ class ForwardingRules(EngineState):
         copy = w[4] if w is not None and w[0] == peer else None  # the copy it answers (F6: awaited here)
         self._answered(peer, pid, now, reward=False)
         self._count("route_error_not_home")
-        back = self._reverse.get(pid)
+        back = self._reverse.back(pid)
         if back is None:
             return []
         prev = back[0]
@@ -753,7 +753,7 @@ class ForwardingRules(EngineState):
         if refuted < finds:
             return []
         seen = self._seen
-        back = self._reverse.get(pid)
+        back = self._reverse.back(pid)
         if back is None or isinstance(back[0], ReverseMark) or back[0] not in self._active:
             return []
         prev = back[0]
@@ -839,7 +839,7 @@ class ForwardingRules(EngineState):
 
     # Rule F7.
     def _learn_from_receipt(self, peer: str, msg: Receipt,
-                            back: tuple[str | ReverseMark, float, Registration | None, int], now: float) -> None:
+                            back: Back, now: float) -> None:
         """A receipt signed by the home came back through peer: peer reached the home for this push's
         route, so it becomes the route's primary next hop (a search that found the home after a
         route broke repairs the route for every later push, on every relay the receipt passes).
@@ -878,7 +878,7 @@ class ForwardingRules(EngineState):
 
     # Rules F1 (receipts travel back), F5 (signed receipts), S1 (an answer).
     def _on_receipt(self, peer: str, msg: Receipt, now: float) -> list[Effect]:
-        back = self._reverse.get(msg.push_id)
+        back = self._reverse.back(msg.push_id)
         forged = None if back is None else self._receipt_forged(msg, back[0], back[2])
         if forged:
             # Ignored (custody and reverse state stay for the real answer) and its sender scored down.
@@ -894,7 +894,7 @@ class ForwardingRules(EngineState):
         if back is None:
             self._count("receipt_orphan")
             return []
-        del self._reverse[msg.push_id]
+        self._reverse.forget(msg.push_id)
         prev = back[0]
         if prev is _LOCAL:
             return self._settle(msg.push_id, msg.status, msg.hops, now)
@@ -948,7 +948,7 @@ class ForwardingRules(EngineState):
 
     # Rule F5b (every relay on the way back).
     def _batch_forged(self, msg: ReceiptBatch,
-                      backs: list[tuple[str | ReverseMark, float, Registration | None, int] | None],
+                      backs: list[Back | None],
                       judged: set[bytes]) -> bool | None:
         """As _receipt_forged, once for a whole batch: True when the signature does not verify under the
         receipt key of the pushes' registration (or an item's push was of another route), False when
@@ -983,8 +983,7 @@ class ForwardingRules(EngineState):
         """A batch of the home's receipts: judged once (one signature), then each item as a receipt; the
         batch is passed on whole (its signature covers every item) to each relay an item's reverse path
         leads to. A batch that does not verify is ignored and its sender scored down once (one frame)."""
-        reverse = self._reverse
-        backs = [reverse.get(item[0]) for item in msg.items]
+        backs = self._reverse.backs([item[0] for item in msg.items])
         judged: set[bytes] = set()
         forged = self._batch_forged(msg, backs, judged)
         if forged:
@@ -1005,7 +1004,7 @@ class ForwardingRules(EngineState):
             if back is None:
                 self._count("receipt_orphan")
                 continue
-            del reverse[pid]
+            self._reverse.forget(pid)
             prev = back[0]
             if prev is _LOCAL:
                 out += self._settle(pid, status, hops, now)
@@ -1032,10 +1031,10 @@ class ForwardingRules(EngineState):
             if not self._answered(peer, msg.push_id, now, reward=False):
                 return self._find_refuted(peer, msg, now)  # F8c: a repair's find led back into the path?
             self._count("route_error_duplicate")
-            back = self._reverse.get(msg.push_id)
+            back = self._reverse.back(msg.push_id)
             if back is None or isinstance(back[0], ReverseMark) or back[0] not in self._active:
                 return []
-            del self._reverse[msg.push_id]
+            self._reverse.forget(msg.push_id)
             if self._level:
                 self._trace(now, "receipt_forwarded", msg=msg.push_id.hex(), peer=back[0], reason="duplicate",
                             count=1)
@@ -1054,7 +1053,7 @@ class ForwardingRules(EngineState):
         home_down = msg.reason == RouteErrorReason.HOME_UNREACHABLE
         # The reverse path stays (see _push_drop, _report_hole): a late receipt still gets back (a
         # search that went on after `no route` may still find the home: F4b, F7).
-        back = self._reverse.get(msg.push_id)
+        back = self._reverse.back(msg.push_id)
         if back is None:
             return []
         prev = back[0]

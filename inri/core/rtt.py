@@ -108,7 +108,7 @@ class RttRules(EngineState):
         stranded = self._await.awaited_from(peer, now)
         out: list[Effect] = []
         for pid, msg in stranded:
-            back = self._reverse.get(pid)
+            back = self._reverse.back(pid)
             prev = back[0] if back is not None and isinstance(back[0], str) else None
             nh = self._next_hop(msg.route_id, prev, alternate=(msg.attempt & 1) == 1)
             if nh is None:

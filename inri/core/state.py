@@ -12,13 +12,14 @@ import dataclasses
 import random
 from collections import deque
 from collections.abc import Callable
-from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 from inri.core.api import CustodyReleased, CustodyStatus, DisconnectReason, Effect, HomeStore, Send, Verifier
 from inri.core.awaited import AwaitedAnswers
 from inri.core.budget import TokenBucket
 from inri.core.config import EngineConfig
+from inri.core.kept import Custody, CustodyTable
+from inri.core.reverse import ReversePaths
 from inri.core.roundtrip import RttEstimator
 from inri.core.seen import SeenCache
 from inri.core.stemstate import StemState
@@ -42,15 +43,6 @@ if TYPE_CHECKING:  # tree.py builds on this module (Neighbour, make_send)
 MAX_CLOCK_SKEW_S = 300
 # How often the engine sweeps expired routes and seen/reverse entries.
 SWEEP_INTERVAL_S = 30.0
-
-
-class ReverseMark(Enum):
-    """Reverse-path entries that are not a previous hop (push id -> previous hop or one of these)."""
-
-    LOCAL = 1  # the push was injected here: this relay is its custodian
-    # Custody gave up: a receipt that still comes back (the last attempt got through late) corrects
-    # the final status instead of being lost.
-    LATE = 2
 
 
 RECEIPT_STATUS = {
@@ -228,29 +220,6 @@ class Neighbour:
         self.unresponsive_at = -float("inf")
 
 
-class Custody:
-    """A push this relay accepted from a home app, kept until its receipt returns (C1-C3)."""
-
-    __slots__ = ("push", "attempt", "ring_step", "deadline", "next_retry", "home_down", "routed", "ring_spent",
-                 "sent_to", "sent_at", "refused")
-
-    def __init__(self, push: Push, deadline: float) -> None:
-        self.push = push
-        self.attempt = 0
-        self.ring_step = 0
-        self.home_down = False  # a relay next to the home reported it unreachable
-        self.routed = False  # some attempt left along a cached route
-        self.ring_spent = 0  # worst-case ring messages of the rings sent so far (fallback_budget)
-        self.deadline = deadline
-        self.next_retry = 0.0
-        # Rule C7: the one next hop the last attempt went to (None: a ring or none), and when.
-        self.sent_to: str | None = None
-        self.sent_at = 0.0
-        # Rule F5c: a `not home` came back for it (its home holds no key of its registration; unsigned, so
-        # it settles the push only at the deadline, as `unknown_registration`).
-        self.refused = False
-
-
 class EngineState:
     """What every rule group sees: the engine's tables and helpers (filled by Engine.__init__)."""
 
@@ -270,10 +239,8 @@ class EngineState:
     _routes: RouteTable | CompactRouteTable
     _origin_bucket: dict[bytes, TokenBucket]
     _seen: SeenCache  # seen.py (F1, F6b, F8b, F8c, F10): copies handled here, notes per push
-    _reverse: BoundedMap[bytes, tuple[str | ReverseMark, float, Registration | None, int]]
-    _custody: dict[bytes, Custody]
-    _timers: list[tuple[float, int, bytes]]
-    _seq: int
+    _reverse: ReversePaths
+    _custody: CustodyTable
     _next_tick: float | None
     _next_sweep: float
     _next_exchange: float
