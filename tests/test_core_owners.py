@@ -27,15 +27,31 @@ from inri.core.reverse import ReversePaths
 from inri.core.roundtrip import RttEstimator
 from inri.core.seen import SeenCache
 from inri.core.stemstate import StemState
+from inri.core.tables import CompactRouteTable, RouteTable
 from inri.core.tree import TreeGossip
 
 ROOT = Path(__file__).resolve().parents[1]
 CORE = ROOT / "inri" / "core"
 
-# engine attribute -> the class that owns it (its fields are private to the class)
-OWNER_OBJECTS: dict[str, type] = {"_rtt": RttEstimator, "_seen": SeenCache, "_tree": TreeGossip,
-                                   "_await": AwaitedAnswers, "_stem": StemState,
-                                   "_custody": CustodyTable, "_reverse": ReversePaths}
+# engine attribute -> the class that owns it (its fields are private to the class), or the classes, one of
+# which it is (the route table: `[engine] route_table` chooses the dict or the compact one)
+OWNER_OBJECTS: dict[str, type | tuple[type, ...]] = {
+    "_rtt": RttEstimator, "_seen": SeenCache, "_tree": TreeGossip, "_await": AwaitedAnswers, "_stem": StemState,
+    "_routes": (RouteTable, CompactRouteTable), "_custody": CustodyTable, "_reverse": ReversePaths}
+
+
+def owner_classes() -> list[type]:
+    """Every class of OWNER_OBJECTS."""
+    return [c for v in OWNER_OBJECTS.values() for c in (v if isinstance(v, tuple) else (v,))]
+
+
+def private_fields() -> dict[str, str]:
+    """Owner objects' fields -> the classes that have one of that name ("A or B")."""
+    names: dict[str, set[str]] = {}
+    for cls in owner_classes():
+        for f in cls.__slots__:
+            names.setdefault(f, set()).add(cls.__name__)
+    return {f: " or ".join(sorted(c)) for f, c in names.items()}
 
 # engine attribute -> the only module (inri/core/<name>.py) whose code reads or writes it
 OWNED: dict[str, str] = {
@@ -69,7 +85,7 @@ CONTEXT = frozenset({"relay_id", "config", "wall_offset", "_verifier", "_home", 
 
 # Still read or written by several modules: the work left (docs/architecture.md says which groups).
 SHARED = frozenset({
-    "_active", "_passive", "_connecting", "_lost", "_routes", "_origin_bucket", "_next_tick",
+    "_active", "_passive", "_connecting", "_lost", "_origin_bucket", "_next_tick",
     "_next_sweep", "_next_exchange", "_banned", "_probation", "_heard_any", "_homed", "_deep", "_announce",
     "_down_since", "_sync_until", "_sync_asked", "_sync_served", "_sync_out", "_provisional",
 })
@@ -108,10 +124,10 @@ def cross_owner_accesses(module: str, source: str) -> list[str]:
     tree = ast.parse(source)
     skip = _init_nodes(tree)
     elsewhere = _outside_rule_groups(tree)
-    owners = {cls.__name__ for cls in OWNER_OBJECTS.values()}
+    owners = {cls.__name__ for cls in owner_classes()}
     # inside an owner object's class, self is that object, not the engine
     in_owner = {id(n) for c in ast.walk(tree) if isinstance(c, ast.ClassDef) and c.name in owners for n in ast.walk(c)}
-    private = {f: cls for cls in OWNER_OBJECTS.values() for f in cls.__slots__}
+    private = private_fields()
     found = []
     for n in ast.walk(tree):
         if not isinstance(n, ast.Attribute) or id(n) in skip:
@@ -122,7 +138,7 @@ def cross_owner_accesses(module: str, source: str) -> list[str]:
             found.append(f"{module}:{n.lineno} {n.attr} (owned by {owner}.py)")
         cls = private.get(n.attr)
         if cls is not None and not on_self:  # an owner's own methods reach its fields through self only
-            found.append(f"{module}:{n.lineno} {n.attr} (a field of {cls.__name__})")
+            found.append(f"{module}:{n.lineno} {n.attr} (a field of {cls})")
     return sorted(set(found))
 
 
@@ -181,7 +197,7 @@ def test_no_rule_group_touches_another_owners_state() -> None:
 
 def test_owner_fields_are_private_outside_the_core_too() -> None:
     """Tests, the simulator and benchmarks use owner objects through their methods as well."""
-    private = {f: cls for cls in OWNER_OBJECTS.values() for f in cls.__slots__}
+    private = private_fields()
     found = []
     for folder in ("simulations", "benchmarks", "tests", "inri/node"):
         for path in sorted((ROOT / folder).rglob("*.py")):
@@ -195,10 +211,14 @@ def test_owner_fields_are_private_outside_the_core_too() -> None:
 def test_the_check_sees_a_cross_owner_access() -> None:
     """The checker itself: a rule group reading another group's table, or an owner object's field, is found."""
     forwarding = ("class ForwardingRules:\n    def f(self):\n"
-                  "        return self._steer, self._blamed, self._rtt._srtt, self._tree._missing\n")
+                  "        return self._steer, self._blamed, self._rtt._srtt, self._tree._missing\n"
+                  "    def g(self):\n"
+                  "        return self._routes._expire_from, self._routes._peer_ix, self._routes.get(b'')\n")
     assert cross_owner_accesses("forwarding", forwarding) == [
         "forwarding:3 _blamed (owned by scoring.py)", "forwarding:3 _missing (a field of TreeGossip)",
-        "forwarding:3 _srtt (a field of RttEstimator)"]
+        "forwarding:3 _srtt (a field of RttEstimator)",
+        "forwarding:5 _expire_from (a field of CompactRouteTable or RouteTable)",
+        "forwarding:5 _peer_ix (a field of CompactRouteTable)"]
     init = "class Engine:\n    def __init__(self):\n        self._blamed = {}\n"
     assert cross_owner_accesses("engine", init) == []
     # a class that is not a rule group has fields of its own
@@ -207,7 +227,7 @@ def test_the_check_sees_a_cross_owner_access() -> None:
 
 def test_owner_objects_have_slots_only() -> None:
     """An owner object's state is its __slots__ (no __dict__ to grow an attribute elsewhere)."""
-    for cls in OWNER_OBJECTS.values():
+    for cls in owner_classes():
         assert "__dict__" not in dir(cls), cls
         assert all(f.startswith("_") for f in cls.__slots__), cls
 

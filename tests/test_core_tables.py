@@ -67,12 +67,33 @@ def test_route_table_entries() -> None:
     e = r[b"x"]
     assert r.vector(e) == [("a", 3), ("b", 2)] and not r.has_room(e, 2) and r.claims(e, "b")
     r.originate(b"h", 1, 10.0)
-    assert r.primary(r[b"h"]) is None and r.routed_count() == 1 and r.expire_from == 10.0
+    assert r.primary(r[b"h"]) is None and r.routed_count() == 1 and r.earliest_expiry() == 10.0
     assert r.purge("a") == 1 and r.vector(r[b"x"]) == [("b", 2)] and r.distance(r[b"x"]) == 2
     r.drop_next_hop(b"x", r[b"x"], "b")
     assert r.next_hops(r[b"x"]) == () and r.distance(r[b"x"]) == 2
-    assert r.expire(20.0) == [b"h"] and r.expire_from == 50.0
+    assert r.expire(20.0) == [b"h"] and r.earliest_expiry() == 50.0
     assert r.evict_first_expiring() == b"x" and not r
+
+
+@pytest.mark.parametrize("cls", [RouteTable, CompactRouteTable])
+def test_route_table_reorders_next_hops_and_sweeps_once_due(cls: Table) -> None:
+    """demote and lead rewrite an entry inside the table (F6, F7, G9); sweep removes nothing, and reads
+    nothing, before the earliest expiry, then what expire removes."""
+    r = cls()
+    r.set_first(b"x" * 16, 1, 50.0, "a", 3)
+    r.add_backup(b"x" * 16, r[b"x" * 16], "b", 2)
+    r.demote(b"x" * 16, r[b"x" * 16], "a")
+    assert r.vector(r[b"x" * 16]) == [("b", 2), ("a", 3)] and r.distance(r[b"x" * 16]) == 3
+    r.lead(b"x" * 16, r[b"x" * 16], "c", 1, 2)  # a new primary; past route_k the last next hop goes
+    assert r.vector(r[b"x" * 16]) == [("c", 1), ("b", 2)] and r.distance(r[b"x" * 16]) == 1
+    r.lead(b"x" * 16, r[b"x" * 16], "b", 4, 2)  # a backup moved up; the feasibility distance stays
+    assert r.vector(r[b"x" * 16]) == [("b", 4), ("c", 1)] and r.distance(r[b"x" * 16]) == 1
+    r.originate(b"h" * 16, 1, 10.0)
+    r.pop(b"h" * 16)  # the bound stays at 10 (a lower bound): sweep looks, finds nothing, makes it exact
+    assert r.sweep(9.0) == [] and r.earliest_expiry() == 10.0
+    assert r.sweep(10.0) == [] and r.earliest_expiry() == 50.0
+    assert r.sweep(49.0) == [] and r.earliest_expiry() == 50.0 and len(r) == 1
+    assert r.sweep(50.0) == [b"x" * 16] and not r and r.earliest_expiry() == float("inf")
 
 
 def test_route_table_arrival_classifies_like_the_entry_readers() -> None:
@@ -150,7 +171,7 @@ def _model_table(seed: int, slots: int, ops: int, cls: Table = CompactRouteTable
             for r in gone:
                 del model[r]
             assert table.expire(now) == gone
-            assert table.expire_from == min((e[1] for e in model.values()), default=float("inf"))
+            assert table.earliest_expiry() == min((e[1] for e in model.values()), default=float("inf"))
         elif op == 9 and rng.random() < 0.05 and model:
             victim = min(model, key=lambda r: model[r][1])
             del model[victim]

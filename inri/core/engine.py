@@ -347,8 +347,7 @@ class Engine(MembershipRules, GossipRules, StemRules, SyncRules, ForwardingRules
         return out
 
     def _sweep(self, now: float) -> None:
-        if now >= self._routes.expire_from:
-            self._sweep_routes(now)
+        self._sweep_routes(now)  # gossip.py (G2): nothing to do until the table's earliest expiry
         self._seen.sweep(now)
         self._reverse.sweep(now)
         self._sweep_scores(now)  # scoring.py

@@ -226,7 +226,7 @@ class ForwardingRules(EngineState):
                 self._hole_suspects.put((nh, rid), now)
                 entry = self._routes.get(rid)
                 if entry is not None and RouteTable.claims(entry, nh) and len(RouteTable.next_hops(entry)) > 1:
-                    self._routes[rid] = RouteTable.demote(entry, nh)
+                    self._routes.demote(rid, entry, nh)
                 self._count("hole_suspected")
                 continue
             out += self._report_hole(pid, nh, now, rid)
@@ -274,7 +274,7 @@ class ForwardingRules(EngineState):
             return []
         entry = self._routes.get(rid)
         if entry is not None and RouteTable.claims(entry, nh) and len(RouteTable.next_hops(entry)) > 1:
-            self._routes[rid] = RouteTable.demote(entry, nh)
+            self._routes.demote(rid, entry, nh)
         prev = back[0]
         if isinstance(prev, ReverseMark) or prev not in self._active:
             return []
@@ -871,7 +871,7 @@ class ForwardingRules(EngineState):
         elif RouteTable.primary(entry) == peer or RouteTable.distance(entry) == 0:
             return
         else:
-            self._routes[rid] = RouteTable.lead(entry, peer, hops, self.config.route_k)
+            self._routes.lead(rid, entry, peer, hops, self.config.route_k)
         self._count("route_learnt_receipt")
         if self._level >= _FULL:
             self._trace(now, "route_learnt", route=rid.hex(), peer=peer, hops=hops)
@@ -1072,7 +1072,7 @@ class ForwardingRules(EngineState):
             elif len(RouteTable.next_hops(entry)) > 1:
                 # F6: behind `next hop down` the route was repaired, but it just lost a push: a backup
                 # goes first (a hostile relay that answers it for every push it swallows ends last).
-                self._routes[msg.route_id] = RouteTable.demote(entry, peer)
+                self._routes.demote(msg.route_id, entry, peer)
         if prev is _LOCAL:
             c = self._custody.get(msg.push_id)
             if c is None:

@@ -331,7 +331,7 @@ class GossipRules(EngineState):
 
     # Rules G2 (routes live as long as their registration).
     def _sweep_routes(self, now: float) -> None:
-        for r in self._routes.expire(now):
+        for r in self._routes.sweep(now):
             self._origin_bucket.pop(r, None)
             self._stem.release(r)
             if self._stem.repairable():  # G10 state of a route gone

@@ -236,7 +236,7 @@ class EngineState:
     _passive: dict[str, str]
     _connecting: dict[str, float]
     _lost: dict[str, list[Any]]
-    _routes: RouteTable | CompactRouteTable
+    _routes: RouteTable | CompactRouteTable  # tables.py (G2, G3, F7): the route table and its expiry
     _origin_bucket: dict[bytes, TokenBucket]
     _seen: SeenCache  # seen.py (F1, F6b, F8b, F8c, F10): copies handled here, notes per push
     _reverse: ReversePaths

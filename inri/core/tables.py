@@ -12,7 +12,7 @@ import heapq
 import struct
 from collections.abc import Callable, Iterator
 from enum import Enum
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from inri.protocol import limits
 
@@ -109,7 +109,9 @@ def _body_struct(slots: int) -> struct.Struct:
 
 
 class EntryReaders:
-    """The readers of a route entry (a flat tuple), shared by both route tables."""
+    """What both route tables share: the readers of a route entry (a flat tuple), the changes that
+    rewrite an entry (`demote`, `lead`) and the sweep of expired routes (`sweep`). Rule groups change
+    the table through these and the changing methods of each table, never an entry by hand."""
 
     __slots__ = ()
 
@@ -159,23 +161,6 @@ class EntryReaders:
         return int(entry[-1]) if len(entry) > _FIRST_HOP else 0
 
     @staticmethod
-    def demote(entry: RouteEntry, peer: str) -> RouteEntry:
-        """The entry with peer moved to the end of the next hops (tried last)."""
-        i = _FIRST_HOP + 2 * entry[_FIRST_HOP::2].index(peer)
-        return entry[:i] + entry[i + 2:] + entry[i:i + 2]
-
-    @staticmethod
-    def lead(entry: RouteEntry, peer: str, hops: int, route_k: int) -> RouteEntry:
-        """The entry with peer as its primary next hop at distance hops (moved up if it was a backup;
-        the last next hop dropped past route_k), the feasibility distance lowered to hops if larger."""
-        rest = list(entry[_FIRST_HOP:])
-        if peer in rest:
-            i = rest.index(peer)
-            del rest[i:i + 2]
-        rest = [peer, hops, *rest][:2 * max(route_k, 1)]
-        return (entry[0], entry[1], min(entry[2], hops), *rest)
-
-    @staticmethod
     def has_room(entry: RouteEntry, route_k: int) -> bool:
         """Fewer than route_k next hops."""
         return len(entry) < _FIRST_HOP + 2 * route_k
@@ -194,7 +179,35 @@ class EntryReaders:
             return _FEASIBLE
         return _DUPLICATE
 
-    # -- storage ------------------------------------------------------------------------------------
+    # -- changing an entry (both tables store it through their own __setitem__) --------------------
+
+    if TYPE_CHECKING:  # each table's own (RouteTable: dict's)
+        _expire_from: float
+
+        def __setitem__(self, rid: bytes, entry: RouteEntry) -> None: ...
+        def expire(self, now: float) -> list[bytes]: ...
+
+    def demote(self, rid: bytes, entry: RouteEntry, peer: str) -> None:
+        """Move peer to the end of rid's next hops (tried last); entry is rid's entry as read."""
+        self[rid] = _demoted(entry, peer)
+
+    def lead(self, rid: bytes, entry: RouteEntry, peer: str, hops: int, route_k: int) -> None:
+        """Make peer rid's primary next hop at distance hops (moved up if it was a backup; the last next
+        hop dropped past route_k), the feasibility distance lowered to hops if larger; entry is rid's
+        entry as read."""
+        self[rid] = _led(entry, peer, hops, route_k)
+
+    # -- expiry -------------------------------------------------------------------------------------
+
+    def earliest_expiry(self) -> float:
+        """No route expires before this (a lower bound: removals do not raise it; `expire` makes it exact)."""
+        return self._expire_from
+
+    def sweep(self, now: float) -> list[bytes]:
+        """`expire`, skipped (nothing to remove) until the earliest expiry: what the engine's sweep calls."""
+        if now < self._expire_from:
+            return []
+        return self.expire(now)
 
 
 class RouteTable(EntryReaders, dict[bytes, RouteEntry]):
@@ -205,17 +218,18 @@ class RouteTable(EntryReaders, dict[bytes, RouteEntry]):
     Reading an entry: `epoch`, `expires`, `distance` (feasibility distance), `next_hops`, `vector`,
     `primary`, `claims` (peer is one of its next hops), `has_room`, and for the gossip hot path
     `arrival` (all of these at once); by route id: `next_hops_of`. Changing the table: `originate`,
-    `set_first`, `add_backup`, `drop_next_hop`, `purge`, `expire`, `evict_first_expiring`.
+    `set_first`, `add_backup`, `drop_next_hop`, `demote`, `lead`, `purge`, `sweep` (`expire` once due),
+    `evict_first_expiring`.
 
     The readers run per frame: they return entry items as they are (annotated locals, no int()/float()
     conversions: the items already have those types) and the hot paths get one call per frame.
     """
 
-    __slots__ = ("expire_from",)
+    __slots__ = ("_expire_from",)
 
     def __init__(self) -> None:
         super().__init__()
-        self.expire_from = float("inf")  # no route expires before this
+        self._expire_from = float("inf")  # no route expires before this
 
     def next_hops_of(self, rid: bytes) -> tuple[str, ...]:
         """Next hops of rid, primary first (none: the route id is unknown, or this is its home)."""
@@ -225,8 +239,8 @@ class RouteTable(EntryReaders, dict[bytes, RouteEntry]):
     # -- changing the table -------------------------------------------------------------------------
 
     def _expiring(self, expires: float) -> None:
-        if expires < self.expire_from:
-            self.expire_from = expires
+        if expires < self._expire_from:
+            self._expire_from = expires
 
     def originate(self, rid: bytes, epoch: int, expires: float) -> None:
         """This relay is the route's home: distance 0, no next hop."""
@@ -236,8 +250,8 @@ class RouteTable(EntryReaders, dict[bytes, RouteEntry]):
     def set_first(self, rid: bytes, epoch: int, expires: float, peer: str, hops: int) -> None:
         """First arrival of (route id, epoch): one next hop, whose distance is the feasibility distance."""
         self[rid] = (epoch, expires, hops, peer, hops)
-        if expires < self.expire_from:  # as _expiring, inline: once per new (route, epoch)
-            self.expire_from = expires
+        if expires < self._expire_from:  # as _expiring, inline: once per new (route, epoch)
+            self._expire_from = expires
 
     def add_backup(self, rid: bytes, entry: RouteEntry, peer: str, hops: int) -> None:
         """Append a backup next hop to rid's current entry."""
@@ -265,7 +279,7 @@ class RouteTable(EntryReaders, dict[bytes, RouteEntry]):
     def expire(self, now: float) -> list[bytes]:
         """Remove the routes expired at now; returns their ids."""
         expired = [r for r, e in self.items() if e[1] <= now]
-        self.expire_from = min((e[1] for e in self.values() if e[1] > now), default=float("inf"))
+        self._expire_from = min((e[1] for e in self.values() if e[1] > now), default=float("inf"))
         for r in expired:
             del self[r]
         return expired
@@ -314,11 +328,11 @@ class CompactRouteTable(EntryReaders):
     plain dict beside the buckets.
     """
 
-    __slots__ = ("expire_from", "_b", "_mask", "_n", "_seq", "_slots", "_stride", "_seq_at", "_unpack",
+    __slots__ = ("_expire_from", "_b", "_mask", "_n", "_seq", "_slots", "_stride", "_seq_at", "_unpack",
                  "_pack_into", "_pack_seq", "_pad", "_peers", "_peer_ix", "_other", "_whole")
 
     def __init__(self) -> None:
-        self.expire_from = float("inf")  # no route expires before this
+        self._expire_from = float("inf")  # no route expires before this
         # bucket number (hash & mask) -> its records; _EMPTY (shared) until a route lands in it
         self._b: list[bytes | bytearray] = [_EMPTY] * _MIN_BUCKETS
         self._mask = _MIN_BUCKETS - 1
@@ -544,8 +558,8 @@ class CompactRouteTable(EntryReaders):
     # -- changing the table -------------------------------------------------------------------------
 
     def _expiring(self, expires: float) -> None:
-        if expires < self.expire_from:
-            self.expire_from = expires
+        if expires < self._expire_from:
+            self._expire_from = expires
 
     def originate(self, rid: bytes, epoch: int, expires: float) -> None:
         """This relay is the route's home: distance 0, no next hop."""
@@ -554,8 +568,8 @@ class CompactRouteTable(EntryReaders):
 
     def set_first(self, rid: bytes, epoch: int, expires: float, peer: str, hops: int) -> None:
         """First arrival of (route id, epoch): one next hop, whose distance is the feasibility distance."""
-        if expires < self.expire_from:  # as _expiring, inline: once per new (route, epoch)
-            self.expire_from = expires
+        if expires < self._expire_from:  # as _expiring, inline: once per new (route, epoch)
+            self._expire_from = expires
         if len(rid) != _KEY:
             self._put(rid, (epoch, expires, hops, peer, hops))
             return
@@ -635,7 +649,7 @@ class CompactRouteTable(EntryReaders):
         gone.sort()
         for _, rid in gone:
             self.pop(rid)
-        self.expire_from = nxt
+        self._expire_from = nxt
         return [rid for _, rid in gone]
 
     def evict_first_expiring(self) -> bytes:
@@ -718,6 +732,22 @@ class CompactRouteTable(EntryReaders):
                 out = []
         if out:
             yield out
+
+
+def _demoted(entry: RouteEntry, peer: str) -> RouteEntry:
+    """entry with peer moved to the end of the next hops."""
+    i = _FIRST_HOP + 2 * entry[_FIRST_HOP::2].index(peer)
+    return entry[:i] + entry[i + 2:] + entry[i:i + 2]
+
+
+def _led(entry: RouteEntry, peer: str, hops: int, route_k: int) -> RouteEntry:
+    """entry with peer as its primary next hop at distance hops (EntryReaders.lead)."""
+    rest = list(entry[_FIRST_HOP:])
+    if peer in rest:
+        i = rest.index(peer)
+        del rest[i:i + 2]
+    rest = [peer, hops, *rest][:2 * max(route_k, 1)]
+    return (entry[0], entry[1], min(entry[2], hops), *rest)
 
 
 def _expiry_of(item: tuple[bytes, RouteEntry]) -> float:

@@ -335,7 +335,7 @@ class TreeGossip:
         elif hops >= RouteTable.distance(entry):  # not feasible (G3): no next hop at all
             return False
         else:
-            self._routes[rid] = RouteTable.lead(entry, peer, hops + 1, self._cfg.route_k)
+            self._routes.lead(rid, entry, peer, hops + 1, self._cfg.route_k)
             self._vtime[rid] = (epoch, at)
             self._count("tree_primary_earlier")
             if self._level >= _FULL:
