@@ -22,6 +22,8 @@ from pathlib import Path
 
 from inri.core.awaited import AwaitedAnswers
 from inri.core.engine import Engine
+from inri.core.floodstate import FloodState
+from inri.core.homed import HomedRoutes
 from inri.core.kept import CustodyTable
 from inri.core.reverse import ReversePaths
 from inri.core.roundtrip import RttEstimator
@@ -37,7 +39,8 @@ CORE = ROOT / "inri" / "core"
 # which it is (the route table: `[engine] route_table` chooses the dict or the compact one)
 OWNER_OBJECTS: dict[str, type | tuple[type, ...]] = {
     "_rtt": RttEstimator, "_seen": SeenCache, "_tree": TreeGossip, "_await": AwaitedAnswers, "_stem": StemState,
-    "_routes": (RouteTable, CompactRouteTable), "_custody": CustodyTable, "_reverse": ReversePaths}
+    "_routes": (RouteTable, CompactRouteTable), "_custody": CustodyTable, "_reverse": ReversePaths,
+    "_homed": HomedRoutes, "_flood": FloodState}
 
 
 def owner_classes() -> list[type]:
@@ -85,9 +88,9 @@ CONTEXT = frozenset({"relay_id", "config", "wall_offset", "_verifier", "_home", 
 
 # Still read or written by several modules: the work left (docs/architecture.md says which groups).
 SHARED = frozenset({
-    "_active", "_passive", "_connecting", "_lost", "_origin_bucket", "_next_tick",
-    "_next_sweep", "_next_exchange", "_banned", "_probation", "_heard_any", "_homed", "_deep", "_announce",
-    "_down_since", "_sync_until", "_sync_asked", "_sync_served", "_sync_out", "_provisional",
+    "_active", "_passive", "_connecting", "_lost", "_next_tick", "_next_sweep", "_next_exchange", "_banned",
+    "_probation", "_heard_any", "_down_since", "_sync_until", "_sync_asked", "_sync_served", "_sync_out",
+    "_provisional",
 })
 
 

@@ -21,11 +21,12 @@ from typing import Any, assert_never
 
 from inri.core.api import Disconnect, DisconnectReason, Effect, HomeStore, Send, Tracer, Verifier
 from inri.core.awaited import AwaitedAnswers
-from inri.core.budget import TokenBucket
 from inri.core.config import EngineConfig
 from inri.core.custody import CustodyRules
+from inri.core.floodstate import FloodState
 from inri.core.forwarding import ForwardingRules
 from inri.core.gossip import ANNOUNCE_SHARE, GossipRules
+from inri.core.homed import HomedRoutes
 from inri.core.kept import CustodyTable
 from inri.core.membership import MembershipRules
 from inri.core.reverse import ReversePaths
@@ -54,7 +55,6 @@ from inri.protocol.messages import (
     RegAnnounce,
     RegGossip,
     RegGraft,
-    Registration,
     RouteError,
     RouteSync,
     StemRepair,
@@ -62,7 +62,6 @@ from inri.protocol.messages import (
 
 __all__ = ["HOOKS", "Engine", "readdress"]
 
-DEEP_MAX = 65536  # G3b entries kept (oldest evicted): only far-travelled (route, epoch)s are entered
 
 # The extension point for hostile relays (simulations/adversary.py): the methods a subclass may
 # override to change one behaviour, with what each receives. Renaming one breaks
@@ -109,7 +108,7 @@ class Engine(MembershipRules, GossipRules, StemRules, SyncRules, ForwardingRules
         # view is below active_max, so a mesh torn by a partition or a crash knits itself back.
         self._lost: dict[str, list[Any]] = {}  # node id -> [addr, retry_at, failures]
         self._routes = CompactRouteTable() if config.route_table == "compact" else RouteTable()
-        self._origin_bucket: dict[bytes, TokenBucket] = {}  # route id -> refresh budget (rule G4)
+        self._flood = FloodState()  # floodstate.py (G3b, G4): refresh budgets, far-travelled first copies
         self._seen = SeenCache(config.push_seen_max, config.seen_ttl_s, config.reverse_ttl_s)  # seen.py (F1)
         self._reverse = ReversePaths(config.reverse_max, config.reverse_ttl_s)  # F4, F6b (reverse.py)
         self._custody = CustodyTable()  # C1-C3, C7 (kept.py)
@@ -166,16 +165,13 @@ class Engine(MembershipRules, GossipRules, StemRules, SyncRules, ForwardingRules
         # Stem phase (stem.py): the key is drawn only with the stem on, so a stem-off run's random
         # stream (and simulator trace) is unchanged.
         self._stem_key = rng.randbytes(32) if config.stem else b""
-        self._homed: dict[bytes, Registration] = {}  # registrations homed here (announced on link up)
-        # G3b: (route id, epoch) whose first copy spent more than half its TTL here -> fewest hops forwarded.
-        self._deep: BoundedMap[tuple[bytes, int], int] = BoundedMap(DEEP_MAX)
+        self._homed = HomedRoutes()  # homed.py (G5): registrations homed here, link-up announcements queued
         # The stem's routes, embargoes, generations and successors (stemstate.py: G5, G7, G8, G10); stem
         # repair (stem.py, G10): empty unless a stem broke (or stem is off).
         self._stem = StemState()
         self._restem_due: dict[bytes, float] = {}
         self._repair_asked: dict[bytes, tuple[int, int, float]] = {}
         self._repair_due: dict[bytes, tuple[float, int]] = {}
-        self._announce: dict[str, list[bytes]] = {}  # neighbour -> homed route ids still to announce
         self._down_since: dict[str, float] = {}  # former neighbour -> when its link went down
         # Tree gossip (tree.py, rule G9); the tables stay empty with gossip_scheme "flood".
         self._tree_on = config.gossip_scheme == "tree"
@@ -301,7 +297,7 @@ class Engine(MembershipRules, GossipRules, StemRules, SyncRules, ForwardingRules
         interval = cfg.keepalive_interval_s
         dead_after = interval * cfg.keepalive_misses
         out += self._grace_expired(now)  # S1 (scoring.py)
-        for p in list(self._announce):  # link-up announcements left over from peer_up (rule G5)
+        for p in self._homed.waiting():  # link-up announcements left over from peer_up (rule G5)
             out += self._announce_homed(p, now, ANNOUNCE_SHARE * cfg.reg_budget_per_peer_per_s * interval)
         for p in list(self._sync_out):  # routes still to send to a neighbour that asked (rule G11)
             out += self._sync_send(p, now)

@@ -13,7 +13,6 @@ from inri.core.api import (
     Send,
     TraceLevel,
 )
-from inri.core.budget import TokenBucket
 from inri.core.state import (
     MAX_CLOCK_SKEW_S,
     EngineState,
@@ -86,9 +85,7 @@ class GossipRules(EngineState):
             self._count("reg_local_stale")
             return []
         self._routes.originate(rid, registration.epoch, self._local_expiry(registration.expires_at))
-        homed = self._homed.get(rid)
-        if homed is None or registration.epoch >= homed.epoch:
-            self._homed[rid] = registration  # announced to every neighbour whose link comes up later (G5)
+        self._homed.keep(registration)  # announced to every neighbour whose link comes up later (G5)
         if self.config.stem:  # G6: a stem before the flood (stem.py); G5 then announces with stem frames
             return self._stem_register(registration, now, restart)
         out: list[Effect] = []
@@ -109,8 +106,8 @@ class GossipRules(EngineState):
     def unregister(self, route_id: bytes, now: float) -> list[Effect]:
         """A device homed here unregistered: forget its route here (elsewhere it expires by TTL)."""
         self._routes.pop(route_id, None)
-        self._origin_bucket.pop(route_id, None)
-        self._homed.pop(route_id, None)
+        self._flood.forget(route_id)
+        self._homed.forget(route_id)
         self._forget_generation(route_id)
         return []
 
@@ -122,17 +119,19 @@ class GossipRules(EngineState):
         nothing, so a restarted home costs one frame per registration and link, and no relay further
         away sees a (route, epoch) again that it already had (which it would count as a replay).
         """
-        queue = self._announce.get(peer)
+        homed = self._homed
         st = self._active.get(peer)
-        if queue is None or st is None:
-            self._announce.pop(peer, None)
+        if st is None or not homed.queued(peer):
+            homed.drop_peer(peer)
             return []
         out: list[Effect] = []
         n = max(1, int(budget))
         stem = self.config.stem
-        while queue and n:
-            rid = queue.pop()
-            reg = self._homed.get(rid)
+        while n:
+            rid = homed.next_for(peer)  # a queue left empty goes
+            if rid is None:
+                break
+            reg = homed.get(rid)
             if stem:  # as a stem frame, from the home and from every stem relay alike (stem.py)
                 frame = self._stem_announcement(rid, reg, now)
                 if frame is not None:
@@ -144,8 +143,6 @@ class GossipRules(EngineState):
             elif reg is not None and reg.expires_at > now + self.wall_offset:
                 out.append(Send(peer, RegGossip(reg, 1, 0)))
                 n -= 1
-        if not queue:
-            del self._announce[peer]
         if out:
             st.last_sent = now
             self._count("reg_announced", len(out))
@@ -192,7 +189,7 @@ class GossipRules(EngineState):
                     return self._reforward(peer, msg, now)
                 if self._tree_on and self._tree.earlier(peer, msg, entry, now):  # G9: a faster path
                     return []
-                if self._deep and (rid, epoch) in self._deep:  # G3b: a copy with more TTL left
+                if self._flood.is_deep(rid, epoch):  # G3b: a copy with more TTL left
                     again = self._reforward(peer, msg, now)
                     if arrival is _FEASIBLE:
                         again += self._add_backup(peer, msg, entry, rid, now)
@@ -224,10 +221,7 @@ class GossipRules(EngineState):
         if msg.generation and not self._generation_valid(msg):  # G10: only the home issues generations
             return self._drop_reg(now, reg, peer, "bad_signature", cfg.score_bad_signature)
         if entry is not None:  # a refresh (newer epoch) of a known route id: per-origin budget
-            bucket = self._origin_bucket.get(rid)
-            if bucket is None:
-                bucket = self._origin_bucket[rid] = TokenBucket(float(cfg.reg_budget_burst), now)
-            if not bucket.take(now, cfg.reg_budget_per_origin_per_s, cfg.reg_budget_burst):
+            if not self._flood.refresh_allowed(rid, now, cfg.reg_budget_per_origin_per_s, cfg.reg_budget_burst):
                 return self._drop_reg(now, reg, peer, "budget_origin")
         elif len(routes) >= cfg.route_max:
             self._evict_route(now)
@@ -243,7 +237,7 @@ class GossipRules(EngineState):
         out: list[Effect] = []
         ttl = msg.ttl - 1
         if hops > ttl:  # G3b: this copy spent more TTL than it has left; a later, shorter one goes on too
-            self._deep.put((rid, epoch), hops)
+            self._flood.went_deep(rid, epoch, hops)
         if self._tree_on:  # G9 (tree.py)
             out = self._tree.first(reg, ttl, hops, peer, now - msg.lag_ms / 1000.0 if msg.lag_ms else now, now,
                                    cfg.forward_jitter_s)
@@ -283,13 +277,10 @@ class GossipRules(EngineState):
         the hop budget of relays a shorter path reaches (docs/protocol.md, "TTLs"). Each relay does this
         at most once per hop saved, only for the few (route, epoch)s whose first copy came a long way."""
         reg = msg.registration
-        key = (reg.route_id, reg.epoch)
         hops = msg.hops + 1
         ttl = msg.ttl - 1
-        best = self._deep.get(key)
-        if best is None or hops >= best or ttl <= 0:
+        if ttl <= 0 or not self._flood.shorter(reg.route_id, reg.epoch, hops):
             return []
-        self._deep.put(key, hops)
         self._count("reg_reforwarded")
         fwd = RegGossip(reg, ttl, hops, False, msg.generation, msg.generation_sig)
         jitter = self.config.forward_jitter_s
@@ -332,7 +323,7 @@ class GossipRules(EngineState):
     # Rules G2 (routes live as long as their registration).
     def _sweep_routes(self, now: float) -> None:
         for r in self._routes.sweep(now):
-            self._origin_bucket.pop(r, None)
+            self._flood.forget(r)
             self._stem.release(r)
             if self._stem.repairable():  # G10 state of a route gone
                 self._forget_generation(r)

@@ -213,9 +213,9 @@ class MembershipRules(EngineState):
         self._active[peer] = Neighbour(addr, outbound, now, self.config.reg_budget_peer_burst,
                                    self.config.push_budget_peer_burst)
         self._down_since.pop(peer, None)
-        if self._homed or self._stem.holds_any():  # rule G5: a new neighbour learns the routes homed here (paced:
+        if self._homed.any() or self._stem.holds_any():  # rule G5: a new neighbour learns the routes homed here (paced:
             # the rest on ticks); with the stem on, stem relays announce the stem routes they hold too
-            self._announce[peer] = [*self._homed, *self._stem.held_ids()]
+            self._homed.queue(peer, self._stem.held_ids())
             out += self._announce_homed(peer, now, ANNOUNCE_SHARE * self.config.reg_budget_peer_burst)
         self._arm_tick(now)
         if self._level:
@@ -239,7 +239,7 @@ class MembershipRules(EngineState):
                 del full[next(iter(full))]
         if state is None:
             return self._refill(now)
-        self._announce.pop(peer, None)
+        self._homed.drop_peer(peer)
         self._sync_asked.discard(peer)  # G11: a RouteSync on a later link is taken only if asked there,
         self._sync_served.discard(peer)  # and a request on it is answered again
         self._sync_out.pop(peer, None)

@@ -18,6 +18,8 @@ from inri.core.api import CustodyReleased, CustodyStatus, DisconnectReason, Effe
 from inri.core.awaited import AwaitedAnswers
 from inri.core.budget import TokenBucket
 from inri.core.config import EngineConfig
+from inri.core.floodstate import FloodState
+from inri.core.homed import HomedRoutes
 from inri.core.kept import Custody, CustodyTable
 from inri.core.reverse import ReversePaths
 from inri.core.roundtrip import RttEstimator
@@ -237,7 +239,7 @@ class EngineState:
     _connecting: dict[str, float]
     _lost: dict[str, list[Any]]
     _routes: RouteTable | CompactRouteTable  # tables.py (G2, G3, F7): the route table and its expiry
-    _origin_bucket: dict[bytes, TokenBucket]
+    _flood: FloodState  # floodstate.py (G3b, G4): refresh budgets per route id, far-travelled first copies
     _seen: SeenCache  # seen.py (F1, F6b, F8b, F8c, F10): copies handled here, notes per push
     _reverse: ReversePaths
     _custody: CustodyTable
@@ -250,12 +252,10 @@ class EngineState:
     _rtt: RttEstimator  # rtt.py (C4, C4b): the per-link round-trip estimate and route lengths
     _tree: TreeGossip  # tree.py (G9): tree gossip and its tables
     _heard_any: float  # custody.py (C7): when a frame last came from any neighbour
-    # Item 2 of issue 15 (a home relay that restarts): registrations homed here, announced to every
-    # new neighbour (gossip.py); route ids still to announce per neighbour (paced within its budget);
-    # when each former neighbour's link went down (forwarding.py: a dead one-hop route).
-    _homed: dict[bytes, Registration]
-    _deep: BoundedMap[tuple[bytes, int], int]
-    _announce: dict[str, list[bytes]]
+    # Item 2 of issue 15 (a home relay that restarts): registrations homed here and their link-up
+    # announcements (homed.py, G5); when each former neighbour's link went down (forwarding.py: a dead
+    # one-hop route).
+    _homed: HomedRoutes
     _down_since: dict[str, float]
     _stem: StemState  # stemstate.py (G5, G7, G8, G10): stem routes held, embargoes, generations, successors
     # sync.py (G11): until when this relay asks new neighbours for their routes; the neighbours asked on their

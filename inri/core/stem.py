@@ -63,7 +63,6 @@ from __future__ import annotations
 import hashlib
 
 from inri.core.api import Effect, Send, TraceLevel
-from inri.core.budget import TokenBucket
 from inri.core.state import MAX_CLOCK_SKEW_S, EngineState, Neighbour
 from inri.core.stemstate import STEM_DISTANCE
 from inri.core.tables import RouteEntry, RouteTable
@@ -193,10 +192,7 @@ class StemRules(EngineState):
         if msg.generation and not self._generation_valid(msg):
             return self._drop_reg(now, reg, peer, "bad_signature", cfg.score_bad_signature)
         if entry is not None:
-            bucket = self._origin_bucket.get(rid)
-            if bucket is None:
-                bucket = self._origin_bucket[rid] = TokenBucket(float(cfg.reg_budget_burst), now)
-            if not bucket.take(now, cfg.reg_budget_per_origin_per_s, float(cfg.reg_budget_burst)):
+            if not self._flood.refresh_allowed(rid, now, cfg.reg_budget_per_origin_per_s, float(cfg.reg_budget_burst)):
                 return self._drop_reg(now, reg, peer, "budget_origin")
         elif len(routes) >= cfg.route_max:
             self._evict_route(now)
@@ -381,16 +377,14 @@ class StemRules(EngineState):
         if RouteTable.distance(entry) == 0:  # the home itself (restarted since it issued it): adopt it
             self._set_generation(rid, msg)
             return None
-        bucket = self._origin_bucket.get(rid)  # G4: a generation costs what a refresh costs
-        if bucket is None:
-            bucket = self._origin_bucket[rid] = TokenBucket(float(cfg.reg_budget_burst), now)
-        if not bucket.take(now, cfg.reg_budget_per_origin_per_s, float(cfg.reg_budget_burst)):
+        # G4: a generation costs what a refresh costs
+        if not self._flood.refresh_allowed(rid, now, cfg.reg_budget_per_origin_per_s, float(cfg.reg_budget_burst)):
             return self._drop_reg(now, reg, peer, "budget_origin")
         self._routes.pop(rid, None)
         self._stem.release(rid)
         self._stem.drop_successor(rid)
         self._stem.cancel_embargo((rid, epoch))
-        self._deep.pop((rid, epoch), None)
+        self._flood.forget_deep(rid, epoch)
         self._count("route_regenerated")
         return None
 
