@@ -10,19 +10,21 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 
 from inri.core.config import EngineConfig
+from inri.core.sync import SYNC
 from inri.core.trace import NullTracer
 from inri.node.identity import NodeIdentity
 from inri.node.links import LinkManager
-from inri.node.quic import Link, QuicEndpoint
+from inri.node.quic import Link, LinkClosed, QuicEndpoint
 from inri.node.service import RelayService
 from inri.node.store import Store
 from inri.protocol import limits
-from inri.protocol.codec import encode, make_registration
+from inri.protocol.codec import decode, encode, make_registration
 from inri.protocol.keys import new_signing_key
-from inri.protocol.messages import Keepalive, PeerInfo, RegGossip
+from inri.protocol.messages import Hello, Keepalive, PeerInfo, RegGossip, RouteSync
 
 SEND_QUEUE = limits.MAX_FRAME_BYTES + 4  # the smallest bound the config accepts
 
@@ -177,3 +179,63 @@ async def test_a_neighbour_that_restarted_replaces_its_dead_link_at_once(tmp_pat
                 assert frame and not new.closed
                 n.cancel_scope.cancel()
             assert old is not new
+
+
+@pytest.mark.parametrize("peer_id", ["smaller", "larger"])
+async def test_a_neighbour_restarted_right_after_linking_is_a_new_link_to_the_engine(tmp_path: Path,
+                                                                                     peer_id: str) -> None:
+    """Issue 43, rules G11 and G5: a neighbour killed -9 moments after it linked to us (well within a
+    connect timeout: a simultaneous dial would look so) starts again and dials us while we hold its old
+    link. The engine sees a new link: the routes homed here are announced on it (G5) and the restarted
+    relay's route sync is answered (G11). Before, the link manager swapped links silently when the
+    peer's node id was the smaller (the engine kept the old link's state: the sync was refused as a
+    repeat, nothing announced: the restarted relay lacked those routes until a device refreshed), and
+    refused the new link as a duplicate when it was the larger, until our keepalives timed out."""
+    with trio.fail_after(30):
+        async with relay(tmp_path, connect_timeout_s=60.0) as (service, links), trio.open_nursery() as n:
+            me = service.node_id
+            peer = NodeIdentity.generate()
+            while (peer.node_id < me) != (peer_id == "smaller"):
+                peer = NodeIdentity.generate()
+            homed = make_registration(new_signing_key(b"\x21" * 32), 1, int(time.time()), 3600)
+            service.register_device(homed, 1)
+            # Another neighbour gossips a route: one the relay holds through a next hop other than the peer.
+            other = QuicEndpoint(NodeIdentity.generate(), idle_timeout_s=30.0)
+            await other.bind("127.0.0.1", 0)
+            await n.start(other.serve, None)
+            via_other = await other.connect(links.endpoint.listen_addr, expect_node_id=me)
+            learnt = make_registration(new_signing_key(b"\x22" * 32), 1, int(time.time()), 3600)
+            await via_other.send(encode(RegGossip(learnt, 16, 0)))
+            await _wait(lambda: service.engine.route_count() == 1)
+            ask = encode(Hello(limits.PROTOCOL_VERSION, peer.node_id, "", (SYNC,)))
+            async with trio.open_nursery() as crash:  # the peer's first run: it links, asks, is killed
+                ep1 = QuicEndpoint(peer, idle_timeout_s=30.0)
+                await ep1.bind("127.0.0.1", 0)
+                await crash.start(ep1.serve, None)
+                old = await ep1.connect(links.endpoint.listen_addr, expect_node_id=me)
+                await old.send(ask)
+                await _wait(lambda: service.engine.counters.get("route_sync_frames_sent", 0) == 1)
+                crash.cancel_scope.cancel()  # gone without a word
+            ep1._sock.close()
+            async with trio.open_nursery() as again:  # its second run, at once: same identity, new port
+                ep2 = QuicEndpoint(peer, idle_timeout_s=30.0)
+                await ep2.bind("127.0.0.1", 0)
+                await again.start(ep2.serve, None)
+                new = await ep2.connect(links.endpoint.listen_addr, expect_node_id=me)
+                await new.send(ask)
+                await new.send(encode(Keepalive(4343, False)))  # answered after the Hello: frames in order
+                got: list[object] = []
+                while True:
+                    try:
+                        msg = decode(await new.receive())
+                    except LinkClosed:
+                        break  # refused as a duplicate (before the fix, a larger peer id)
+                    got.append(msg)
+                    if isinstance(msg, Keepalive) and msg.reply and msg.nonce == 4343:
+                        break
+                again.cancel_scope.cancel()
+            n.cancel_scope.cancel()
+    announced = [m.registration.route_id for m in got if isinstance(m, RegGossip)]
+    synced = [e.route_id for m in got if isinstance(m, RouteSync) for e in m.entries]
+    assert announced == [homed.route_id] and synced == [learnt.route_id], got
+    assert links.stats["links_replaced"] == 1 and service.engine.counters.get("route_sync_refused_again", 0) == 0

@@ -223,8 +223,10 @@ class LinkManager:
     async def _serve_link(self, link: Link, addr: str) -> None:
         peer = link.peer_node_id
         existing = self._links.get(peer)
+        me = self.endpoint.identity.node_id
         if (existing is not None and not existing.closed and not link.outbound
-                and link.opened_at - existing.opened_at > self.connect_timeout_s):
+                and (not existing.outbound or peer < me
+                     or link.opened_at - existing.opened_at > self.connect_timeout_s)):
             # The peer dialled us while we hold an older link with it: a relay never dials a peer it
             # holds a link with (connect), so its end of that link is gone: it restarted (kill -9,
             # an upgrade) or the close never reached us. The new link replaces the old one at once,
@@ -232,6 +234,12 @@ class LinkManager:
             # announcements, receipts awaited over the old link re-routed). Before, the rule below
             # refused the new link as a duplicate whenever the peer's node id was the larger one,
             # and the restarted relay stayed cut off from us until our keepalives timed out.
+            # A simultaneous dial (next rule) has an outbound link of ours as the older one, opened
+            # within a connect timeout: a restart that soon after the link came up looks the same, so
+            # when the node id rule keeps the new link, it is a new link to the engine too. Before,
+            # it swapped links silently: the engine kept the old link's state, refused the restarted
+            # relay's route sync as a repeat and never announced its homed routes to it (rules G11,
+            # G5); that relay lacked a route for a minute and more (issue 43).
             self.stats["links_replaced"] += 1
             self._links[peer] = link
             self._dropped_by_us.add(existing)
@@ -241,8 +249,11 @@ class LinkManager:
                 self.events.peer_down(peer, DisconnectReason.LINK_LOST)
                 self.events.peer_up(peer, outbound=False, addr=addr)
         elif existing is not None and not existing.closed:
-            # Simultaneous dials: keep the link whose dialler has the smaller node id.
-            me = self.endpoint.identity.node_id
+            # Simultaneous dials: keep the link whose dialler has the smaller node id. Left to this rule:
+            # our dial completing while we hold the peer's link (it came during our dial: the same run
+            # of the peer, so a swap the engine need not see), and the peer's link, its node id the
+            # larger, coming while ours is younger than a connect timeout (refused: a peer that did
+            # restart dials again, and gets in once our old link timed out, keepalives, rule M2).
             keep_new = (link.outbound and me < peer) or (not link.outbound and peer < me)
             self.stats["duplicate_links"] += 1
             if not keep_new:
