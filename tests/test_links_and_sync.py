@@ -24,7 +24,7 @@ import trio
 from inri import mesh
 from inri.client import DeviceClient, HomeAppClient
 from inri.core import membership
-from inri.core.api import CustodyStatus, DisconnectReason
+from inri.core.api import CustodyStatus, Disconnect, DisconnectReason
 from inri.core.config import EngineConfig
 from inri.core.membership import PROBATION_S
 from inri.core.sync import SYNC, SYNC_ROUTES_PER_TICK
@@ -159,6 +159,35 @@ def test_a_relay_restarted_with_no_routes_learns_every_route_from_its_neighbours
     assert not any(isinstance(m, Push) and m.push_id == res.push_id and m.ring for _, _, m in net.sent)
 
 
+def test_a_route_sync_answer_outlives_the_live_route_it_was_not_needed_for() -> None:
+    """Issue 43: relay 1 restarts empty; relay 0 homes a device and announces it at link-up (G5), so the
+    sync answers of 2 and 4 find a live route for it. Then 0 drops 1 to make room for another relay (M4,
+    MAKE_ROOM: 1 forgets 0's route claims, S2, and does not re-dial it). The answers are kept as fallback
+    provisional routes: 1 still has a route to the device, and a push entered there is delivered. Before,
+    they were dropped at once, and 1 lacked the route until the device refreshed (no link of its first
+    minute was left to ask)."""
+    net = MiniNet(6, MESH)
+    net.run_until(1.0)
+    devices = _devices(net, [0, 3, 4, 5])
+    net.run_until(3.0)
+    net.kill(1, silent=True)
+    net.run_until(12.0)  # its neighbours time it out (keepalives)
+    net.restart(1)
+    net.run_until(net.now + EngineConfig().keepalive_interval_s)
+    eng = net.engines[1]
+    reg, tokens = devices[0]  # homed at 0, a neighbour of 1
+    assert eng.next_hops(reg.route_id) == [("0", 1)] and eng.route_count() == len(devices)
+    net.apply("0", [Disconnect("1", DisconnectReason.MAKE_ROOM),
+                    *net.engines[0].peer_down("1", net.now, DisconnectReason.MAKE_ROOM)])
+    assert eng.next_hops(reg.route_id) == [] and "0" not in eng.active_peers()
+    assert eng.has_route(reg.route_id) and eng.route_count() == len(devices)
+    res = eng.inject_push(reg, tokens[0], b"x", net.now)
+    net.apply("1", res.effects)
+    net.run_until(net.now + 2.0)
+    assert net.custody[res.push_id or b""] == CustodyStatus.DELIVERED
+    assert not any(isinstance(m, Push) and m.push_id == res.push_id and m.ring for _, _, m in net.sent)
+
+
 def test_route_sync_is_taken_only_when_asked_and_never_over_a_live_route() -> None:
     net = MiniNet(3, [(0, 1), (1, 2)])
     net.run_until(1.0)
@@ -174,7 +203,9 @@ def test_route_sync_is_taken_only_when_asked_and_never_over_a_live_route() -> No
     net.apply("0", eng.receive_message("1", claim, net.now))
     assert eng.has_route(made_up)  # a route id it has no route for: provisional, through 1
     assert eng.next_hops(reg.route_id) == [("1", 2)]  # the live route stays as it was (hops 0 claimed)
-    assert eng.route_count() == 2 and eng.stats()["routes_provisional"] == 1
+    # The answer for the live route is kept as its fallback only (used once no next hop of it is up), not
+    # counted as a second route.
+    assert eng.route_count() == 2 and eng.stats()["routes_provisional"] == 2
 
 
 def test_a_provisional_route_through_a_neighbour_that_went_down_is_no_route() -> None:

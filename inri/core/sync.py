@@ -7,12 +7,14 @@ its device refreshes, so every push entered at it or passing through it searched
 until then. Relays keep no registrations (a route is about 71 bytes; its registration would be 150 more),
 so a neighbour cannot hand over verifiable registrations: it tells what it holds, `(route id, hops,
 seconds left)`, and the asker takes each route id it has no live next hop for as a *provisional* route
-through that neighbour. A provisional route only forwards pushes (which carry their registration,
-verified where it matters: at the entry, and by the home's receipt on the way back); it is never
-forwarded, announced, exported or counted as a route of an epoch, and any route the relay learns for the
-route id (gossip, a receipt, F7) takes precedence. A neighbour that lies can capture only route ids the
-asker has no live route for, which it could capture as well by replaying their registrations (hops 0) to
-a relay that just restarted; and it is scored like any next hop that swallows pushes (S1).
+through that neighbour, and one it has a live next hop for as that route's fallback (those next hops may
+leave later, when no link is left to ask). A provisional route only forwards pushes (which carry their
+registration, verified where it matters: at the entry, and by the home's receipt on the way back); it is
+never forwarded, announced, exported or counted as a route of an epoch, and any live next hop the relay
+has or learns for the route id (gossip, a receipt, F7) takes precedence. A neighbour that lies can capture
+only route ids the asker has no live route for (or none left), which it could capture as well by replaying
+their registrations (hops 0) to a relay that just restarted; and it is scored like any next hop that
+swallows pushes (S1).
 
 Bounded: a relay asks only on links that come up in its first SYNC_WINDOW_S after start (the daemon's
 start; a simulated relay that rejoins); a neighbour answers once per link, SYNC_ROUTES_PER_TICK routes per
@@ -119,16 +121,23 @@ class SyncRules(EngineState):
     # Rule G11 (the asker).
     def _on_route_sync(self, peer: str, msg: RouteSync, now: float) -> list[Effect]:
         """Routes a neighbour holds: each route id with no live next hop here becomes a provisional route
-        through it (distance hops + 1), until its registration would expire. From a neighbour not asked
-        on this link: ignored."""
+        through it (distance hops + 1), until its registration would expire. One with a live next hop here
+        is kept too, as its fallback, unless one through another neighbour that is up is kept already: the
+        table's next hops may leave (a neighbour that makes room for another drops us, and its route
+        claims go, S2) and no link of the relay's first minute may be left to ask again. From a neighbour
+        not asked on this link: ignored."""
         if peer not in self._sync_asked:
             self._count("route_sync_unsolicited")
             return []
-        prov = self._provisional
+        prov, active = self._provisional, self._active
         taken = 0
         for e in msg.entries:
-            if self._live_hop(e.route_id, None) or e.ttl_s < 1:
-                continue  # a route with a next hop up here stays as it is
+            if e.ttl_s < 1:
+                continue
+            if self._live_hop(e.route_id, None):  # the table's route serves first: this is its fallback
+                got = prov.get(e.route_id)
+                if got is not None and got[0] in active:
+                    continue
             prov.put(e.route_id, (peer, e.hops + 1, now + e.ttl_s))
             taken += 1
         self._count("route_sync_routes_taken", taken)
