@@ -7,6 +7,7 @@ import struct
 import msgpack
 import pytest
 import trio
+from aioquic.quic.connection import QuicConnectionState
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -110,6 +111,40 @@ async def test_a_peer_that_stops_acknowledging_is_reported_before_the_link_times
             while not open_when_reported and not link.closed:
                 await trio.sleep(0.01)
             assert open_when_reported == [True], "the idle timeout closed the link before any report"
+            n.cancel_scope.cancel()
+
+
+async def test_a_link_the_peer_closes_is_closed_at_once_not_after_draining() -> None:
+    """Issue 43: a neighbour refused a restarted relay's new link as a duplicate (CONNECTION_CLOSE at once);
+    aioquic reports a close it receives only when its draining period ends, three probe timeouts later, and
+    the relay saw the link up that long: the pushes it forwarded on it waited for a custody re-send. The
+    link is closed (receive raises, with the peer's reason) while aioquic still drains. Asserted as an
+    order, not a time."""
+    a, b = NodeIdentity.generate(), NodeIdentity.generate()
+
+    async def refuse(link: Link) -> None:
+        await link.receive()
+        await link.aclose("duplicate link")
+
+    with trio.fail_after(20):
+        async with trio.open_nursery() as n:
+            ea = await _endpoint(n, "127.0.0.2", a, refuse)
+            eb = await _endpoint(n, "127.0.0.3", b)
+            link = await eb.connect(ea.listen_addr, expect_node_id=a.node_id)
+            conn = link._conn
+            states: list[QuicConnectionState] = []  # aioquic's state whenever the link is marked closed
+            mark = conn._mark_closed
+
+            def recording(reason: str) -> None:
+                states.append(conn.quic._state)
+                mark(reason)
+
+            conn._mark_closed = recording  # type: ignore[method-assign]
+            await link.send(b"hello")
+            with pytest.raises(LinkClosed) as closed:
+                await link.receive()
+            assert link.closed and str(closed.value) == "duplicate link"
+            assert states[0] is QuicConnectionState.DRAINING, states  # before aioquic's own report (TERMINATED)
             n.cancel_scope.cancel()
 
 

@@ -454,7 +454,7 @@ class _Connection:
         while True:
             ev = self.quic.next_event()
             if ev is None:
-                return
+                break
             if isinstance(ev, events.HandshakeCompleted):
                 if ev.alpn_protocol == ALPN_REGREF:
                     self.regref_tx, self.regref_rx = RegRefSender(), RegRefReceiver()
@@ -471,6 +471,14 @@ class _Connection:
                 self.endpoint.cids.pop(ev.connection_id, None)
             elif isinstance(ev, events.ConnectionTerminated):
                 self._mark_closed(ev.reason_phrase or f"terminated (error {ev.error_code})")
+        # The peer closed the connection: aioquic reports it (ConnectionTerminated) only once its draining
+        # period ends, three probe timeouts later, but nothing sent on the link arrives any more. Closed
+        # now: a relay that restarted and whose link a neighbour refused as a duplicate saw it up for
+        # that long, and pushes it sent on it waited for a custody re-send (issue 43). aioquic has no
+        # public accessor for the state or the close it received.
+        if not self.closed and self.quic._state is QuicConnectionState.DRAINING:  # noqa: SLF001 - see above
+            got = self.quic._close_event  # noqa: SLF001 - see above
+            self._mark_closed(got.reason_phrase if got is not None and got.reason_phrase else "closed by the peer")
 
     def _drain_frames(self) -> None:
         buf = self.rx_buf
