@@ -159,13 +159,9 @@ def test_a_relay_restarted_with_no_routes_learns_every_route_from_its_neighbours
     assert not any(isinstance(m, Push) and m.push_id == res.push_id and m.ring for _, _, m in net.sent)
 
 
-def test_a_route_sync_answer_outlives_the_live_route_it_was_not_needed_for() -> None:
-    """Issue 43: relay 1 restarts empty; relay 0 homes a device and announces it at link-up (G5), so the
-    sync answers of 2 and 4 find a live route for it. Then 0 drops 1 to make room for another relay (M4,
-    MAKE_ROOM: 1 forgets 0's route claims, S2, and does not re-dial it). The answers are kept as fallback
-    provisional routes: 1 still has a route to the device, and a push entered there is delivered. Before,
-    they were dropped at once, and 1 lacked the route until the device refreshed (no link of its first
-    minute was left to ask)."""
+def _restarted_next_to_a_home() -> tuple[MiniNet, list[tuple[Registration, list[bytes]]]]:
+    """Relay 1 restarted empty a keepalive interval ago; devices[0] is homed at its neighbour 0, whose
+    announcement (G5) it has, so the sync answers for that route came while it had a live next hop."""
     net = MiniNet(6, MESH)
     net.run_until(1.0)
     devices = _devices(net, [0, 3, 4, 5])
@@ -175,8 +171,21 @@ def test_a_route_sync_answer_outlives_the_live_route_it_was_not_needed_for() -> 
     net.restart(1)
     net.run_until(net.now + EngineConfig().keepalive_interval_s)
     eng = net.engines[1]
-    reg, tokens = devices[0]  # homed at 0, a neighbour of 1
-    assert eng.next_hops(reg.route_id) == [("0", 1)] and eng.route_count() == len(devices)
+    assert eng.next_hops(devices[0][0].route_id) == [("0", 1)] and eng.route_count() == len(devices)
+    assert eng.stats()["routes_provisional"] == len(devices)  # 3 routes it lacked, 1 fallback
+    return net, devices
+
+
+def test_a_route_sync_answer_outlives_the_live_route_it_was_not_needed_for() -> None:
+    """Issue 43: relay 1 restarts empty; relay 0 homes a device and announces it at link-up (G5), so the
+    sync answers of 2 and 4 find a live route for it. Then 0 drops 1 to make room for another relay (M4,
+    MAKE_ROOM: 1 forgets 0's route claims, S2, and does not re-dial it). The answers are kept as fallback
+    provisional routes: 1 still has a route to the device, and a push entered there is delivered. Before,
+    they were dropped at once, and 1 lacked the route until the device refreshed (no link of its first
+    minute was left to ask)."""
+    net, devices = _restarted_next_to_a_home()
+    eng = net.engines[1]
+    reg, tokens = devices[0]
     net.apply("0", [Disconnect("1", DisconnectReason.MAKE_ROOM),
                     *net.engines[0].peer_down("1", net.now, DisconnectReason.MAKE_ROOM)])
     assert eng.next_hops(reg.route_id) == [] and "0" not in eng.active_peers()
@@ -186,6 +195,20 @@ def test_a_route_sync_answer_outlives_the_live_route_it_was_not_needed_for() -> 
     net.run_until(net.now + 2.0)
     assert net.custody[res.push_id or b""] == CustodyStatus.DELIVERED
     assert not any(isinstance(m, Push) and m.push_id == res.push_id and m.ring for _, _, m in net.sent)
+
+
+def test_a_fallback_does_not_stand_in_for_a_route_whose_home_went_down() -> None:
+    """The fallback kept for a live route (above) serves only once the route has no next hop left: when
+    relay 0, the device's home, fails (its link drops), relay 1 keeps the route through it and treats it as
+    before (rule F3: `home unreachable` for a while, then a search), instead of sending the push on to a
+    neighbour whose route leads to the same down home."""
+    net, devices = _restarted_next_to_a_home()
+    eng = net.engines[1]
+    reg, _ = devices[0]
+    net.kill(0)
+    assert eng.next_hops(reg.route_id) == [("0", 1)] and "0" not in eng.active_peers()
+    assert not eng.has_route(reg.route_id)
+    assert eng.has_route(devices[1][0].route_id)  # homed at 3: its provisional route (through 2) serves
 
 
 def test_route_sync_is_taken_only_when_asked_and_never_over_a_live_route() -> None:

@@ -128,7 +128,7 @@ class Engine(MembershipRules, GossipRules, StemRules, SyncRules, ForwardingRules
         self._sync_served: set[str] = set()
         self._sync_out: dict[str, tuple[list[bytes], int]] = {}
         self._sync_keys: tuple[float, list[bytes]] | None = None
-        self._provisional: BoundedMap[bytes, tuple[str, int, float]] = BoundedMap(config.route_max)
+        self._provisional: BoundedMap[bytes, tuple[str, int, float, bool]] = BoundedMap(config.route_max)
         # Pushes forwarded along a route, awaiting an answer (awaited.py: rules F6, S1, C4-C6).
         self._await = AwaitedAnswers(config.reverse_max)
         # F8 (forwarding.py): local repairs this relay started, until their answer is due (a receipt

@@ -260,12 +260,13 @@ class EngineState:
     _stem: StemState  # stemstate.py (G5, G7, G8, G10): stem routes held, embargoes, generations, successors
     # sync.py (G11): until when this relay asks new neighbours for their routes; the neighbours asked on their
     # current link; those answered on theirs; per neighbour answered, the route ids and how many are left to
-    # send (from the end); the provisional routes learnt: route id -> (next hop, distance, expiry)
+    # send (from the end); the provisional routes learnt: route id -> (next hop, distance, expiry, a fallback:
+    # learnt while the table had a live next hop for it)
     _sync_until: float
     _sync_asked: set[str]
     _sync_served: set[str]
     _sync_out: dict[str, tuple[list[bytes], int]]
-    _provisional: BoundedMap[bytes, tuple[str, int, float]]
+    _provisional: BoundedMap[bytes, tuple[str, int, float, bool]]
 
     def _count(self, name: str, n: int = 1) -> None:
         self.counters[name] = self.counters.get(name, 0) + n

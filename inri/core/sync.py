@@ -7,14 +7,14 @@ its device refreshes, so every push entered at it or passing through it searched
 until then. Relays keep no registrations (a route is about 71 bytes; its registration would be 150 more),
 so a neighbour cannot hand over verifiable registrations: it tells what it holds, `(route id, hops,
 seconds left)`, and the asker takes each route id it has no live next hop for as a *provisional* route
-through that neighbour, and one it has a live next hop for as that route's fallback (those next hops may
-leave later, when no link is left to ask). A provisional route only forwards pushes (which carry their
-registration, verified where it matters: at the entry, and by the home's receipt on the way back); it is
-never forwarded, announced, exported or counted as a route of an epoch, and any live next hop the relay
-has or learns for the route id (gossip, a receipt, F7) takes precedence. A neighbour that lies can capture
-only route ids the asker has no live route for (or none left), which it could capture as well by replaying
-their registrations (hops 0) to a relay that just restarted; and it is scored like any next hop that
-swallows pushes (S1).
+through that neighbour, and one it has a live next hop for as that route's fallback, used once the route
+has no next hop left (they may leave later, when no link is left to ask). A provisional route only
+forwards pushes (which carry their registration, verified where it matters: at the entry, and by the
+home's receipt on the way back); it is never forwarded, announced, exported or counted as a route of an
+epoch, and any live next hop the relay has or learns for the route id (gossip, a receipt, F7) takes
+precedence. A neighbour that lies can capture only route ids the asker has no live route for (or none
+left), which it could capture as well by replaying their registrations (hops 0) to a relay that just
+restarted; and it is scored like any next hop that swallows pushes (S1).
 
 Bounded: a relay asks only on links that come up in its first SYNC_WINDOW_S after start (the daemon's
 start; a simulated relay that rejoins); a neighbour answers once per link, SYNC_ROUTES_PER_TICK routes per
@@ -122,10 +122,10 @@ class SyncRules(EngineState):
     def _on_route_sync(self, peer: str, msg: RouteSync, now: float) -> list[Effect]:
         """Routes a neighbour holds: each route id with no live next hop here becomes a provisional route
         through it (distance hops + 1), until its registration would expire. One with a live next hop here
-        is kept too, as its fallback, unless one through another neighbour that is up is kept already: the
-        table's next hops may leave (a neighbour that makes room for another drops us, and its route
-        claims go, S2) and no link of the relay's first minute may be left to ask again. From a neighbour
-        not asked on this link: ignored."""
+        is kept too, as its fallback (used once the route has no next hop left), unless one through another
+        neighbour that is up is kept already: the table's next hops may leave (a neighbour that makes room
+        for another drops us, and its route claims go, S2) and no link of the relay's first minute may be
+        left to ask again. From a neighbour not asked on this link: ignored."""
         if peer not in self._sync_asked:
             self._count("route_sync_unsolicited")
             return []
@@ -134,11 +134,12 @@ class SyncRules(EngineState):
         for e in msg.entries:
             if e.ttl_s < 1:
                 continue
-            if self._live_hop(e.route_id, None):  # the table's route serves first: this is its fallback
+            fallback = self._live_hop(e.route_id, None)  # the table's route serves first: this is its fallback
+            if fallback:
                 got = prov.get(e.route_id)
                 if got is not None and got[0] in active:
                     continue
-            prov.put(e.route_id, (peer, e.hops + 1, now + e.ttl_s))
+            prov.put(e.route_id, (peer, e.hops + 1, now + e.ttl_s, fallback))
             taken += 1
         self._count("route_sync_routes_taken", taken)
         return []
@@ -149,6 +150,8 @@ class SyncRules(EngineState):
         got = self._provisional.get(rid)
         if got is None or got[0] == exclude or got[0] not in self._active:
             return None
+        if got[3] and self._routes.next_hops_of(rid):
+            return None  # a fallback stands in only once the route has no next hop left (F3: a home down)
         return got[0]
 
     # Rule G11.
@@ -162,7 +165,7 @@ class SyncRules(EngineState):
     # Rules G11, S2.
     def _purge_provisional(self, peer: str) -> None:
         """Every provisional route through peer goes (it was cut for its score)."""
-        gone = [rid for rid, (p, _, _) in self._provisional.items() if p == peer]
+        gone = [rid for rid, (p, _, _, _) in self._provisional.items() if p == peer]
         for rid in gone:
             del self._provisional[rid]
 
@@ -172,5 +175,5 @@ class SyncRules(EngineState):
         neighbour links again, so it is no route to count (a relay restarted amid link churn listed
         routes it could not use, and searched for their pushes)."""
         routes, active = self._routes, self._active
-        return sum(1 for rid, (peer, _, _) in self._provisional.items()
+        return sum(1 for rid, (peer, _, _, _) in self._provisional.items()
                    if peer in active and not routes.next_hops_of(rid))
