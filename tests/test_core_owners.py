@@ -29,6 +29,7 @@ from inri.core.reverse import ReversePaths
 from inri.core.roundtrip import RttEstimator
 from inri.core.seen import SeenCache
 from inri.core.stemstate import StemState
+from inri.core.syncstate import SyncState
 from inri.core.tables import CompactRouteTable, RouteTable
 from inri.core.tree import TreeGossip
 
@@ -40,7 +41,7 @@ CORE = ROOT / "inri" / "core"
 OWNER_OBJECTS: dict[str, type | tuple[type, ...]] = {
     "_rtt": RttEstimator, "_seen": SeenCache, "_tree": TreeGossip, "_await": AwaitedAnswers, "_stem": StemState,
     "_routes": (RouteTable, CompactRouteTable), "_custody": CustodyTable, "_reverse": ReversePaths,
-    "_homed": HomedRoutes, "_flood": FloodState}
+    "_homed": HomedRoutes, "_flood": FloodState, "_sync": SyncState}
 
 
 def owner_classes() -> list[type]:
@@ -61,13 +62,11 @@ OWNED: dict[str, str] = {
     # membership.py (M1-M7)
     "listen_addr": "membership", "_near": "membership", "_far": "membership", "_next_make_room": "membership",
     "_next_rejoin": "membership", "_started_at": "membership", "_full_until": "membership",
-    "_rejoined": "membership",
+    "_rejoined": "membership", "_next_tick": "membership",
     # gossip.py (G1-G5, G9's switch)
     "_emit_row": "gossip", "_tree_on": "gossip",
     # stem.py (G6-G8, G10)
     "_stem_key": "stem", "_repair_asked": "stem", "_restem_due": "stem", "_repair_due": "stem",
-    # sync.py (G11)
-    "_sync_keys": "sync",
     # forwarding.py (F1-F10)
     "_hole_suspects": "forwarding", "_receipt_hold": "forwarding", "_repair_heap": "forwarding",
     "_steer": "forwarding", "_finds": "forwarding", "_kept_from": "forwarding",
@@ -88,9 +87,8 @@ CONTEXT = frozenset({"relay_id", "config", "wall_offset", "_verifier", "_home", 
 
 # Still read or written by several modules: the work left (docs/architecture.md says which groups).
 SHARED = frozenset({
-    "_active", "_passive", "_connecting", "_lost", "_next_tick", "_next_sweep", "_next_exchange", "_banned",
-    "_probation", "_heard_any", "_down_since", "_sync_until", "_sync_asked", "_sync_served", "_sync_out",
-    "_provisional",
+    "_active", "_passive", "_connecting", "_lost", "_next_sweep", "_next_exchange", "_banned",
+    "_probation", "_heard_any", "_down_since",
 })
 
 

@@ -222,7 +222,7 @@ def test_route_sync_is_taken_only_when_asked_and_never_over_a_live_route() -> No
     claim = RouteSync((SyncedRoute(made_up, 0, 600), SyncedRoute(reg.route_id, 0, 600)))
     net.apply("0", eng.receive_message("1", claim, net.now))  # 0 never asked 1
     assert eng.counters.get("route_sync_unsolicited") == 1 and not eng.has_route(made_up)
-    eng._sync_asked.add("1")  # as if it had asked on this link (its Hello with `sync`)
+    eng._sync.ask("1")  # as if it had asked on this link (its Hello with `sync`)
     net.apply("0", eng.receive_message("1", claim, net.now))
     assert eng.has_route(made_up)  # a route id it has no route for: provisional, through 1
     assert eng.next_hops(reg.route_id) == [("1", 2)]  # the live route stays as it was (hops 0 claimed)
@@ -238,7 +238,7 @@ def test_a_provisional_route_through_a_neighbour_that_went_down_is_no_route() ->
     net.run_until(1.0)
     eng = net.engines[0]
     rid = os.urandom(16)
-    eng._sync_asked.add("1")
+    eng._sync.ask("1")
     net.apply("0", eng.receive_message("1", RouteSync((SyncedRoute(rid, 1, 600),)), net.now))
     assert eng.route_count() == 1 and eng.stats()["routes_provisional"] == 1
     net.apply("0", eng.peer_down("1", net.now, DisconnectReason.LINK_LOST))
@@ -252,7 +252,7 @@ def test_a_provisional_route_whose_neighbour_answers_no_route_is_dropped() -> No
     net.run_until(1.0)
     eng = net.engines[0]
     ghost = make_registration(new_signing_key(), 1, 0, 3600)  # registered nowhere: 1 has no route for it
-    eng._sync_asked.add("1")
+    eng._sync.ask("1")
     net.apply("0", eng.receive_message("1", RouteSync((SyncedRoute(ghost.route_id, 1, 600),)), net.now))
     assert eng.next_hops(ghost.route_id) == [] and eng.has_route(ghost.route_id)
     res = eng.inject_push(ghost, os.urandom(16), b"x", net.now)

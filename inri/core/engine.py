@@ -38,6 +38,7 @@ from inri.core.state import SWEEP_INTERVAL_S, Neighbour, make_keepalive, readdre
 from inri.core.stem import StemRules
 from inri.core.stemstate import StemState
 from inri.core.sync import SYNC, SyncRules
+from inri.core.syncstate import SyncState
 from inri.core.tables import EXPORT_CHUNK, BoundedMap, CompactRouteTable, ExportRow, RouteTable
 from inri.core.tree import TreeGossip
 from inri.protocol.codec import DecodeError, decode
@@ -123,12 +124,7 @@ class Engine(MembershipRules, GossipRules, StemRules, SyncRules, ForwardingRules
         self._rejoined: set[str] = set()
         self._full_until: dict[str, tuple[float, float]] = {}  # M7: candidates that refused us as full
         # G11 (sync.py): route sync at link-up; provisional routes learnt from it, at most route_max.
-        self._sync_until = -float("inf")
-        self._sync_asked: set[str] = set()
-        self._sync_served: set[str] = set()
-        self._sync_out: dict[str, tuple[list[bytes], int]] = {}
-        self._sync_keys: tuple[float, list[bytes]] | None = None
-        self._provisional: BoundedMap[bytes, tuple[str, int, float, bool]] = BoundedMap(config.route_max)
+        self._sync = SyncState(config.route_max)
         # Pushes forwarded along a route, awaiting an answer (awaited.py: rules F6, S1, C4-C6).
         self._await = AwaitedAnswers(config.reverse_max)
         # F8 (forwarding.py): local repairs this relay started, until their answer is due (a receipt
@@ -262,7 +258,7 @@ class Engine(MembershipRules, GossipRules, StemRules, SyncRules, ForwardingRules
 
     def get_timer(self) -> float | None:
         """The earliest time handle_timer wants to run (None: nothing armed)."""
-        t = self._next_tick
+        t = self._tick_at()  # M2 (membership.py)
         deadline = self._await.next_deadline()  # F6, S1 (awaited.py)
         if deadline is not None and (t is None or deadline < t):
             t = deadline
@@ -286,7 +282,8 @@ class Engine(MembershipRules, GossipRules, StemRules, SyncRules, ForwardingRules
         out += self._tree.timer(now)  # G9 (tree.py)
         out += self._answers_overdue(now)  # F6, S1 (forwarding.py)
         out += self._repairs_unanswered(now)  # F8 (forwarding.py)
-        if self._next_tick is not None and now >= self._next_tick:
+        tick = self._tick_at()
+        if tick is not None and now >= tick:
             out += self._tick(now)
         return out
 
@@ -299,7 +296,7 @@ class Engine(MembershipRules, GossipRules, StemRules, SyncRules, ForwardingRules
         out += self._grace_expired(now)  # S1 (scoring.py)
         for p in self._homed.waiting():  # link-up announcements left over from peer_up (rule G5)
             out += self._announce_homed(p, now, ANNOUNCE_SHARE * cfg.reg_budget_per_peer_per_s * interval)
-        for p in list(self._sync_out):  # routes still to send to a neighbour that asked (rule G11)
+        for p in self._sync.answering():  # routes still to send to a neighbour that asked (rule G11)
             out += self._sync_send(p, now)
         decay = self._score_decay
         ka_after = interval * 0.99
@@ -339,7 +336,7 @@ class Engine(MembershipRules, GossipRules, StemRules, SyncRules, ForwardingRules
             self._next_sweep = now + SWEEP_INTERVAL_S
             self._sweep(now)
         busy = self._active or self._connecting or self._passive or self._lost or self._probation
-        self._next_tick = now + interval if busy else None
+        self._set_tick(now + interval if busy else None)
         return out
 
     def _sweep(self, now: float) -> None:
@@ -348,8 +345,7 @@ class Engine(MembershipRules, GossipRules, StemRules, SyncRules, ForwardingRules
         self._reverse.sweep(now)
         self._sweep_scores(now)  # scoring.py
         self._sweep_repairs(now)  # forwarding.py (F5c, F8c, F9)
-        if self._provisional:  # G11
-            self._provisional.sweep(lambda v: v[2] <= now)
+        self._sync.sweep(now)  # G11 (syncstate.py)
         expired = self._custody.expire(now)
         if expired:
             self._count("custody_expired", expired)
@@ -361,7 +357,7 @@ class Engine(MembershipRules, GossipRules, StemRules, SyncRules, ForwardingRules
 
     def route_count(self) -> int:
         """Route ids with at least one next hop (a provisional one, rule G11, included)."""
-        return self._routes.routed_count() + (self.provisional_count() if self._provisional else 0)
+        return self._routes.routed_count() + (self.provisional_count() if self._sync.any_provisional() else 0)
 
     def route_table_kind(self) -> str:
         """How the route table is stored: "compact" or "dict" (`[engine] route_table`)."""
@@ -465,7 +461,7 @@ class Engine(MembershipRules, GossipRules, StemRules, SyncRules, ForwardingRules
             "connecting": len(self._connecting),
             "lost": len(self._lost),
             "banned": len(self._banned),
-            "routes_provisional": len(self._provisional),
+            "routes_provisional": self._sync.provisional_size(),
             "awaiting_receipt": len(self._await),
             "reg_duplicate": self._duplicate_count(),  # G3 (gossip.py)
             **self._counts(),

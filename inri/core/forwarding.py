@@ -99,7 +99,7 @@ class ForwardingRules(EngineState):
         """
         hops = self._routes.next_hops_of(rid)
         if not hops:
-            return self._provisional_hop(rid, exclude) if self._provisional else None  # G11
+            return self._provisional_hop(rid, exclude) if self._sync.any_provisional() else None  # G11
         active = self._active
         if alternate and len(hops) > 1:
             hops = hops[1:] + hops[:1]
@@ -114,7 +114,7 @@ class ForwardingRules(EngineState):
                     # Low score (S2), or unresponsive since it was last heard (C6, rtt.py): only when no
                     # better next hop is alive.
                     fallback = p
-        if self._provisional:  # G11: no next hop of the route table is up: a provisional route's, if any
+        if self._sync.any_provisional():  # G11: no next hop of the route table is up: a provisional route's
             prov = self._provisional_hop(rid, exclude)
             if prov is not None:
                 return prov
@@ -1062,8 +1062,9 @@ class ForwardingRules(EngineState):
         # A home that is down is no fault of the path, and the route is right again when it returns: that
         # next hop is only tried last (a backup, e.g. a link to the home that came back, goes first).
         entry = self._routes.get(msg.route_id)
-        if self._provisional and not home_down and not hole:
-            self._drop_provisional(msg.route_id, peer)  # G11: the neighbour it was learnt from has no route
+        if not home_down and not hole and self._sync.any_provisional():
+            if self._sync.drop(msg.route_id, peer):  # G11: the neighbour it was learnt from has no route
+                self._count("route_provisional_dropped")
         if entry is not None and RouteTable.claims(entry, peer):
             if self._stem.keeps(msg.route_id, entry, peer):
                 pass  # G7: a stem relay's only way to the home (stem.py)

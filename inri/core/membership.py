@@ -64,6 +64,21 @@ class MembershipRules(EngineState):
     _full_until: dict[str, tuple[float, float]]
     _rejoined: set[str]  # former neighbours let back in since (M6)
     listen_addr: str
+    _next_tick: float | None  # M2: when keepalives, liveness and the other periodic work are next due
+
+    # Rule M2.
+    def _arm_tick(self, now: float) -> None:
+        """Run the periodic tick one keepalive interval from now, unless it is armed already."""
+        if self._next_tick is None:
+            self._next_tick = now + self.config.keepalive_interval_s
+
+    def _tick_at(self) -> float | None:
+        """When the periodic tick is next due (None: not armed: no neighbour, nothing dialled)."""
+        return self._next_tick
+
+    def _set_tick(self, at: float | None) -> None:
+        """The tick that just ran re-arms itself for `at` (None: nothing left to watch)."""
+        self._next_tick = at
 
     # Rule M1.
     def add_candidates(self, peers: list[PeerInfo], now: float, *, near: int = 0) -> list[Effect]:
@@ -101,10 +116,10 @@ class MembershipRules(EngineState):
         self._arm_tick(now)
         out: list[Effect] = []
         if sync_routes and self.config.route_sync:
-            self._sync_until = now + SYNC_WINDOW_S
+            self._sync.open_window(now + SYNC_WINDOW_S)
             # G11: links that came up before start (a daemon accepts links while it restores custody)
             for peer in sorted(self._active):
-                self._sync_asked.add(peer)
+                self._sync.ask(peer)
                 out.append(Send(peer, Hello(limits.PROTOCOL_VERSION, self.relay_id, self.listen_addr, (SYNC,))))
         self._started_at = now  # M6
         self._next_sweep = now + SWEEP_INTERVAL_S
@@ -203,11 +218,11 @@ class MembershipRules(EngineState):
         self._probation.pop(peer, None)
         # M4: tell a full relay we are short of neighbours, so it makes room; M6: that we were its
         # neighbour (it may have restarted and been filled by others); G11: ask for its routes.
-        sync = self._sync_wanted(now)
+        sync = self._sync.wanted(now)
         features = ((LOW,) if outbound and len(self._active) < self.config.priority_join_below else ()) + (
             (BACK,) if back else ()) + ((SYNC,) if sync else ())
         if sync:
-            self._sync_asked.add(peer)
+            self._sync.ask(peer)
         if features:
             out.append(Send(peer, Hello(limits.PROTOCOL_VERSION, self.relay_id, self.listen_addr, features)))
         self._active[peer] = Neighbour(addr, outbound, now, self.config.reg_budget_peer_burst,
@@ -240,9 +255,7 @@ class MembershipRules(EngineState):
         if state is None:
             return self._refill(now)
         self._homed.drop_peer(peer)
-        self._sync_asked.discard(peer)  # G11: a RouteSync on a later link is taken only if asked there,
-        self._sync_served.discard(peer)  # and a request on it is answered again
-        self._sync_out.pop(peer, None)
+        self._sync.link_down(peer)  # G11: asked and answered again on a later link
         self._tree.peer_down(peer)  # G9 (tree.py)
         # When it went down: a one-hop route through it (it was the home) is reported `home unreachable`
         # for a while, then searched for (forwarding.py, rule F3). Old entries go (bounded).

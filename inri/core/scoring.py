@@ -106,8 +106,7 @@ class ScoringRules(EngineState):
         purged = self._routes.purge(peer)
         if purged:
             self._count("routes_purged", purged)
-        if self._provisional:  # G11: its provisional routes go too
-            self._purge_provisional(peer)
+        self._sync.purge(peer)  # G11: its provisional routes go too
 
     # Rule S1 (an answer).
     def _answered(self, peer: str, pid: bytes, now: float, *, reward: bool = True, any_peer: bool = False) -> bool:

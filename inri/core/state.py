@@ -25,7 +25,8 @@ from inri.core.reverse import ReversePaths
 from inri.core.roundtrip import RttEstimator
 from inri.core.seen import SeenCache
 from inri.core.stemstate import StemState
-from inri.core.tables import BoundedMap, CompactRouteTable, RouteEntry, RouteTable
+from inri.core.syncstate import SyncState
+from inri.core.tables import CompactRouteTable, RouteEntry, RouteTable
 from inri.protocol.messages import (
     Keepalive,
     Message,
@@ -243,7 +244,6 @@ class EngineState:
     _seen: SeenCache  # seen.py (F1, F6b, F8b, F8c, F10): copies handled here, notes per push
     _reverse: ReversePaths
     _custody: CustodyTable
-    _next_tick: float | None
     _next_sweep: float
     _next_exchange: float
     _banned: dict[str, float]
@@ -258,15 +258,7 @@ class EngineState:
     _homed: HomedRoutes
     _down_since: dict[str, float]
     _stem: StemState  # stemstate.py (G5, G7, G8, G10): stem routes held, embargoes, generations, successors
-    # sync.py (G11): until when this relay asks new neighbours for their routes; the neighbours asked on their
-    # current link; those answered on theirs; per neighbour answered, the route ids and how many are left to
-    # send (from the end); the provisional routes learnt: route id -> (next hop, distance, expiry, a fallback:
-    # learnt while the table had a live next hop for it)
-    _sync_until: float
-    _sync_asked: set[str]
-    _sync_served: set[str]
-    _sync_out: dict[str, tuple[list[bytes], int]]
-    _provisional: BoundedMap[bytes, tuple[str, int, float, bool]]
+    _sync: SyncState  # syncstate.py (G11): route sync at link-up, provisional routes
 
     def _count(self, name: str, n: int = 1) -> None:
         self.counters[name] = self.counters.get(name, 0) + n
@@ -309,9 +301,6 @@ class EngineState:
         off = self.wall_offset
         return expires_at - off if off else expires_at  # offset 0 (simulator): keep the shared int
 
-    def _arm_tick(self, now: float) -> None:
-        if self._next_tick is None:
-            self._next_tick = now + self.config.keepalive_interval_s
 
     if TYPE_CHECKING:  # calls from one rule group into another (implemented in the module named)
         # membership.py
@@ -364,12 +353,9 @@ class EngineState:
         def _restem_due_now(self, now: float) -> list[Effect]: ...
         def _repair_due_now(self, now: float) -> list[Effect]: ...
         # sync.py
-        def _sync_wanted(self, now: float) -> bool: ...
         def _on_sync_request(self, peer: str, now: float) -> list[Effect]: ...
         def _sync_send(self, peer: str, now: float) -> list[Effect]: ...
         def _provisional_hop(self, rid: bytes, exclude: str | None) -> str | None: ...
-        def _drop_provisional(self, rid: bytes, peer: str) -> None: ...
-        def _purge_provisional(self, peer: str) -> None: ...
         # rtt.py
         def _retry_period(self, rid: bytes) -> float: ...
         def _receipt_rtt(self, peer: str, msg: Receipt, now: float) -> None: ...

@@ -49,36 +49,31 @@ SYNC_KEYS_MAX_AGE_S = 1.0
 
 
 class SyncRules(EngineState):
-    """G11: asking for routes at link-up, answering, and the provisional routes learnt."""
-
-    # The state this rule group owns (tests/test_core_owners.py; Engine.__init__ builds it).
-    _sync_keys: tuple[float, list[bytes]] | None  # the route ids read for answers, and when
-
-    # Rule G11 (the asker).
-    def _sync_wanted(self, now: float) -> bool:
-        """True while this relay asks new neighbours for their routes (its first SYNC_WINDOW_S)."""
-        return now < self._sync_until
+    """G11: asking for routes at link-up, answering, and the provisional routes learnt (the tables:
+    `SyncState`, syncstate.py)."""
 
     # Rule G11 (the neighbour asked).
     def _on_sync_request(self, peer: str, now: float) -> list[Effect]:
         """peer asked for the routes this relay holds (once per link): a cursor over the route ids (read
         out of the table at most once per SYNC_KEYS_MAX_AGE_S), then the first tick's share of them."""
-        if peer in self._sync_served:
+        sync = self._sync
+        if not sync.serve(peer):
             self._count("route_sync_refused_again")
             return []
-        self._sync_served.add(peer)
-        if self._sync_keys is None or now - self._sync_keys[0] > SYNC_KEYS_MAX_AGE_S:
-            self._sync_keys = (now, list(self._routes.keys()))
-        keys = self._sync_keys[1]
-        self._sync_out[peer] = (keys, len(keys))
+        keys = sync.keys(now, SYNC_KEYS_MAX_AGE_S)
+        if keys is None:
+            keys = list(self._routes.keys())
+            sync.keep_keys(now, keys)
+        sync.queue(peer, keys, len(keys))
         return self._sync_send(peer, now)
 
     # Rule G11 (the neighbour asked).
     def _sync_send(self, peer: str, now: float) -> list[Effect]:
         """The next SYNC_ROUTES_PER_TICK routes queued for peer, in RouteSync frames."""
-        got = self._sync_out.get(peer)
+        sync = self._sync
+        got = sync.queued(peer)
         if got is None or peer not in self._active:
-            self._sync_out.pop(peer, None)
+            sync.queue(peer, [], 0)
             return []
         keys, left = got
         routes = self._routes
@@ -95,10 +90,7 @@ class SyncRules(EngineState):
             if dist < 1 or ttl < 1 or not self._live_hop(rid, peer):
                 continue  # homed here (G5 announces it), expiring, or only through the asker
             entries.append(SyncedRoute(rid, min(dist, limits.MAX_TTL), int(min(ttl, limits.MAX_LIFETIME_S))))
-        if left:
-            self._sync_out[peer] = (keys, left)
-        else:
-            del self._sync_out[peer]
+        sync.queue(peer, keys, left)
         out: list[Effect] = []
         step = limits.MAX_SYNCED_ROUTES
         for i in range(0, len(entries), step):
@@ -126,20 +118,20 @@ class SyncRules(EngineState):
         neighbour that is up is kept already: the table's next hops may leave (a neighbour that makes room
         for another drops us, and its route claims go, S2) and no link of the relay's first minute may be
         left to ask again. From a neighbour not asked on this link: ignored."""
-        if peer not in self._sync_asked:
+        sync, active = self._sync, self._active
+        if not sync.asked(peer):
             self._count("route_sync_unsolicited")
             return []
-        prov, active = self._provisional, self._active
         taken = 0
         for e in msg.entries:
             if e.ttl_s < 1:
                 continue
             fallback = self._live_hop(e.route_id, None)  # the table's route serves first: this is its fallback
             if fallback:
-                got = prov.get(e.route_id)
+                got = sync.provisional(e.route_id)
                 if got is not None and got[0] in active:
                     continue
-            prov.put(e.route_id, (peer, e.hops + 1, now + e.ttl_s, fallback))
+            sync.take(e.route_id, (peer, e.hops + 1, now + e.ttl_s, fallback))
             taken += 1
         self._count("route_sync_routes_taken", taken)
         return []
@@ -147,27 +139,12 @@ class SyncRules(EngineState):
     # Rules G11, F1 (a provisional route serves as the route vector's last resort).
     def _provisional_hop(self, rid: bytes, exclude: str | None) -> str | None:
         """The next hop of rid's provisional route, when it is up and not `exclude` (None: none)."""
-        got = self._provisional.get(rid)
+        got = self._sync.provisional(rid)
         if got is None or got[0] == exclude or got[0] not in self._active:
             return None
         if got[3] and self._routes.next_hops_of(rid):
             return None  # a fallback stands in only once the route has no next hop left (F3: a home down)
         return got[0]
-
-    # Rule G11.
-    def _drop_provisional(self, rid: bytes, peer: str) -> None:
-        """peer answered that it has no route for rid after all: its provisional route goes."""
-        got = self._provisional.get(rid)
-        if got is not None and got[0] == peer:
-            del self._provisional[rid]
-            self._count("route_provisional_dropped")
-
-    # Rules G11, S2.
-    def _purge_provisional(self, peer: str) -> None:
-        """Every provisional route through peer goes (it was cut for its score)."""
-        gone = [rid for rid, (p, _, _, _) in self._provisional.items() if p == peer]
-        for rid in gone:
-            del self._provisional[rid]
 
     def provisional_count(self) -> int:
         """Route ids this relay reaches only through a provisional route (rule G11) whose neighbour is up:
@@ -175,5 +152,4 @@ class SyncRules(EngineState):
         neighbour links again, so it is no route to count (a relay restarted amid link churn listed
         routes it could not use, and searched for their pushes)."""
         routes, active = self._routes, self._active
-        return sum(1 for rid, (peer, _, _, _) in self._provisional.items()
-                   if peer in active and not routes.next_hops_of(rid))
+        return sum(1 for rid, peer in self._sync.provisional_peers() if peer in active and not routes.next_hops_of(rid))
