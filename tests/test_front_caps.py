@@ -81,6 +81,9 @@ async def get(port: int, stream: trio.SocketStream | None = None, source: str = 
     return out
 
 
+IDLE_S = "600"
+
+
 async def test_ten_thousand_connections_against_the_caps(tmp_path: Path) -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     wanted = IN_ALL + 4 * BATCH + 256
@@ -89,7 +92,9 @@ async def test_ten_thousand_connections_against_the_caps(tmp_path: Path) -> None
             pytest.skip(f"needs {wanted} file descriptors; the hard limit is {hard}")
         resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
     env = {"INRI_API_CONNECTIONS_MAX": str(IN_ALL), "INRI_API_CONNECTIONS_PER_CLIENT_MAX": str(PER_CLIENT),
-           "INRI_API_HEAD_TIMEOUT_S": "600", "INRI_API_RATE_PER_S": "100000", "INRI_API_RATE_BURST": "100000"}
+           "INRI_API_HEAD_TIMEOUT_S": "600", "INRI_API_RATE_PER_S": "100000", "INRI_API_RATE_BURST": "100000",
+           # the keep-alive connection idles while the floods run (over 30 s, the default, on a loaded machine)
+           "INRI_API_IDLE_TIMEOUT_S": IDLE_S}
     proc = Proc(relay_cmd(tmp_path / "r"), tmp_path / "relay.log", env)
     held: list[trio.SocketStream] = []
     try:
