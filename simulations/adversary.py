@@ -122,10 +122,10 @@ class _Spammer(Engine):
     def _tick(self, now: float) -> list[Effect]:
         out = super()._tick(now)
         a = self.adversary
-        if a.start_s <= now < a.end_s and self._active:
+        if a.start_s <= now < a.end_s and self._neighbours.active():
             n = int(a.rate_per_s * self.config.keepalive_interval_s)
             for msg in self._spam(n, now):
-                for p in self._active:
+                for p in self._neighbours.active():
                     out.append(Send(p, msg))
                     self.spam_sent += 1
         return out

@@ -25,6 +25,7 @@ from inri.core.engine import Engine
 from inri.core.floodstate import FloodState
 from inri.core.homed import HomedRoutes
 from inri.core.kept import CustodyTable
+from inri.core.neighbours import Neighbours
 from inri.core.reverse import ReversePaths
 from inri.core.roundtrip import RttEstimator
 from inri.core.seen import SeenCache
@@ -41,7 +42,8 @@ CORE = ROOT / "inri" / "core"
 OWNER_OBJECTS: dict[str, type | tuple[type, ...]] = {
     "_rtt": RttEstimator, "_seen": SeenCache, "_tree": TreeGossip, "_await": AwaitedAnswers, "_stem": StemState,
     "_routes": (RouteTable, CompactRouteTable), "_custody": CustodyTable, "_reverse": ReversePaths,
-    "_homed": HomedRoutes, "_flood": FloodState, "_sync": SyncState}
+    "_homed": HomedRoutes, "_flood": FloodState, "_sync": SyncState,
+    "_neighbours": Neighbours}
 
 
 def owner_classes() -> list[type]:
@@ -62,7 +64,7 @@ OWNED: dict[str, str] = {
     # membership.py (M1-M7)
     "listen_addr": "membership", "_near": "membership", "_far": "membership", "_next_make_room": "membership",
     "_next_rejoin": "membership", "_started_at": "membership", "_full_until": "membership",
-    "_rejoined": "membership", "_next_tick": "membership",
+    "_rejoined": "membership", "_next_tick": "membership", "_next_exchange": "membership",
     # gossip.py (G1-G5, G9's switch)
     "_emit_row": "gossip", "_tree_on": "gossip",
     # stem.py (G6-G8, G10)
@@ -75,7 +77,7 @@ OWNED: dict[str, str] = {
     # scoring.py (S1, S2)
     "_overdue": "scoring", "_overdue_heap": "scoring", "_blamed": "scoring",
     # engine.py (dispatch, timers: M2's keepalives, S1's decay)
-    "_score_decay": "engine", "_tracer": "engine",
+    "_score_decay": "engine", "_tracer": "engine", "_next_sweep": "engine",
     # state.py (the trace and count helpers every group calls)
     "_emit": "state", "counters": "state",
     # gossip.py (G3's duplicate count)
@@ -85,11 +87,8 @@ OWNED: dict[str, str] = {
 # Given at construction (or by the driver: wall_offset) and never rebound by a rule group.
 CONTEXT = frozenset({"relay_id", "config", "wall_offset", "_verifier", "_home", "_level", "_rng"})
 
-# Still read or written by several modules: the work left (docs/architecture.md says which groups).
-SHARED = frozenset({
-    "_active", "_passive", "_connecting", "_lost", "_next_sweep", "_next_exchange", "_banned",
-    "_probation", "_heard_any", "_down_since",
-})
+# Still read or written by several modules: none left. It stays empty: a new attribute is given an owner.
+SHARED: frozenset[str] = frozenset()
 
 
 def engine_attributes() -> set[str]:

@@ -170,7 +170,7 @@ def test_a_black_hole_is_still_blamed_on_time_when_the_custodian_re_sends_early(
         hear_all(eng, t)
         eng.handle_timer(t)
     assert eng.stats()["push_no_answer"] >= 20
-    assert eng._active["a"].silences >= 20  # each counted against a (what scoring then does is S1's)
+    assert eng._neighbours.active()["a"].silences >= 20  # each counted against a (what scoring then does is S1's)
 
 
 def test_a_relay_re_sends_over_the_backup_as_soon_as_the_link_goes_down() -> None:

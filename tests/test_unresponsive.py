@@ -72,8 +72,9 @@ def test_an_unresponsive_report_on_a_live_lossy_link_is_forgotten_at_its_next_fr
     other = make_registration(new_signing_key(), 1, 0, 3600)  # a second route the detour does not touch
     net.homes[3].add_registration(other, tokens[2:])
     net.apply("3", net.engines[3].register(other, net.now))
-    heard = net.engines[1]._active["2"].last_heard
-    while net.engines[1]._active["2"].last_heard == heard:  # after 2's keepalive round: the next is ~1 s off
+    links = net.engines[1]._neighbours
+    heard = links.active()["2"].last_heard
+    while links.active()["2"].last_heard == heard:  # after 2's keepalive round: the next is ~1 s off
         net.run_until(net.now + 0.005)
     net.run_until(net.now + 0.1)
     assert [h for h, _ in net.engines[1].next_hops(other.route_id)] == ["2", "4"]

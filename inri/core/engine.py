@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
-from typing import Any, assert_never
+from typing import assert_never
 
 from inri.core.api import Disconnect, DisconnectReason, Effect, HomeStore, Send, Tracer, Verifier
 from inri.core.awaited import AwaitedAnswers
@@ -29,12 +29,13 @@ from inri.core.gossip import ANNOUNCE_SHARE, GossipRules
 from inri.core.homed import HomedRoutes
 from inri.core.kept import CustodyTable
 from inri.core.membership import MembershipRules
+from inri.core.neighbours import Neighbours
 from inri.core.reverse import ReversePaths
 from inri.core.roundtrip import ROUTE_LEN_MAX, RttEstimator
 from inri.core.rtt import RttRules
 from inri.core.scoring import ScoringRules
 from inri.core.seen import SeenCache
-from inri.core.state import SWEEP_INTERVAL_S, Neighbour, make_keepalive, readdress
+from inri.core.state import SWEEP_INTERVAL_S, make_keepalive, readdress
 from inri.core.stem import StemRules
 from inri.core.stemstate import StemState
 from inri.core.sync import SYNC, SyncRules
@@ -100,24 +101,19 @@ class Engine(MembershipRules, GossipRules, StemRules, SyncRules, ForwardingRules
         # Optional fast path: a tracer may take whole rows in trace-schema column order.
         self._emit_row = getattr(tracer, "emit_row", None)
         self._rng = rng
-        self._active: dict[str, Neighbour] = {}
-        self._passive: dict[str, str] = {}  # node id -> addr, oldest first
+        # Who this relay is linked to, dials, candidates, former neighbours, bans, probations (neighbours.py:
+        # rules M1-M7, S2's bans, F3's links down, C7's last frame).
+        self._neighbours = Neighbours()
         self._near: dict[str, int] = {}  # candidates ranked near by a bootstrap -> rank (rule M5)
         self._far: set[str] = set()  # peers dialled as the far link(s) (rule M5)
-        self._connecting: dict[str, float] = {}  # node id -> give-up time
-        # Former neighbours whose link was lost: re-dialled with exponential backoff while the active
-        # view is below active_max, so a mesh torn by a partition or a crash knits itself back.
-        self._lost: dict[str, list[Any]] = {}  # node id -> [addr, retry_at, failures]
         self._routes = CompactRouteTable() if config.route_table == "compact" else RouteTable()
         self._flood = FloodState()  # floodstate.py (G3b, G4): refresh budgets, far-travelled first copies
         self._seen = SeenCache(config.push_seen_max, config.seen_ttl_s, config.reverse_ttl_s)  # seen.py (F1)
         self._reverse = ReversePaths(config.reverse_max, config.reverse_ttl_s)  # F4, F6b (reverse.py)
         self._custody = CustodyTable()  # C1-C3, C7 (kept.py)
         self._next_tick: float | None = None
-        self._next_sweep = 0.0
-        self._next_exchange = 0.0
-        self._banned: dict[str, float] = {}  # node id -> until (cut for its score)
-        self._probation: dict[str, tuple[float, str]] = {}  # inbound links held while full: -> (until, addr)
+        self._next_sweep = 0.0  # the expiry sweeps (engine.py, _sweep)
+        self._next_exchange = 0.0  # M1's peer exchange (membership.py)
         self._next_make_room = 0.0
         self._next_rejoin = 0.0  # M6, the other side: its own limiter (membership.py)
         self._started_at = 0.0  # M6: former neighbours get back in for a while after start()
@@ -139,7 +135,6 @@ class Engine(MembershipRules, GossipRules, StemRules, SyncRules, ForwardingRules
         # F5c (forwarding.py): push id -> (the neighbour that sent its last route copy, that copy's attempt,
         # expiry) when F6b kept the reverse entry of an earlier copy: a `not home` for that copy goes there.
         self._kept_from: BoundedMap[bytes, tuple[str, int, float]] = BoundedMap(config.reverse_max)
-        self._heard_any = -float("inf")  # custody.py (C7): when a frame last came from any neighbour
         self._rtt = RttEstimator(config)  # rtt.py (C4, C4b): the round-trip estimate
         self._waiting_route: dict[bytes, set[bytes]] = {}  # custody.py (C3c)
         self._renewed_at: BoundedMap[bytes, float] = BoundedMap(ROUTE_LEN_MAX)
@@ -168,7 +163,6 @@ class Engine(MembershipRules, GossipRules, StemRules, SyncRules, ForwardingRules
         self._restem_due: dict[bytes, float] = {}
         self._repair_asked: dict[bytes, tuple[int, int, float]] = {}
         self._repair_due: dict[bytes, tuple[float, int]] = {}
-        self._down_since: dict[str, float] = {}  # former neighbour -> when its link went down
         # Tree gossip (tree.py, rule G9); the tables stay empty with gossip_scheme "flood".
         self._tree_on = config.gossip_scheme == "tree"
         # Rule F5b: receipts answered as a home, held until flush_receipts (None: answered at once, the
@@ -178,8 +172,15 @@ class Engine(MembershipRules, GossipRules, StemRules, SyncRules, ForwardingRules
         self.counters: dict[str, int] = {}
         self.reg_duplicates = 0  # gossip arrivals of a known (route, epoch): a plain int on the hot path
         # G9's owner (tree.py): its tables stay empty with gossip_scheme "flood" unless a neighbour announces.
-        self._tree = TreeGossip(relay_id, config, self._routes, self._active, rng, self.counters, tracer.emit,
+        self._tree = TreeGossip(relay_id, config, self._routes, self._neighbours, rng, self.counters, tracer.emit,
                                 self._level)
+
+    # Rule M1 (membership.py), and the clock of the engine's own expiry sweeps.
+    def start(self, now: float, *, sync_routes: bool = True) -> list[Effect]:
+        """Begin: MembershipRules.start (timers, G11's route requests, the first dials); the first expiry
+        sweep is due SWEEP_INTERVAL_S from now."""
+        self._next_sweep = now + SWEEP_INTERVAL_S
+        return super().start(now, sync_routes=sync_routes)
 
     # ------------------------------------------------------------------------------------------
     # frames (dispatch)
@@ -197,17 +198,15 @@ class Engine(MembershipRules, GossipRules, StemRules, SyncRules, ForwardingRules
     # Dispatch to the rule groups by message type.
     def receive_message(self, peer: str, msg: Message, now: float) -> list[Effect]:
         """Handle a decoded message from a neighbour (the simulator's fast path)."""
-        state = self._active.get(peer)
+        state = self._neighbours.heard_from(peer, now)  # M2's liveness, C7's clock
         if state is None:
-            if peer in self._probation and isinstance(msg, Hello):
+            if self._neighbours.on_probation(peer) and isinstance(msg, Hello):
                 out = self._on_probation_hello(peer, msg, now)
-                if SYNC in msg.features and peer in self._active:  # G11: admitted, and it asks for routes
+                if SYNC in msg.features and peer in self._neighbours.active():  # G11: admitted, asks for routes
                     out += self._on_sync_request(peer, now)
                 return out
             self._count("frames_from_stranger")
             return []
-        state.last_heard = now
-        self._heard_any = now  # custody.py (C7): a relay's own stall is not its next hop's silence
         if type(msg) is RegGossip:  # most frames: one type check, not a class pattern (3x the cost on 3.11)
             return self._on_gossip(peer, state, msg, now)
         if type(msg) is Keepalive:  # the next most frequent (rule M2): as the Keepalive case below
@@ -300,7 +299,8 @@ class Engine(MembershipRules, GossipRules, StemRules, SyncRules, ForwardingRules
             out += self._sync_send(p, now)
         decay = self._score_decay
         ka_after = interval * 0.99
-        active = self._active
+        nb = self._neighbours
+        active = nb.active()
         for p in list(active):
             st = active[p]
             if st.score:
@@ -315,28 +315,22 @@ class Engine(MembershipRules, GossipRules, StemRules, SyncRules, ForwardingRules
                 st.nonce += 1
                 st.last_sent = st.ka_sent = now
                 out.append(make_keepalive(p, st.nonce, False))
-        for p, give_up in list(self._connecting.items()):
-            if now >= give_up:
-                out += self.connect_failed(p, now)
-        for p, (until, _) in list(self._probation.items()):
-            if now >= until:  # no "low" Hello came: refuse as full
-                del self._probation[p]
-                self._count("peer_refused_full")
-                out.append(Disconnect(p, DisconnectReason.FULL))
+        for p in nb.dials_given_up(now):
+            out += self.connect_failed(p, now)
+        for p in nb.probations_ended(now):  # no "low" Hello came: refuse as full (M4)
+            self._count("peer_refused_full")
+            out.append(Disconnect(p, DisconnectReason.FULL))
         if self._stem.any_embargo():  # G8
             out += self._stem_embargo(now)
         out += self._restem_due_now(now)  # G10 (stem.py)
         out += self._repair_due_now(now)
-        if len(self._active) + len(self._connecting) < cfg.active_max:
+        if nb.links_and_dials() < cfg.active_max:
             out += self._refill(now)
-        if now >= self._next_exchange and self._active:
-            self._next_exchange = now + cfg.peer_exchange_interval_s
-            out += self._peer_exchange(now)
+        out += self._exchange_due(now)  # M1 (membership.py)
         if now >= self._next_sweep:
             self._next_sweep = now + SWEEP_INTERVAL_S
             self._sweep(now)
-        busy = self._active or self._connecting or self._passive or self._lost or self._probation
-        self._set_tick(now + interval if busy else None)
+        self._set_tick(now + interval if nb.busy() else None)
         return out
 
     def _sweep(self, now: float) -> None:
@@ -349,8 +343,7 @@ class Engine(MembershipRules, GossipRules, StemRules, SyncRules, ForwardingRules
         expired = self._custody.expire(now)
         if expired:
             self._count("custody_expired", expired)
-        for peer in [p for p, until in self._banned.items() if until <= now]:
-            del self._banned[peer]
+        self._neighbours.sweep_bans(now)  # S2
 
     # ------------------------------------------------------------------------------------------
     # introspection
@@ -365,16 +358,16 @@ class Engine(MembershipRules, GossipRules, StemRules, SyncRules, ForwardingRules
 
     def active_peers(self) -> list[str]:
         """The active view, sorted."""
-        return sorted(self._active)
+        return sorted(self._neighbours.active())
 
     def listed_peers(self) -> list[str]:
         """The active neighbours this relay has heard from since their link came up, sorted (rule M7): the
         other end holds the link too. What a relay lists as its neighbours (docs/api.md, /v1/status)."""
-        return sorted(p for p, st in self._active.items() if st.last_heard > st.up_at)
+        return sorted(p for p, st in self._neighbours.active().items() if st.last_heard > st.up_at)
 
     def passive_peers(self) -> list[str]:
         """The passive view (candidates), oldest first."""
-        return list(self._passive)
+        return list(self._neighbours.passive())
 
     def next_hops(self, route_id: bytes) -> list[tuple[str, int]]:
         """The cached route vector for route_id: [(next hop, distance), ...], primary first."""
@@ -419,19 +412,20 @@ class Engine(MembershipRules, GossipRules, StemRules, SyncRules, ForwardingRules
     def export_anchors(self) -> list[tuple[str, str]]:
         """The active neighbours with a known address, [(node id, address), ...]: kept across a restart
         (inri/node/routesnap.py) so that the next hops of the restored routes are dialled first."""
-        return sorted((p, st.addr) for p, st in self._active.items() if st.addr)
+        return sorted((p, st.addr) for p, st in self._neighbours.active().items() if st.addr)
 
     def restore_anchors(self, anchors: list[tuple[str, str]], now: float) -> int:
         """Former neighbours (export_anchors) into the redial list of rule M6, due now: the next _refill
         (start) dials them before any candidate of the passive view. Returns how many (at most
         active_max; banned relays and this relay skipped)."""
         n = 0
+        nb = self._neighbours
         for peer, addr in anchors:
             if n >= self.config.active_max:
                 break
-            if peer == self.relay_id or peer in self._banned or peer in self._lost or not addr:
+            if peer == self.relay_id or nb.is_banned(peer) or nb.is_lost(peer) or not addr:
                 continue
-            self._lost[peer] = [addr, now, 0]
+            nb.lose(peer, addr, now)
             n += 1
         return n
 
@@ -442,7 +436,7 @@ class Engine(MembershipRules, GossipRules, StemRules, SyncRules, ForwardingRules
 
     def peer_scores(self) -> dict[str, float]:
         """The score of every active neighbour (rule S1), rounded."""
-        return {p: round(st.score, 2) for p, st in sorted(self._active.items())}
+        return {p: round(st.score, 2) for p, st in sorted(self._neighbours.active().items())}
 
     def route_epoch(self, route_id: bytes) -> int | None:
         """The newest epoch known for route_id."""
@@ -456,11 +450,7 @@ class Engine(MembershipRules, GossipRules, StemRules, SyncRules, ForwardingRules
             "seen": len(self._seen),
             "reverse": len(self._reverse),
             "custody": len(self._custody),
-            "active": len(self._active),
-            "passive": len(self._passive),
-            "connecting": len(self._connecting),
-            "lost": len(self._lost),
-            "banned": len(self._banned),
+            **self._neighbours.sizes(),  # active, passive, connecting, lost, banned
             "routes_provisional": self._sync.provisional_size(),
             "awaiting_receipt": len(self._await),
             "reg_duplicate": self._duplicate_count(),  # G3 (gossip.py)

@@ -12,8 +12,8 @@ from inri.core.api import (
     Send,
 )
 from inri.core.gossip import ANNOUNCE_SHARE
+from inri.core.neighbours import RECONNECT_BASE_S
 from inri.core.state import (
-    SWEEP_INTERVAL_S,
     EngineState,
     Neighbour,
 )
@@ -25,10 +25,6 @@ from inri.protocol.messages import (
     PeerInfo,
 )
 
-# Reconnecting to a lost neighbour: 2 s, 4 s, 8 s ... capped at 60 s, given up after 10 failures (~8 min).
-RECONNECT_BASE_S = 2.0
-RECONNECT_MAX_S = 60.0
-RECONNECT_MAX_FAILURES = 10
 PROBATION_S = 2.0  # a full relay waits this long for a "low" Hello on an inbound link (rule M4)
 MAKE_ROOM_INTERVAL_S = 60.0  # a full relay makes room for a "low" relay at most this often
 LOW = "low"  # Hello feature: the dialler is below active_min
@@ -52,7 +48,7 @@ _NO_REDIAL = frozenset((DisconnectReason.FULL, DisconnectReason.OUTBOUND_QUOTA, 
                         DisconnectReason.BANNED, DisconnectReason.MAKE_ROOM))
 
 class MembershipRules(EngineState):
-    """M1-M4: who this relay is linked to."""
+    """M1-M7: who this relay is linked to (the tables: neighbours.Neighbours, held as _neighbours)."""
 
     # The state this rule group owns (tests/test_core_owners.py; Engine.__init__ builds it).
     _near: dict[str, int]  # candidates a proximity-ranked source called near -> rank (rule M5)
@@ -63,6 +59,7 @@ class MembershipRules(EngineState):
     # M7: candidate that refused us as full -> (not dialled until, the backoff that gave it)
     _full_until: dict[str, tuple[float, float]]
     _rejoined: set[str]  # former neighbours let back in since (M6)
+    _next_exchange: float  # M1: when the next peer exchange is due
     listen_addr: str
     _next_tick: float | None  # M2: when keepalives, liveness and the other periodic work are next due
 
@@ -88,21 +85,19 @@ class MembershipRules(EngineState):
         ceil(count/2) nearest, then random others: bootstrap_nodes/ranking.py). Rule M5 dials them first,
         but keeps `far_links` dialled links to candidates not known to be near (the small world).
         """
-        banned = self._banned
+        nb = self._neighbours
         near_rank = self._near
         for i, p in enumerate(peers):
-            if p.node_id == self.relay_id or p.node_id in self._active or (banned and p.node_id in banned):
+            if p.node_id == self.relay_id or not nb.add_candidate(p.node_id, p.addr):
                 continue
-            self._passive.pop(p.node_id, None)
-            self._passive[p.node_id] = p.addr
             if i < near:
                 near_rank.pop(p.node_id, None)
                 near_rank[p.node_id] = i
-        while len(self._passive) > self.config.passive_max:
-            del self._passive[next(iter(self._passive))]
+        nb.trim_candidates(self.config.passive_max)
         if len(near_rank) > 2 * self.config.passive_max:  # bounded: forget the oldest flags
+            passive = nb.passive()
             for peer in list(near_rank)[: len(near_rank) - 2 * self.config.passive_max]:
-                if peer not in self._passive:
+                if peer not in passive:
                     del near_rank[peer]
         return self._refill(now)
 
@@ -118,38 +113,40 @@ class MembershipRules(EngineState):
         if sync_routes and self.config.route_sync:
             self._sync.open_window(now + SYNC_WINDOW_S)
             # G11: links that came up before start (a daemon accepts links while it restores custody)
-            for peer in sorted(self._active):
+            for peer in sorted(self._neighbours.active()):
                 self._sync.ask(peer)
                 out.append(Send(peer, Hello(limits.PROTOCOL_VERSION, self.relay_id, self.listen_addr, (SYNC,))))
         self._started_at = now  # M6
-        self._next_sweep = now + SWEEP_INTERVAL_S
         self._next_exchange = now + self.config.peer_exchange_interval_s * (0.5 + self._rng.random())
         return out + self._refill(now)
 
     # Rule M1.
     def _refill(self, now: float) -> list[Effect]:
         out: list[Effect] = []
-        have = len(self._active) + len(self._connecting)
-        if have < self.config.active_max and self._lost:
-            for peer, (addr, retry_at, _) in sorted(self._lost.items(), key=lambda kv: kv[1][1]):
+        nb = self._neighbours
+        have = nb.links_and_dials()
+        if have < self.config.active_max and nb.any_lost():
+            active = nb.active()
+            for peer, addr, retry_at in nb.lost_by_retry():
                 if have >= self.config.active_max or retry_at > now:
                     break
-                if peer not in self._connecting and peer not in self._active:
-                    self._connecting[peer] = now + self.config.connect_timeout_s
+                if not nb.dialling(peer) and peer not in active:
+                    nb.dial(peer, now + self.config.connect_timeout_s)
                     out.append(Connect(peer, addr))
                     have += 1
         want = self.config.active_min - have
-        if want <= 0 or not self._passive:
+        passive = nb.passive()
+        if want <= 0 or not passive:
             return out
         full = self._full_until
-        choices = [p for p in self._passive if p not in self._connecting
+        choices = [p for p in passive if not nb.dialling(p)
                    and not (full and p in full and full[p][0] > now)]
         self._rng.shuffle(choices)
         if self._near:
             choices = self._proximity_order(choices)
         for peer in choices[:want]:
-            self._connecting[peer] = now + self.config.connect_timeout_s
-            out.append(Connect(peer, self._passive[peer]))
+            nb.dial(peer, now + self.config.connect_timeout_s)
+            out.append(Connect(peer, passive[peer]))
         return out
 
     # Rule M5.
@@ -164,7 +161,8 @@ class MembershipRules(EngineState):
         """
         near_rank = self._near
         far = self._far
-        for p in [p for p in far if p not in self._active and p not in self._connecting]:
+        nb = self._neighbours
+        for p in [p for p in far if p not in nb.active() and not nb.dialling(p)]:
             far.discard(p)
         near = sorted((p for p in shuffled if p in near_rank), key=near_rank.__getitem__)
         others = [p for p in shuffled if p not in near_rank]
@@ -176,23 +174,22 @@ class MembershipRules(EngineState):
     # Rules M1, M3, M4.
     def peer_up(self, peer: str, now: float, *, outbound: bool, addr: str = "") -> list[Effect]:
         """A link to peer is open (we dialled it: outbound=True). Beyond active_max it is refused (Disconnect)."""
-        self._connecting.pop(peer, None)
-        if peer in self._active or peer == self.relay_id:
+        nb = self._neighbours
+        nb.dial_ended(peer)
+        active = nb.active()
+        if peer in active or peer == self.relay_id:
             return []
         out: list[Effect] = []
-        until = self._banned.get(peer)
-        if until is not None:
-            if until > now:
-                self._count("peer_refused_banned")
-                return [Disconnect(peer, DisconnectReason.BANNED)]
-            del self._banned[peer]
-        if len(self._active) >= self.config.active_max:
+        if nb.refused_for_ban(peer, now):
+            self._count("peer_refused_banned")
+            return [Disconnect(peer, DisconnectReason.BANNED)]
+        if len(active) >= self.config.active_max:
             # Full. An outbound link still gets in while we hold fewer than outbound_min dialled links,
             # by evicting an inbound one: inbound connections alone can never take over the view.
-            dialled = sum(1 for st in self._active.values() if st.outbound)
-            inbound = sorted(p for p, st in self._active.items() if not st.outbound)
+            dialled = sum(1 for st in active.values() if st.outbound)
+            inbound = sorted(p for p, st in active.items() if not st.outbound)
             if not (outbound and dialled < self.config.outbound_min and inbound):
-                if not outbound and peer in self._lost and now >= self._next_rejoin:
+                if not outbound and nb.is_lost(peer) and now >= self._next_rejoin:
                     # M6 (the other side): a neighbour we lost to a link failure dials us back before
                     # our own re-dial reached it (it restarted: it does not know us, so no "back" in
                     # its Hello). Holding it on probation would swallow our re-dial too (the link
@@ -201,33 +198,30 @@ class MembershipRules(EngineState):
                     # mesh that formed a minute ago made room for those, and a relay restarted then
                     # found every former neighbour closed to it (its restored routes' next hops).
                     return self._rejoin(peer, now, addr)
-                if not outbound and peer not in self._probation:
+                if not outbound and not nb.on_probation(peer):
                     # M4: wait for the dialler's Hello: a relay below active_min gets in anyway.
-                    self._probation[peer] = (now + PROBATION_S, addr)
+                    nb.hold(peer, now + PROBATION_S, addr)
                     self._arm_tick(now)
                     return []
                 self._count("peer_refused_full")
                 if addr:
-                    self._passive.setdefault(peer, addr)
+                    nb.offer_candidate(peer, addr)
                 return [Disconnect(peer, DisconnectReason.FULL)]
             victim = self._rng.choice(inbound)
             out.append(Disconnect(victim, DisconnectReason.OUTBOUND_QUOTA))
             out += self.peer_down(victim, now, DisconnectReason.OUTBOUND_QUOTA)
-        self._passive.pop(peer, None)
-        back = self._lost.pop(peer, None) is not None and outbound
-        self._probation.pop(peer, None)
+        back = nb.admit(peer) and outbound
         # M4: tell a full relay we are short of neighbours, so it makes room; M6: that we were its
         # neighbour (it may have restarted and been filled by others); G11: ask for its routes.
         sync = self._sync.wanted(now)
-        features = ((LOW,) if outbound and len(self._active) < self.config.priority_join_below else ()) + (
+        features = ((LOW,) if outbound and len(active) < self.config.priority_join_below else ()) + (
             (BACK,) if back else ()) + ((SYNC,) if sync else ())
         if sync:
             self._sync.ask(peer)
         if features:
             out.append(Send(peer, Hello(limits.PROTOCOL_VERSION, self.relay_id, self.listen_addr, features)))
-        self._active[peer] = Neighbour(addr, outbound, now, self.config.reg_budget_peer_burst,
-                                   self.config.push_budget_peer_burst)
-        self._down_since.pop(peer, None)
+        nb.link(peer, Neighbour(addr, outbound, now, self.config.reg_budget_peer_burst,
+                                self.config.push_budget_peer_burst))
         if self._homed.any() or self._stem.holds_any():  # rule G5: a new neighbour learns the routes homed here (paced:
             # the rest on ticks); with the stem on, stem relays announce the stem routes they hold too
             self._homed.queue(peer, self._stem.held_ids())
@@ -240,9 +234,8 @@ class MembershipRules(EngineState):
     # Rule M1.
     def peer_down(self, peer: str, now: float, reason: DisconnectReason) -> list[Effect]:
         """The link to peer closed or failed: refill the active view (passive view, lost neighbours)."""
-        state = self._active.pop(peer, None)
-        self._connecting.pop(peer, None)
-        self._probation.pop(peer, None)
+        nb = self._neighbours
+        state = nb.unlink(peer)
         if reason == DisconnectReason.FULL:  # M7: it refused us as full: not dialled again for a while
             full = self._full_until
             last = full.pop(peer, None)
@@ -259,10 +252,7 @@ class MembershipRules(EngineState):
         self._tree.peer_down(peer)  # G9 (tree.py)
         # When it went down: a one-hop route through it (it was the home) is reported `home unreachable`
         # for a while, then searched for (forwarding.py, rule F3). Old entries go (bounded).
-        if len(self._down_since) >= 4 * self.config.active_max + self.config.passive_max:
-            for p in sorted(self._down_since, key=self._down_since.__getitem__)[: len(self._down_since) // 2]:
-                del self._down_since[p]
-        self._down_since[peer] = now
+        nb.went_down(peer, now, 4 * self.config.active_max + self.config.passive_max)
         # A link the other side closed as full, or for our score, is not re-dialled (the reason is
         # ours, or the remote's: a driver passes it on).
         if state.score <= self.config.score_prefer_below or reason in _PURGE_ON_DOWN:
@@ -271,7 +261,7 @@ class MembershipRules(EngineState):
             # report its routes' homes unreachable ("home unreachable" means the home went down).
             self._purge_routes(peer)
         if state.addr and reason not in _NO_REDIAL:
-            self._lost[peer] = [state.addr, now + RECONNECT_BASE_S, 0]
+            nb.lose(peer, state.addr, now + RECONNECT_BASE_S)
         if self._level:
             self._trace(now, "peer_down", peer=peer, reason=reason)
         out = self._reroute_awaited(peer, now) + self._refill(now)  # rtt.py (C5)
@@ -282,82 +272,88 @@ class MembershipRules(EngineState):
     # Rule M1.
     def connect_failed(self, peer: str, now: float) -> list[Effect]:
         """A Connect effect did not produce a link: back off (former neighbour) or forget the candidate."""
-        self._connecting.pop(peer, None)
-        self._passive.pop(peer, None)
-        lost = self._lost.get(peer)
-        if lost is not None:
-            lost[2] += 1
-            if lost[2] >= RECONNECT_MAX_FAILURES:
-                del self._lost[peer]
-            else:
-                lost[1] = now + min(RECONNECT_MAX_S, RECONNECT_BASE_S * 2 ** lost[2])
+        nb = self._neighbours
+        nb.dial_ended(peer)
+        nb.forget_candidate(peer)
+        nb.redial_failed(peer, now)  # M6: a former neighbour is re-dialled later, or given up
         return self._refill(now)
 
     # Rule M6.
     def _rejoin(self, peer: str, now: float, addr: str) -> list[Effect]:
         """Let the lost neighbour peer back in, in place of a random neighbour (made room for)."""
         self._next_rejoin = now + MAKE_ROOM_INTERVAL_S
-        victim = self._rng.choice(sorted(self._active))
-        victim_addr = self._active[victim].addr
+        active = self._neighbours.active()
+        victim = self._rng.choice(sorted(active))
+        victim_addr = active[victim].addr
         self._count("peer_rejoined")
         out: list[Effect] = [Disconnect(victim, DisconnectReason.MAKE_ROOM),
                              *self.peer_down(victim, now, DisconnectReason.MAKE_ROOM)]
         out += self.peer_up(peer, now, outbound=False, addr=addr)
         if victim_addr:
-            self._passive[victim] = victim_addr
+            self._neighbours.keep_candidate(victim, victim_addr)
         return out
 
     # Rule M4.
     def _on_probation_hello(self, peer: str, msg: Hello, now: float) -> list[Effect]:
         """M4: a Hello on an inbound link held while full. "low": make room; otherwise refuse ("back": M6;
         only "sync": the probation goes on, G11)."""
-        until, addr = self._probation.pop(peer)
+        nb = self._neighbours
+        until, addr = nb.end_probation(peer)
+        active = nb.active()
         if (BACK in msg.features and now < self._started_at + REJOIN_WINDOW_S
                 and len(self._rejoined) < self.config.active_max):
             # M6: a former neighbour is let back in; it takes the place of one that is not.
-            others = sorted(p for p in self._active if p not in self._rejoined)
+            others = sorted(p for p in active if p not in self._rejoined)
             if others:
                 self._rejoined.add(peer)
                 self._count("peer_rejoined")
                 victim = self._rng.choice(others)
-                victim_addr = self._active[victim].addr
+                victim_addr = active[victim].addr
                 out: list[Effect] = [Disconnect(victim, DisconnectReason.MAKE_ROOM),
                                      *self.peer_down(victim, now, DisconnectReason.MAKE_ROOM)]
                 out += self.peer_up(peer, now, outbound=False, addr=addr)
                 if victim_addr:
-                    self._passive[victim] = victim_addr
+                    nb.keep_candidate(victim, victim_addr)
                 return out
         if SYNC in msg.features and LOW not in msg.features and BACK not in msg.features:
             # A Hello only asking for routes (G11, a relay in its first minute) claims no room: the
             # probation runs its course, as for a relay that says nothing (refusing it at once made relays
             # cycle through full candidates faster and pick far ones: a built mesh lost its proximity).
-            self._probation[peer] = (until, addr)
+            nb.hold(peer, until, addr)
             return []
-        if LOW not in msg.features or not self._active or now < self._next_make_room:
+        if LOW not in msg.features or not active or now < self._next_make_room:
             self._count("peer_refused_full")
             return [Disconnect(peer, DisconnectReason.FULL)]
         # At most one eviction per MAKE_ROOM_INTERVAL_S: a relay cut everywhere for its behaviour is
         # "low" too, and must not be able to churn honest links at will.
         self._next_make_room = now + MAKE_ROOM_INTERVAL_S
-        victim = self._rng.choice(sorted(self._active))
-        victim_addr = self._active[victim].addr
+        victim = self._rng.choice(sorted(active))
+        victim_addr = active[victim].addr
         self._count("peer_made_room")
         out = [Disconnect(victim, DisconnectReason.MAKE_ROOM),
                              *self.peer_down(victim, now, DisconnectReason.MAKE_ROOM)]
         out += self.peer_up(peer, now, outbound=False, addr=addr)
         if victim_addr:
-            self._passive[victim] = victim_addr  # still a good candidate for later
+            nb.keep_candidate(victim, victim_addr)  # still a good candidate for later
         return out
 
     # Rule M1.
+    def _exchange_due(self, now: float) -> list[Effect]:
+        """A peer exchange with a random neighbour, when one is due (every peer_exchange_interval_s)."""
+        if now < self._next_exchange or not self._neighbours.active():
+            return []
+        self._next_exchange = now + self.config.peer_exchange_interval_s
+        return self._peer_exchange(now)
+
     def _peer_exchange(self, now: float) -> list[Effect]:
-        target = self._rng.choice(sorted(self._active))
-        pool = [PeerInfo(p, st.addr) for p, st in self._active.items() if p != target and st.addr]
-        pool += [PeerInfo(p, a) for p, a in self._passive.items() if p != target and a]
+        active = self._neighbours.active()
+        target = self._rng.choice(sorted(active))
+        pool = [PeerInfo(p, st.addr) for p, st in active.items() if p != target and st.addr]
+        pool += [PeerInfo(p, a) for p, a in self._neighbours.passive().items() if p != target and a]
         if self.listen_addr:
             pool.append(PeerInfo(self.relay_id, self.listen_addr))
         if not pool:
             return []
         sample = self._rng.sample(pool, min(len(pool), limits.MAX_PEERS_IN_EXCHANGE // 2))
-        self._active[target].last_sent = now
+        self._neighbours.sent(target, now)
         return [Send(target, PeerExchange(tuple(sample)))]

@@ -39,7 +39,8 @@ from inri.protocol.messages import (
     WebPushMeta,
 )
 
-if TYPE_CHECKING:  # tree.py builds on this module (Neighbour, make_send)
+if TYPE_CHECKING:  # tree.py and neighbours.py build on this module (Neighbour, make_send)
+    from inri.core.neighbours import Neighbours
     from inri.core.tree import TreeGossip
 
 # Clock skew tolerated on a registration's issued_at (relays' clocks are not synchronised).
@@ -235,28 +236,18 @@ class EngineState:
     _level: int
     _emit: Callable[..., None]
     _rng: random.Random
-    _active: dict[str, Neighbour]
-    _passive: dict[str, str]
-    _connecting: dict[str, float]
-    _lost: dict[str, list[Any]]
+    _neighbours: Neighbours  # neighbours.py (M1-M7, S2's bans, F3, C7): the active view, candidates, dials, bans
     _routes: RouteTable | CompactRouteTable  # tables.py (G2, G3, F7): the route table and its expiry
     _flood: FloodState  # floodstate.py (G3b, G4): refresh budgets per route id, far-travelled first copies
     _seen: SeenCache  # seen.py (F1, F6b, F8b, F8c, F10): copies handled here, notes per push
     _reverse: ReversePaths
     _custody: CustodyTable
-    _next_sweep: float
-    _next_exchange: float
-    _banned: dict[str, float]
-    _probation: dict[str, tuple[float, str]]
     _await: AwaitedAnswers  # awaited.py (F6, S1, C4-C6): pushes forwarded, awaiting an answer
     _rtt: RttEstimator  # rtt.py (C4, C4b): the per-link round-trip estimate and route lengths
     _tree: TreeGossip  # tree.py (G9): tree gossip and its tables
-    _heard_any: float  # custody.py (C7): when a frame last came from any neighbour
     # Item 2 of issue 15 (a home relay that restarts): registrations homed here and their link-up
-    # announcements (homed.py, G5); when each former neighbour's link went down (forwarding.py: a dead
-    # one-hop route).
+    # announcements (homed.py, G5).
     _homed: HomedRoutes
-    _down_since: dict[str, float]
     _stem: StemState  # stemstate.py (G5, G7, G8, G10): stem routes held, embargoes, generations, successors
     _sync: SyncState  # syncstate.py (G11): route sync at link-up, provisional routes
 
@@ -304,11 +295,7 @@ class EngineState:
 
     if TYPE_CHECKING:  # calls from one rule group into another (implemented in the module named)
         # membership.py
-        def add_candidates(self, peers: list[Any], now: float, *, near: int = 0) -> list[Effect]: ...
-        def peer_up(self, peer: str, now: float, *, outbound: bool, addr: str = "") -> list[Effect]: ...
         def peer_down(self, peer: str, now: float, reason: DisconnectReason) -> list[Effect]: ...
-        def connect_failed(self, peer: str, now: float) -> list[Effect]: ...
-        def _refill(self, now: float) -> list[Effect]: ...
         # gossip.py
         def _announce_homed(self, peer: str, now: float, budget: float) -> list[Effect]: ...
         # scoring.py

@@ -36,6 +36,7 @@ from typing import Any
 from inri.core.api import Effect, Send, TraceLevel
 from inri.core.config import EngineConfig
 from inri.core.gossip import gossip_frame_bytes
+from inri.core.neighbours import Neighbours
 from inri.core.state import Neighbour, make_send
 from inri.core.tables import Arrival, BoundedMap, CompactRouteTable, RouteEntry, RouteTable
 from inri.protocol import limits
@@ -99,19 +100,19 @@ class TreeGossip:
     """G9's owner: eager/lazy push of registration gossip (gossip_scheme "tree") and the state it keeps.
     The engine holds one (`Engine._tree`); gossip.py hands it first arrivals, duplicates and
     originations, the engine its frames (RegAnnounce, RegGraft), its timer and links that went down.
-    It shares the engine's route table, active view, random stream and counters, and changes no other
-    rule group's state."""
+    It shares the engine's route table, neighbour set (read: the active view), random stream and counters,
+    and changes no other rule group's state."""
 
-    __slots__ = ("_relay_id", "_cfg", "_routes", "_active", "_rng", "_counters", "_emit", "_level", "_stats", "_out",
-                 "_flush_at", "_missing", "_extra", "_vtime", "_grafts", "_cache")
+    __slots__ = ("_relay_id", "_cfg", "_routes", "_neighbours", "_rng", "_counters", "_emit", "_level", "_stats",
+                 "_out", "_flush_at", "_missing", "_extra", "_vtime", "_grafts", "_cache")
 
     def __init__(self, relay_id: str, config: EngineConfig, routes: RouteTable | CompactRouteTable,
-                 active: dict[str, Neighbour], rng: random.Random, counters: dict[str, int],
+                 neighbours: Neighbours, rng: random.Random, counters: dict[str, int],
                  emit: Callable[..., None], level: int) -> None:
         self._relay_id = relay_id
         self._cfg = config
         self._routes = routes
-        self._active = active
+        self._neighbours = neighbours
         self._rng = rng
         self._counters = counters
         self._emit = emit
@@ -179,7 +180,7 @@ class TreeGossip:
         ann: Announcement | None = None
         rng = self._rng
         explore = self._cfg.tree_explore
-        for p, st in self._active.items():
+        for p, st in self._neighbours.active().items():
             if p == exclude:
                 continue
             if has and p in has:
@@ -263,7 +264,7 @@ class TreeGossip:
         waiting = self._missing.pop((rid, epoch), None)
         has: dict[str, int] = {}
         if waiting:
-            active = self._active
+            active = self._neighbours.active()
             for at, peer, hops in sorted((at, peer, hops) for peer, hops, at in waiting):
                 if peer in active and peer not in has:
                     if not has:
@@ -353,7 +354,7 @@ class TreeGossip:
         if cached is None or cached[0].epoch != epoch:
             return  # not forwarded yet: what we forward will carry the new lag
         ann = Announcement(rid, epoch, cached[2])
-        for p in self._active:
+        for p in self._neighbours.active():
             if p != primary:
                 self._batch(p)[0].append(ann)
         self._count("tree_corrections")
@@ -426,7 +427,7 @@ class TreeGossip:
         routes = self._routes
         lags: dict[bytes, Announcement] = {}
         for p, (entries, prunes, eager) in self._out.items():
-            st = self._active.get(p)
+            st = self._neighbours.active().get(p)
             if st is None:
                 continue
             # A neighbour that became one of our next hops for the route meanwhile is closer to its
@@ -469,13 +470,13 @@ class TreeGossip:
         if entry is not None and RouteTable.epoch(entry) >= epoch:
             del self._missing[key]
             return []
-        live = [(h, i) for i, (p, h, _) in enumerate(waiting) if p in self._active]
+        live = [(h, i) for i, (p, h, _) in enumerate(waiting) if p in self._neighbours.active()]
         if not live:
             del self._missing[key]
             return []
         _, i = min(live)
         peer = waiting.pop(i)[0]
-        self._active[peer].last_sent = now
+        self._neighbours.sent(peer, now)
         self._count("tree_grafts")
         heapq.heappush(self._grafts, (now + self._cfg.tree_graft_timeout_s, rid, epoch))
         if self._level:
