@@ -240,3 +240,29 @@ def test_shared_declarations_only_in_engine_state() -> None:
                 for b in c.body if isinstance(b, ast.AnnAssign) and isinstance(b.target, ast.Name)}
     misplaced = {a for a in declared if OWNED.get(a, "state") != "state"}
     assert not misplaced, f"declare these in their owner's module: {misplaced}"
+
+
+def cross_group_stubs() -> dict[str, set[str]]:
+    """state.py's type-checker declarations of calls between rule groups -> the modules (neither the one
+    that defines the method, nor engine.py, which inherits every group) that call it."""
+    state = next(c for c in ast.walk(ast.parse((CORE / "state.py").read_text()))
+                 if isinstance(c, ast.ClassDef) and c.name == "EngineState")
+    stubs = {f.name for b in state.body if isinstance(b, ast.If) and isinstance(b.test, ast.Name)
+             and b.test.id == "TYPE_CHECKING" for f in b.body if isinstance(f, ast.FunctionDef)}
+    defined: dict[str, set[str]] = {}
+    called: dict[str, set[str]] = {}
+    for path in CORE.glob("*.py"):
+        for n in ast.walk(ast.parse(path.read_text())):
+            if isinstance(n, ast.FunctionDef) and path.stem != "state":
+                defined.setdefault(n.name, set()).add(path.stem)
+            if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "self":
+                called.setdefault(n.attr, set()).add(path.stem)
+    assert stubs, "no stubs found: has EngineState's TYPE_CHECKING block moved?"
+    return {s: called.get(s, set()) - defined.get(s, set()) - {"engine", "state"} for s in stubs}
+
+
+def test_every_stub_declares_a_call_between_rule_groups() -> None:
+    """A stub whose method only its own group or the engine calls is dead weight: the list shrinks as rules
+    move into owners, and never keeps a declaration nothing needs."""
+    unneeded = sorted(s for s, callers in cross_group_stubs().items() if not callers)
+    assert not unneeded, f"remove these stubs from state.py (no other rule group calls them): {unneeded}"
