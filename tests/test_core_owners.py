@@ -10,7 +10,8 @@ Four kinds of engine attribute:
   which builds every attribute. Other groups ask that module's methods.
 - CONTEXT: what the engine is given when it is built (its identity, configuration, verifier, home store,
   random stream, trace level) or by its driver between calls (`wall_offset`): every rule group reads it,
-  none rebinds it (checked below); the objects among them have interfaces of their own.
+  none rebinds it (checked below); the objects among them have interfaces of their own. `_linked` is the
+  read-only view of the linked neighbours that their owner, Neighbours, hands out (typed Mapping).
 - SHARED: still read or written by several modules. This list only shrinks: an attribute moved to an
   owner leaves it, and a new attribute must be given an owner.
 """
@@ -85,7 +86,7 @@ OWNED: dict[str, str] = {
 }
 
 # Given at construction (or by the driver: wall_offset) and never rebound by a rule group.
-CONTEXT = frozenset({"relay_id", "config", "wall_offset", "_verifier", "_home", "_level", "_rng"})
+CONTEXT = frozenset({"relay_id", "config", "wall_offset", "_verifier", "_home", "_level", "_rng", "_linked"})
 
 # Still read or written by several modules: none left. It stays empty: a new attribute is given an owner.
 SHARED: frozenset[str] = frozenset()
@@ -167,11 +168,16 @@ def context_rebindings(module: str, source: str) -> list[str]:
                 pass
             case _:
                 continue
+        # self.x = ..., self.x[k] = ..., self.x.f = ...: x itself is rebound or changed (a record reached
+        # through it, as self._linked[peer].last_sent, is that record's business)
+        while any(isinstance(t, ast.Tuple | ast.List | ast.Starred) for t in targets):
+            targets = [e for t in targets for e in (t.elts if isinstance(t, ast.Tuple | ast.List) else
+                                                   [t.value] if isinstance(t, ast.Starred) else [t])]
         for t in targets:
-            for a in ast.walk(t):
-                if (isinstance(a, ast.Attribute) and a.attr in CONTEXT and isinstance(a.value, ast.Name)
-                        and a.value.id == "self" and id(a) not in skip):
-                    found.append(f"{module}:{a.lineno} {a.attr}")
+            a = t.value if isinstance(t, ast.Subscript | ast.Attribute) and isinstance(t.value, ast.Attribute) else t
+            if (isinstance(a, ast.Attribute) and a.attr in CONTEXT and isinstance(a.value, ast.Name)
+                    and a.value.id == "self" and id(a) not in skip):
+                found.append(f"{module}:{a.lineno} {a.attr}")
     return sorted(set(found))
 
 
@@ -184,8 +190,11 @@ def test_no_rule_group_rebinds_the_engines_context() -> None:
 
 def test_the_context_check_sees_a_rebinding() -> None:
     source = ("class ForwardingRules:\n    def f(self):\n        self.config = None\n        self.wall_offset += 1\n"
+              "        self._linked['a'] = 1\n        self.config.x, y = 2, 3\n"
+              "        self._linked['a'].last_sent = 3\n"
               "class Other:\n    def g(self):\n        self.config = None\n")
-    assert context_rebindings("forwarding", source) == ["forwarding:3 config", "forwarding:4 wall_offset"]
+    assert context_rebindings("forwarding", source) == [
+        "forwarding:3 config", "forwarding:4 wall_offset", "forwarding:5 _linked", "forwarding:6 config"]
 
 
 def test_no_rule_group_touches_another_owners_state() -> None:

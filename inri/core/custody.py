@@ -146,7 +146,7 @@ class CustodyRules(EngineState):
         score for them, and an entry relay that accepted 2,300 pushes/s for a next hop taking 2,000 was
         cut and banned by it, with 10,000 pushes in custody (bench_poc's 3-hop line, 1 run in 17).
         No known next hop (a search): not limited here."""
-        active = self._neighbours.active()
+        active = self._linked
         for p in self._routes.next_hops_of(rid):
             st = active.get(p)
             if st is not None:
@@ -272,7 +272,7 @@ class CustodyRules(EngineState):
             return []
         if self._waiting_route:  # C3c
             self._forget_waiting(c)
-        st = None if c.sent_to is None else self._neighbours.active().get(c.sent_to)
+        st = None if c.sent_to is None else self._linked.get(c.sent_to)
         if st is not None:  # rule C7
             st.queue_heard = now
             if c.attempt == 0 and c.sent_at > st.queue_sent:  # one copy, sent to one next hop, answered
@@ -368,7 +368,7 @@ class CustodyRules(EngineState):
         restarted)."""
         cfg = self.config
         cost = ring_cost(LOCAL_REPAIR_RADIUS, cfg.active_max)
-        if (not self._neighbours.active() or c.ring_spent + cost > cfg.fallback_budget
+        if (not self._linked or c.ring_spent + cost > cfg.fallback_budget
                 or c.push.route_id not in self._routes):  # a route never known here: searched already
             return []
         c.ring_spent += cost
@@ -388,7 +388,7 @@ class CustodyRules(EngineState):
         c.sent_to = nh
         c.sent_at = now
         if c.attempt == 0:
-            st = self._neighbours.active().get(nh)
+            st = self._linked.get(nh)
             if st is not None:
                 if st.queue_order is None:
                     st.queue_order = deque()
@@ -432,7 +432,7 @@ class CustodyRules(EngineState):
         cfg = self.config
         if nh is None or not cfg.adaptive_retry or c.home_down:
             return None
-        st = self._neighbours.active().get(nh)
+        st = self._linked.get(nh)
         if (st is None or st.queue_heard < now - cfg.custody_retry_s or st.queue_sent >= c.sent_at
                 or self._unresponsive(nh)):
             return None

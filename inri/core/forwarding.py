@@ -100,7 +100,7 @@ class ForwardingRules(EngineState):
         hops = self._routes.next_hops_of(rid)
         if not hops:
             return self._provisional_hop(rid, exclude) if self._sync.any_provisional() else None  # G11
-        active = self._neighbours.active()
+        active = self._linked
         if alternate and len(hops) > 1:
             hops = hops[1:] + hops[:1]
         fallback = None
@@ -133,7 +133,7 @@ class ForwardingRules(EngineState):
         since = None if primary is None else self._neighbours.down_since(primary)
         if since is not None and now - since < HOME_SEARCH_AFTER_S:
             return []
-        if (msg.registration is None or msg.ttl <= LOCAL_REPAIR_RADIUS or len(self._neighbours.active()) < 2
+        if (msg.registration is None or msg.ttl <= LOCAL_REPAIR_RADIUS or len(self._linked) < 2
                 or self._seen.copy_seen(msg.push_id, msg.attempt, True)):
             return []
         self._count("push_home_search")
@@ -151,8 +151,8 @@ class ForwardingRules(EngineState):
             return False
         primary = RouteTable.primary(entry)
         if RouteTable.distance(entry) == 1:
-            return primary is None or primary not in self._neighbours.active()
-        return primary is not None and primary not in self._neighbours.active() and self._home_hop(rid, entry, primary)
+            return primary is None or primary not in self._linked
+        return primary is not None and primary not in self._linked and self._home_hop(rid, entry, primary)
 
     # Rules F3, F6, C5, C6 (home unreachable), G7.
     def _home_hop(self, rid: bytes, entry: RouteEntry, nh: str) -> bool:
@@ -174,7 +174,7 @@ class ForwardingRules(EngineState):
 
     # Rules F1, S1 (an answer is awaited).
     def _forward(self, msg: Push, nh: str, now: float) -> Send:
-        self._neighbours.sent(nh, now)
+        self._linked[nh].last_sent = now  # M2
         self._await_answer(msg, nh, now)
         if self._level:
             self._trace(now, "push_forwarded", msg=msg.push_id.hex(), route=msg.route_id.hex(), peer=nh,
@@ -207,7 +207,7 @@ class ForwardingRules(EngineState):
             out += self._receipt_overdue(pid, nh, w[2], now, w[1] - w[2])
             if self._in_grace(pid):
                 continue  # a slow neighbour's grace: not reported (scoring.py blames it when it ends)
-            st = self._neighbours.active().get(nh)
+            st = self._linked.get(nh)
             if st is None or st.last_heard <= w[2]:
                 # Silent since the push left: more likely down (keepalives will tell, and its routes go
                 # with it) than a hole; reporting these cost 40% more messages under churn (churn-2k).
@@ -251,10 +251,10 @@ class ForwardingRules(EngineState):
             if c is not None:
                 self._home_down(c, now)  # the home is our neighbour and silent: retry later, never widen
             return []
-        if prev not in self._neighbours.active():
+        if prev not in self._linked:
             return []
         self._count("home_silent_reported")
-        self._neighbours.sent(prev, now)
+        self._linked[prev].last_sent = now  # M2
         if self._level:
             self._trace(now, "route_error", msg=pid.hex(), route=rid.hex(), peer=prev,
                         reason="home_unreachable", count=1)
@@ -276,11 +276,11 @@ class ForwardingRules(EngineState):
         if entry is not None and RouteTable.claims(entry, nh) and len(RouteTable.next_hops(entry)) > 1:
             self._routes.demote(rid, entry, nh)
         prev = back[0]
-        if isinstance(prev, ReverseMark) or prev not in self._neighbours.active():
+        if isinstance(prev, ReverseMark) or prev not in self._linked:
             return []
         if entry is not None and self._stem.keeps(rid, entry, nh):
             # G7: a stem relay keeps its stem route (stem.py), so upstream keeps using it while it is up.
-            kept = RouteErrorReason.NEXT_HOP_DOWN if nh in self._neighbours.active() else RouteErrorReason.NO_ROUTE
+            kept = RouteErrorReason.NEXT_HOP_DOWN if nh in self._linked else RouteErrorReason.NO_ROUTE
             return self._send_hole(pid, rid, prev, kept, now)
         left = self._next_hop(rid, prev)
         reason = RouteErrorReason.NEXT_HOP_DOWN if left is not None and left != nh else RouteErrorReason.NO_ROUTE
@@ -288,7 +288,7 @@ class ForwardingRules(EngineState):
 
     def _send_hole(self, pid: bytes, rid: bytes, prev: str, reason: RouteErrorReason, now: float) -> list[Effect]:
         self._count("hole_reported")
-        self._neighbours.sent(prev, now)
+        self._linked[prev].last_sent = now  # M2
         if self._level:
             self._trace(now, "route_error", msg=pid.hex(), route=rid.hex(), peer=prev,
                         reason="next_hop_down" if reason == RouteErrorReason.NEXT_HOP_DOWN else "no_route", count=1)
@@ -297,7 +297,7 @@ class ForwardingRules(EngineState):
     # Rule F4.
     def _ring_flood(self, msg: Push, sender: str | None, now: float) -> list[Effect]:
         out: list[Effect] = []
-        for p, st in self._neighbours.active().items():
+        for p, st in self._linked.items():
             if p != sender:
                 st.last_sent = now
                 out.append(make_send(p, msg, 0.0))
@@ -311,7 +311,7 @@ class ForwardingRules(EngineState):
         pid = msg.push_id
         rid = msg.route_id
         cfg = self.config
-        state = self._neighbours.active()[peer]
+        state = self._linked[peer]
         if not state.push_budget.take(now, cfg.push_budget_per_peer_per_s, cfg.push_budget_peer_burst):
             self._count("push_dropped_budget_peer")
             if self._level:
@@ -350,7 +350,7 @@ class ForwardingRules(EngineState):
             # reverse pointer then leads to a relay with a smaller hop count, so reverse paths never
             # form a cycle for an answer to go round.
             old = self._reverse.back(pid)
-            if old is None or msg.hops < old[3] or old[0] not in self._neighbours.active():
+            if old is None or msg.hops < old[3] or old[0] not in self._linked:
                 reg = msg.registration
                 if self._reverse.remember(pid, peer, now, reg if reg is not None and reg.route_id == rid else None,
                                           msg.hops):
@@ -405,7 +405,7 @@ class ForwardingRules(EngineState):
                     return more
                 self._seen.mark_copy(pid, msg.attempt, False, now)
                 out = [self._forward(_onward(msg, 0), nh, now)] + more
-                if msg.attempt < ROUTE_ATTEMPTS and cfg.adaptive_retry and peer in self._neighbours.active():
+                if msg.attempt < ROUTE_ATTEMPTS and cfg.adaptive_retry and peer in self._linked:
                     # Rule F8b: a local repair's copy (route attempts only: a custodian's rings are
                     # later attempts) found a route: the searching relay, one or two links back, waits.
                     self._count("repair_found_sent")
@@ -427,7 +427,7 @@ class ForwardingRules(EngineState):
             nh = self._steer_hop(pid, rid, peer, nh, now)
         if nh is None:
             low = self._next_hop(rid, peer, low_ok=True)  # a live next hop with a low score (S2)
-            if low is not None and (msg.attempt == 0 or self._neighbours.active()[low].score > cfg.score_avoid_below):
+            if low is not None and (msg.attempt == 0 or self._linked[low].score > cfg.score_avoid_below):
                 # Low but not very low, or the push's first attempt: most likely an honest relay
                 # upstream of a failure (blame for a missing receipt is diffuse); use it rather than
                 # flood the neighbourhood. Re-sent attempts (the custodian saw a failure) avoid it.
@@ -439,7 +439,7 @@ class ForwardingRules(EngineState):
             if low is None and self._home_adjacent(rid):
                 return (self._push_drop(peer, msg, now, "home_unreachable", RouteErrorReason.HOME_UNREACHABLE)
                         + self._home_search(msg, peer, now))
-            if (msg.registration is not None and msg.ttl > LOCAL_REPAIR_RADIUS and len(self._neighbours.active()) > 1
+            if (msg.registration is not None and msg.ttl > LOCAL_REPAIR_RADIUS and len(self._linked) > 1
                     and not self._seen.copy_seen(pid, msg.attempt, True)):
                 # Local repair (AODV): our route broke; ask the neighbourhood before giving up. Neighbours
                 # with a route of their own (not through us: the sender is excluded) carry it on.
@@ -470,7 +470,7 @@ class ForwardingRules(EngineState):
     def _other_hop(self, rid: bytes, prev: str | None, avoid: str) -> str | None:
         """A live next hop of rid other than prev and avoid, whose score is not low and that is not
         unresponsive (None: none)."""
-        active = self._neighbours.active()
+        active = self._linked
         floor = self.config.score_prefer_below
         for p in self._routes.next_hops_of(rid):
             st = active.get(p)
@@ -493,7 +493,7 @@ class ForwardingRules(EngineState):
         if not self._error_once(msg.push_id, now):
             return []
         self._count("repair_failed_repeated")
-        self._neighbours.sent(peer, now)
+        self._linked[peer].last_sent = now  # M2
         if self._level:
             self._trace(now, "route_error", msg=msg.push_id.hex(), route=msg.route_id.hex(), peer=peer,
                         reason="repair_failed", count=1)
@@ -580,12 +580,12 @@ class ForwardingRules(EngineState):
         """This relay's search for push pid (received from prev) found nothing: `repair failed` (F9: `dead
         end`) to prev, once per copy, unless the push was answered meanwhile."""
         back = self._reverse.back(pid)
-        if back is None or back[0] != prev or prev not in self._neighbours.active():
+        if back is None or back[0] != prev or prev not in self._linked:
             return []  # answered (a receipt took the reverse entry), or the way back is gone
         if not self._error_once(pid, now):
             return []  # an answer (a route error) already went back for this copy (F6b)
         self._count("repair_failed_reported")
-        self._neighbours.sent(prev, now)
+        self._linked[prev].last_sent = now  # M2
         if self.config.repair_steer:  # F9: this relay's search for it found nothing
             self._steer.put(pid, (None, now + self.config.reverse_ttl_s))
         if self._level:
@@ -625,7 +625,7 @@ class ForwardingRules(EngineState):
                     self._count("custody_skipped_dead_end")
                     c.attempt += 1
             return self._attempt(c, now)
-        if isinstance(prev, ReverseMark) or prev not in self._neighbours.active():
+        if isinstance(prev, ReverseMark) or prev not in self._linked:
             return []
         if self.config.repair_steer and self.config.repair_reroute:
             rerouted = self._reroute_dead_end(peer, msg, prev, now)
@@ -638,7 +638,7 @@ class ForwardingRules(EngineState):
             if (msg.reason == RouteErrorReason.DEAD_END and not self._seen.has(msg.push_id, Mark.REROUTED)
                     and self._other_hop(msg.route_id, prev, peer) is not None):
                 msg = RouteError(msg.push_id, msg.route_id, RouteErrorReason.REPAIR_FAILED)  # a way around here
-        self._neighbours.sent(prev, now)
+        self._linked[prev].last_sent = now  # M2
         return [Send(prev, msg)]
 
     # Rule F10.
@@ -682,7 +682,7 @@ class ForwardingRules(EngineState):
             return []
         back = self._reverse.back(pid)
         if (back is None or isinstance(back[0], ReverseMark) or back[0] == peer
-                or back[0] not in self._neighbours.active()):
+                or back[0] not in self._linked):
             return []
         if self._level:
             self._trace(now, "receipt_forwarded", msg=pid.hex(), peer=back[0], reason="repair_found", count=1)
@@ -708,7 +708,7 @@ class ForwardingRules(EngineState):
             return []
         prev = back[0]
         kept = None if copy is None else self._kept_from.get(pid)
-        if kept is not None and copy is not None and kept[1] == copy.attempt and kept[0] in self._neighbours.active():
+        if kept is not None and copy is not None and kept[1] == copy.attempt and kept[0] in self._linked:
             # The copy it answers came from a relay that is not this push's reverse entry (F6b kept an
             # earlier copy's, over fewer hops): that relay awaits the answer, and would blame this one as
             # a black hole without it (the custodian re-sends a refused push along its route, and routes
@@ -720,9 +720,9 @@ class ForwardingRules(EngineState):
                 c.refused = True
                 self._home_down(c, now)  # route re-sends only (custody.py), as after `home unreachable`
             return []
-        if isinstance(prev, ReverseMark) or prev not in self._neighbours.active() or not self._error_once(pid, now):
+        if isinstance(prev, ReverseMark) or prev not in self._linked or not self._error_once(pid, now):
             return []
-        self._neighbours.sent(prev, now)
+        self._linked[prev].last_sent = now  # M2
         if self._level:
             self._trace(now, "receipt_forwarded", msg=pid.hex(), peer=prev, reason="not_home", count=1)
         return [Send(prev, msg)]
@@ -755,7 +755,7 @@ class ForwardingRules(EngineState):
             return []
         seen = self._seen
         back = self._reverse.back(pid)
-        if back is None or isinstance(back[0], ReverseMark) or back[0] not in self._neighbours.active():
+        if back is None or isinstance(back[0], ReverseMark) or back[0] not in self._linked:
             return []
         prev = back[0]
         if seen.has(pid, Mark.REPAIR_WATCHED):  # the searching relay: its search found nothing after all
@@ -902,10 +902,10 @@ class ForwardingRules(EngineState):
         if prev is _LATE:
             self._count("receipt_late")
             return [CustodyReleased(msg.push_id, RECEIPT_STATUS[msg.status], msg.hops)]
-        if isinstance(prev, ReverseMark) or prev not in self._neighbours.active():  # (no other mark: for mypy)
+        if isinstance(prev, ReverseMark) or prev not in self._linked:  # (no other mark: for mypy)
             self._count("receipt_lost_link")
             return []
-        self._neighbours.sent(prev, now)
+        self._linked[prev].last_sent = now  # M2
         if self._level:
             self._trace(now, "receipt_forwarded", msg=msg.push_id.hex(), peer=prev, hops=msg.hops, count=1)
         return [Send(prev, msg)]
@@ -1012,14 +1012,14 @@ class ForwardingRules(EngineState):
             elif prev is _LATE:
                 self._count("receipt_late")
                 out.append(CustodyReleased(pid, RECEIPT_STATUS[status], hops))
-            elif isinstance(prev, ReverseMark) or prev not in self._neighbours.active():  # (as in _on_receipt)
+            elif isinstance(prev, ReverseMark) or prev not in self._linked:  # (as in _on_receipt)
                 self._count("receipt_lost_link")
             else:
                 onward[prev] = None
                 if self._level:
                     self._trace(now, "receipt_forwarded", msg=pid.hex(), peer=prev, hops=hops, count=1)
         for prev in onward:
-            self._neighbours.sent(prev, now)
+            self._linked[prev].last_sent = now  # M2
             out.append(Send(prev, msg))
         return out
 
@@ -1033,7 +1033,7 @@ class ForwardingRules(EngineState):
                 return self._find_refuted(peer, msg, now)  # F8c: a repair's find led back into the path?
             self._count("route_error_duplicate")
             back = self._reverse.back(msg.push_id)
-            if back is None or isinstance(back[0], ReverseMark) or back[0] not in self._neighbours.active():
+            if back is None or isinstance(back[0], ReverseMark) or back[0] not in self._linked:
                 return []
             self._reverse.forget(msg.push_id)
             if self._level:
@@ -1091,7 +1091,7 @@ class ForwardingRules(EngineState):
                 self._await_route(c, now)
                 return []  # parked: the next slow retry is already scheduled
             return self._retry(c, now)
-        if (isinstance(prev, ReverseMark) or prev not in self._neighbours.active()  # a late mark, or the link went
+        if (isinstance(prev, ReverseMark) or prev not in self._linked  # a late mark, or the link went
                 or not self._error_once(msg.push_id, now)):  # F6b
             return []
         if msg.reason == RouteErrorReason.NO_ROUTE:

@@ -93,7 +93,7 @@ class GossipRules(EngineState):
             out = self._tree.forward(registration, self.config.gossip_ttl, 0, None, now, 0.0)
         else:
             gossip = RegGossip(registration, self.config.gossip_ttl, 0)
-            for p, st in self._neighbours.active().items():
+            for p, st in self._linked.items():
                 st.last_sent = now
                 out.append(Send(p, gossip))
         if self._level:
@@ -120,7 +120,7 @@ class GossipRules(EngineState):
         away sees a (route, epoch) again that it already had (which it would count as a replay).
         """
         homed = self._homed
-        st = self._neighbours.active().get(peer)
+        st = self._linked.get(peer)
         if st is None or not homed.queued(peer):
             homed.drop_peer(peer)
             return []
@@ -245,7 +245,7 @@ class GossipRules(EngineState):
             fwd = RegGossip(reg, ttl, hops, False, msg.generation, msg.generation_sig) if msg.generation else \
                 make_gossip(reg, ttl, hops)
             jitter = cfg.forward_jitter_s
-            for p, st in self._neighbours.active().items():
+            for p, st in self._linked.items():
                 if p != peer:
                     st.last_sent = now
                     out.append(make_send(p, fwd, self._rng.random() * jitter if jitter else 0.0))
@@ -285,7 +285,7 @@ class GossipRules(EngineState):
         fwd = RegGossip(reg, ttl, hops, False, msg.generation, msg.generation_sig)
         jitter = self.config.forward_jitter_s
         out: list[Effect] = []
-        for p, st in self._neighbours.active().items():
+        for p, st in self._linked.items():
             if p != peer:
                 st.last_sent = now
                 out.append(make_send(p, fwd, self._rng.random() * jitter if jitter else 0.0))

@@ -113,7 +113,7 @@ class MembershipRules(EngineState):
         if sync_routes and self.config.route_sync:
             self._sync.open_window(now + SYNC_WINDOW_S)
             # G11: links that came up before start (a daemon accepts links while it restores custody)
-            for peer in sorted(self._neighbours.active()):
+            for peer in sorted(self._linked):
                 self._sync.ask(peer)
                 out.append(Send(peer, Hello(limits.PROTOCOL_VERSION, self.relay_id, self.listen_addr, (SYNC,))))
         self._started_at = now  # M6
@@ -282,7 +282,7 @@ class MembershipRules(EngineState):
     def _rejoin(self, peer: str, now: float, addr: str) -> list[Effect]:
         """Let the lost neighbour peer back in, in place of a random neighbour (made room for)."""
         self._next_rejoin = now + MAKE_ROOM_INTERVAL_S
-        active = self._neighbours.active()
+        active = self._linked
         victim = self._rng.choice(sorted(active))
         victim_addr = active[victim].addr
         self._count("peer_rejoined")
@@ -340,13 +340,13 @@ class MembershipRules(EngineState):
     # Rule M1.
     def _exchange_due(self, now: float) -> list[Effect]:
         """A peer exchange with a random neighbour, when one is due (every peer_exchange_interval_s)."""
-        if now < self._next_exchange or not self._neighbours.active():
+        if now < self._next_exchange or not self._linked:
             return []
         self._next_exchange = now + self.config.peer_exchange_interval_s
         return self._peer_exchange(now)
 
     def _peer_exchange(self, now: float) -> list[Effect]:
-        active = self._neighbours.active()
+        active = self._linked
         target = self._rng.choice(sorted(active))
         pool = [PeerInfo(p, st.addr) for p, st in active.items() if p != target and st.addr]
         pool += [PeerInfo(p, a) for p, a in self._neighbours.passive().items() if p != target and a]
@@ -355,5 +355,5 @@ class MembershipRules(EngineState):
         if not pool:
             return []
         sample = self._rng.sample(pool, min(len(pool), limits.MAX_PEERS_IN_EXCHANGE // 2))
-        self._neighbours.sent(target, now)
+        self._linked[target].last_sent = now  # M2
         return [Send(target, PeerExchange(tuple(sample)))]

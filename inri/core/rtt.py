@@ -89,7 +89,7 @@ class RttRules(EngineState):
         """The driver's transport got no acknowledgement from peer for what it sent (rule C6): peer is
         a suspect next hop until a frame from it arrives, and the pushes awaited from it go another way
         now. The link stays: keepalives decide whether peer is down (a lossy link recovers)."""
-        st = self._neighbours.active().get(peer)
+        st = self._linked.get(peer)
         if st is None or not self.config.adaptive_retry:
             return []
         st.unresponsive_at = now
@@ -132,7 +132,7 @@ class RttRules(EngineState):
     # Rule C6.
     def _unresponsive(self, peer: str) -> bool:
         """True when the transport reported peer unresponsive and nothing came from it since."""
-        st = self._neighbours.active().get(peer)
+        st = self._linked.get(peer)
         return st is not None and st.unresponsive_at > st.last_heard
 
     # Rule C6 (local repair, as F3 does for a route with no live next hop).
@@ -143,7 +143,7 @@ class RttRules(EngineState):
         the home itself (its neighbour at distance 1): no search finds a home that stopped answering
         (its custodian hears `home unreachable`, C5's way, and retries later)."""
         entry = self._routes.get(msg.route_id)
-        if (msg.registration is None or len(self._neighbours.active()) < 2
+        if (msg.registration is None or len(self._linked) < 2
                 or self._seen.copy_seen(msg.push_id, msg.attempt, True)
                 or (entry is not None and self._home_hop(msg.route_id, entry, suspect))):
             return []

@@ -53,7 +53,7 @@ class ScoringRules(EngineState):
     # Rules S1, S2.
     def _score(self, peer: str, delta: float, now: float, reason: str) -> list[Effect]:
         """Change peer's score (rule S1); cut and ban it when the score falls too low (S2)."""
-        state = self._neighbours.active().get(peer)
+        state = self._linked.get(peer)
         if state is None:
             return []
         cfg = self.config
@@ -62,7 +62,7 @@ class ScoringRules(EngineState):
             self._count("score_" + reason)
         if state.score > cfg.score_disconnect_below:
             return []
-        if reason == NO_RECEIPT and len(self._neighbours.active()) <= 1:
+        if reason == NO_RECEIPT and len(self._linked) <= 1:
             # Never cut the last link for missing receipts: with no other neighbour, cutting it cannot
             # route a push anywhere better, and a slow path is far likelier than a lone black hole.
             state.score = cfg.score_disconnect_below - delta / 2
@@ -88,7 +88,7 @@ class ScoringRules(EngineState):
         A modest penalty (score_congested), at most once per keepalive interval however often the
         driver reports, so only a neighbour that stays congested loses preference and then the link.
         """
-        state = self._neighbours.active().get(peer)
+        state = self._linked.get(peer)
         if state is None or now - state.congested_at < self.config.keepalive_interval_s:
             return []
         state.congested_at = now
@@ -144,10 +144,10 @@ class ScoringRules(EngineState):
                 sent = blamed[1]
                 credit = -cfg.score_no_receipt
                 self._count("receipt_late_credited")
-                st = self._neighbours.active().get(peer)
+                st = self._linked.get(peer)
                 if st is not None and st.silences >= 1.0:
                     st.silences -= 1.0  # it was not silent after all
-        state = self._neighbours.active().get(peer)
+        state = self._linked.get(peer)
         if state is not None:
             state.answers += 1.0
             state.answered_at = now
@@ -163,7 +163,7 @@ class ScoringRules(EngineState):
 
         wait: the push's own answer timeout (rule F6: shorter the further it travelled)."""
         cfg = self.config
-        st = self._neighbours.active().get(peer)
+        st = self._linked.get(peer)
         timeout = cfg.receipt_timeout_s
         if st is None or st.answered_at <= sent or SLOW_GRACE_FACTOR * st.answer_delay <= timeout:
             return sent + (timeout if wait is None else wait)
@@ -174,7 +174,7 @@ class ScoringRules(EngineState):
                          wait: float | None = None) -> list[Effect]:
         """No answer from peer for push pid within receipt_timeout_s: wait longer if peer is slow but
         answering, otherwise blame it (score_no_receipt)."""
-        st = self._neighbours.active().get(peer)
+        st = self._linked.get(peer)
         # Only a neighbour heard from since the push went out is suspect: a silent one is more
         # likely down (keepalives will tell) than a black hole.
         if st is None or st.last_heard <= sent:
@@ -190,7 +190,7 @@ class ScoringRules(EngineState):
     def _blame(self, pid: bytes, peer: str, sent: float, now: float) -> list[Effect]:
         self._count("push_no_answer")
         self._blamed.put(pid, (peer, sent, now + self.config.reverse_ttl_s))
-        state = self._neighbours.active().get(peer)
+        state = self._linked.get(peer)
         factor = 1.0
         if state is not None:
             judged = state.answers + state.silences
@@ -225,7 +225,7 @@ class ScoringRules(EngineState):
             if late is None or late[2] != end:
                 continue  # answered meanwhile
             del self._overdue[pid]
-            st = self._neighbours.active().get(late[0])
+            st = self._linked.get(late[0])
             if st is not None and st.last_heard > late[1]:
                 out += self._blame(pid, late[0], late[1], now)
         return out

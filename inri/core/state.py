@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import random
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from inri.core.api import CustodyReleased, CustodyStatus, DisconnectReason, Effect, HomeStore, Send, Verifier
@@ -236,6 +236,7 @@ class EngineState:
     _level: int
     _emit: Callable[..., None]
     _rng: random.Random
+    _linked: Mapping[str, Neighbour]  # the Neighbours' active view, read-only (Engine.__init__)
     _neighbours: Neighbours  # neighbours.py (M1-M7, S2's bans, F3, C7): the active view, candidates, dials, bans
     _routes: RouteTable | CompactRouteTable  # tables.py (G2, G3, F7): the route table and its expiry
     _flood: FloodState  # floodstate.py (G3b, G4): refresh budgets per route id, far-travelled first copies

@@ -95,7 +95,7 @@ class StemRules(EngineState):
         return int.from_bytes(h[:8], "big") / _SCALE, int.from_bytes(h[8:], "big")
 
     def _stem_successor(self, rid: bytes, exclude: str | None, draw: int) -> str | None:
-        options = sorted(p for p in self._neighbours.active() if p != exclude)
+        options = sorted(p for p in self._linked if p != exclude)
         return options[draw % len(options)] if options else None
 
     # Rules G6, G8 (at the home: rule G2 with a stem in front).
@@ -134,7 +134,7 @@ class StemRules(EngineState):
         return self._stem_originate(registration, now)
 
     def _stem_send(self, peer: str, registration: Registration, now: float) -> Send:
-        self._neighbours.sent(peer, now)
+        self._linked[peer].last_sent = now  # M2
         return Send(peer, self._gossip(registration, self.config.gossip_ttl, 0, True))
 
     def _gossip(self, reg: Registration, ttl: int, hops: int, stem: bool = False) -> RegGossip:
@@ -204,7 +204,7 @@ class StemRules(EngineState):
         self._stem.drop_successor(rid)
         self._stem.hold(rid, reg)  # announced to new neighbours while the stem route lives (G5)
         coin, draw = self._stem_draw(rid, now)
-        if not any(p != peer for p in self._neighbours.active()):
+        if not any(p != peer for p in self._linked):
             # A dead end (no neighbour but the predecessor): its flood would reach nobody. Hand the stem
             # back as a loop is (G7): the predecessor fluffs, and its flood ends the embargo here.
             self._count("stem_dead_end")
@@ -239,7 +239,7 @@ class StemRules(EngineState):
             return None
         if reg.expires_at <= now + self.wall_offset:
             return None
-        if distance and not (distance == STEM_DISTANCE and RouteTable.primary(entry) in self._neighbours.active()):
+        if distance and not (distance == STEM_DISTANCE and RouteTable.primary(entry) in self._linked):
             return None  # a broken stem route: announcing it would draw pushes into a dead end
         return self._gossip(reg, self.config.gossip_ttl, 0, True)
 
@@ -282,7 +282,7 @@ class StemRules(EngineState):
         hops = STEM_DISTANCE + (self._rng.randint(0, cfg.stem_hop_noise) if cfg.stem_hop_noise else 0)
         gossip = self._gossip(reg, cfg.gossip_ttl, hops)
         out: list[Effect] = []
-        for p, st in self._neighbours.active().items():
+        for p, st in self._linked.items():
             if p != skip:
                 st.last_sent = now
                 out.append(Send(p, gossip))
@@ -307,7 +307,7 @@ class StemRules(EngineState):
             return []
         fwd = RegGossip(reg, ttl, msg.hops + 1, False, msg.generation, msg.generation_sig)
         out: list[Effect] = []
-        for p, st in self._neighbours.active().items():
+        for p, st in self._linked.items():
             if p != peer and p != waiting[3]:
                 st.last_sent = now
                 out.append(Send(p, fwd))
@@ -321,7 +321,7 @@ class StemRules(EngineState):
             entry = self._routes.get(key[0])
             if entry is None or RouteTable.epoch(entry) != key[1] or reg.expires_at <= now + self.wall_offset:
                 continue  # superseded, unregistered or expired meanwhile
-            if not self._neighbours.active():  # nobody to tell yet: try again later
+            if not self._linked:  # nobody to tell yet: try again later
                 self._stem.arm(key, (now + self.config.stem_embargo_s, reg, pred, succ))
                 continue
             self._count("stem_embargo_fired")
@@ -417,7 +417,7 @@ class StemRules(EngineState):
         held = self._stem.held(rid)
         pred = RouteTable.primary(entry)
         if (held is None or held.epoch != epoch or RouteTable.distance(entry) != STEM_DISTANCE
-                or pred is None or pred not in self._neighbours.active()):
+                or pred is None or pred not in self._linked):
             return []
         generation = self._stem.generation_of(rid, epoch)
         last = self._repair_asked.get(rid)
@@ -428,7 +428,7 @@ class StemRules(EngineState):
             self._repair_asked.clear()
         self._repair_asked[rid] = (epoch, generation, now)
         self._count("stem_repair_sent")
-        self._neighbours.sent(pred, now)
+        self._linked[pred].last_sent = now  # M2
         return [Send(pred, StemRepair(rid, epoch, generation))]
 
     def _repair_due_now(self, now: float) -> list[Effect]:

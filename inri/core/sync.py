@@ -72,7 +72,7 @@ class SyncRules(EngineState):
         """The next SYNC_ROUTES_PER_TICK routes queued for peer, in RouteSync frames."""
         sync = self._sync
         got = sync.queued(peer)
-        if got is None or peer not in self._neighbours.active():
+        if got is None or peer not in self._linked:
             sync.queue(peer, [], 0)
             return []
         keys, left = got
@@ -100,14 +100,14 @@ class SyncRules(EngineState):
                 self._trace(now, "gossip_control", peer=peer, count=1, nbytes=len(encode_unchecked(frame)),
                             reason="route_sync")
         if out:
-            self._neighbours.sent(peer, now)
+            self._linked[peer].last_sent = now  # M2
             self._count("route_sync_frames_sent", len(out))
             self._count("route_sync_routes_sent", len(entries))
         return out
 
     def _live_hop(self, rid: bytes, exclude: str | None) -> bool:
         """True when the route table holds a next hop for rid that is up and is not `exclude`."""
-        active = self._neighbours.active()
+        active = self._linked
         return any(p != exclude and p in active for p in self._routes.next_hops_of(rid))
 
     # Rule G11 (the asker).
@@ -118,7 +118,7 @@ class SyncRules(EngineState):
         neighbour that is up is kept already: the table's next hops may leave (a neighbour that makes room
         for another drops us, and its route claims go, S2) and no link of the relay's first minute may be
         left to ask again. From a neighbour not asked on this link: ignored."""
-        sync, active = self._sync, self._neighbours.active()
+        sync, active = self._sync, self._linked
         if not sync.asked(peer):
             self._count("route_sync_unsolicited")
             return []
@@ -140,7 +140,7 @@ class SyncRules(EngineState):
     def _provisional_hop(self, rid: bytes, exclude: str | None) -> str | None:
         """The next hop of rid's provisional route, when it is up and not `exclude` (None: none)."""
         got = self._sync.provisional(rid)
-        if got is None or got[0] == exclude or got[0] not in self._neighbours.active():
+        if got is None or got[0] == exclude or got[0] not in self._linked:
             return None
         if got[3] and self._routes.next_hops_of(rid):
             return None  # a fallback stands in only once the route has no next hop left (F3: a home down)
@@ -151,5 +151,5 @@ class SyncRules(EngineState):
         one through a neighbour whose link went down forwards nothing (`_provisional_hop`) until that
         neighbour links again, so it is no route to count (a relay restarted amid link churn listed
         routes it could not use, and searched for their pushes)."""
-        routes, active = self._routes, self._neighbours.active()
+        routes, active = self._routes, self._linked
         return sum(1 for rid, peer in self._sync.provisional_peers() if peer in active and not routes.next_hops_of(rid))
