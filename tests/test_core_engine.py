@@ -124,7 +124,7 @@ def test_route_error_reaches_the_custodian_when_no_repair_is_possible() -> None:
 
 
 def test_a_dead_home_is_reported_and_never_flooded_for_and_routes_survive() -> None:
-    net = MiniNet(4, [(0, 1), (1, 2), (2, 3)])
+    net = MiniNet(4, [(0, 1), (1, 2), (2, 3)], config=replace(EngineConfig(), custody_max_ttl_s=300.0))
     reg = make_registration(KEY, 1, 0, 3600)
     net.homes[0].add_registration(reg, TOKENS)
     net.apply("0", net.engines[0].register(reg, 0.0))
@@ -143,7 +143,8 @@ def test_a_dead_home_is_reported_and_never_flooded_for_and_routes_survive() -> N
 
 
 def test_a_device_no_relay_has_a_route_to_ends_custody_as_unreachable() -> None:
-    net, _ = registered_net(config=replace(EngineConfig(), custody_retry_s=0.5, custody_deadline_s=60.0))
+    net, _ = registered_net(config=replace(EngineConfig(), custody_retry_s=0.5, custody_deadline_s=60.0,
+                                           custody_max_ttl_s=60.0))
     stranger = make_registration(new_signing_key(b"\x09" * 32), 1, 0, 3600)  # never registered anywhere
     pid = push(net, 5, stranger, TOKENS[3])
     net.run_until(100.0)
@@ -296,7 +297,7 @@ def test_a_receipt_after_custody_gave_up_corrects_the_final_status() -> None:
     from inri.core.api import CustodyReleased
     from inri.protocol.messages import Push, Receipt, ReceiptStatus
 
-    cfg = replace(EngineConfig(), custody_deadline_s=2.0)
+    cfg = replace(EngineConfig(), custody_deadline_s=2.0, custody_max_ttl_s=2.0)
     eng = Engine("a", cfg, verifier=CachingVerifier(), home=MemoryHomeStore(), tracer=NullTracer(),
                  rng=random.Random(1))
     eng.peer_up("b", 0.0, outbound=True, addr="b:1")

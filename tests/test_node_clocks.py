@@ -8,6 +8,7 @@ that the test steps by +1 h and -1 h mid-run.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import trio
@@ -57,9 +58,14 @@ class MemoryLink:
                 other.receive_frame(self.me, frame)
 
 
+# The push's custody lasts its TTL (a native push: custody_max_ttl_s, 300 s here), beyond custody_deadline_s
+# (60 s): the deadline on disk is the TTL's, across the restart below (rule C3).
+CONFIG = replace(EngineConfig().test_profile(), custody_deadline_s=60.0, custody_max_ttl_s=300.0)
+
+
 def make_service(name: str, store: Store, net: MemoryLink, clock: Callable[[], float],
                  wall: Callable[[], float]) -> RelayService:
-    return RelayService(name * 32, EngineConfig().test_profile(), store, net, NullTracer(),
+    return RelayService(name * 32, CONFIG, store, net, NullTracer(),
                         clock=clock, wall_clock=wall)
 
 
@@ -81,7 +87,7 @@ async def _scenario(tmp: Path) -> None:
         # A device homed at A for 30 minutes: B learns its route by gossip.
         device = make_registration(new_signing_key(b"\x01" * 32), 1, int(wall()), 1800)
         a.register_device(device, 4)
-        # A push at B for a device no relay homes: custody until the 300 s deadline.
+        # A push at B for a device no relay homes: custody until its 300 s TTL (custody_max_ttl_s).
         nowhere = make_registration(new_signing_key(b"\x02" * 32), 1, int(wall()), 3600)
         pushed = b.inject_push(nowhere, b"t" * 16, b"c" * 32)
         assert pushed.push_id is not None

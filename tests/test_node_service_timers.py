@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import random
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import trio
@@ -84,7 +85,8 @@ async def test_custody_retries_parking_deadline_and_statuses_run_on_a_mock_clock
     def clock() -> float:
         return trio.current_time() + t0
 
-    cfg = EngineConfig().test_profile()  # keepalive 0.5 s x 6, custody retry 1 s; deadline 300 s
+    # keepalive 0.5 s x 6, custody retry 1 s; a native push's custody lasts custody_max_ttl_s: 300 s here
+    cfg = replace(EngineConfig().test_profile(), custody_max_ttl_s=300.0)
     net = MemNet()
     stores = {name: Store(tmp_path / f"{name}.sqlite3") for name in "EMH"}
 

@@ -429,7 +429,8 @@ def test_a_stem_relay_keeps_its_stem_route_through_a_no_route_answer_from_its_pr
 
 
 def _push_to_dead_home(stem: bool, silent: bool) -> tuple[MiniNet, Registration, bytes]:
-    net = MiniNet(7, CHAIN, config=replace(STEM, stem=stem))
+    # A native push's custody lasts custody_max_ttl_s (rule C3): 300 s here, as the deadline once was.
+    net = MiniNet(7, CHAIN, config=replace(STEM, stem=stem, custody_max_ttl_s=300.0))
     net.run_until(1.0)
     reg = make_registration(KEYS[0], 1, 0, 3600)
     net.homes[HOME].add_registration(reg, TOKENS)

@@ -55,7 +55,8 @@ ENGINE_RULES: dict[str, msgspec.Meta] = {
     **{name: _POS for name in (
         "keepalive_interval_s", "peer_exchange_interval_s", "connect_timeout_s", "seen_ttl_s",
         "reg_budget_per_origin_per_s", "reg_budget_per_peer_per_s", "reverse_ttl_s", "custody_retry_s",
-        "custody_deadline_s", "push_budget_per_peer_per_s", "score_half_life_s", "score_ban_s",
+        "custody_deadline_s", "custody_max_ttl_s", "custody_park_max_s", "push_budget_per_peer_per_s",
+        "score_half_life_s", "score_ban_s",
         "receipt_timeout_s", "stem_epoch_s", "stem_embargo_s", "tree_graft_timeout_s")},
 }
 

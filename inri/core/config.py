@@ -130,7 +130,16 @@ class EngineConfig:
     receipt_timeout_min_s: float = 0.25  # floor: a loaded relay's processing jitter is not a lost push
     adaptive_retry: bool = True  # false: fixed custody_retry_s periods, no re-send on link loss (C4, C5)
     custody_max_attempts: int = 7  # route, route via backups, rings 1, 3, 5, 7, then the full TTL
+    # Rule C3: custody keeps a push until a receipt settles it or its TTL runs out: a Web Push push's
+    # `TTL` header, a native push (it carries none) custody_max_ttl_s; at least custody_deadline_s (the
+    # escalation and the short parked re-sends fit in it; a push refused `not home`, rule F5c, settles
+    # then) and at most custody_max_ttl_s. Past custody_deadline_s the parked re-sends back off further,
+    # waiting as long as the push has been parked beyond it, up to custody_park_max_s: a push kept for
+    # custody_max_ttl_s costs at most about log2(custody_park_max_s / 32 s) + custody_max_ttl_s /
+    # custody_park_max_s more re-sends (7 + 168 by default: docs/operations.md).
     custody_deadline_s: float = 300.0
+    custody_max_ttl_s: float = 7 * 24 * 3600.0
+    custody_park_max_s: float = 3600.0
     push_seen_max: int = 200_000
     # Push frames from one neighbour. A relay forwards about 6,000/s on one core and enters about 3,000/s
     # (bench_poc, 0.15 and 0.3 ms of CPU per push); at 2,000/s an entry relay pushed at full rate went

@@ -113,7 +113,7 @@ class CustodyRules(EngineState):
         pid = push_id if push_id is not None else self._rng.randbytes(limits.PUSH_ID_BYTES)
         push = new_push(pid, registration.route_id, token, ciphertext, self.config.push_ttl, 0, 0, 0, registration,
                         webpush)
-        custody = Custody(push, now + self.config.custody_deadline_s)
+        custody = Custody(push, now + self._custody_span(push))
         self._custody.take(custody)
         if self._level:
             self._trace(now, "push_injected", msg=pid.hex(), route=push.route_id.hex(), ttl=push.ttl)
@@ -180,16 +180,32 @@ class CustodyRules(EngineState):
             return self._parked_attempt(custody, now)
         return self._attempt(custody, now)
 
+    # Rule C3.
+    def _custody_span(self, push: Push) -> float:
+        """How long custody keeps push after accepting it: its TTL (a Web Push push's `TTL`; a native push
+        carries none: custody_max_ttl_s), at least custody_deadline_s and at most custody_max_ttl_s.
+
+        Computed from the push and the config alone, so the acceptance time is deadline - span, also
+        after a restart (the deadline on disk is restored; no other field is stored).
+        """
+        cfg = self.config
+        ttl = cfg.custody_max_ttl_s if push.webpush is None else float(push.webpush.ttl_s)
+        return max(cfg.custody_deadline_s, min(ttl, cfg.custody_max_ttl_s))
+
+    def _accepted_at(self, c: Custody) -> float:
+        """When this relay accepted c's push (engine clock)."""
+        return c.deadline - self._custody_span(c.push)
+
     # Rule C2.
     def _aged(self, c: Custody, now: float) -> Push:
         """c.push with its Web Push age set to the time it has spent in custody here (WebPushMeta.age_s).
 
-        Accepted at deadline - custody_deadline_s (also after a restart: the deadline is restored).
+        Accepted at deadline - _custody_span (also after a restart: the deadline is restored).
         """
         push, meta = c.push, c.push.webpush
         if meta is None:
             return push
-        age = min(max(0, int(now - (c.deadline - self.config.custody_deadline_s))), limits.MAX_WEBPUSH_TTL_S)
+        age = min(max(0, int(now - self._accepted_at(c))), limits.MAX_WEBPUSH_TTL_S)
         if age == meta.age_s:
             return push
         return dataclasses.replace(push, webpush=dataclasses.replace(meta, age_s=age))
@@ -288,7 +304,9 @@ class CustodyRules(EngineState):
     # Rules C2, C3 (deadline).
     def _retry(self, c: Custody, now: float) -> list[Effect]:
         pid = c.push.push_id
-        if now >= c.deadline:
+        # A push refused `not home` (F5c) settles custody_deadline_s after acceptance, not at its TTL: the
+        # unsigned answer is only trusted once that long of re-sends along its route found no home.
+        if now >= c.deadline or (c.refused and now >= self._accepted_at(c) + self.config.custody_deadline_s):
             self._custody.release(pid)
             if self._waiting_route:  # C3c
                 self._forget_waiting(c)
@@ -324,7 +342,8 @@ class CustodyRules(EngineState):
 
     # Rule C3.
     def _parked_attempt(self, c: Custody, now: float) -> list[Effect]:
-        """After the escalation (route, backups, rings, full TTL): keep custody until the deadline.
+        """After the escalation (route, backups, rings, full TTL): keep custody until the deadline (the
+        push's TTL, _custody_span).
 
         A home relay that crashed comes back and re-gossips its registrations, so the route returns:
         a parked push is re-sent along it (never flooded: that was tried), so a push answered 202
@@ -333,11 +352,21 @@ class CustodyRules(EngineState):
         (churn-2k, a 2,000-relay copy of churn-10k): a third of all push messages went to the every-8-s
         re-sends of pushes whose home never came back; a home that does come back waits at most
         PARK_BACKOFF_MAX retry periods more for its parked pushes.
+        Past custody_deadline_s after acceptance (a push whose TTL is longer), each wait is as long as the
+        push has been kept beyond custody_deadline_s (so the waits double), at least PARK_BACKOFF_MAX
+        retry periods and at most custody_park_max_s: a push kept for days costs a few re-sends an hour,
+        not 112 (32 s apart); the bound is in EngineConfig. A new epoch or generation of its route wakes
+        it at once then (C3c), since its next scheduled re-send may be an hour away.
         """
         cfg = self.config
         pid = c.push.push_id
         parked = min(max(0, c.attempt - cfg.custody_max_attempts), 8)  # parked re-sends before this one
-        c.next_retry = min(now + cfg.custody_retry_s * min(PARK_FACTOR << parked, PARK_BACKOFF_MAX), c.deadline)
+        wait = cfg.custody_retry_s * min(PARK_FACTOR << parked, PARK_BACKOFF_MAX)
+        beyond = now - self._accepted_at(c) - cfg.custody_deadline_s
+        if beyond >= 0:
+            wait = max(wait, min(beyond, cfg.custody_park_max_s))
+            self._waiting_route.setdefault(c.push.route_id, set()).add(pid)
+        c.next_retry = min(now + wait, c.deadline)
         self._schedule(pid, c.next_retry)
         nh = self._next_hop(c.push.route_id, None, low_ok=True)
         if nh is None:
