@@ -61,3 +61,31 @@ async def test_a_burst_after_an_idle_spell_is_not_refused_while_its_path_drains(
         assert service.custody_allowed() == 100
     finally:
         store.close()
+
+
+async def test_pushes_kept_for_a_home_that_is_down_do_not_refuse_new_ones(tmp_path: Path) -> None:
+    """Custody lasts a push's TTL (days; rule C3): pushes held past custody_deadline_s wait for a home that is
+    down and are not the path's backlog. Counted, `custody_backlog_min` of them would answer 429 to every
+    push until their TTL ran out; the limit per device (`custody_route_max`) still counts them all."""
+    clock = Clock()
+    ident = NodeIdentity.generate()
+    ep = QuicEndpoint(ident, idle_timeout_s=5.0)
+    await ep.bind("127.0.0.1", 0)
+    store = Store(tmp_path / "relay.sqlite3")
+    try:
+        cfg = EngineConfig().test_profile()
+        service = RelayService(ident.node_id, cfg, store, LinkManager(ep), NullTracer(),
+                               listen_addr=ep.listen_addr, rng=random.Random(1), clock=clock,
+                               backpressure=Backpressure(custody_backlog_min=100, custody_route_max=150))
+        down, other = bytes(16), b"\x01" * 16
+        for k in range(120):  # a device whose home is down: its pushes stay in custody
+            service._hold(SimpleNamespace(push_id=k.to_bytes(16, "big"), route_id=down))  # type: ignore[arg-type]
+        assert service.overloaded(other) is not None  # 120 just accepted: over the backlog of 100
+        clock.t += cfg.custody_deadline_s + 1.0  # still held (their TTL is days), now parked
+        assert service.overloaded(other) is None
+        for k in range(120, 150):
+            service._hold(SimpleNamespace(push_id=k.to_bytes(16, "big"), route_id=down))  # type: ignore[arg-type]
+        assert service.overloaded(down) is not None  # custody_route_max counts every push held for it
+        assert service.overloaded(other) is None
+    finally:
+        store.close()

@@ -112,7 +112,10 @@ class Backpressure:
     A push is refused while the pushes this relay holds in custody (accepted, receipt not yet back)
     exceed what the path drains: in total, more than `custody_backlog_s` seconds of the measured
     drain rate (settled pushes per second) but at least `custody_backlog_min`; for one route id (one
-    device), more than `custody_route_max`. Accepting more would only lengthen the queue until pushes
+    device), more than `custody_route_max`. The total counts the pushes accepted in the last
+    `[engine] custody_deadline_s` only: older ones wait (parked, rule C3) for a home that is down, up
+    to their TTL (days), and are not the path's backlog; counted, a few hundred of them would refuse
+    every push for days. Accepting more would only lengthen the queue until pushes
     expire: a 429 with Retry-After makes the app slow down instead.
     """
 
@@ -197,6 +200,9 @@ class RelayService:
         self.delivery_hooks: list[Callable[[bytes], None]] = []
         self._custody: dict[bytes, bytes] = {}  # push id in custody -> its route id
         self._route_custody: dict[bytes, int] = {}  # route id -> pushes in custody for it
+        # Push id -> when it was taken into custody (or restored), oldest first: those of the last
+        # custody_deadline_s, the backlog backpressure counts (older ones leave at the front).
+        self._recent: dict[bytes, float] = {}
         self.backpressure = backpressure or Backpressure()
         self.drain_rate = 0.0  # settled pushes per second, smoothed (DRAIN_WINDOW_S, DRAIN_WEIGHT)
         self._drained = 0
@@ -313,11 +319,13 @@ class RelayService:
         if push.push_id not in self._custody:
             self._custody[push.push_id] = push.route_id
             self._route_custody[push.route_id] = self._route_custody.get(push.route_id, 0) + 1
+            self._recent[push.push_id] = self.clock()
 
     def _unhold(self, push_id: bytes, status: CustodyStatus) -> None:
         rid = self._custody.pop(push_id, None)
         if rid is None:
             return  # a late receipt correcting a settled push
+        self._recent.pop(push_id, None)
         n = self._route_custody[rid] - 1
         if n:
             self._route_custody[rid] = n
@@ -347,7 +355,13 @@ class RelayService:
     def overloaded(self, route_id: bytes) -> int | None:
         """Retry-After seconds when a push for route_id must be refused (429), None to accept it."""
         allowed = self.custody_allowed()
-        held = len(self._custody)
+        recent, horizon = self._recent, self.clock() - self.engine.config.custody_deadline_s
+        while recent:
+            oldest = next(iter(recent))
+            if recent[oldest] >= horizon:
+                break
+            del recent[oldest]
+        held = len(recent)
         route_held = self._route_custody.get(route_id, 0)
         route_max = self.backpressure.custody_route_max
         if held < allowed and route_held < route_max:
