@@ -354,19 +354,22 @@ class CustodyRules(EngineState):
         PARK_BACKOFF_MAX retry periods more for its parked pushes.
         Past custody_deadline_s after acceptance (a push whose TTL is longer), each wait is as long as the
         push has been kept beyond custody_deadline_s (so the waits double), at least PARK_BACKOFF_MAX
-        retry periods and at most custody_park_max_s: a push kept for days costs a few re-sends an hour,
-        not 112 (32 s apart); the bound is in EngineConfig. A new epoch or generation of its route wakes
+        retry periods and at most custody_park_max_s: a push kept for days costs one re-send an hour by
+        default, not 112 (32 s apart); the bound is in EngineConfig. A new epoch or generation of its route wakes
         it at once then (C3c), since its next scheduled re-send may be an hour away.
         """
         cfg = self.config
         pid = c.push.push_id
         parked = min(max(0, c.attempt - cfg.custody_max_attempts), 8)  # parked re-sends before this one
         wait = cfg.custody_retry_s * min(PARK_FACTOR << parked, PARK_BACKOFF_MAX)
-        beyond = now - self._accepted_at(c) - cfg.custody_deadline_s
+        accepted = self._accepted_at(c)
+        beyond = now - accepted - cfg.custody_deadline_s
         if beyond >= 0:
             wait = max(wait, min(beyond, cfg.custody_park_max_s))
             self._waiting_route.setdefault(c.push.route_id, set()).add(pid)
-        c.next_retry = min(now + wait, c.deadline)
+        # A push answered `not home` ends at custody_deadline_s (_retry): its last wait stops there.
+        end = min(c.deadline, accepted + cfg.custody_deadline_s) if c.refused else c.deadline
+        c.next_retry = min(now + wait, end)
         self._schedule(pid, c.next_retry)
         nh = self._next_hop(c.push.route_id, None, low_ok=True)
         if nh is None:
