@@ -194,6 +194,7 @@ def test_a_relay_that_swaps_a_pushs_registration_is_the_one_that_pays() -> None:
                       rng=__import__("random").Random(5), listen_addr="addr-1")
     swapper.swap = {dev.regs[0][0].route_id: dev.regs[0][0]}  # current pushes leave it as superseded ones
     swapper._neighbours = net.engines[1]._neighbours  # the same links and routes, a hostile engine
+    swapper._linked = net.engines[1]._linked  # (the neighbours' read-only view, taken at construction)
     swapper._routes = net.engines[1]._routes
     net.engines[1] = swapper
     res = net.engines[0].inject_push(dev.regs[1][0], b"a" * 16, b"x", net.now)
