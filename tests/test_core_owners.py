@@ -19,6 +19,7 @@ Four kinds of engine attribute:
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable
 from pathlib import Path
 
 from inri.core.awaited import AwaitedAnswers
@@ -181,10 +182,13 @@ def context_rebindings(module: str, source: str) -> list[str]:
     return sorted(set(found))
 
 
+def over_core(check: Callable[[str, str], list[str]]) -> list[str]:
+    """check(module, source) over every module of inri/core."""
+    return [f for path in sorted(CORE.glob("*.py")) for f in check(path.stem, path.read_text())]
+
+
 def test_no_rule_group_rebinds_the_engines_context() -> None:
-    found = []
-    for path in sorted(CORE.glob("*.py")):
-        found += context_rebindings(path.stem, path.read_text())
+    found = over_core(context_rebindings)
     assert not found, "the engine's context is set at construction only:\n" + "\n".join(found)
 
 
@@ -198,9 +202,7 @@ def test_the_context_check_sees_a_rebinding() -> None:
 
 
 def test_no_rule_group_touches_another_owners_state() -> None:
-    found = []
-    for path in sorted(CORE.glob("*.py")):
-        found += cross_owner_accesses(path.stem, path.read_text())
+    found = over_core(cross_owner_accesses)
     assert not found, "cross-owner accesses (use the owner's methods):\n" + "\n".join(found)
 
 
