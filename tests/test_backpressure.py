@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import random
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from types import SimpleNamespace
 
+from inri.core.api import CustodyStatus
 from inri.core.config import EngineConfig
-from inri.core.state import CustodyStatus
 from inri.core.trace import NullTracer
 from inri.node.identity import NodeIdentity
 from inri.node.links import LinkManager
@@ -24,19 +26,26 @@ class Clock:
         return self.t
 
 
-async def test_a_burst_after_an_idle_spell_is_not_refused_while_its_path_drains(tmp_path: Path) -> None:
-    """An app quiet for a minute sends a burst; receipts come back as fast as it pushes. The relay must
-    not answer 429 for want of a measurement: within a fraction of a second it trusts the drain it sees
-    (before: the first whole second of the burst was refused beyond `custody_backlog_min`)."""
-    clock = Clock()
+@asynccontextmanager
+async def relay_service(tmp_path: Path, clock: Clock, backpressure: Backpressure) -> AsyncIterator[RelayService]:
+    """A relay service on a loopback QUIC endpoint, its engine on the test profile, its time `clock`."""
     ident = NodeIdentity.generate()
     ep = QuicEndpoint(ident, idle_timeout_s=5.0)
     await ep.bind("127.0.0.1", 0)
     store = Store(tmp_path / "relay.sqlite3")
     try:
-        service = RelayService(ident.node_id, EngineConfig().test_profile(), store, LinkManager(ep), NullTracer(),
-                               listen_addr=ep.listen_addr, rng=random.Random(1), clock=clock,
-                               backpressure=Backpressure(custody_backlog_s=2.0, custody_backlog_min=100))
+        yield RelayService(ident.node_id, EngineConfig().test_profile(), store, LinkManager(ep), NullTracer(),
+                           listen_addr=ep.listen_addr, rng=random.Random(1), clock=clock, backpressure=backpressure)
+    finally:
+        store.close()
+
+
+async def test_a_burst_after_an_idle_spell_is_not_refused_while_its_path_drains(tmp_path: Path) -> None:
+    """An app quiet for a minute sends a burst; receipts come back as fast as it pushes. The relay must
+    not answer 429 for want of a measurement: within a fraction of a second it trusts the drain it sees
+    (before: the first whole second of the burst was refused beyond `custody_backlog_min`)."""
+    clock = Clock()
+    async with relay_service(tmp_path, clock, Backpressure(custody_backlog_s=2.0, custody_backlog_min=100)) as service:
         route = bytes(16)
         clock.t += 60.0  # idle: nothing drained for a minute
         assert service.overloaded(route) is None
@@ -59,8 +68,6 @@ async def test_a_burst_after_an_idle_spell_is_not_refused_while_its_path_drains(
             clock.t += 1.0
             service.custody_allowed()
         assert service.custody_allowed() == 100
-    finally:
-        store.close()
 
 
 async def test_pushes_kept_for_a_home_that_is_down_do_not_refuse_new_ones(tmp_path: Path) -> None:
@@ -68,15 +75,8 @@ async def test_pushes_kept_for_a_home_that_is_down_do_not_refuse_new_ones(tmp_pa
     down and are not the path's backlog. Counted, `custody_backlog_min` of them would answer 429 to every
     push until their TTL ran out; the limit per device (`custody_route_max`) still counts them all."""
     clock = Clock()
-    ident = NodeIdentity.generate()
-    ep = QuicEndpoint(ident, idle_timeout_s=5.0)
-    await ep.bind("127.0.0.1", 0)
-    store = Store(tmp_path / "relay.sqlite3")
-    try:
-        cfg = EngineConfig().test_profile()
-        service = RelayService(ident.node_id, cfg, store, LinkManager(ep), NullTracer(),
-                               listen_addr=ep.listen_addr, rng=random.Random(1), clock=clock,
-                               backpressure=Backpressure(custody_backlog_min=100, custody_route_max=150))
+    cfg = EngineConfig().test_profile()
+    async with relay_service(tmp_path, clock, Backpressure(custody_backlog_min=100, custody_route_max=150)) as service:
         down, other = bytes(16), b"\x01" * 16
         for k in range(120):  # a device whose home is down: its pushes stay in custody
             service._hold(SimpleNamespace(push_id=k.to_bytes(16, "big"), route_id=down))  # type: ignore[arg-type]
@@ -87,5 +87,3 @@ async def test_pushes_kept_for_a_home_that_is_down_do_not_refuse_new_ones(tmp_pa
             service._hold(SimpleNamespace(push_id=k.to_bytes(16, "big"), route_id=down))  # type: ignore[arg-type]
         assert service.overloaded(down) is not None  # custody_route_max counts every push held for it
         assert service.overloaded(other) is None
-    finally:
-        store.close()
