@@ -81,7 +81,10 @@ class GossipRules(EngineState):
         on it then goes out at a new route generation, G10)."""
         rid = registration.route_id
         old = self._routes.get(rid)
-        if old is not None and RouteTable.epoch(old) >= registration.epoch:
+        # A route of this epoch learned from another home (distance > 0) is no reason to refuse: the device
+        # registered here too (homes in two places, issue 42 item 3), and this relay originates it as well.
+        if old is not None and (RouteTable.epoch(old) > registration.epoch
+                                or (RouteTable.epoch(old) == registration.epoch and RouteTable.distance(old) == 0)):
             self._count("reg_local_stale")
             return []
         self._routes.originate(rid, registration.epoch, self._local_expiry(registration.expires_at))
