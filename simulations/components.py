@@ -135,7 +135,7 @@ class ExclusionWindow:
 
     __slots__ = ("deadline", "components", "home_of", "exclude", "_window")
 
-    def __init__(self, deadline_s: float, components: ComponentTracker, home_of: Callable[[PushPlan], int],
+    def __init__(self, deadline_s: float, components: ComponentTracker, home_of: Callable[[PushPlan], tuple[int, ...]],
                  exclude: Exclude) -> None:
         self.deadline = deadline_s
         self.components = components
@@ -159,11 +159,14 @@ class ExclusionWindow:
             self._check(p, labels)
 
     def _check(self, p: PushPlan, labels: list[int]) -> None:
-        home = self.home_of(p)
+        # A device with several homes (issue 42, item 3) is reachable while one of them is up and in the
+        # injecting relay's component.
         reason = None
-        if not self.components.alive[home]:
+        alive = self.components.alive
+        homes = [h for h in self.home_of(p) if alive[h]]
+        if not homes:
             reason = "home_down"
-        elif labels[p.inject] == -1 or labels[p.inject] != labels[home]:
+        elif labels[p.inject] == -1 or all(labels[p.inject] != labels[h] for h in homes):
             reason = "partitioned"
         if reason is not None and p.push_id is not None:
             self.exclude(p, reason)

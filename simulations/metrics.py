@@ -139,6 +139,9 @@ class Collector:
         self.timeline: list[tuple[int, str, str | None]] = []
         self.transitions: dict[str, list[tuple[float, bool]]] = {}  # relay -> [(t, up)]
         self.home_costs = HomeCosts()
+        # Homes in two places (issue 42, item 3): route -> the relays that originated it; push -> its route
+        self.route_origins: dict[str, set[str]] = {}
+        self.push_route: dict[str, str] = {}
         self.rows = 0
 
     def add(self, row: tuple[Any, ...]) -> None:
@@ -173,6 +176,7 @@ class Collector:
                 self.reg_frame_routed.setdefault(msg, 0)
             if row[4] is not None:
                 self.home_of_route[row[4]] = relay
+                self.route_origins.setdefault(row[4], set()).add(relay)
         elif kind == "gossip_control":  # tree gossip (G9): announcements, grafts, graft answers
             c = row[9] or 0
             self.gossip_messages += c
@@ -180,6 +184,8 @@ class Collector:
         elif kind == "push_injected":
             if msg not in self.injected:
                 self.injected[msg] = (t, relay)
+                if row[4] is not None:
+                    self.push_route[msg] = row[4]
                 home = self.home_of_route.get(row[4]) if row[4] is not None else None
                 self.timeline.append((_PUSH, msg, home))
                 self.home_costs.injected(msg, home)
@@ -290,6 +296,34 @@ class Collector:
         spam = {p for p, (_, why) in self.excluded.items() if why not in TOPOLOGY_EXCLUSIONS}
         return self.home_costs.summary(self.on_time(), self.delivered.keys(), spam)
 
+    def _excluded(self, old_excluded: AbstractSet[str], on_time: AbstractSet[str]) -> set[str]:
+        """The pushes excluded by the rule of docs/metrics.md: the home was down or cut off before delivery
+        (any time, when not on time); every other reason always excludes."""
+        excluded: set[str] = set()
+        for p in old_excluded:
+            t_x, why = self.excluded[p]
+            if why not in TOPOLOGY_EXCLUSIONS or p not in on_time or t_x <= self.delivered[p][0]:
+                excluded.add(p)
+        return excluded
+
+    def multi_home_summary(self) -> dict[str, object]:
+        """Pushes to devices registered at several homes (routes originated by two relays or more: issue
+        42, item 3) and, for comparison, to the others: counted, delivered on time, ratio, never delivered,
+        searched for (push_fallback rows). The same formulas as delivery_ratio (docs/metrics.md)."""
+        pushes = set(self.injected)
+        on_time = self.on_time()
+        counted = pushes - self._excluded(set(self.excluded) & pushes, on_time)
+        multi = {p for p in counted if len(self.route_origins.get(self.push_route.get(p, ""), ())) > 1}
+        out: dict[str, object] = {}
+        for prefix, group in (("multi_home", multi), ("single_home", counted - multi)):
+            delivered = len(group & on_time)
+            out[f"{prefix}_pushes"] = len(group)
+            out[f"{prefix}_delivered"] = delivered
+            out[f"{prefix}_delivery_ratio"] = delivered / len(group) if group else None
+            out[f"{prefix}_never_delivered"] = len(group - self.delivered.keys())
+            out[f"{prefix}_fallback_pushes"] = len(group & self.fallback)
+        return out
+
     def summary(self, distance: dict[tuple[str, str], float] | None = None,
                 links: dict[tuple[str, str], float] | None = None, processing: dict[str, float] | None = None,
                 direct: dict[tuple[str, str], float] | None = None) -> dict[str, object]:
@@ -300,12 +334,7 @@ class Collector:
         pushes = set(self.injected)
         old_excluded = set(self.excluded) & pushes
         on_time = self.on_time()
-        excluded: set[str] = set()
-        for p in old_excluded:
-            t_x, why = self.excluded[p]
-            # The new rule: the home was down or cut off before delivery (any time, when not on time).
-            if why not in TOPOLOGY_EXCLUSIONS or p not in on_time or t_x <= self.delivered[p][0]:
-                excluded.add(p)
+        excluded = self._excluded(old_excluded, on_time)
         counted = len(pushes) - len(excluded)
         delivered = on_time - excluded
         delivered_old = on_time - old_excluded

@@ -40,12 +40,16 @@ pushes = 1000
 push_start_s = 30.0
 push_end_s = 90.0
 
+multi_home_share = 0.0        # share of devices registered at several homes (one route id, anycast)
+homes_per_device = 2          # how many homes such a device has (2 or 3)
+
 [churn]
 fail_fraction = 0.0           # share of relays that fail during [start_s, end_s]
 rejoin_fraction = 0.5         # of those, the share that rejoin after downtime_s
 start_s = 30.0
 end_s = 90.0
 downtime_s = 30.0
+multi_home_failures = 0       # per multi-home device, how many of its homes fail (< homes_per_device)
 
 [[partitions]]                # optional: cut the mesh in two for an interval
 start_s = 40.0
@@ -83,6 +87,7 @@ from inri.core.config import EngineConfig
 from simulations.adversary import CLIENT_KINDS, KINDS, Adversary
 
 LOSS_MODELS = ("drop", "quic")
+MAX_HOMES = 3  # homes of one device (issue 42, item 3: "2 (at most 3)")
 
 
 class ScenarioError(ValueError):
@@ -127,6 +132,10 @@ class Workload:
     # Every refresh hands the home a new receipt key (docs/api.md, "Refresh"; rule F5c): pushes made
     # with the credential of an earlier epoch are answered under that epoch's key.
     rotate_receipt_keys: bool = False
+    # Homes in two places (issue 42, item 3): this share of devices registers the same route key at
+    # homes_per_device homes (2, at most 3), drawn like the first; every home originates the route id.
+    multi_home_share: float = 0.0
+    homes_per_device: int = 2
 
 
 @dataclass(frozen=True)
@@ -136,6 +145,9 @@ class Churn:
     start_s: float = 0.0
     end_s: float = 0.0
     downtime_s: float = 30.0
+    # For each multi-home device, this many of its homes fail (never the last one) in [start_s, end_s],
+    # down for downtime_s (rejoin_fraction applies); they count in fail_fraction's share.
+    multi_home_failures: int = 0
 
 
 @dataclass(frozen=True)
@@ -322,4 +334,13 @@ def from_dict(raw: dict[str, Any], default_name: str = "scenario") -> Scenario:
         raise ScenarioError("[workload] pushes need at least one registration")
     if w.registrations and w.pushes > w.registrations * w.tokens_per_registration:
         raise ScenarioError("[workload] more pushes than tokens: raise tokens_per_registration")
+    if not 0.0 <= w.multi_home_share <= 1.0:
+        raise ScenarioError("[workload] multi_home_share must be in [0, 1]")
+    if not 2 <= w.homes_per_device <= MAX_HOMES or w.homes_per_device >= t.relays:
+        raise ScenarioError(f"[workload] homes_per_device must be 2 to {MAX_HOMES} (and fewer than the relays)")
+    if w.multi_home_share and w.rotate:
+        raise ScenarioError("[workload] multi_home_share and rotate cannot be combined (rotate re-uses a home)")
+    if sc.churn.multi_home_failures >= w.homes_per_device:
+        raise ScenarioError(f"[churn] multi_home_failures = {sc.churn.multi_home_failures}: at most "
+                            f"homes_per_device - 1 ({w.homes_per_device - 1}); a device keeps one home up")
     return sc

@@ -44,6 +44,7 @@ from inri.protocol.keys import new_signing_key, receipt_public_key
 from inri.protocol.messages import PeerInfo
 from simulations.adversary import make_engine, receipt_seed
 from simulations.components import ComponentTracker, ExclusionWindow
+from simulations.devices import Devices
 from simulations.events import EventKind, EventQueue
 from simulations.ingress import Ingress, Source
 from simulations.linkmodel import UNACKED_PTOS, probe_timeout, retransmit_delay
@@ -144,6 +145,7 @@ class Simulator:
         self.window = ExclusionWindow(scenario.deadline_s, self.components, self._home_of, self._exclude)
         self.ingress: Ingress | None = None  # with a push spammer: its victim's API
         self.stale: StaleSender | None = None  # with a stale sender (stale.py)
+        self.devices = Devices(self.work)  # the multi-home devices' streams (devices.py)
 
     # -- setup ----------------------------------------------------------------------------------
     def _new_engine(self, i: int) -> Engine:
@@ -259,7 +261,10 @@ class Simulator:
         """Plan the workload, churn and partitions, bring the links up and arm every engine's timer."""
         n = self.net.n
         self.work.plan(self.sc, n, self.roles, self.q, self.rng.work, self.rng.adv)
-        plan_churn(self.sc, n, self.q, self.rng.churn)
+        # Multi-home devices from their own stream (a run without them draws nothing: its events stay)
+        self.work.plan_homes(self.sc, self.roles, random.Random(self.seed * 1_000_037 + 47))
+        self.devices = Devices(self.work)
+        plan_churn(self.sc, n, self.q, self.rng.churn, self.work)
         plan_partitions(self.sc, self.q)
         self._start_links()
         self._start_spam()
@@ -411,10 +416,12 @@ class Simulator:
             self.work.regs[b] = (home, reg, key)
             if self.stale is not None:
                 self.stale.saw(b, reg)
-            self.homes[home].add_registration(reg, tokens, receipt_secret)
-            if self.alive[home]:
-                self._apply(home, eng.register(reg, t))
-                self._rearm(home)
+            self.devices.registered(b, reg.route_id)
+            for h in self.work.homes_of(b):  # a multi-home device registers at each of its homes
+                self.homes[h].add_registration(reg, tokens, receipt_secret)
+                if self.alive[h]:
+                    self._apply(h, self.engines[h].register(reg, t))
+                    self._rearm(h)
         elif kind == EventKind.PUSH:
             self._push(a, b, t)
         elif kind == EventKind.FAIL:
@@ -578,7 +585,9 @@ class Simulator:
                 case CustodyReleased():
                     if self.stale is not None and eff.push_id in self.stale.pushes:
                         self.stale.settled[eff.push_id] = eff.status  # a late receipt corrects it
-                case Delivered() | CustodyTaken():
+                case Delivered():
+                    self.devices.stored(src, eff.route_id, eff.push_id)  # a multi-home device's stream
+                case CustodyTaken():
                     pass  # for a driver with storage; the engine's trace rows already say it
                 case _:
                     assert_never(eff)
@@ -651,8 +660,8 @@ class Simulator:
             self.q.schedule(t, _TIMER, i, 0, None)
 
     # -- pushes the topology excludes -------------------------------------------------------------
-    def _home_of(self, p: PushPlan) -> int:
-        return self.work.regs[p.reg_index][0]
+    def _home_of(self, p: PushPlan) -> tuple[int, ...]:
+        return self.work.homes_of(p.reg_index)
 
     def _exclude(self, p: PushPlan, reason: str) -> None:
         self.tracer.emit(self.now, self.names[p.inject], "push_excluded", msg=p.push_id, reason=reason)
@@ -673,6 +682,9 @@ class Simulator:
             summary.update(self.stale.summary())
             summary["score_penalties"] = score_penalties(self.engines)
         summary.update(fallback_summary(self.engines, self.collector))
+        if self.sc.workload.multi_home_share > 0:
+            summary.update(self.collector.multi_home_summary())
+            summary.update(self.devices.summary())
         summary.update(scope_reach(self.collector, self.net, self.names, self.sc.engine.gossip_ttl))
         if self.ingress is not None:
             pushes = self.work.pushes

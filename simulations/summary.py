@@ -39,7 +39,7 @@ def delivery_summary(collector: Collector, net: Network, names: Sequence[str], w
     injection (path_stretch_*, overlay_penalty_*). `live`: every link of the run with its latency (the
     simulator's link table: the topology plus links opened at run time); `topo` gives the direct
     underlay latency of geographic topologies."""
-    pairs = {(p.inject, work.regs[p.reg_index][0]) for p in work.pushes}
+    pairs = {(p.inject, h) for p in work.pushes for h in work.homes_of(p.reg_index)}  # each home (multi-home)
     dist_idx = shortest_latencies(net.n, net.latency, net.processing, pairs)
     distance = {(names[u], names[v]): d for (u, v), d in dist_idx.items()}
     links = None if live is None else run_links(live, names)

@@ -94,6 +94,9 @@ class Workload:
     regs: list[tuple[int, Registration | None, SigningKey]] = field(default_factory=list)  # (home, reg, key)
     reg_tokens: list[list[bytes]] = field(default_factory=list)
     pushes: list[PushPlan] = field(default_factory=list)
+    # Homes in two places (issue 42, item 3): registration -> every home of its device (the first is
+    # regs[r][0]), for the devices registered at several homes only.
+    homes: dict[int, tuple[int, ...]] = field(default_factory=dict)
 
     def plan(self, sc: Scenario, n: int, roles: Roles, q: EventQueue, rng: random.Random,
              rng_adv: random.Random) -> None:
@@ -136,18 +139,72 @@ class Workload:
             else:
                 q.schedule(t, EventKind.PUSH, plan.inject, len(self.pushes) - 1, None)
 
+    def plan_homes(self, sc: Scenario, roles: Roles, rng: random.Random) -> None:
+        """Draw which devices register at several homes ([workload] multi_home_share) and their other
+        homes, uniform over the honest relays like the first, never the same relay twice. From its own
+        stream (rng), after the workload: a run without multi-home devices draws nothing here."""
+        w = sc.workload
+        if w.multi_home_share <= 0:
+            return
+        honest = roles.honest
+        for r, (home, _, _) in enumerate(self.regs):
+            if rng.random() >= w.multi_home_share:
+                continue
+            homes = [home]
+            while len(homes) < w.homes_per_device:
+                h = honest[rng.randrange(len(honest))]
+                if h not in homes:
+                    homes.append(h)
+            self.homes[r] = tuple(homes)
+
+    def homes_of(self, r: int) -> tuple[int, ...]:
+        """Every home of registration r's device (one for most)."""
+        return self.homes.get(r) or (self.regs[r][0],)
+
     def push_id(self, seed: int, b: int) -> bytes:
         """The id of push plan b (fixed by the seed, so reruns and traces match)."""
         return random.Random(seed * 1_000_003 + b).randbytes(16)
 
 
-def plan_churn(sc: Scenario, n: int, q: EventQueue, rng: random.Random) -> None:
-    """Schedule the relay failures (and the rejoins of a share of them) of `[churn]`."""
+def plan_multi_home_failures(sc: Scenario, work: Workload, rng: random.Random) -> tuple[list[int], set[int]]:
+    """[churn] multi_home_failures: for each multi-home device in turn, that many of its homes to fail,
+    never one another device keeps as its last home up. Returns (the relays to fail, in draw order; the
+    homes that must stay up: the rest of fail_fraction's failures are drawn among the other relays)."""
     c = sc.churn
-    count = int(round(c.fail_fraction * n))
+    fail: list[int] = []
+    keep: set[int] = set()
+    if c.multi_home_failures <= 0:
+        return fail, keep
+    for r in sorted(work.homes):
+        homes = list(work.homes[r])
+        rng.shuffle(homes)
+        down = [h for h in homes if h in fail]
+        for h in homes:
+            if len(down) >= c.multi_home_failures:
+                break
+            if h not in keep and h not in down:
+                down.append(h)
+        keep.update(h for h in homes if h not in down)
+        fail += [h for h in down if h not in fail]
+    return fail, keep
+
+
+def plan_churn(sc: Scenario, n: int, q: EventQueue, rng: random.Random, work: Workload | None = None) -> None:
+    """Schedule the relay failures (and the rejoins of a share of them) of `[churn]`: first the homes of
+    multi-home devices that fail (multi_home_failures), then the rest of fail_fraction's share among
+    the relays that are no multi-home device's last home up."""
+    c = sc.churn
+    homes_down, keep = plan_multi_home_failures(sc, work, rng) if work is not None else ([], set())
+    count = max(int(round(c.fail_fraction * n)), len(homes_down))
     if count <= 0:
         return
-    victims = rng.sample(range(n), count)
+    if homes_down:
+        chosen = set(homes_down)
+        others = [i for i in range(n) if i not in chosen and i not in keep]
+        victims = homes_down + rng.sample(others, min(len(others), count - len(homes_down)))
+        rng.shuffle(victims)  # which of them rejoin: drawn over all failures alike
+    else:
+        victims = rng.sample(range(n), count)
     rejoin = set(victims[: int(round(c.rejoin_fraction * count))])
     for v in victims:
         t = rng.uniform(c.start_s, c.end_s)
