@@ -179,6 +179,9 @@ def analyse(
     progress("push message costs by the home's state (live at injection, down while waiting)")
     home_costs = _home_costs(ev, per_push)
 
+    progress("devices with several homes")
+    multi_home = _multi_home(ev, per_push)
+
     progress("stretch (shortest paths over the topology)")
     stretch_df = _stretch(spark, trace, good)
     n_stretch = stretch_df.count() if stretch_df is not None else 0
@@ -302,6 +305,7 @@ def analyse(
         "fallback_messages": pm_by_kind.get("push_fallback", 0),
         "messages_per_delivered_push": push_messages / n_deliv_all if n_deliv_all else None,
         **home_costs,
+        **multi_home,
         "route_coverage": route_coverage,
         "reach_p50": reach_p50,
         "reach_p10": reach_p10,
@@ -392,6 +396,39 @@ def _home_costs(ev: DataFrame, per_push: DataFrame) -> dict[str, object]:
         "messages_per_push_home_down": down_messages / exposed if exposed else None,
         "pushes_never_delivered_home_up": int(counts["never"] or 0),
     }
+
+
+def _multi_home(ev: DataFrame, per_push: DataFrame) -> dict[str, object]:
+    """Pushes to devices registered at several homes (issue 42, item 3: routes with reg_originated rows at
+    two relays or more) and to the others, as the simulator's Collector.multi_home_summary counts them:
+    counted pushes, delivered on time, the ratio, never delivered, searched for (push_fallback). No keys
+    when no route has two homes."""
+    homes = (ev.filter((F.col("kind") == "reg_originated") & F.col("route").isNotNull())
+             .groupBy("route").agg(F.countDistinct("relay").alias("homes")))
+    if homes.filter(F.col("homes") > 1).limit(1).count() == 0:
+        return {}
+    w_first = Window.partitionBy("msg").orderBy(F.col("t").asc(), F.col("seq").asc())
+    routes = (ev.filter(F.col("kind") == "push_injected")
+              .withColumn("_rn", F.row_number().over(w_first)).filter("_rn = 1").select("msg", "route"))
+    counted = (per_push.filter(~F.col("excluded")).join(routes, "msg", "left").join(homes, "route", "left")
+               .withColumn("multi", F.coalesce(F.col("homes"), F.lit(0)) > 1))
+    rows = {r["multi"]: r for r in counted.groupBy("multi").agg(
+        F.count("*").alias("pushes"),
+        F.sum(F.col("on_time").cast("int")).alias("delivered"),
+        F.sum(F.col("t_del").isNull().cast("int")).alias("never"),
+        F.sum(F.col("fallback").cast("int")).alias("fallback"),
+    ).collect()}
+    out: dict[str, object] = {}
+    for prefix, multi in (("multi_home", True), ("single_home", False)):
+        r = rows.get(multi)
+        n = int(r["pushes"]) if r else 0
+        delivered = int(r["delivered"] or 0) if r else 0
+        out[f"{prefix}_pushes"] = n
+        out[f"{prefix}_delivered"] = delivered
+        out[f"{prefix}_delivery_ratio"] = delivered / n if n else None
+        out[f"{prefix}_never_delivered"] = int(r["never"] or 0) if r else 0
+        out[f"{prefix}_fallback_pushes"] = int(r["fallback"] or 0) if r else 0
+    return out
 
 
 def _live(spark: SparkSession, trace: Trace, ev: DataFrame, good: DataFrame) -> DataFrame | None:

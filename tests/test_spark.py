@@ -189,6 +189,22 @@ def test_home_cost_figures_of_a_run_with_homes_going_down_agree_with_the_simulat
         assert sim[key] is not None and ana[key] == sim[key], key
 
 
+def test_multi_home_figures_agree_with_the_simulator(spark, tmp_path: Path) -> None:
+    """tests/fixtures/multihome.toml (devices with two homes, one home of each failing under pushes) through
+    `inri-sim run`: Spark recomputes the summary's multi-home and single-home figures and agrees exactly."""
+    fixture = Path(__file__).resolve().parent / "fixtures" / "multihome.toml"
+    proc = subprocess.run([sys.executable, "-m", "simulations.cli", "run", str(fixture), "--trace-dir",
+                           str(tmp_path / "trace"), "--trace-level", "summary", "--progress", "off"],
+                          capture_output=True, text=True, timeout=120, check=True)
+    sim = json.loads(proc.stdout.strip().splitlines()[-1])
+    ana = run(tmp_path / "trace", tmp_path / "report", spark=spark, plots=False)
+    assert sim["multi_home_pushes"] > 100 and sim["multi_home_fallback_pushes"] > 0  # the paths are covered
+    for prefix in ("multi_home", "single_home"):
+        for key in ("pushes", "delivered", "delivery_ratio", "never_delivered", "fallback_pushes"):
+            name = f"{prefix}_{key}"
+            assert name not in ana["from_simulator"] and ana[name] == sim[name], name
+
+
 def test_malformed_lines_are_counted_not_fatal(spark, tmp_path: Path) -> None:
     hand_trace(tmp_path / "trace")
     with open(tmp_path / "trace" / "events.jsonl", "a") as f:
