@@ -42,6 +42,7 @@ push_end_s = 90.0
 
 multi_home_share = 0.0        # share of devices registered at several homes (one route id, anycast)
 homes_per_device = 2          # how many homes such a device has (2 or 3)
+multi_home_reregister_s = 0.0 # such a device re-registers (epoch + 1) this long after a home fails (0: never)
 
 [churn]
 fail_fraction = 0.0           # share of relays that fail during [start_s, end_s]
@@ -136,6 +137,9 @@ class Workload:
     # homes_per_device homes (2, at most 3), drawn like the first; every home originates the route id.
     multi_home_share: float = 0.0
     homes_per_device: int = 2
+    # A multi-home device whose stream to one of its homes drops (the home failed) registers again at a new
+    # epoch this long after (0: never), so the route id's next flood leads every relay to a live home.
+    multi_home_reregister_s: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -406,7 +406,11 @@ class Simulator:
         elif kind == EventKind.REGISTER:
             assert isinstance(payload, tuple)
             epoch, tokens = payload
-            home, _, key = self.work.regs[b]
+            home, current, key = self.work.regs[b]
+            if not epoch:  # a multi-home device registering again after a home failed: its next epoch
+                if current is None:
+                    return
+                epoch = current.epoch + 1
             # The device's receipt key pair: derived from its route key (no draw from the random streams,
             # so runs keep their events); the private half goes to its home only. A new one at every
             # refresh with rotate_receipt_keys (rule F5c).
@@ -431,6 +435,10 @@ class Simulator:
             self.tracer.emit(t, self.names[a], "relay_down", reason="churn")
             self.components.failed(a)
             self.window.topology_changed(t)
+            again = self.sc.workload.multi_home_reregister_s
+            if again > 0:  # its multi-home devices see their stream to it drop, and register again
+                for r in self.work.homed_at(a):
+                    self.q.schedule(t + again, EventKind.REGISTER, a, r, (0, []))
         elif kind == EventKind.REJOIN:
             self.alive[a] = True
             self.tracer.emit(t, self.names[a], "relay_up", reason="churn")

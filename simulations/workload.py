@@ -157,6 +157,10 @@ class Workload:
                     homes.append(h)
             self.homes[r] = tuple(homes)
 
+    def homed_at(self, relay: int) -> list[int]:
+        """The multi-home registrations with a home at relay."""
+        return [r for r, homes in self.homes.items() if relay in homes]
+
     def homes_of(self, r: int) -> tuple[int, ...]:
         """Every home of registration r's device (one for most)."""
         return self.homes.get(r) or (self.regs[r][0],)
