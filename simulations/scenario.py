@@ -344,6 +344,9 @@ def from_dict(raw: dict[str, Any], default_name: str = "scenario") -> Scenario:
         raise ScenarioError(f"[workload] homes_per_device must be 2 to {MAX_HOMES} (and fewer than the relays)")
     if w.multi_home_share and w.rotate:
         raise ScenarioError("[workload] multi_home_share and rotate cannot be combined (rotate re-uses a home)")
+    if w.multi_home_reregister_s and w.refresh_interval_s:
+        raise ScenarioError("[workload] multi_home_reregister_s and refresh_interval_s cannot be combined (both "
+                            "number the device's epochs)")
     if sc.churn.multi_home_failures >= w.homes_per_device:
         raise ScenarioError(f"[churn] multi_home_failures = {sc.churn.multi_home_failures}: at most "
                             f"homes_per_device - 1 ({w.homes_per_device - 1}); a device keeps one home up")

@@ -24,6 +24,8 @@ def test_multi_home_keys_are_checked() -> None:
         from_dict(small(workload={"multi_home_share": 0.2}, churn={"multi_home_failures": 2}))
     with pytest.raises(ScenarioError, match="multi_home_share must be in"):
         from_dict(small(workload={"multi_home_share": 1.5}))
+    with pytest.raises(ScenarioError, match="multi_home_reregister_s and refresh_interval_s cannot be combined"):
+        from_dict(small(workload={"multi_home_share": 0.2, "multi_home_reregister_s": 1.0, "refresh_interval_s": 9.0}))
     assert load("multihome-5k").workload.multi_home_share == 0.2  # the shipped scenario loads
 
 
