@@ -35,6 +35,7 @@ from inri.core.stemstate import StemState
 from inri.core.syncstate import SyncState
 from inri.core.tables import CompactRouteTable, RouteTable
 from inri.core.tree import TreeGossip
+from inri.core.withdrawals import Withdrawals
 
 ROOT = Path(__file__).resolve().parents[1]
 CORE = ROOT / "inri" / "core"
@@ -45,7 +46,7 @@ OWNER_OBJECTS: dict[str, type | tuple[type, ...]] = {
     "_rtt": RttEstimator, "_seen": SeenCache, "_tree": TreeGossip, "_await": AwaitedAnswers, "_stem": StemState,
     "_routes": (RouteTable, CompactRouteTable), "_custody": CustodyTable, "_reverse": ReversePaths,
     "_homed": HomedRoutes, "_flood": FloodState, "_sync": SyncState,
-    "_neighbours": Neighbours}
+    "_neighbours": Neighbours, "_withdrawals": Withdrawals}
 
 
 def owner_classes() -> list[type]:

@@ -9,6 +9,7 @@ these tests rather than passing them silently.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from enum import IntEnum
 
 import msgpack
@@ -46,10 +47,13 @@ from inri.protocol.messages import (
     RouteError,
     RouteErrorReason,
     RouteSync,
+    RouteWithdraw,
     StemRepair,
     SyncedRoute,
     Urgency,
     WebPushMeta,
+    WithdrawKind,
+    WithdrawnRoute,
 )
 
 KEY = new_signing_key(b"\x01" * 32)
@@ -97,6 +101,12 @@ messages = st.one_of(
                                                     hops=st.integers(0, L.MAX_TTL),
                                                     ttl_s=st.integers(0, L.MAX_LIFETIME_S)),
                                           min_size=1, max_size=8).map(tuple)),
+    # Rule G12: route withdrawals (hops 0) and restores
+    st.builds(RouteWithdraw, entries=st.lists(
+        st.builds(WithdrawnRoute, route_id=blob(L.ROUTE_ID_BYTES), epoch=st.integers(0, L.MAX_EPOCH),
+                  kind=st.sampled_from(WithdrawKind), hops=st.integers(0, L.MAX_TTL)).map(
+            lambda w: w if w.kind == WithdrawKind.RESTORED else replace(w, hops=0)),
+        min_size=1, max_size=8).map(tuple)),
 )
 
 
@@ -150,6 +160,9 @@ SPEC: dict[int, list[Check]] = {
     MessageType.STEM_REPAIR: [exact_bytes(L.ROUTE_ID_BYTES), uint(L.MAX_EPOCH), uint(L.MAX_EPOCH)],
     MessageType.ROUTE_SYNC: [lambda v: type(v) is list and 1 <= len(v) <= L.MAX_SYNCED_ROUTES and all(
         fields([exact_bytes(L.ROUTE_ID_BYTES), uint(L.MAX_TTL), uint(L.MAX_LIFETIME_S)])(e) for e in v)],
+    MessageType.ROUTE_WITHDRAW: [lambda v: type(v) is list and 1 <= len(v) <= L.MAX_WITHDRAWN_ROUTES and all(
+        fields([exact_bytes(L.ROUTE_ID_BYTES), uint(L.MAX_EPOCH), enum(WithdrawKind), uint(L.MAX_TTL)])(e)
+        and (e[2] == WithdrawKind.RESTORED or e[3] == 0) for e in v)],
 }
 # RegGossip's other shapes: a stem frame (a 4th field, always true) and a route generation (G10:
 # stem flag, generation >= 1, the home's 64-byte signature).

@@ -81,6 +81,12 @@ class EngineConfig:
     # first minute for the routes they hold, and takes those it lacks as provisional routes through them
     # (false: routes come back only with its snapshot, G5 and gossip, as before).
     route_sync: bool = True
+    # Rule G12 (inri/core/withdrawals.py): a relay that loses its last live next hop for a route id (or its
+    # link to the route's home) tells its neighbours, which drop it as a next hop; pushes for a home that is
+    # down then wait in custody instead of searching, and the route's return wakes them. Off for now: the
+    # shipped traces stay as they are until the measurements (docs/results/2026-11-29-route-withdrawal.md)
+    # decide the default.
+    route_withdrawal: bool = False
 
     # Pushes
     # The radius of the custodian's last ring (after 1, 3, 5, 7), when the fallback budget allows it.

@@ -249,6 +249,8 @@ class CustodyRules(EngineState):
                 self._sent_to(c, nh, now)
                 return [self._forward(readdress(push, limits.MAX_TTL, 0, c.attempt, 0), nh, now)]
         c.sent_to = None
+        if self._withdrawals.home_down(push.route_id):  # G12: its home is down: wait for the route, no ring
+            return self._park_withdrawn(c)
         radii = limits.RING_RADII
         if c.ring_step < len(radii):
             ring = radii[c.ring_step]
@@ -399,6 +401,8 @@ class CustodyRules(EngineState):
         (seen with real relays: a custodian whose next hops had answered `no route` while the home
         restarted)."""
         cfg = self.config
+        if self._withdrawals.home_down(c.push.route_id):  # G12: its home is down: wait for the route
+            return self._park_withdrawn(c)
         cost = ring_cost(LOCAL_REPAIR_RADIUS, cfg.active_max)
         if (not self._linked or c.ring_spent + cost > cfg.fallback_budget
                 or c.push.route_id not in self._routes):  # a route never known here: searched already
@@ -483,6 +487,17 @@ class CustodyRules(EngineState):
         rid = c.push.route_id
         period = self._retry_period(rid) if nxt < ROUTE_ATTEMPTS else cfg.custody_retry_s
         return now + max(period, QUEUE_LOOK * st.queue_delay)
+
+    # Rule G12.
+    def _park_withdrawn(self, c: Custody) -> list[Effect]:
+        """c's route was withdrawn here as `home down` (withdrawals.py): nothing is sent; the route's
+        restore (or a newer epoch) wakes it (C3c), and until then its retries stay as scheduled and send
+        nothing. (Not _await_route: no copy left, so a renewal older than the last copy would wake it
+        again at once.)"""
+        c.home_down = True  # woken, it follows the route (it never widens)
+        self._waiting_route.setdefault(c.push.route_id, set()).add(c.push.push_id)
+        self._count("custody_parked_withdrawn")
+        return []
 
     # Rule C3c.
     def _forget_waiting(self, c: Custody) -> None:

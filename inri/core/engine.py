@@ -42,6 +42,7 @@ from inri.core.sync import SYNC, SyncRules
 from inri.core.syncstate import SyncState
 from inri.core.tables import EXPORT_CHUNK, BoundedMap, CompactRouteTable, ExportRow, RouteTable
 from inri.core.tree import TreeGossip
+from inri.core.withdrawals import Withdrawals
 from inri.protocol.codec import DecodeError, decode
 from inri.protocol.messages import (
     ErrorCode,
@@ -59,6 +60,7 @@ from inri.protocol.messages import (
     RegGraft,
     RouteError,
     RouteSync,
+    RouteWithdraw,
     StemRepair,
 )
 
@@ -177,6 +179,9 @@ class Engine(MembershipRules, GossipRules, StemRules, SyncRules, ForwardingRules
         # G9's owner (tree.py): its tables stay empty with gossip_scheme "flood" unless a neighbour announces.
         self._tree = TreeGossip(relay_id, config, self._routes, self._neighbours, rng, self.counters, tracer.emit,
                                 self._level)
+        # G12's owner (withdrawals.py): route withdrawals sent and heeded; empty with route_withdrawal off.
+        self._withdrawals = Withdrawals(config.route_withdrawal, self._routes, self._linked, config.route_k,
+                                        config.keepalive_interval_s, self._count, self._route_renewed)
 
     # Rule M1 (membership.py), and the clock of the engine's own expiry sweeps.
     def start(self, now: float, *, sync_routes: bool = True) -> list[Effect]:
@@ -205,6 +210,7 @@ class Engine(MembershipRules, GossipRules, StemRules, SyncRules, ForwardingRules
         if state is None:
             if self._neighbours.on_probation(peer) and isinstance(msg, Hello):
                 out = self._on_probation_hello(peer, msg, now)
+                self._withdrawals.heard_hello(peer, msg.features, now)  # G12
                 if SYNC in msg.features and peer in self._linked:  # G11: admitted, asks for routes
                     out += self._on_sync_request(peer, now)
                 return out
@@ -239,6 +245,8 @@ class Engine(MembershipRules, GossipRules, StemRules, SyncRules, ForwardingRules
                 return self._on_stem_repair(peer, msg, now)
             case RouteSync():
                 return self._on_route_sync(peer, msg, now)
+            case RouteWithdraw():
+                return self._withdrawals.on_frame(peer, msg, now)  # G12 (withdrawals.py)
             case Keepalive():
                 if not msg.reply:
                     state.last_sent = now
@@ -251,6 +259,7 @@ class Engine(MembershipRules, GossipRules, StemRules, SyncRules, ForwardingRules
                 self._count("peer_errors")
                 return []
             case Hello():  # on an active link: G11's request for routes (M4's probation: handled above)
+                self._withdrawals.heard_hello(peer, msg.features, now)  # G12: it takes withdrawals
                 return self._on_sync_request(peer, now) if SYNC in msg.features else []
             case _:
                 assert_never(msg)
@@ -326,6 +335,8 @@ class Engine(MembershipRules, GossipRules, StemRules, SyncRules, ForwardingRules
         if self._stem.any_embargo():  # G8
             out += self._stem_embargo(now)
         out += self._restem_due_now(now)  # G10 (stem.py)
+        if self._withdrawals.any():  # G12 (withdrawals.py): restores seen late, frames over the budget
+            out += self._withdrawals.tick(now)
         out += self._repair_due_now(now)
         if nb.links_and_dials() < cfg.active_max:
             out += self._refill(now)

@@ -414,7 +414,7 @@ class ForwardingRules(EngineState):
                                     reason="repair_found", count=1)
                     out.append(Send(peer, RouteError(pid, rid, RouteErrorReason.REPAIR_FOUND)))
                 return out
-            if self._home_adjacent(rid):  # tell the custodian: widening the ring cannot help
+            if self._home_adjacent(rid) or self._withdrawals.home_down(rid):  # widening cannot help (F3, G12)
                 return self._push_drop(peer, msg, now, "home_unreachable", RouteErrorReason.HOME_UNREACHABLE)
             if msg.ring <= 1:
                 return self._push_drop(peer, msg, now, "ring_end", None)
@@ -436,6 +436,8 @@ class ForwardingRules(EngineState):
                     if repaired:
                         return repaired
                 return [self._forward(_onward(msg, 0), low, now)]
+            if low is None and self._withdrawals.home_down(rid):  # G12: the home is down: no search
+                return self._push_drop(peer, msg, now, "home_unreachable", RouteErrorReason.HOME_UNREACHABLE)
             if low is None and self._home_adjacent(rid):
                 return (self._push_drop(peer, msg, now, "home_unreachable", RouteErrorReason.HOME_UNREACHABLE)
                         + self._home_search(msg, peer, now))

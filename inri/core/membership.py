@@ -215,13 +215,14 @@ class MembershipRules(EngineState):
         # neighbour (it may have restarted and been filled by others); G11: ask for its routes.
         sync = self._sync.wanted(now)
         features = ((LOW,) if outbound and len(active) < self.config.priority_join_below else ()) + (
-            (BACK,) if back else ()) + ((SYNC,) if sync else ())
+            (BACK,) if back else ()) + ((SYNC,) if sync else ()) + self._withdrawals.features()  # G12
         if sync:
             self._sync.ask(peer)
         if features:
             out.append(Send(peer, Hello(limits.PROTOCOL_VERSION, self.relay_id, self.listen_addr, features)))
         nb.link(peer, Neighbour(addr, outbound, now, self.config.reg_budget_peer_burst,
                                 self.config.push_budget_peer_burst))
+        out += self._withdrawals.link_up(now)  # G12: routes withdrawn here through it are back
         if self._homed.any() or self._stem.holds_any():  # rule G5: a new neighbour learns the routes homed here (paced:
             # the rest on ticks); with the stem on, stem relays announce the stem routes they hold too
             self._homed.queue(peer, self._stem.held_ids())
@@ -264,7 +265,8 @@ class MembershipRules(EngineState):
             nb.lose(peer, state.addr, now + RECONNECT_BASE_S)
         if self._level:
             self._trace(now, "peer_down", peer=peer, reason=reason)
-        out = self._reroute_awaited(peer, now) + self._refill(now)  # rtt.py (C5)
+        out = self._withdrawals.link_down(peer, now)  # G12: routes it was the last live next hop of
+        out += self._reroute_awaited(peer, now) + self._refill(now)  # rtt.py (C5)
         if self._stem.has_successors():  # G10, G10b: a stem successor lost (stem.py)
             out += self._stem_successor_down(peer, now)
         return out

@@ -42,6 +42,7 @@ from inri.protocol.messages import (
 if TYPE_CHECKING:  # tree.py and neighbours.py build on this module (Neighbour, make_send)
     from inri.core.neighbours import Neighbours
     from inri.core.tree import TreeGossip
+    from inri.core.withdrawals import Withdrawals
 
 # Clock skew tolerated on a registration's issued_at (relays' clocks are not synchronised).
 MAX_CLOCK_SKEW_S = 300
@@ -251,6 +252,7 @@ class EngineState:
     _homed: HomedRoutes
     _stem: StemState  # stemstate.py (G5, G7, G8, G10): stem routes held, embargoes, generations, successors
     _sync: SyncState  # syncstate.py (G11): route sync at link-up, provisional routes
+    _withdrawals: Withdrawals  # withdrawals.py (G12): route withdrawals sent and heeded
 
     def _count(self, name: str, n: int = 1) -> None:
         self.counters[name] = self.counters.get(name, 0) + n

@@ -65,6 +65,7 @@ from inri.protocol.messages import (
     Registration,
     RouteError,
     RouteSync,
+    RouteWithdraw,
     StemRepair,
     WebPushMeta,
 )
@@ -77,7 +78,8 @@ _OUT_NAMES = {cls: "frames_out_" + t.name.lower() for cls, t in (
     (Keepalive, MessageType.KEEPALIVE),
     (PeerExchange, MessageType.PEER_EXCHANGE), (ErrorFrame, MessageType.ERROR),
     (RegAnnounce, MessageType.REG_ANNOUNCE), (RegGraft, MessageType.REG_GRAFT),
-    (StemRepair, MessageType.STEM_REPAIR), (RouteSync, MessageType.ROUTE_SYNC))}
+    (StemRepair, MessageType.STEM_REPAIR), (RouteSync, MessageType.ROUTE_SYNC),
+    (RouteWithdraw, MessageType.ROUTE_WITHDRAW))}
 _IN_NAMES = {int(t): "frames_in_" + t.name.lower() for t in MessageType}
 # The per-push frames the engine builds from frames it decoded (and so validated) or from pushes the
 # API verified: encoded without codec.encode's re-decode (issue 16: no re-validation of frames we

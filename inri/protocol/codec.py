@@ -44,10 +44,13 @@ from inri.protocol.messages import (
     RouteError,
     RouteErrorReason,
     RouteSync,
+    RouteWithdraw,
     StemRepair,
     SyncedRoute,
     Urgency,
     WebPushMeta,
+    WithdrawKind,
+    WithdrawnRoute,
 )
 
 __all__ = [
@@ -326,8 +329,22 @@ class _RouteSync(_Frame, tag=int(MessageType.ROUTE_SYNC)):
         return RouteSync(tuple(SyncedRoute(*e) for e in self.entries))
 
 
+class _RouteWithdraw(_Frame, tag=int(MessageType.ROUTE_WITHDRAW)):
+    # [route id, epoch, kind, hops]: hops is 0 in a withdrawal (one encoding per message)
+    entries: Annotated[list[tuple[RouteId, Epoch, WithdrawKind, Ttl]],
+                       Meta(min_length=1, max_length=L.MAX_WITHDRAWN_ROUTES)]
+
+    def __post_init__(self) -> None:
+        for e in self.entries:
+            if e[2] != WithdrawKind.RESTORED and e[3]:
+                raise ValueError("route_withdraw: a withdrawal carries hops 0")
+
+    def to_message(self) -> RouteWithdraw:
+        return RouteWithdraw(tuple(WithdrawnRoute(*e) for e in self.entries))
+
+
 _Wire = (_Hello | _Gossip | _Push | _Receipt | _ReceiptBatch | _RouteError | _Keepalive | _PeerExchange | _Error
-         | _Announce | _Graft | _StemRepair | _RouteSync)
+         | _Announce | _Graft | _StemRepair | _RouteSync | _RouteWithdraw)
 _decode_frame: Callable[[bytes], _Wire] = msgspec.msgpack.Decoder(_Wire).decode
 
 
@@ -395,6 +412,10 @@ def _to_fields(msg: Message) -> tuple[MessageType, list[Any]]:
         if not msg.entries:
             raise EncodeError("RouteSync: no entries")
         return MessageType.ROUTE_SYNC, [[[e.route_id, e.hops, e.ttl_s] for e in msg.entries]]
+    if isinstance(msg, RouteWithdraw):
+        if not msg.entries:
+            raise EncodeError("RouteWithdraw: no entries")
+        return MessageType.ROUTE_WITHDRAW, [[[e.route_id, e.epoch, int(e.kind), e.hops] for e in msg.entries]]
     raise EncodeError(f"not a wire message: {type(msg).__name__}")
 
 

@@ -28,6 +28,7 @@ MAX_LIFETIME_S = 30 * 24 * 3600  # a registration lives at most 30 days without 
 MAX_PEERS_IN_EXCHANGE = 32  # a peer-exchange frame is a sample, not a directory
 MAX_ANNOUNCE_LAG_MS = 65535  # an announcement's lag_ms (rule G9): larger lags are sent as this
 MAX_ANNOUNCEMENTS = 256  # entries of one RegAnnounce frame (about 6 KiB): a longer batch goes in several frames
+MAX_WITHDRAWN_ROUTES = 256  # entries of one RouteWithdraw frame (rule G12; about 6 KiB)
 MAX_SYNCED_ROUTES = 256  # entries of one RouteSync frame (rule G11; about 6 KiB): more go in several frames
 MAX_NODE_ID_CHARS = 64
 # Receipts in one ReceiptBatch (rule F5b): about 22 bytes each, so a batch stays near 6 KiB; a home relay

@@ -36,6 +36,7 @@ class MessageType(IntEnum):
     STEM_REPAIR = 11  # stem on (rule G10): "the stem below me broke", sent back along the stem to the home
     RECEIPT_BATCH = 12  # rule F5b: a home relay's receipts for several pushes of one route under one signature
     ROUTE_SYNC = 13  # rule G11: routes a neighbour holds, sent to a relay that asked for them at link-up
+    ROUTE_WITHDRAW = 14  # rule G12: routes the sender lost (or got back), to neighbours that said `withdraw`
 
 
 class ReceiptStatus(IntEnum):
@@ -312,6 +313,34 @@ class RouteSync:
     entries: tuple[SyncedRoute, ...]
 
 
+class WithdrawKind(IntEnum):
+    """What one RouteWithdraw entry says about the sender's route (rule G12)."""
+
+    NO_ROUTE = 1  # its last live next hop went (a link lost, or withdrawn by the next hop itself)
+    HOME_DOWN = 2  # as NO_ROUTE, where the route's home relay is the one lost (its link, hop 0)
+    RESTORED = 3  # the route the sender withdrew has a live next hop again, `hops` from its home
+
+
+@dataclass(frozen=True, slots=True)
+class WithdrawnRoute:
+    """One entry of a RouteWithdraw: the sender's route to route_id (of `epoch`) is gone (kind NO_ROUTE,
+    HOME_DOWN) or back (RESTORED, at distance `hops`; 0 for a withdrawal)."""
+
+    route_id: bytes
+    epoch: int
+    kind: WithdrawKind
+    hops: int
+
+
+@dataclass(frozen=True, slots=True)
+class RouteWithdraw:
+    """Rule G12: triggered route updates (Babel's and DSDV's), sent to neighbours that said `withdraw` in
+    their Hello. A receiver heeds an entry only from a neighbour that is its next hop for the route (a
+    withdrawal), or whose withdrawal it heeded (a restore). Not signed; passed on only as this relay's own."""
+
+    entries: tuple[WithdrawnRoute, ...]
+
+
 @dataclass(frozen=True, slots=True)
 class PeerExchange:
     """A sample of the sender's active and passive views (HyParView shuffle)."""
@@ -328,4 +357,4 @@ class ErrorFrame:
 
 
 Message = (Hello | RegGossip | Push | Receipt | ReceiptBatch | RouteError | Keepalive | PeerExchange | ErrorFrame
-           | RegAnnounce | RegGraft | StemRepair | RouteSync)
+           | RegAnnounce | RegGraft | StemRepair | RouteSync | RouteWithdraw)

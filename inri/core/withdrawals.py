@@ -1,0 +1,258 @@
+"""Route withdrawal, rule G12 (`[engine] route_withdrawal`): the triggered updates of Babel (RFC 8966,
+3.7.2: an unreachable route is announced with an infinite metric at once) and DSDV. One owner, holding
+its state and its rule.
+
+A relay that loses its last live next hop for a route id tells its neighbours (those that said
+`withdraw` in their Hello) in a `RouteWithdraw` frame; a neighbour whose next hop it is drops it, and
+passes the withdrawal on only when that was its own last live next hop (a relay with another absorbs it).
+When the link to a route's home relay goes (a next hop at distance 1: the route was learnt from it at
+hop 0), its neighbours withdraw the route as `home down`, whatever else they hold, and that kind travels
+with the wave: custodians of pushes for it then park them (custody.py) and relays on the way answer
+`home unreachable` (forwarding.py) instead of searching. A relay whose withdrawn route gets a live next
+hop again (the home's link back, a next hop's restore) sends `restored`, which only the neighbours that
+dropped it for its withdrawal heed; they re-take it as a next hop, pass the restore on and wake the
+pushes parked for the route (C3c). A newer epoch ends a withdrawal of the older one (its flood restores
+the route everywhere by itself).
+
+Hostile relays: a withdrawal counts only from a current next hop for the route (a relay cannot cut a route
+it is not on), a restore only from a neighbour whose withdrawal this relay heeded (it re-adds a next hop
+that was one, never a new one); each neighbour's entries are rate-bounded on the way in, and what this
+relay sends each neighbour is bounded per keepalive interval (a route flapping costs a bounded number of
+frames); each (route id, epoch) is withdrawn once until it is restored.
+
+Compatibility: relays that predate G12 refuse frame type 14 as malformed (and lower the sender's score),
+so a relay sends it only to neighbours whose Hello on their current link listed `withdraw`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+
+from inri.core.api import Effect, Send
+from inri.core.budget import TokenBucket
+from inri.core.state import Neighbour
+from inri.core.tables import CompactRouteTable, RouteEntry, RouteTable
+from inri.protocol import limits
+from inri.protocol.messages import RouteWithdraw, WithdrawKind, WithdrawnRoute
+
+WITHDRAW = "withdraw"  # Hello feature: "send me your route withdrawals" (rule G12)
+# Frames (of up to MAX_WITHDRAWN_ROUTES entries) this relay sends one neighbour per keepalive interval; the
+# rest wait for the next tick. Two: a home's failure and its return within one interval both go at once.
+FRAMES_PER_TICK = 2
+# Entries a neighbour may send us per second (and a burst of twice that): what an honest relay sends at
+# most (FRAMES_PER_TICK full frames per 1 s keepalive interval). Over it, entries are ignored (counted).
+ENTRIES_IN_PER_S = float(FRAMES_PER_TICK * limits.MAX_WITHDRAWN_ROUTES)
+ENTRIES_IN_BURST = 2 * ENTRIES_IN_PER_S
+_WITHDRAWN = (WithdrawKind.NO_ROUTE, WithdrawKind.HOME_DOWN)
+
+
+class Withdrawals:
+    """Rule G12: the routes withdrawn here, the next hops dropped for their withdrawals, and the frames
+    queued for each neighbour that speaks `withdraw`."""
+
+    __slots__ = ("_on", "_routes", "_linked", "_route_k", "_interval", "_count", "_renewed", "_speaks", "_withdrawn",
+                 "_dropped", "_out", "_sent", "_in")
+
+    def __init__(self, on: bool, routes: RouteTable | CompactRouteTable, linked: Mapping[str, Neighbour],
+                 route_k: int, interval_s: float, count: Callable[[str, int], None],
+                 renewed: Callable[[bytes, float], None]) -> None:
+        self._on = on  # [engine] route_withdrawal: off, this relay neither says `withdraw` nor withdraws
+        self._routes = routes
+        self._linked = linked
+        self._route_k = route_k
+        self._interval = interval_s
+        self._count = count  # the engine's counters
+        self._renewed = renewed  # C3c (custody.py): wake the pushes waiting for a route
+        self._speaks: set[str] = set()  # neighbours whose Hello on their current link said `withdraw`
+        self._withdrawn: dict[bytes, tuple[int, WithdrawKind]] = {}  # route id -> (epoch, kind) withdrawn here
+        self._dropped: dict[bytes, tuple[int, set[str]]] = {}  # route id -> (epoch, next hops dropped for it)
+        self._out: dict[str, dict[bytes, WithdrawnRoute]] = {}  # neighbour -> entries to send, by route id
+        self._sent: dict[str, tuple[float, int]] = {}  # neighbour -> (tick start, frames sent in it)
+        self._in: dict[str, TokenBucket] = {}  # neighbour -> its entries' budget
+
+    # -- links ---------------------------------------------------------------------------------------
+
+    def features(self) -> tuple[str, ...]:
+        """What this relay's Hello adds: `withdraw` when the rule is on."""
+        return (WITHDRAW,) if self._on else ()
+
+    def heard_hello(self, peer: str, features: Iterable[str], now: float) -> None:
+        """peer's Hello: it takes withdrawals when it lists `withdraw` (on this link). A Hello again does
+        not refill its budget."""
+        if self._on and WITHDRAW in features and peer not in self._speaks:
+            self._speaks.add(peer)
+            self._in[peer] = TokenBucket(ENTRIES_IN_BURST, now)
+
+    def link_up(self, now: float) -> list[Effect]:
+        """A link came up: routes withdrawn here that it is a next hop of are live again (a home back on
+        its link, a next hop back): restored."""
+        return self._restore_live(now) if self._withdrawn else []
+
+    def link_down(self, peer: str, now: float) -> list[Effect]:
+        """peer's link went down: withdraw each route whose last live next hop it was, and (`home down`)
+        each it was the home of (a next hop at distance 1)."""
+        self._forget_peer(peer)
+        if not self._on:
+            return []
+        linked = self._linked
+        routes = self._routes
+        for rid, entry in routes.items():
+            if peer not in entry:  # as RouteTable.claims
+                continue
+            vector = RouteTable.vector(entry)
+            if (peer, 1) in vector:
+                self._withdraw(rid, RouteTable.epoch(entry), WithdrawKind.HOME_DOWN)
+            elif not any(p in linked for p, _ in vector):
+                self._withdraw(rid, RouteTable.epoch(entry), WithdrawKind.NO_ROUTE)
+        return self.flush(now)
+
+    def _forget_peer(self, peer: str) -> None:
+        self._speaks.discard(peer)
+        self._out.pop(peer, None)
+        self._sent.pop(peer, None)
+        self._in.pop(peer, None)
+
+    # -- frames --------------------------------------------------------------------------------------
+
+    def on_frame(self, peer: str, msg: RouteWithdraw, now: float) -> list[Effect]:
+        """A RouteWithdraw from peer: heed the withdrawals of a next hop and the restores of one dropped."""
+        bucket = self._in.get(peer)
+        if bucket is None:  # it never said `withdraw` on this link: it has no reason to send one
+            self._count("withdraw_unsolicited", 1)
+            return []
+        routes = self._routes
+        for w in msg.entries:
+            if not bucket.take(now, ENTRIES_IN_PER_S, ENTRIES_IN_BURST):
+                self._count("withdraw_over_budget", 1)
+                continue
+            entry = routes.get(w.route_id)
+            if entry is None or RouteTable.epoch(entry) != w.epoch:
+                self._count("withdraw_ignored", 1)
+                continue
+            if w.kind == WithdrawKind.RESTORED:
+                self._restored_by(peer, w, now)
+            elif peer in RouteTable.next_hops(entry):
+                self._withdrawn_by(peer, w, entry)
+            else:
+                self._count("withdraw_ignored", 1)  # not our next hop: not its route to cut
+        return self.flush(now)
+
+    def _withdrawn_by(self, peer: str, w: WithdrawnRoute, entry: RouteEntry) -> None:
+        rid = w.route_id
+        self._routes.drop_next_hop(rid, entry, peer)
+        dropped = self._dropped.get(rid)
+        if dropped is None or dropped[0] != w.epoch:
+            self._dropped[rid] = (w.epoch, {peer})
+        else:
+            dropped[1].add(peer)
+        linked = self._linked
+        if any(p in linked for p in self._routes.next_hops_of(rid)):
+            self._count("withdraw_absorbed", 1)  # another live next hop: nothing changes upstream
+            return
+        self._count("withdraw_heeded", 1)
+        self._withdraw(rid, w.epoch, w.kind)
+
+    def _restored_by(self, peer: str, w: WithdrawnRoute, now: float) -> None:
+        rid = w.route_id
+        dropped = self._dropped.get(rid)
+        if dropped is None or dropped[0] != w.epoch or peer not in dropped[1]:
+            self._count("withdraw_ignored", 1)  # we dropped nothing for it: not its route to add
+            return
+        dropped[1].discard(peer)
+        if not dropped[1]:
+            del self._dropped[rid]
+        entry = self._routes.get(rid)
+        if entry is None or peer in entry:
+            return
+        if rid in self._withdrawn:  # no live next hop here: it leads (and the restore goes on, below)
+            self._routes.lead(rid, entry, peer, w.hops + 1, self._route_k)
+        elif RouteTable.has_room(entry, self._route_k):
+            self._routes.add_backup(rid, entry, peer, w.hops + 1)
+        self._count("withdraw_restored_by", 1)
+        self._restore_live(now, (rid,))
+
+    # -- state ---------------------------------------------------------------------------------------
+
+    def _withdraw(self, rid: bytes, epoch: int, kind: WithdrawKind) -> None:
+        known = self._withdrawn.get(rid)
+        if known is not None and known[0] == epoch and (known[1] == kind or kind == WithdrawKind.NO_ROUTE):
+            return  # told already (a `home down` overrides a `no route`, not the other way)
+        self._withdrawn[rid] = (epoch, kind)
+        self._count("routes_withdrawn", 1)
+        self._queue(WithdrawnRoute(rid, epoch, kind, 0))
+
+    def _queue(self, w: WithdrawnRoute) -> None:
+        for p in self._speaks:
+            self._out.setdefault(p, {})[w.route_id] = w
+
+    def _restore_live(self, now: float, rids: Iterable[bytes] | None = None) -> list[Effect]:
+        """Withdrawn routes (rids, or all) that have a live next hop again are restored: told to the
+        neighbours, and the pushes parked for them woken (C3c); routes gone or renewed are forgotten."""
+        routes = self._routes
+        linked = self._linked
+        for rid in list(self._withdrawn if rids is None else rids):
+            known = self._withdrawn.get(rid)
+            if known is None:
+                continue
+            entry = routes.get(rid)
+            if entry is None or RouteTable.epoch(entry) != known[0]:
+                del self._withdrawn[rid]  # expired, or a newer epoch's flood has renewed it everywhere
+                self._dropped.pop(rid, None)
+                continue
+            live = [h for p, h in RouteTable.vector(entry) if p in linked]
+            if live:
+                del self._withdrawn[rid]
+                self._count("routes_restored", 1)
+                self._queue(WithdrawnRoute(rid, known[0], WithdrawKind.RESTORED, min(live)))
+                self._renewed(rid, now)
+        return self.flush(now) if rids is None else []
+
+    def home_down(self, rid: bytes) -> bool:
+        """rid was withdrawn here as `home down` and has no live next hop: pushes for it wait (custody
+        parks them, a relay on the way answers `home unreachable`) instead of searching."""
+        known = self._withdrawn.get(rid)
+        if known is None or known[1] != WithdrawKind.HOME_DOWN:
+            return False
+        entry = self._routes.get(rid)
+        if entry is None or RouteTable.epoch(entry) != known[0]:
+            return False
+        linked = self._linked
+        return not any(p in linked for p in RouteTable.next_hops(entry))
+
+    def any(self) -> bool:
+        """Some route is withdrawn here, or frames are queued."""
+        return bool(self._withdrawn or self._out)
+
+    # -- sending -------------------------------------------------------------------------------------
+
+    def tick(self, now: float) -> list[Effect]:
+        """The engine's tick: restore what came back unseen (a next hop taken from gossip or a receipt),
+        forget what expired, send what waited for the budget."""
+        return self._restore_live(now) if self._withdrawn else self.flush(now)
+
+    def flush(self, now: float) -> list[Effect]:
+        """Send each neighbour its queued entries, within FRAMES_PER_TICK frames per keepalive interval."""
+        out: list[Effect] = []
+        cap = limits.MAX_WITHDRAWN_ROUTES
+        for p in list(self._out):
+            st = self._linked.get(p)
+            queued = self._out[p]
+            if st is None or p not in self._speaks or not queued:
+                del self._out[p]
+                continue
+            start, frames = self._sent.get(p, (now, 0))
+            if now - start >= self._interval:
+                start, frames = now, 0
+            while queued and frames < FRAMES_PER_TICK:
+                batch = list(queued.values())[:cap]
+                for w in batch:
+                    del queued[w.route_id]
+                frames += 1
+                st.last_sent = now
+                out.append(Send(p, RouteWithdraw(tuple(batch))))
+            self._sent[p] = (start, frames)
+            if not queued:
+                del self._out[p]
+        if out:
+            self._count("withdraw_frames_sent", len(out))
+        return out

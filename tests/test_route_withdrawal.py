@@ -1,0 +1,185 @@
+"""Rule G12, route withdrawal (issue 42 item 1), on the engine through MiniNet: a relay that loses its last
+live next hop tells its neighbours, and one with another next hop absorbs it; the neighbours of a home
+whose link goes withdraw its routes, custodians park pushes for it without searching, and the home's
+return delivers them; withdrawals from relays that are not next hops, floods of them and malformed frames
+change nothing."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import msgpack
+
+from inri.core.api import CustodyStatus, DisconnectReason, Send
+from inri.core.config import EngineConfig
+from inri.core.testing import MiniNet
+from inri.core.withdrawals import ENTRIES_IN_BURST, FRAMES_PER_TICK
+from inri.protocol import limits
+from inri.protocol.codec import encode, make_registration
+from inri.protocol.messages import (
+    ErrorCode,
+    ErrorFrame,
+    MessageType,
+    Push,
+    Registration,
+    RouteWithdraw,
+    WithdrawKind,
+    WithdrawnRoute,
+)
+from tests.test_core_engine import EDGES, KEY, SLOW, TOKENS, push
+
+ON = replace(EngineConfig(), route_withdrawal=True)
+
+
+def net_with(edges: list[tuple[int, int]], n: int, config: EngineConfig = ON, **kw: object) -> tuple[
+        MiniNet, Registration]:
+    """n relays on edges, a device homed at relay 0, its registration flooded."""
+    net = MiniNet(n, edges, config=config, **kw)  # type: ignore[arg-type]
+    reg = make_registration(KEY, 1, 0, 3600)
+    net.homes[0].add_registration(reg, TOKENS)
+    net.apply("0", net.engines[0].register(reg, 0.0))
+    net.run_until(1.0)
+    return net, reg
+
+
+def cut(net: MiniNet, a: int, b: int) -> None:
+    """The link a-b fails: both ends see it go."""
+    del net.links[(str(a), str(b))], net.links[(str(b), str(a))]
+    net.apply(str(a), net.engines[a].peer_down(str(b), net.now, DisconnectReason.LINK_LOST))
+    net.apply(str(b), net.engines[b].peer_down(str(a), net.now, DisconnectReason.LINK_LOST))
+
+
+def withdrawals(net: MiniNet, since: int = 0) -> list[tuple[str, str, WithdrawnRoute]]:
+    """(from, to, entry) of every RouteWithdraw entry sent after net.sent[since]."""
+    return [(a, b, w) for a, b, m in net.sent[since:] if isinstance(m, RouteWithdraw) for w in m.entries]
+
+
+# 0 (home) - 1 - 2 - 5 and 0 - 3 - 4 - 5: relay 5 has two next hops (2 and 4); relay 6 hangs off 2 alone.
+FORK = [(0, 1), (1, 2), (2, 5), (0, 3), (3, 4), (4, 5), (2, 6)]
+
+
+def test_a_withdrawal_reaches_upstream_relays_and_is_absorbed_where_another_next_hop_is_left() -> None:
+    net, reg = net_with(FORK, 7)
+    rid = reg.route_id
+    assert sorted(net.engines[5].next_hops(rid)) == [("2", 3), ("4", 3)]
+    assert net.engines[6].next_hops(rid) == [("2", 3)]
+    mark = len(net.sent)
+    cut(net, 1, 2)  # 2 loses its only next hop (not the home: `no route`)
+    net.run_until(net.now + 1.0)
+    sent = withdrawals(net, mark)
+    assert {(a, b) for a, b, _ in sent} == {("2", "5"), ("2", "6"), ("6", "2")}
+    assert {w.kind for _, _, w in sent} == {WithdrawKind.NO_ROUTE}
+    assert net.engines[6].next_hops(rid) == []  # its last next hop withdrew: gone, and told on (to 2)
+    assert net.engines[5].next_hops(rid) == [("4", 3)]  # absorbed: 4 is left, nothing sent on from 5
+    assert net.engines[5].counters["withdraw_absorbed"] == 1
+    # A push from 5 takes the route left, with no search.
+    pid = push(net, 5, reg, TOKENS[0])
+    net.run_until(net.now + 2.0)
+    assert net.custody[pid] == CustodyStatus.DELIVERED
+    assert not [m for _, _, m in net.sent if isinstance(m, Push) and m.push_id == pid and m.ring]
+
+
+def search_frames(net: MiniNet, pid: bytes) -> int:
+    return sum(1 for _, _, m in net.sent if isinstance(m, Push) and m.push_id == pid and m.ring)
+
+
+def test_custodians_park_pushes_for_a_home_that_is_down_and_its_return_delivers_them_once() -> None:
+    net, reg = net_with(EDGES, 8, latency=SLOW)
+    net.kill(0)  # its only neighbour, 1, sees the link go: `home down`, withdrawn all along
+    net.run_until(net.now + 1.0)
+    for i in range(1, 8):
+        assert net.engines[i]._withdrawals.home_down(reg.route_id), i
+    pids = [push(net, at, reg, TOKENS[k]) for k, at in enumerate((5, 7, 1))]
+    net.run_until(net.now + 200.0)  # through the whole escalation (route, backups, rings) and parking
+    for pid in pids:
+        assert pid not in net.custody
+        assert sum(1 for _, _, m in net.sent if isinstance(m, Push) and m.push_id == pid) == 0  # no copy at all
+    net.restart(0)  # back on its link to 1: 1 restores, and the restore goes on to every relay
+    t = net.now
+    net.run_until(t + 3.0)
+    for pid in pids:
+        assert net.custody.get(pid) == CustodyStatus.DELIVERED
+        assert sum(1 for d in net.delivered if d[1] == pid) == 1
+        assert search_frames(net, pid) == 0
+    assert all(not net.engines[i]._withdrawals.home_down(reg.route_id) for i in range(1, 8))
+
+
+def test_without_withdrawal_the_same_pushes_search() -> None:
+    """The bar the test above holds against: with the rule off, the custodians search rings for the home."""
+    net, reg = net_with(EDGES, 8, config=EngineConfig(), latency=SLOW)
+    net.kill(0)
+    net.run_until(net.now + 1.0)
+    pid = push(net, 5, reg, TOKENS[0])
+    net.run_until(net.now + 200.0)
+    assert search_frames(net, pid) > 0
+
+
+def test_a_withdrawal_from_a_neighbour_that_is_not_a_next_hop_is_ignored() -> None:
+    net, reg = net_with(EDGES, 8, latency=SLOW)
+    rid = reg.route_id
+    assert net.engines[3].next_hops(rid) == [("2", 3)]  # 7 is a neighbour of 3, not its next hop
+    lie = RouteWithdraw((WithdrawnRoute(rid, reg.epoch, WithdrawKind.HOME_DOWN, 0),))
+    mark = len(net.sent)
+    net.apply("3", net.engines[3].receive_message("7", lie, net.now))
+    net.run_until(net.now + 1.0)
+    assert net.engines[3].next_hops(rid) == [("2", 3)]
+    assert not net.engines[3]._withdrawals.home_down(rid)
+    assert withdrawals(net, mark) == []
+    assert net.engines[3].counters["withdraw_ignored"] == 1
+    # Nor does a restore from a neighbour this relay dropped nothing for add a next hop.
+    fake = RouteWithdraw((WithdrawnRoute(rid, reg.epoch, WithdrawKind.RESTORED, 0),))
+    net.apply("3", net.engines[3].receive_message("7", fake, net.now))
+    assert net.engines[3].next_hops(rid) == [("2", 3)]
+    pid = push(net, 5, reg, TOKENS[0])
+    net.run_until(net.now + 2.0)
+    assert net.custody[pid] == CustodyStatus.DELIVERED
+
+
+def test_a_flood_of_withdrawals_is_rate_bounded_on_the_way_in_and_out() -> None:
+    net, reg = net_with(EDGES, 8, latency=SLOW)
+    rid = reg.route_id
+    eng = net.engines[3]
+    junk = [WithdrawnRoute(bytes([i % 256, i // 256]) * 8, 1, WithdrawKind.NO_ROUTE, 0) for i in range(4096)]
+    frames = [RouteWithdraw(tuple(junk[i:i + limits.MAX_WITHDRAWN_ROUTES]))
+              for i in range(0, len(junk), limits.MAX_WITHDRAWN_ROUTES)]
+    frames.append(RouteWithdraw((WithdrawnRoute(rid, reg.epoch, WithdrawKind.HOME_DOWN, 0),)))  # its real next hop
+    out = []
+    for f in frames:  # 4,097 entries at one instant from 3's next hop, 2
+        out += eng.receive_message("2", f, net.now)
+    assert eng.counters["withdraw_over_budget"] == len(junk) + 1 - ENTRIES_IN_BURST
+    assert eng.counters["withdraw_ignored"] == ENTRIES_IN_BURST  # unknown route ids: nothing to cut
+    assert eng.next_hops(rid) == [("2", 3)] and out == []  # the entry over the budget was not heeded
+    # Out: 600 routes lost at once leave in FRAMES_PER_TICK frames per neighbour per keepalive interval.
+    hub = net_with([(0, 1), (1, 2)], 3)[0]
+    for i in range(600):  # 600 more routes learnt from the home 0 (written into 1's table directly)
+        hub.engines[1]._routes.set_first(bytes([i % 256, i // 256]) * 8, 1, 3600.0, "0", 1)
+    mark = len(hub.sent)
+    hub.kill(0)
+    first = [m for a, b, m in hub.sent[mark:] if isinstance(m, RouteWithdraw) and (a, b) == ("1", "2")]
+    assert len(first) == FRAMES_PER_TICK  # 512 of 601 now
+    hub.run_until(hub.now + hub.config.keepalive_interval_s + 0.1)
+    later = [m for a, b, m in hub.sent[mark:] if isinstance(m, RouteWithdraw) and (a, b) == ("1", "2")]
+    assert sum(len(m.entries) for m in later) == 601  # the rest on the next tick
+
+
+def test_a_malformed_withdrawal_frame_gets_an_error_frame() -> None:
+    net, reg = net_with(EDGES, 8, latency=SLOW)
+    eng = net.engines[3]
+    good = [reg.route_id, reg.epoch, int(WithdrawKind.HOME_DOWN), 0]
+    bad_frames = [
+        [int(MessageType.ROUTE_WITHDRAW), limits.PROTOCOL_VERSION, []],  # no entries
+        [int(MessageType.ROUTE_WITHDRAW), limits.PROTOCOL_VERSION, [[*good[:3], 5]]],  # a withdrawal with hops
+        [int(MessageType.ROUTE_WITHDRAW), limits.PROTOCOL_VERSION, [[good[0], good[1], 9, 0]]],  # no such kind
+        [int(MessageType.ROUTE_WITHDRAW), limits.PROTOCOL_VERSION, [good[:3]]],  # a field short
+        [int(MessageType.ROUTE_WITHDRAW), limits.PROTOCOL_VERSION, [good] * (limits.MAX_WITHDRAWN_ROUTES + 1)],
+    ]
+    for raw in bad_frames:
+        effects = eng.receive_frame("2", msgpack.packb(raw), net.now)
+        errors = [e for e in effects if isinstance(e, Send) and isinstance(e.msg, ErrorFrame)]
+        assert len(errors) == 1 and errors[0].msg.code == ErrorCode.MALFORMED and errors[0].peer == "2"  # type: ignore[attr-defined]
+    # The well-formed frame decodes and is heeded (2 is 3's next hop), on a relay that heard no bad frame.
+    net, reg = net_with(EDGES, 8, latency=SLOW)
+    eng = net.engines[3]
+    assert eng.next_hops(reg.route_id) == [("2", 3)]
+    eng.receive_frame("2", encode(RouteWithdraw((WithdrawnRoute(*good[:2], WithdrawKind.HOME_DOWN, 0),))), net.now)
+    assert eng.next_hops(reg.route_id) == []
