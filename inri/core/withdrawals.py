@@ -64,7 +64,8 @@ class Withdrawals:
         self._count = count  # the engine's counters
         self._renewed = renewed  # C3c (custody.py): wake the pushes waiting for a route
         self._speaks: set[str] = set()  # neighbours whose Hello on their current link said `withdraw`
-        self._withdrawn: dict[bytes, tuple[int, WithdrawKind]] = {}  # route id -> (epoch, kind) withdrawn here
+        # route id -> (epoch, kind, the next hops up when it was withdrawn) of the routes withdrawn here
+        self._withdrawn: dict[bytes, tuple[int, WithdrawKind, frozenset[str]]] = {}
         self._dropped: dict[bytes, tuple[int, set[str]]] = {}  # route id -> (epoch, next hops dropped for it)
         self._out: dict[str, dict[bytes, WithdrawnRoute]] = {}  # neighbour -> entries to send, by route id
         self._sent: dict[str, tuple[float, int]] = {}  # neighbour -> (tick start, frames sent in it)
@@ -101,7 +102,8 @@ class Withdrawals:
                 continue
             vector = RouteTable.vector(entry)
             if (peer, 1) in vector:
-                self._withdraw(rid, RouteTable.epoch(entry), WithdrawKind.HOME_DOWN)
+                live = frozenset(p for p, _ in vector if p in linked)
+                self._withdraw(rid, RouteTable.epoch(entry), WithdrawKind.HOME_DOWN, live)
             elif not any(p in linked for p, _ in vector):
                 self._withdraw(rid, RouteTable.epoch(entry), WithdrawKind.NO_ROUTE)
         return self.flush(now)
@@ -164,20 +166,23 @@ class Withdrawals:
         entry = self._routes.get(rid)
         if entry is None or peer in entry:
             return
-        if rid in self._withdrawn:  # no live next hop here: it leads (and the restore goes on, below)
-            self._routes.lead(rid, entry, peer, w.hops + 1, self._route_k)
-        elif RouteTable.has_room(entry, self._route_k):
-            self._routes.add_backup(rid, entry, peer, w.hops + 1)
+        if rid not in self._withdrawn:
+            return  # it was absorbed here: the next hops kept serve (re-adding it could close a loop)
+        # Withdrawn here, so no next hop of ours leads through it: it leads again, and the restore goes on.
+        self._routes.lead(rid, entry, peer, w.hops + 1, self._route_k)
         self._count("withdraw_restored_by", 1)
         self._restore_live(now, (rid,))
 
     # -- state ---------------------------------------------------------------------------------------
 
-    def _withdraw(self, rid: bytes, epoch: int, kind: WithdrawKind) -> None:
+    def _withdraw(self, rid: bytes, epoch: int, kind: WithdrawKind, live: frozenset[str] = frozenset()) -> None:
+        """Withdraw rid (of epoch) here and tell the neighbours. `live`: next hops still up (a home's
+        neighbour withdraws its routes whatever else it holds: they lead to the same home); they do not
+        count as the route's return."""
         known = self._withdrawn.get(rid)
         if known is not None and known[0] == epoch and (known[1] == kind or kind == WithdrawKind.NO_ROUTE):
             return  # told already (a `home down` overrides a `no route`, not the other way)
-        self._withdrawn[rid] = (epoch, kind)
+        self._withdrawn[rid] = (epoch, kind, live)
         self._count("routes_withdrawn", 1)
         self._queue(WithdrawnRoute(rid, epoch, kind, 0))
 
@@ -199,7 +204,7 @@ class Withdrawals:
                 del self._withdrawn[rid]  # expired, or a newer epoch's flood has renewed it everywhere
                 self._dropped.pop(rid, None)
                 continue
-            live = [h for p, h in RouteTable.vector(entry) if p in linked]
+            live = [h for p, h in RouteTable.vector(entry) if p in linked and p not in known[2]]
             if live:
                 del self._withdrawn[rid]
                 self._count("routes_restored", 1)
