@@ -239,6 +239,8 @@ class CustodyRules(EngineState):
         # The first two attempts follow the route when there is one (the second prefers backups all
         # along the way); every later attempt (no receipt in time, or a route error) widens the ring:
         # 1, 3, 5, 7, then the full TTL.
+        if self._withdrawals.home_down(push.route_id):  # G12: its home is down: wait for the route, no ring
+            return self._park_withdrawn(c)
         if c.attempt < ROUTE_ATTEMPTS or c.home_down:
             c.home_down = False
             nh = self._next_hop(push.route_id, None, alternate=c.attempt == 1)
@@ -249,8 +251,6 @@ class CustodyRules(EngineState):
                 self._sent_to(c, nh, now)
                 return [self._forward(readdress(push, limits.MAX_TTL, 0, c.attempt, 0), nh, now)]
         c.sent_to = None
-        if self._withdrawals.home_down(push.route_id):  # G12: its home is down: wait for the route, no ring
-            return self._park_withdrawn(c)
         radii = limits.RING_RADII
         if c.ring_step < len(radii):
             ring = radii[c.ring_step]
@@ -373,6 +373,8 @@ class CustodyRules(EngineState):
         end = min(c.deadline, accepted + cfg.custody_deadline_s) if c.refused else c.deadline
         c.next_retry = min(now + wait, end)
         self._schedule(pid, c.next_retry)
+        if self._withdrawals.home_down(c.push.route_id):  # G12: its home is down: wait for the route
+            return self._park_withdrawn(c)
         nh = self._next_hop(c.push.route_id, None, low_ok=True)
         if nh is None:
             return self._parked_search(c, now)
@@ -401,8 +403,6 @@ class CustodyRules(EngineState):
         (seen with real relays: a custodian whose next hops had answered `no route` while the home
         restarted)."""
         cfg = self.config
-        if self._withdrawals.home_down(c.push.route_id):  # G12: its home is down: wait for the route
-            return self._park_withdrawn(c)
         cost = ring_cost(LOCAL_REPAIR_RADIUS, cfg.active_max)
         if (not self._linked or c.ring_spent + cost > cfg.fallback_budget
                 or c.push.route_id not in self._routes):  # a route never known here: searched already

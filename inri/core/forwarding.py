@@ -419,6 +419,8 @@ class ForwardingRules(EngineState):
             if msg.ring <= 1:
                 return self._push_drop(peer, msg, now, "ring_end", None)
             return self._ring_flood(_onward(msg, msg.ring - 1), peer, now)
+        if self._withdrawals.home_down(rid):  # G12: the home is down: not used, no search
+            return self._push_drop(peer, msg, now, "home_unreachable", RouteErrorReason.HOME_UNREACHABLE)
         nh = self._next_hop(rid, peer, alternate=(msg.attempt & 1) == 1)
         if msg.attempt and cfg.repair_steer and pid in self._steer:  # rule F9: a search for it failed
             steer = self._steered(msg, peer, nh, now)
@@ -436,8 +438,6 @@ class ForwardingRules(EngineState):
                     if repaired:
                         return repaired
                 return [self._forward(_onward(msg, 0), low, now)]
-            if low is None and self._withdrawals.home_down(rid):  # G12: the home is down: no search
-                return self._push_drop(peer, msg, now, "home_unreachable", RouteErrorReason.HOME_UNREACHABLE)
             if low is None and self._home_adjacent(rid):
                 return (self._push_drop(peer, msg, now, "home_unreachable", RouteErrorReason.HOME_UNREACHABLE)
                         + self._home_search(msg, peer, now))

@@ -135,6 +135,8 @@ class Withdrawals:
                 self._restored_by(peer, w, now)
             elif peer in RouteTable.next_hops(entry):
                 self._withdrawn_by(peer, w, entry)
+            elif w.kind == WithdrawKind.HOME_DOWN and self._dropped_for(peer, w):
+                self._withdraw(w.route_id, w.epoch, w.kind)  # it said `no route` first, now the home is down
             else:
                 self._count("withdraw_ignored", 1)  # not our next hop: not its route to cut
         return self.flush(now)
@@ -153,6 +155,14 @@ class Withdrawals:
             return
         self._count("withdraw_heeded", 1)
         self._withdraw(rid, w.epoch, w.kind)
+
+    def _dropped_for(self, peer: str, w: WithdrawnRoute) -> bool:
+        """This relay dropped peer as a next hop for w's route (of w's epoch) for its withdrawal, and has
+        withdrawn the route itself since."""
+        dropped = self._dropped.get(w.route_id)
+        known = self._withdrawn.get(w.route_id)
+        return (dropped is not None and dropped[0] == w.epoch and peer in dropped[1] and known is not None
+                and known[0] == w.epoch)
 
     def _restored_by(self, peer: str, w: WithdrawnRoute, now: float) -> None:
         rid = w.route_id
@@ -213,8 +223,9 @@ class Withdrawals:
         return self.flush(now) if rids is None else []
 
     def home_down(self, rid: bytes) -> bool:
-        """rid was withdrawn here as `home down` and has no live next hop: pushes for it wait (custody
-        parks them, a relay on the way answers `home unreachable`) instead of searching."""
+        """rid was withdrawn here as `home down` and has no live next hop but those that were up when it
+        was (the home's neighbour's others: they lead to the same home): pushes for it wait (custody parks
+        them, a relay on the way answers `home unreachable`) instead of searching."""
         known = self._withdrawn.get(rid)
         if known is None or known[1] != WithdrawKind.HOME_DOWN:
             return False
@@ -222,7 +233,7 @@ class Withdrawals:
         if entry is None or RouteTable.epoch(entry) != known[0]:
             return False
         linked = self._linked
-        return not any(p in linked for p in RouteTable.next_hops(entry))
+        return not any(p in linked and p not in known[2] for p in RouteTable.next_hops(entry))
 
     def any(self) -> bool:
         """Some route is withdrawn here, or frames are queued."""
