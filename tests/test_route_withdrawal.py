@@ -13,7 +13,7 @@ import msgpack
 from inri.core.api import CustodyStatus, DisconnectReason, Send
 from inri.core.config import EngineConfig
 from inri.core.testing import MiniNet
-from inri.core.withdrawals import ENTRIES_IN_BURST, FRAMES_PER_TICK
+from inri.core.withdrawals import ENTRIES_IN_BURST, FRAMES_PER_TICK, HOLD_S
 from inri.protocol import limits
 from inri.protocol.codec import encode, make_registration
 from inri.protocol.messages import (
@@ -90,7 +90,7 @@ def test_custodians_park_pushes_for_a_home_that_is_down_and_its_return_delivers_
     for i in range(1, 8):
         assert net.engines[i]._withdrawals.home_down(reg.route_id), i
     pids = [push(net, at, reg, TOKENS[k]) for k, at in enumerate((5, 7, 1))]
-    net.run_until(net.now + 200.0)  # through the whole escalation (route, backups, rings) and parking
+    net.run_until(net.now + HOLD_S - 2.0)  # the whole escalation (route, backups, rings) and parked re-sends
     for pid in pids:
         assert pid not in net.custody
         assert sum(1 for _, _, m in net.sent if isinstance(m, Push) and m.push_id == pid) == 0  # no copy at all
@@ -102,6 +102,21 @@ def test_custodians_park_pushes_for_a_home_that_is_down_and_its_return_delivers_
         assert sum(1 for d in net.delivered if d[1] == pid) == 1
         assert search_frames(net, pid) == 0
     assert all(not net.engines[i]._withdrawals.home_down(reg.route_id) for i in range(1, 8))
+
+
+def test_a_withdrawal_is_held_for_hold_s_then_the_push_searches_as_before() -> None:
+    """A home whose route was withdrawn may be up (one of its links lost, back on other links): past HOLD_S
+    the dropped next hops serve again and a parked push searches (C3), rather than wait to its TTL."""
+    net, reg = net_with(EDGES, 8, latency=SLOW)
+    net.kill(0)
+    net.run_until(net.now + 1.0)
+    pid = push(net, 5, reg, TOKENS[0])
+    net.run_until(net.now + HOLD_S - 2.0)
+    assert sum(1 for _, _, m in net.sent if isinstance(m, Push) and m.push_id == pid) == 0
+    net.run_until(net.now + 60.0)
+    assert not net.engines[5]._withdrawals.home_down(reg.route_id)
+    assert net.engines[4].next_hops(reg.route_id) == [("3", 4)]  # taken back
+    assert sum(1 for _, _, m in net.sent if isinstance(m, Push) and m.push_id == pid) > 0
 
 
 def test_without_withdrawal_the_same_pushes_search() -> None:

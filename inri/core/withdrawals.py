@@ -43,7 +43,10 @@ FRAMES_PER_TICK = 2
 # most (FRAMES_PER_TICK full frames per 1 s keepalive interval). Over it, entries are ignored (counted).
 ENTRIES_IN_PER_S = float(FRAMES_PER_TICK * limits.MAX_WITHDRAWN_ROUTES)
 ENTRIES_IN_BURST = 2 * ENTRIES_IN_PER_S
-_WITHDRAWN = (WithdrawKind.NO_ROUTE, WithdrawKind.HOME_DOWN)
+# A withdrawal is held this long at most: then the next hops dropped for it serve again (as before G12) and
+# pushes parked for it search as C3 has them. A route withdrawn for a home that is in fact up (one of its
+# links lost, the home back on other links) must not keep its pushes parked until their TTL.
+HOLD_S = 120.0
 
 
 class Withdrawals:
@@ -64,9 +67,10 @@ class Withdrawals:
         self._count = count  # the engine's counters
         self._renewed = renewed  # C3c (custody.py): wake the pushes waiting for a route
         self._speaks: set[str] = set()  # neighbours whose Hello on their current link said `withdraw`
-        # route id -> (epoch, kind, the next hops up when it was withdrawn) of the routes withdrawn here
-        self._withdrawn: dict[bytes, tuple[int, WithdrawKind, frozenset[str]]] = {}
-        self._dropped: dict[bytes, tuple[int, set[str]]] = {}  # route id -> (epoch, next hops dropped for it)
+        # route id -> (epoch, kind, the next hops up when it was withdrawn, when) of the routes withdrawn here
+        self._withdrawn: dict[bytes, tuple[int, WithdrawKind, frozenset[str], float]] = {}
+        # route id -> (epoch, next hop dropped for its withdrawal -> its distance)
+        self._dropped: dict[bytes, tuple[int, dict[str, int]]] = {}
         self._out: dict[str, dict[bytes, WithdrawnRoute]] = {}  # neighbour -> entries to send, by route id
         self._sent: dict[str, tuple[float, int]] = {}  # neighbour -> (tick start, frames sent in it)
         self._in: dict[str, TokenBucket] = {}  # neighbour -> its entries' budget
@@ -103,9 +107,9 @@ class Withdrawals:
             vector = RouteTable.vector(entry)
             if (peer, 1) in vector:
                 live = frozenset(p for p, _ in vector if p in linked)
-                self._withdraw(rid, RouteTable.epoch(entry), WithdrawKind.HOME_DOWN, live)
+                self._withdraw(rid, RouteTable.epoch(entry), WithdrawKind.HOME_DOWN, now, live)
             elif not any(p in linked for p, _ in vector):
-                self._withdraw(rid, RouteTable.epoch(entry), WithdrawKind.NO_ROUTE)
+                self._withdraw(rid, RouteTable.epoch(entry), WithdrawKind.NO_ROUTE, now)
         return self.flush(now)
 
     def _forget_peer(self, peer: str) -> None:
@@ -134,27 +138,28 @@ class Withdrawals:
             if w.kind == WithdrawKind.RESTORED:
                 self._restored_by(peer, w, now)
             elif peer in RouteTable.next_hops(entry):
-                self._withdrawn_by(peer, w, entry)
+                self._withdrawn_by(peer, w, entry, now)
             elif w.kind == WithdrawKind.HOME_DOWN and self._dropped_for(peer, w):
-                self._withdraw(w.route_id, w.epoch, w.kind)  # it said `no route` first, now the home is down
+                self._withdraw(w.route_id, w.epoch, w.kind, now)  # it said `no route` first, now the home is down
             else:
                 self._count("withdraw_ignored", 1)  # not our next hop: not its route to cut
         return self.flush(now)
 
-    def _withdrawn_by(self, peer: str, w: WithdrawnRoute, entry: RouteEntry) -> None:
+    def _withdrawn_by(self, peer: str, w: WithdrawnRoute, entry: RouteEntry, now: float) -> None:
         rid = w.route_id
+        hops = dict(RouteTable.vector(entry))[peer]
         self._routes.drop_next_hop(rid, entry, peer)
         dropped = self._dropped.get(rid)
         if dropped is None or dropped[0] != w.epoch:
-            self._dropped[rid] = (w.epoch, {peer})
+            self._dropped[rid] = (w.epoch, {peer: hops})
         else:
-            dropped[1].add(peer)
+            dropped[1][peer] = hops
         linked = self._linked
         if any(p in linked for p in self._routes.next_hops_of(rid)):
             self._count("withdraw_absorbed", 1)  # another live next hop: nothing changes upstream
             return
         self._count("withdraw_heeded", 1)
-        self._withdraw(rid, w.epoch, w.kind)
+        self._withdraw(rid, w.epoch, w.kind, now)
 
     def _dropped_for(self, peer: str, w: WithdrawnRoute) -> bool:
         """This relay dropped peer as a next hop for w's route (of w's epoch) for its withdrawal, and has
@@ -170,29 +175,28 @@ class Withdrawals:
         if dropped is None or dropped[0] != w.epoch or peer not in dropped[1]:
             self._count("withdraw_ignored", 1)  # we dropped nothing for it: not its route to add
             return
-        dropped[1].discard(peer)
+        del dropped[1][peer]
         if not dropped[1]:
             del self._dropped[rid]
         entry = self._routes.get(rid)
-        if entry is None or peer in entry:
-            return
-        if rid not in self._withdrawn:
-            return  # it was absorbed here: the next hops kept serve (re-adding it could close a loop)
-        # Withdrawn here, so no next hop of ours leads through it: it leads again, and the restore goes on.
+        if entry is None or rid not in self._withdrawn or self._has_live(rid, entry):
+            return  # absorbed here: the next hops kept serve (re-adding it could close a loop)
+        # Withdrawn here, so no live next hop of ours leads through it: it leads, and the restore goes on.
         self._routes.lead(rid, entry, peer, w.hops + 1, self._route_k)
         self._count("withdraw_restored_by", 1)
-        self._restore_live(now, (rid,))
+        self._restore_live(now, (rid,), peer)
 
     # -- state ---------------------------------------------------------------------------------------
 
-    def _withdraw(self, rid: bytes, epoch: int, kind: WithdrawKind, live: frozenset[str] = frozenset()) -> None:
+    def _withdraw(self, rid: bytes, epoch: int, kind: WithdrawKind, now: float,
+                  live: frozenset[str] = frozenset()) -> None:
         """Withdraw rid (of epoch) here and tell the neighbours. `live`: next hops still up (a home's
         neighbour withdraws its routes whatever else it holds: they lead to the same home); they do not
         count as the route's return."""
         known = self._withdrawn.get(rid)
         if known is not None and known[0] == epoch and (known[1] == kind or kind == WithdrawKind.NO_ROUTE):
             return  # told already (a `home down` overrides a `no route`, not the other way)
-        self._withdrawn[rid] = (epoch, kind, live)
+        self._withdrawn[rid] = (epoch, kind, live, now)
         self._count("routes_withdrawn", 1)
         self._queue(WithdrawnRoute(rid, epoch, kind, 0))
 
@@ -200,9 +204,14 @@ class Withdrawals:
         for p in self._speaks:
             self._out.setdefault(p, {})[w.route_id] = w
 
-    def _restore_live(self, now: float, rids: Iterable[bytes] | None = None) -> list[Effect]:
+    def _restore_live(self, now: float, rids: Iterable[bytes] | None = None, via: str | None = None) -> list[Effect]:
         """Withdrawn routes (rids, or all) that have a live next hop again are restored: told to the
-        neighbours, and the pushes parked for them woken (C3c); routes gone or renewed are forgotten."""
+        neighbours, and the pushes parked for them woken (C3c); routes gone or renewed are forgotten.
+
+        A route withdrawn as `home down` comes back only with the home itself (a next hop at distance 1:
+        its link back) or a neighbour's restore (`via`): a relay that failed and comes back with the
+        routes it had (a snapshot) does not know the home is down, and its link alone would restore the
+        route all over the mesh."""
         routes = self._routes
         linked = self._linked
         for rid in list(self._withdrawn if rids is None else rids):
@@ -214,13 +223,38 @@ class Withdrawals:
                 del self._withdrawn[rid]  # expired, or a newer epoch's flood has renewed it everywhere
                 self._dropped.pop(rid, None)
                 continue
-            live = [h for p, h in RouteTable.vector(entry) if p in linked and p not in known[2]]
+            if now - known[3] >= HOLD_S:
+                self._release(rid, entry)
+                continue
+            home = known[1] == WithdrawKind.HOME_DOWN
+            live = [h for p, h in RouteTable.vector(entry)
+                    if p in linked and p not in known[2] and (not home or h == 1 or p == via)]
             if live:
                 del self._withdrawn[rid]
                 self._count("routes_restored", 1)
                 self._queue(WithdrawnRoute(rid, known[0], WithdrawKind.RESTORED, min(live)))
                 self._renewed(rid, now)
         return self.flush(now) if rids is None else []
+
+    def _release(self, rid: bytes, entry: RouteEntry) -> None:
+        """A withdrawal held HOLD_S: the next hops dropped for it are taken back (those still linked, while
+        there is room) and the route is as it was before G12 (F3, C3 search for it again)."""
+        del self._withdrawn[rid]
+        dropped = self._dropped.pop(rid, None)
+        self._count("withdraw_released", 1)
+        if dropped is None or dropped[0] != RouteTable.epoch(entry):
+            return
+        for p, hops in dropped[1].items():
+            if p in self._linked and p not in entry and RouteTable.has_room(entry, self._route_k):
+                self._routes.add_backup(rid, entry, p, hops)
+                entry = self._routes[rid]
+
+    def _has_live(self, rid: bytes, entry: RouteEntry) -> bool:
+        """entry (rid's) has a live next hop that does not lead to a home withdrawn as down."""
+        known = self._withdrawn.get(rid)
+        ignore = known[2] if known is not None else frozenset()
+        linked = self._linked
+        return any(p in linked and p not in ignore for p in RouteTable.next_hops(entry))
 
     def home_down(self, rid: bytes) -> bool:
         """rid was withdrawn here as `home down` and has no live next hop but those that were up when it
@@ -232,8 +266,7 @@ class Withdrawals:
         entry = self._routes.get(rid)
         if entry is None or RouteTable.epoch(entry) != known[0]:
             return False
-        linked = self._linked
-        return not any(p in linked and p not in known[2] for p in RouteTable.next_hops(entry))
+        return not self._has_live(rid, entry)
 
     def any(self) -> bool:
         """Some route is withdrawn here, or frames are queued."""
