@@ -198,3 +198,28 @@ def test_a_malformed_withdrawal_frame_gets_an_error_frame() -> None:
     assert eng.next_hops(reg.route_id) == [("2", 3)]
     eng.receive_frame("2", encode(RouteWithdraw((WithdrawnRoute(*good[:2], WithdrawKind.HOME_DOWN, 0),))), net.now)
     assert eng.next_hops(reg.route_id) == []
+
+
+def test_a_relay_back_on_its_link_does_not_restore_a_route_to_a_home_that_is_down() -> None:
+    """4 holds the route through 2 and 3; 3 fails, then the home: 4 withdraws it as `home down`. 3 comes
+    back (with whatever routes it kept): its link alone says nothing of the home, so 4 keeps the route
+    withdrawn and sends no restore; the home's own return restores it."""
+    net, reg = net_with([(0, 1), (1, 2), (2, 4), (0, 5), (5, 3), (3, 4)], 6)
+    rid = reg.route_id
+    assert sorted(net.engines[4].next_hops(rid)) == [("2", 3), ("3", 3)]
+    net.kill(3)
+    net.run_until(net.now + 1.0)
+    net.kill(0)
+    net.run_until(net.now + 1.0)
+    assert net.engines[4]._withdrawals.home_down(rid)
+    mark = len(net.sent)
+    net.restart(3)
+    net.run_until(net.now + 5.0)
+    assert net.engines[4]._withdrawals.home_down(rid)
+    assert [w for a, _, w in withdrawals(net, mark) if a == "4" and w.kind == WithdrawKind.RESTORED] == []
+    net.restart(0)
+    net.run_until(net.now + 5.0)
+    assert not net.engines[4]._withdrawals.home_down(rid)
+    pid = push(net, 4, reg, TOKENS[0])
+    net.run_until(net.now + 2.0)
+    assert net.custody[pid] == CustodyStatus.DELIVERED

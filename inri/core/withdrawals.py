@@ -43,6 +43,14 @@ FRAMES_PER_TICK = 2
 # most (FRAMES_PER_TICK full frames per 1 s keepalive interval). Over it, entries are ignored (counted).
 ENTRIES_IN_PER_S = float(FRAMES_PER_TICK * limits.MAX_WITHDRAWN_ROUTES)
 ENTRIES_IN_BURST = 2 * ENTRIES_IN_PER_S
+_NONE: frozenset[str] = frozenset()
+
+
+def _past(vector: list[tuple[str, int]]) -> frozenset[str]:
+    """The next hops of a route withdrawn as `home down` that do not count as its return (all but the home)."""
+    return frozenset(p for p, h in vector if h != 1)
+
+
 # A withdrawal is held this long at most: then the next hops dropped for it serve again (as before G12) and
 # pushes parked for it search as C3 has them. A route withdrawn for a home that is in fact up (one of its
 # links lost, the home back on other links) must not keep its pushes parked until their TTL.
@@ -67,7 +75,7 @@ class Withdrawals:
         self._count = count  # the engine's counters
         self._renewed = renewed  # C3c (custody.py): wake the pushes waiting for a route
         self._speaks: set[str] = set()  # neighbours whose Hello on their current link said `withdraw`
-        # route id -> (epoch, kind, the next hops up when it was withdrawn, when) of the routes withdrawn here
+        # route id -> (epoch, kind, next hops that do not count as its return, when) of the routes withdrawn here
         self._withdrawn: dict[bytes, tuple[int, WithdrawKind, frozenset[str], float]] = {}
         # route id -> (epoch, next hop dropped for its withdrawal -> its distance)
         self._dropped: dict[bytes, tuple[int, dict[str, int]]] = {}
@@ -106,8 +114,7 @@ class Withdrawals:
                 continue
             vector = RouteTable.vector(entry)
             if (peer, 1) in vector:
-                live = frozenset(p for p, _ in vector if p in linked)
-                self._withdraw(rid, RouteTable.epoch(entry), WithdrawKind.HOME_DOWN, now, live)
+                self._withdraw(rid, RouteTable.epoch(entry), WithdrawKind.HOME_DOWN, now, _past(vector))
             elif not any(p in linked for p, _ in vector):
                 self._withdraw(rid, RouteTable.epoch(entry), WithdrawKind.NO_ROUTE, now)
         return self.flush(now)
@@ -140,7 +147,8 @@ class Withdrawals:
             elif peer in RouteTable.next_hops(entry):
                 self._withdrawn_by(peer, w, entry, now)
             elif w.kind == WithdrawKind.HOME_DOWN and self._dropped_for(peer, w):
-                self._withdraw(w.route_id, w.epoch, w.kind, now)  # it said `no route` first, now the home is down
+                # it said `no route` first, now the home is down
+                self._withdraw(w.route_id, w.epoch, w.kind, now, self._past_of(w.route_id, w.kind))
             else:
                 self._count("withdraw_ignored", 1)  # not our next hop: not its route to cut
         return self.flush(now)
@@ -159,7 +167,7 @@ class Withdrawals:
             self._count("withdraw_absorbed", 1)  # another live next hop: nothing changes upstream
             return
         self._count("withdraw_heeded", 1)
-        self._withdraw(rid, w.epoch, w.kind, now)
+        self._withdraw(rid, w.epoch, w.kind, now, self._past_of(rid, w.kind))
 
     def _dropped_for(self, peer: str, w: WithdrawnRoute) -> bool:
         """This relay dropped peer as a next hop for w's route (of w's epoch) for its withdrawal, and has
@@ -184,19 +192,24 @@ class Withdrawals:
         # Withdrawn here, so no live next hop of ours leads through it: it leads, and the restore goes on.
         self._routes.lead(rid, entry, peer, w.hops + 1, self._route_k)
         self._count("withdraw_restored_by", 1)
-        self._restore_live(now, (rid,), peer)
+        self._restore_live(now, (rid,))
 
     # -- state ---------------------------------------------------------------------------------------
 
+    def _past_of(self, rid: bytes, kind: WithdrawKind) -> frozenset[str]:
+        entry = self._routes.get(rid)
+        return _past(RouteTable.vector(entry)) if entry is not None and kind == WithdrawKind.HOME_DOWN else _NONE
+
     def _withdraw(self, rid: bytes, epoch: int, kind: WithdrawKind, now: float,
-                  live: frozenset[str] = frozenset()) -> None:
-        """Withdraw rid (of epoch) here and tell the neighbours. `live`: next hops still up (a home's
-        neighbour withdraws its routes whatever else it holds: they lead to the same home); they do not
-        count as the route's return."""
+                  past: frozenset[str] = frozenset()) -> None:
+        """Withdraw rid (of epoch) here and tell the neighbours. `past`, for a home that is down: the next
+        hops it has, up or not, but the home itself; they lead to the same home (a home's neighbour
+        withdraws its routes whatever else it holds), and one of them back on its link (a relay restarted
+        with the routes it kept) knows nothing of the home: they do not count as the route's return."""
         known = self._withdrawn.get(rid)
         if known is not None and known[0] == epoch and (known[1] == kind or kind == WithdrawKind.NO_ROUTE):
             return  # told already (a `home down` overrides a `no route`, not the other way)
-        self._withdrawn[rid] = (epoch, kind, live, now)
+        self._withdrawn[rid] = (epoch, kind, past, now)
         self._count("routes_withdrawn", 1)
         self._queue(WithdrawnRoute(rid, epoch, kind, 0))
 
@@ -204,14 +217,14 @@ class Withdrawals:
         for p in self._speaks:
             self._out.setdefault(p, {})[w.route_id] = w
 
-    def _restore_live(self, now: float, rids: Iterable[bytes] | None = None, via: str | None = None) -> list[Effect]:
+    def _restore_live(self, now: float, rids: Iterable[bytes] | None = None) -> list[Effect]:
         """Withdrawn routes (rids, or all) that have a live next hop again are restored: told to the
         neighbours, and the pushes parked for them woken (C3c); routes gone or renewed are forgotten.
 
         A route withdrawn as `home down` comes back only with the home itself (a next hop at distance 1:
-        its link back) or a neighbour's restore (`via`): a relay that failed and comes back with the
-        routes it had (a snapshot) does not know the home is down, and its link alone would restore the
-        route all over the mesh."""
+        its link back) or a next hop taken since (a neighbour's restore, gossip): a relay that failed and
+        comes back with the routes it had (a snapshot) does not know the home is down, and its link alone
+        would restore the route all over the mesh (`past`, _withdraw)."""
         routes = self._routes
         linked = self._linked
         for rid in list(self._withdrawn if rids is None else rids):
@@ -226,9 +239,7 @@ class Withdrawals:
             if now - known[3] >= HOLD_S:
                 self._release(rid, entry)
                 continue
-            home = known[1] == WithdrawKind.HOME_DOWN
-            live = [h for p, h in RouteTable.vector(entry)
-                    if p in linked and p not in known[2] and (not home or h == 1 or p == via)]
+            live = [h for p, h in RouteTable.vector(entry) if p in linked and p not in known[2]]
             if live:
                 del self._withdrawn[rid]
                 self._count("routes_restored", 1)
@@ -250,7 +261,7 @@ class Withdrawals:
                 entry = self._routes[rid]
 
     def _has_live(self, rid: bytes, entry: RouteEntry) -> bool:
-        """entry (rid's) has a live next hop that does not lead to a home withdrawn as down."""
+        """entry (rid's) has a live next hop that counts (not one of a `home down` withdrawal's past ones)."""
         known = self._withdrawn.get(rid)
         ignore = known[2] if known is not None else frozenset()
         linked = self._linked
