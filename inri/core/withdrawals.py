@@ -9,10 +9,12 @@ When the link to a route's home relay goes (a next hop at distance 1: the route 
 hop 0), its neighbours withdraw the route as `home down`, whatever else they hold, and that kind travels
 with the wave: custodians of pushes for it then park them (custody.py) and relays on the way answer
 `home unreachable` (forwarding.py) instead of searching. A relay whose withdrawn route gets a live next
-hop again (the home's link back, a next hop's restore) sends `restored`, which only the neighbours that
-dropped it for its withdrawal heed; they re-take it as a next hop, pass the restore on and wake the
-pushes parked for the route (C3c). A newer epoch ends a withdrawal of the older one (its flood restores
-the route everywhere by itself).
+hop again (the home's link back, a next hop's restore: for `home down`, none of the next hops it had
+then counts, as they lead to the same home) sends `restored`, which only the neighbours that dropped it
+for its withdrawal heed; they re-take it as a next hop, pass the restore on and wake the pushes parked
+for the route (C3c). A newer epoch ends a withdrawal of the older one (its flood restores the route
+everywhere by itself). A withdrawal is held HOLD_S at most: a home that was up after all (one link lost)
+is searched for as before G12 after that.
 
 Hostile relays: a withdrawal counts only from a current next hop for the route (a relay cannot cut a route
 it is not on), a restore only from a neighbour whose withdrawal this relay heeded (it re-adds a next hop
