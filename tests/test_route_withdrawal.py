@@ -223,3 +223,22 @@ def test_a_relay_back_on_its_link_does_not_restore_a_route_to_a_home_that_is_dow
     pid = push(net, 4, reg, TOKENS[0])
     net.run_until(net.now + 2.0)
     assert net.custody[pid] == CustodyStatus.DELIVERED
+
+
+def test_a_relay_that_missed_a_withdrawal_is_told_again_when_it_uses_the_route() -> None:
+    """4's withdrawal to 5 is lost (the 4 -> 5 direction drops frames for a second): 5's first push goes to
+    4, which answers `home unreachable` and withdraws the route to 5 again; 5's next push is parked."""
+    net, reg = net_with(EDGES, 8, latency=SLOW)
+    lat = net.links.pop(("4", "5"))
+    net.kill(0)
+    net.run_until(net.now + 1.0)
+    net.links[("4", "5")] = lat
+    assert not net.engines[5]._withdrawals.home_down(reg.route_id)
+    first = push(net, 5, reg, TOKENS[0])
+    net.run_until(net.now + 1.0)
+    assert net.engines[5]._withdrawals.home_down(reg.route_id)
+    assert net.engines[4].counters["withdraw_told_again"] == 1
+    second = push(net, 5, reg, TOKENS[1])
+    net.run_until(net.now + 60.0)
+    assert sum(1 for _, _, m in net.sent if isinstance(m, Push) and m.push_id == second) == 0
+    assert search_frames(net, first) == 0

@@ -419,8 +419,9 @@ class ForwardingRules(EngineState):
             if msg.ring <= 1:
                 return self._push_drop(peer, msg, now, "ring_end", None)
             return self._ring_flood(_onward(msg, msg.ring - 1), peer, now)
-        if self._withdrawals.home_down(rid):  # G12: the home is down: not used, no search
-            return self._push_drop(peer, msg, now, "home_unreachable", RouteErrorReason.HOME_UNREACHABLE)
+        if self._withdrawals.home_down(rid):  # G12: the home is down: not used, no search; the sender missed it
+            return (self._push_drop(peer, msg, now, "home_unreachable", RouteErrorReason.HOME_UNREACHABLE)
+                    + self._withdrawals.tell_again(peer, rid, now))
         nh = self._next_hop(rid, peer, alternate=(msg.attempt & 1) == 1)
         if msg.attempt and cfg.repair_steer and pid in self._steer:  # rule F9: a search for it failed
             steer = self._steered(msg, peer, nh, now)

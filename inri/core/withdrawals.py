@@ -281,6 +281,16 @@ class Withdrawals:
             return False
         return not self._has_live(rid, entry)
 
+    def tell_again(self, peer: str, rid: bytes, now: float) -> list[Effect]:
+        """peer sent us a push for rid, withdrawn here as `home down`: our withdrawal did not reach it (a
+        frame lost, or its link came up since): tell it again (within the send budget)."""
+        known = self._withdrawn.get(rid)
+        if known is None or peer not in self._speaks:
+            return []
+        self._count("withdraw_told_again", 1)
+        self._out.setdefault(peer, {})[rid] = WithdrawnRoute(rid, known[0], known[1], 0)
+        return self.flush(now)
+
     def any(self) -> bool:
         """Some route is withdrawn here, or frames are queued."""
         return bool(self._withdrawn or self._out)
