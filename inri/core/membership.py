@@ -254,6 +254,9 @@ class MembershipRules(EngineState):
         # When it went down: a one-hop route through it (it was the home) is reported `home unreachable`
         # for a while, then searched for (forwarding.py, rule F3). Old entries go (bounded).
         nb.went_down(peer, now, 4 * self.config.active_max + self.config.passive_max)
+        # G12: before a purge takes its claims (a home dying is often blamed first); a link we cut ourselves
+        # leaves its home up.
+        out = self._withdrawals.link_down(peer, now, home=reason not in _PURGE_ON_DOWN)
         # A link the other side closed as full, or for our score, is not re-dialled (the reason is
         # ours, or the remote's: a driver passes it on).
         if state.score <= self.config.score_prefer_below or reason in _PURGE_ON_DOWN:
@@ -265,7 +268,6 @@ class MembershipRules(EngineState):
             nb.lose(peer, state.addr, now + RECONNECT_BASE_S)
         if self._level:
             self._trace(now, "peer_down", peer=peer, reason=reason)
-        out = self._withdrawals.link_down(peer, now)  # G12: routes it was the last live next hop of
         out += self._reroute_awaited(peer, now) + self._refill(now)  # rtt.py (C5)
         if self._stem.has_successors():  # G10, G10b: a stem successor lost (stem.py)
             out += self._stem_successor_down(peer, now)

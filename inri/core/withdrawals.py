@@ -103,9 +103,10 @@ class Withdrawals:
         its link, a next hop back): restored."""
         return self._restore_live(now) if self._withdrawn else []
 
-    def link_down(self, peer: str, now: float) -> list[Effect]:
+    def link_down(self, peer: str, now: float, *, home: bool = True) -> list[Effect]:
         """peer's link went down: withdraw each route whose last live next hop it was, and (`home down`)
-        each it was the home of (a next hop at distance 1)."""
+        each it was the home of (a next hop at distance 1). home=False: the link was cut by this relay
+        (membership's make-room or outbound quota), the home is up: `no route` only."""
         self._forget_peer(peer)
         if not self._on:
             return []
@@ -115,7 +116,7 @@ class Withdrawals:
             if peer not in entry:  # as RouteTable.claims
                 continue
             vector = RouteTable.vector(entry)
-            if (peer, 1) in vector:
+            if home and (peer, 1) in vector:
                 self._withdraw(rid, RouteTable.epoch(entry), WithdrawKind.HOME_DOWN, now, _past(vector))
             elif not any(p in linked for p, _ in vector):
                 self._withdraw(rid, RouteTable.epoch(entry), WithdrawKind.NO_ROUTE, now)
