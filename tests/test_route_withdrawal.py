@@ -242,3 +242,15 @@ def test_a_relay_that_missed_a_withdrawal_is_told_again_when_it_uses_the_route()
     net.run_until(net.now + 60.0)
     assert sum(1 for _, _, m in net.sent if isinstance(m, Push) and m.push_id == second) == 0
     assert search_frames(net, first) == 0
+
+
+def test_a_home_blamed_before_it_fails_is_withdrawn_all_the_same() -> None:
+    """A dying home is often blamed by its neighbour first (F6): its link then goes with a low score, which
+    purges its route claims; the neighbour withdraws the home's routes before the purge."""
+    net, reg = net_with(EDGES, 8, latency=SLOW)
+    net.engines[1]._linked["0"].score = net.config.score_prefer_below - 1.0
+    net.kill(0)
+    net.run_until(net.now + 1.0)
+    assert net.engines[1].next_hops(reg.route_id) == []  # purged
+    for i in range(1, 8):
+        assert net.engines[i]._withdrawals.home_down(reg.route_id), i
