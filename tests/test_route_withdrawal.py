@@ -254,3 +254,18 @@ def test_a_home_blamed_before_it_fails_is_withdrawn_all_the_same() -> None:
     assert net.engines[1].next_hops(reg.route_id) == []  # purged
     for i in range(1, 8):
         assert net.engines[i]._withdrawals.home_down(reg.route_id), i
+
+
+def test_a_neighbour_cut_for_its_score_has_its_routes_withdrawn_before_they_are_purged() -> None:
+    """Relay 1 cuts the home 0 for bad frames (S2: its route claims are purged): the routes it was the home
+    of are withdrawn first, all along the line."""
+    net, reg = net_with(EDGES, 8, latency=SLOW)
+    eng = net.engines[1]
+    for _ in range(100):
+        net.apply("1", eng.receive_frame("0", b"\xc1", net.now))
+        if "0" not in eng._linked:
+            break
+    assert "0" not in eng._linked and eng.counters["peer_cut_score"] == 1
+    net.run_until(net.now + 1.0)
+    for i in range(1, 8):
+        assert net.engines[i]._withdrawals.home_down(reg.route_id), i

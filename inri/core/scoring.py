@@ -76,10 +76,12 @@ class ScoringRules(EngineState):
             return []
         self._count("peer_cut_score")
         self._neighbours.ban(peer, now + cfg.score_ban_s)  # and no candidate any more
+        withdrawn = self._withdrawals.link_down(peer, now)  # G12: before the purge takes its claims
         self._purge_routes(peer)
         if self._level:
             self._trace(now, "peer_scored", peer=peer, reason=reason, count=int(state.score))
-        return [Disconnect(peer, DisconnectReason.SCORE), *self.peer_down(peer, now, DisconnectReason.SCORE)]
+        return [Disconnect(peer, DisconnectReason.SCORE), *withdrawn,
+                *self.peer_down(peer, now, DisconnectReason.SCORE)]
 
     # Rule S1.
     def link_congested(self, peer: str, now: float) -> list[Effect]:

@@ -118,7 +118,7 @@ class Withdrawals:
             vector = RouteTable.vector(entry)
             if home and (peer, 1) in vector:
                 self._withdraw(rid, RouteTable.epoch(entry), WithdrawKind.HOME_DOWN, now, _past(vector))
-            elif not any(p in linked for p, _ in vector):
+            elif not any(p in linked and p != peer for p, _ in vector):  # (a relay cut for its score is still linked)
                 self._withdraw(rid, RouteTable.epoch(entry), WithdrawKind.NO_ROUTE, now)
         return self.flush(now)
 
