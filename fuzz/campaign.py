@@ -50,7 +50,10 @@ from inri.protocol.messages import (
     RouteError,
     RouteErrorReason,
     RouteSync,
+    RouteWithdraw,
     SyncedRoute,
+    WithdrawKind,
+    WithdrawnRoute,
 )
 
 BOUNDARY_INTS = (0, 1, -1, 127, 128, 255, 256, 65535, 65536, 2**31 - 1, 2**31, 2**32 - 1, 2**32, 2**63 - 1,
@@ -191,6 +194,8 @@ def _samples() -> dict[str, list[Any]]:
         PeerExchange((PeerInfo("cd" * 16, "10.0.0.1:4433"), PeerInfo("ef" * 16, "[::1]:4433"))),
         ErrorFrame(ErrorCode.MALFORMED, "bad"),
         RouteSync((SyncedRoute(reg.route_id, 3, 3600), SyncedRoute(b"r" * 16, 0, 1))),
+        RouteWithdraw((WithdrawnRoute(reg.route_id, 3, WithdrawKind.HOME_DOWN, 0),
+                       WithdrawnRoute(b"r" * 16, 1, WithdrawKind.RESTORED, 4))),
     ]
     ident = NodeIdentity.generate()
     record = make_peer_record(ident.signing_key, ["198.51.100.7:4433"], "48.9,2.3", 100, 1_700_000_000, 1)
