@@ -43,6 +43,7 @@ from inri.protocol.messages import (
     RouteError,
     RouteErrorReason,
     RouteSync,
+    RouteWithdraw,
     StemRepair,
     SyncedRoute,
     Urgency,
@@ -59,7 +60,7 @@ ids = blob(16)
 announcements = st.builds(Announcement, route_id=ids, epoch=st.integers(0, L.MAX_EPOCH), hops=st.integers(0, 255),
                           lag_ms=st.integers(0, L.MAX_ANNOUNCE_LAG_MS))
 all_messages = st.one_of(
-    messages, pushes,
+    messages.filter(lambda m: not isinstance(m, RouteWithdraw)), pushes,  # type 14 (G12) came after it
     st.builds(ReceiptBatch, route_id=ids,
               items=st.lists(st.tuples(ids, st.sampled_from(ReceiptStatus), st.integers(0, 255)), min_size=2,
                              max_size=6, unique_by=lambda it: it[0]).map(tuple),
@@ -79,8 +80,19 @@ def outcome(decode: Callable[[bytes], Any], data: bytes) -> tuple[str, Any]:
         return "refused", exc.code
 
 
+def withdrawal(data: bytes) -> bool:
+    """data is a frame of type 14 (RouteWithdraw, rule G12), which the hand-written codec never knew: it
+    refuses every one, the new codec checks them (tests/test_protocol_codec.py, fuzz/campaign.py)."""
+    try:
+        raw = msgpack.unpackb(data, max_array_len=1024, max_map_len=0, max_ext_len=0)
+    except Exception:  # noqa: BLE001 - msgpack raises many types
+        return False
+    return type(raw) is list and len(raw) > 1 and type(raw[0]) is int and raw[0] == 14
+
+
 def same(data: bytes) -> None:
-    assert outcome(old.decode, data) == outcome(new.decode, data), data.hex()
+    if not withdrawal(data):
+        assert outcome(old.decode, data) == outcome(new.decode, data), data.hex()
     assert outcome(old.decode_registration, data) == outcome(new.decode_registration, data), data.hex()
 
 
