@@ -14,7 +14,7 @@ import trio
 
 from inri.client.app import HomeAppClient
 from inri.client.credential import PushCredential, b64e
-from inri.client.device import DeviceClient, Message
+from inri.client.device import MAX_HOMES, DeviceClient, Message
 from inri.client.errors import ApiError, NoTokensLeft
 from inri.common.b64url import b64d
 from inri.protocol.wake import WAKE_TOKEN_MAX_BYTES
@@ -45,7 +45,8 @@ async def _device_cmd(args: argparse.Namespace, dev: DeviceClient) -> int:
     cmd = args.device_cmd
     if cmd == "register":
         device_id = await dev.register(tokens=args.tokens)
-        _print({"device_id": device_id, "relay": args.relay, "tokens": len(dev.tokens), "state": str(args.state)})
+        _print({"device_id": device_id, "relay": dev.relay_url, "homes": [h.relay_url for h in dev.homes],
+                "tokens": len(dev.tokens), "state": str(args.state)})
         return 0
     if cmd == "credential":
         cred = dev.export_credential(args.tokens)
@@ -142,8 +143,9 @@ def add_commands(sub: Any) -> None:
     """Add `device` and `app` to the `inri` command's subparsers."""
     dev = sub.add_parser("device", help="act as a device: register, export credentials, receive")
     dsub = dev.add_subparsers(dest="device_cmd", required=True)
-    p = dsub.add_parser("register", help="register at a home relay")
-    p.add_argument("--relay", required=True, help="home relay API URL")
+    p = dsub.add_parser("register", help="register at a home relay (or at 2-3: repeat --relay)")
+    p.add_argument("--relay", required=True, action="append",
+                   help=f"home relay API URL; repeat to register the same route key at up to {MAX_HOMES} homes")
     p.add_argument("--state", required=True, type=Path, help="device state file (created, mode 0600)")
     p.add_argument("--tokens", type=int, default=50)
     p = dsub.add_parser("credential", help="export a push credential for a home app")

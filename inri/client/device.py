@@ -1,14 +1,18 @@
-"""The device side: register at a home relay, export push credentials, receive (live or pull), ack.
+"""The device side: register at a home relay (or the same route key at 2-3), export push credentials,
+receive (live or pull), ack.
 
-State (keys, device id and secret, unexported tokens) lives in a JSON file with mode 0600 when a
-`state_path` is given, so a device survives restarts. Tokens are handed to home apps once each:
+State (keys, device id, each home's URL and device secret, unexported tokens) lives in a JSON file with
+mode 0600 when a `state_path` is given, so a device survives restarts; a single-home state file from
+before homes in two places (issue 42) still loads. Tokens are handed to home apps once each:
 `export_credential` moves them out of the state.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +26,9 @@ from inri.client.credential import DeviceKeys, PushCredential, _write_private, o
 from inri.client.errors import ApiError
 from inri.common.b64url import b64d, b64e
 from inri.protocol.codec import encode_registration
+
+# The state file's form: 2 lists the homes; a file without `v` is a single-home file from before issue 42.
+STATE_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -70,20 +77,58 @@ class WakeHook:
     created: float  # unix time
 
 
-class DeviceClient:
-    """One device registered at one home relay."""
+@dataclass
+class Home:
+    """One home relay of a device: its API URL and the device secret it issued (None: not registered)."""
 
-    def __init__(self, relay_url: str, *, state_path: str | Path | None = None, timeout_s: float = 10.0) -> None:
-        self.relay_url = relay_url.rstrip("/")
+    relay_url: str
+    secret: str | None = None
+
+
+# A device registers the same route key at 1 to MAX_HOMES home relays (issue 42, "homes in two places").
+MAX_HOMES = 3
+# Push ids a multi-home device remembers to drop duplicates (the same push stored at two homes).
+SEEN_MAX = 65_536
+
+
+def _home_urls(relay_url: str | Sequence[str]) -> list[str]:
+    urls = [relay_url] if isinstance(relay_url, str) else list(relay_url)
+    urls = [u.rstrip("/") for u in urls]
+    if not 1 <= len(urls) <= MAX_HOMES:
+        raise ValueError(f"a device has 1 to {MAX_HOMES} home relays, {len(urls)} given")
+    if len(set(urls)) != len(urls):
+        raise ValueError("the same home relay is given twice")
+    return urls
+
+
+class DeviceClient:
+    """One device registered at one home relay, or the same route key at 2-3 (docs/api.md, "Homes in
+    two places"): the route id is then anycast, every home holds the same tokens, and the device streams
+    from every home, drops duplicates by push id and acks at every home."""
+
+    def __init__(self, relay_url: str | Sequence[str], *, state_path: str | Path | None = None,
+                 timeout_s: float = 10.0) -> None:
+        self.homes = [Home(u) for u in _home_urls(relay_url)]
         self.state_path = Path(state_path) if state_path else None
         self.timeout_s = timeout_s
         self.keys = DeviceKeys()
         self.device_id: str | None = None
-        self.secret: str | None = None
         self.tokens: list[bytes] = []
+        self.duplicates_dropped = 0  # messages a second home delivered again (same push id), dropped
+        self._seen: OrderedDict[str, bool] = OrderedDict()  # push id -> acked (bounded: SEEN_MAX)
         self._http: httpx.AsyncClient | None = None
         if self.state_path is not None and self.state_path.exists():
             self._load()
+
+    @property
+    def relay_url(self) -> str:
+        """The first home relay's URL."""
+        return self.homes[0].relay_url
+
+    @property
+    def secret(self) -> str | None:
+        """The device secret the first home issued."""
+        return self.homes[0].secret
 
     async def aclose(self) -> None:
         """Close the HTTP client (the device's state stays on disk)."""
@@ -101,70 +146,136 @@ class DeviceClient:
 
     @classmethod
     def from_state(cls, state_path: str | Path) -> DeviceClient:
-        """A device from its state file (the relay URL is in it)."""
+        """A device from its state file (its home relays' URLs are in it)."""
         d = json.loads(Path(state_path).read_text(encoding="utf-8"))
-        return cls(d["relay_url"], state_path=state_path)
+        urls = [h["relay_url"] for h in d["homes"]] if "homes" in d else d["relay_url"]
+        return cls(urls, state_path=state_path)
 
     def _load(self) -> None:
+        """Read the state file; a single-home file (before issue 42: `relay_url` and `device_secret` at the
+        top) is read as one home and written in today's form at the next save."""
         assert self.state_path is not None
         d = json.loads(self.state_path.read_text(encoding="utf-8"))
         self.keys = DeviceKeys.from_dict(d["keys"])
-        self.device_id, self.secret = d.get("device_id"), d.get("device_secret")
+        self.device_id = d.get("device_id")
+        saved = ([Home(str(h["relay_url"]).rstrip("/"), h.get("device_secret")) for h in d["homes"]]
+                 if "homes" in d else [Home(str(d["relay_url"]).rstrip("/"), d.get("device_secret"))])
+        if len(saved) == 1 and len(self.homes) == 1:
+            self.homes[0].secret = saved[0].secret  # one home: the URL given wins (a relay that moved)
+        else:
+            secrets_ = {h.relay_url: h.secret for h in saved}
+            for h in self.homes:
+                h.secret = secrets_.get(h.relay_url)
         self.tokens = [b64d(t, "token", 16) for t in d.get("tokens", [])]
 
     def _save(self) -> None:
         if self.state_path is not None:
             _write_private(self.state_path, json.dumps({
-                "relay_url": self.relay_url, "keys": self.keys.to_dict(), "device_id": self.device_id,
-                "device_secret": self.secret, "tokens": [b64e(t) for t in self.tokens]}))
+                "v": STATE_VERSION, "keys": self.keys.to_dict(), "device_id": self.device_id,
+                "homes": [{"relay_url": h.relay_url, "device_secret": h.secret} for h in self.homes],
+                "tokens": [b64e(t) for t in self.tokens]}))
 
-    def _auth(self) -> dict[str, str]:
-        if self.secret is None:
+    def _auth(self, home: Home | None = None) -> dict[str, str]:
+        secret = (home or self.homes[0]).secret
+        if secret is None:
             raise RuntimeError("device is not registered")
-        return {"authorization": f"Bearer {self.secret}"}
+        return {"authorization": f"Bearer {secret}"}
 
-    async def _call(self, method: str, path: str, **kw: Any) -> Any:
+    async def _call(self, method: str, path: str, home: Home | None = None, **kw: Any) -> Any:
         if self._http is None:  # one client for every call (building one costs more than a request)
             self._http = httpx.AsyncClient(timeout=self.timeout_s)
-        r = await self._http.request(method, self.relay_url + path, **kw)
+        r = await self._http.request(method, (home or self.homes[0]).relay_url + path, **kw)
         if r.status_code >= 400:
             raise ApiError.from_response(r)
         return r.json() if r.content else None
 
+    async def _at(self, home: Home, method: str, path: str, **kw: Any) -> Any:
+        """A device call (authenticated with home's secret) at one home."""
+        return await self._call(method, f"/v1/devices/{self.device_id}{path}", home, headers=self._auth(home), **kw)
+
+    def _single_home(self, what: str) -> None:
+        if len(self.homes) > 1:
+            raise ValueError(f"{what}: a Web Push endpoint is accepted only by the home that minted it, so a "
+                             f"device with {len(self.homes)} homes cannot use one (docs/api.md, "
+                             "\"Homes in two places\")")
+
     # -- API --------------------------------------------------------------------------------------
 
     async def register(self, tokens: int = 50, lifetime_s: int = 7 * 24 * 3600) -> str:
-        """Register at the relay; returns the device id."""
-        reg = self.keys.registration(lifetime_s)
-        body = await self._call("POST", "/v1/devices",
-                                json={"registration": b64e(encode_registration(reg)), "tokens": tokens,
-                                      "receipt_secret": b64e(self.keys.receipt_secret())})
-        self.device_id, self.secret = body["device_id"], body["device_secret"]
-        self.tokens = [b64d(t, "token", 16) for t in body["tokens"]]
+        """Register at every home relay; returns the device id (the route id, the same at every home).
+
+        The first home issues the tokens; the others are given the same ones (POST .../tokens with
+        `tokens`), so a push with any token is accepted at whichever home the mesh delivers it to. When a
+        home refuses or cannot be reached, the homes already registered are unregistered again and the
+        error is raised: the device is registered at all of its homes or at none."""
+        reg = b64e(encode_registration(self.keys.registration(lifetime_s)))
+        secret = b64e(self.keys.receipt_secret())
+        done: list[Home] = []
+        try:
+            for i, home in enumerate(self.homes):
+                body = await self._call("POST", "/v1/devices", home, json={
+                    "registration": reg, "tokens": tokens if i == 0 else 1, "receipt_secret": secret})
+                self.device_id, home.secret = body["device_id"], body["device_secret"]
+                done.append(home)
+                if i == 0:
+                    self.tokens = [b64d(t, "token", 16) for t in body["tokens"]]
+                else:
+                    await self._at(home, "POST", "/tokens", json={"tokens": [b64e(t) for t in self.tokens]})
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                for home in done:
+                    with contextlib.suppress(ApiError, httpx.HTTPError):
+                        await self._at(home, "DELETE", "")
+                    home.secret = None
+            raise
         self._save()
         return str(self.device_id)
 
     async def refresh(self, lifetime_s: int = 7 * 24 * 3600) -> int:
-        """Re-register under a newer epoch (routes refresh across the mesh); returns the epoch."""
+        """Re-register under a newer epoch at every home (routes refresh across the mesh); returns the epoch."""
         self.keys.epoch += 1
         reg = self.keys.registration(lifetime_s)
-        await self._call("POST", f"/v1/devices/{self.device_id}/registration", headers=self._auth(),
-                         json={"registration": b64e(encode_registration(reg)),
-                               "receipt_secret": b64e(self.keys.receipt_secret())})
+        for home in self.homes:
+            await self._at(home, "POST", "/registration", json={
+                "registration": b64e(encode_registration(reg)), "receipt_secret": b64e(self.keys.receipt_secret())})
         self._save()
         return self.keys.epoch
 
     async def more_tokens(self, n: int = 50) -> int:
-        body = await self._call("POST", f"/v1/devices/{self.device_id}/tokens", headers=self._auth(), json={"count": n})
+        """n more tokens, issued by the first home and given to the others; returns how many are unexported.
+
+        Tokens are kept (and exportable) only once every home holds them."""
+        body = await self._at(self.homes[0], "POST", "/tokens", json={"count": n})
+        for home in self.homes[1:]:
+            await self._at(home, "POST", "/tokens", json={"tokens": body["tokens"]})
         self.tokens += [b64d(t, "token", 16) for t in body["tokens"]]
         self._save()
         return len(self.tokens)
 
     async def unregister(self) -> None:
-        await self._call("DELETE", f"/v1/devices/{self.device_id}", headers=self._auth())
-        self.device_id = self.secret = None
-        self.tokens = []
+        """Unregister at every home. A home that cannot be reached keeps its place in the state (call again
+        to finish); the first such error is raised after the others were unregistered."""
+        failed: list[Home] = []
+        first: Exception | None = None
+        for home in self.homes:
+            try:
+                await self._at(home, "DELETE", "")
+            except ApiError as exc:
+                if exc.code != "bad_credentials":  # 401: this home no longer holds the device
+                    failed.append(home)
+                    first = first or exc
+            except httpx.HTTPError as exc:
+                failed.append(home)
+                first = first or exc
+        for home in self.homes:
+            if home not in failed:
+                home.secret = None
+        if first is None:
+            self.device_id = None
+            self.tokens = []
         self._save()
+        if first is not None:
+            raise first
 
     def export_credential(self, n_tokens: int = 20) -> PushCredential:
         """A push credential with n unexported tokens (each token is exported once)."""
@@ -175,39 +286,45 @@ class DeviceClient:
         return PushCredential(self.keys.registration(), bytes(self.keys.seal_key.public_key), give)
 
     async def mint_endpoint(self, vapid_key: str | None = None) -> WebPushEndpoint:
-        """A new Web Push endpoint for this device, restricted to vapid_key (base64url P-256) when given."""
+        """A new Web Push endpoint for this device, restricted to vapid_key (base64url P-256) when given.
+
+        Single-home devices only (ValueError otherwise): the endpoint's capability is derived from the
+        minting home's secret key, so another home would refuse its pushes."""
+        self._single_home("mint_endpoint")
         # The seal key lets a Matrix push gateway at any relay seal notifications to this device.
         req: dict[str, str] = {"seal_key": b64e(bytes(self.keys.seal_key.public_key))}
         if vapid_key is not None:
             req["vapid_key"] = vapid_key
-        body = await self._call("POST", f"/v1/devices/{self.device_id}/endpoints", headers=self._auth(), json=req)
+        body = await self._at(self.homes[0], "POST", "/endpoints", json=req)
         return WebPushEndpoint.from_json(body)
 
     async def list_endpoints(self) -> list[WebPushEndpoint]:
-        """This device's live Web Push endpoints, oldest first."""
-        body = await self._call("GET", f"/v1/devices/{self.device_id}/endpoints", headers=self._auth())
+        """This device's live Web Push endpoints, oldest first (at its first home)."""
+        body = await self._at(self.homes[0], "GET", "/endpoints")
         return [WebPushEndpoint.from_json(e) for e in body["endpoints"]]
 
     async def revoke_endpoint(self, endpoint_id: str) -> None:
         """Revoke an endpoint: its senders then get 410 Gone."""
-        await self._call("DELETE", f"/v1/devices/{self.device_id}/endpoints/{endpoint_id}", headers=self._auth())
+        await self._at(self.homes[0], "DELETE", f"/endpoints/{endpoint_id}")
 
     async def set_wake_hook(self, url: str, token: bytes) -> WakeHook:
-        """Register (or replace) this device's wake hook: its app's gateway URL and the wake token
-        (`inri.protocol.wake.seal_wake_token`: the APNs/FCM device token sealed to the gateway's key).
-        While the device has no live stream, its home relay POSTs the token to url when mail waits."""
-        body = await self._call("PUT", f"/v1/devices/{self.device_id}/wake", headers=self._auth(),
-                                json={"url": url, "token": b64e(token)})
+        """Register (or replace) this device's wake hook at every home: its app's gateway URL and the wake
+        token (`inri.protocol.wake.seal_wake_token`: the APNs/FCM device token sealed to the gateway's key).
+        While the device has no live stream, a home relay POSTs the token to url when mail waits there."""
+        body: Any = None
+        for home in self.homes:
+            body = await self._at(home, "PUT", "/wake", json={"url": url, "token": b64e(token)})
         return WakeHook(str(body["url"]), float(body["created"]))
 
     async def wake_hook(self) -> WakeHook | None:
-        """This device's wake hook, or None."""
-        body = await self._call("GET", f"/v1/devices/{self.device_id}/wake", headers=self._auth())
+        """This device's wake hook (as its first home holds it), or None."""
+        body = await self._at(self.homes[0], "GET", "/wake")
         return None if body["url"] is None else WakeHook(str(body["url"]), float(body["created"]))
 
     async def remove_wake_hook(self) -> None:
-        """Remove the wake hook (idempotent): no more wake-ups for this device."""
-        await self._call("DELETE", f"/v1/devices/{self.device_id}/wake", headers=self._auth())
+        """Remove the wake hook at every home (idempotent): no more wake-ups for this device."""
+        for home in self.homes:
+            await self._at(home, "DELETE", "/wake")
 
     def message_from_json(self, item: dict[str, Any]) -> Message:
         """One message as pull and the streams show it (docs/api.md), opened with this device's keys."""
@@ -230,41 +347,92 @@ class DeviceClient:
             return Message(msg_id, b"", received_at, undecryptable=True)
         return Message(msg_id, plaintext, received_at)
 
+    def _first_sight(self, msg_id: str) -> bool:
+        """True the first time a push id is seen (a second home's copy of it: False, counted)."""
+        if msg_id in self._seen:
+            self.duplicates_dropped += 1
+            return False
+        self._seen[msg_id] = False
+        if len(self._seen) > SEEN_MAX:
+            self._seen.popitem(last=False)
+        return True
+
     async def pull(self, limit: int = 100) -> list[Message]:
-        """Stored, unacknowledged messages (oldest first); undecryptable ones are marked, not raised."""
-        body = await self._call("GET", f"/v1/devices/{self.device_id}/messages", headers=self._auth(),
-                                params={"limit": limit})
-        return [self.message_from_json(m) for m in body["messages"]]
+        """Stored, unacknowledged messages (oldest first); undecryptable ones are marked, not raised.
+
+        With several homes, each is asked and a push id held by two of them is listed once; a home that
+        cannot be reached is skipped (its error is raised only when no home answered)."""
+        if len(self.homes) == 1:
+            body = await self._at(self.homes[0], "GET", "/messages", params={"limit": limit})
+            return [self.message_from_json(m) for m in body["messages"]]
+        got: dict[str, Message] = {}
+        errors: list[Exception] = []
+        for home in self.homes:
+            try:
+                body = await self._at(home, "GET", "/messages", params={"limit": limit})
+            except (ApiError, httpx.HTTPError) as exc:
+                errors.append(exc)
+                continue
+            for item in body["messages"]:
+                if str(item["id"]) in got:
+                    self.duplicates_dropped += 1
+                else:
+                    got[str(item["id"])] = self.message_from_json(item)
+        if len(errors) == len(self.homes):
+            raise errors[0]
+        return sorted(got.values(), key=lambda m: m.received_at)[:limit]
 
     async def ack(self, ids: list[str]) -> int:
-        body = await self._call("POST", f"/v1/devices/{self.device_id}/ack", headers=self._auth(), json={"ids": ids})
-        return int(body["deleted"])
+        """Acknowledge (delete) messages at every home; returns the most any one home deleted.
+
+        A home that does not hold an id deletes nothing for it; a home that cannot be reached is skipped
+        (its error is raised only when no home answered), and a live stream acks there again when that
+        home re-sends the message."""
+        for i in ids:
+            if i in self._seen:
+                self._seen[i] = True
+        if len(self.homes) == 1:
+            return int((await self._at(self.homes[0], "POST", "/ack", json={"ids": ids}))["deleted"])
+        deleted: list[int] = []
+        errors: list[Exception] = []
+        for home in self.homes:
+            try:
+                deleted.append(int((await self._at(home, "POST", "/ack", json={"ids": ids}))["deleted"]))
+            except (ApiError, httpx.HTTPError) as exc:
+                errors.append(exc)
+        if not deleted:
+            raise errors[0]
+        return max(deleted)
 
     @asynccontextmanager
     async def stream(self, *, ack: bool = True) -> AsyncIterator[trio.MemoryReceiveChannel[Message]]:
-        """Live messages over the WebSocket stream, decrypted, as a channel:
+        """Live messages over the WebSocket stream of every home, decrypted, as a channel:
 
             async with device.stream() as messages:
                 async for m in messages: ...
 
         A message is acknowledged (deleted at the relay) once the caller has received it from the
-        channel (ack=True). A message that does not decrypt arrives marked `undecryptable` and the
-        stream goes on. The stream reconnects with exponential backoff (0.2 s .. 10 s); the relay
-        re-sends whatever was not acknowledged, so nothing is lost across reconnects (ids may repeat).
-        Wrong credentials raise ApiError(bad_credentials).
+        channel (ack=True); with several homes, at every home. A push id a second home delivers again is
+        dropped (`duplicates_dropped` counts them) and, once acked, acked at that home too. A message that
+        does not decrypt arrives marked `undecryptable` and the stream goes on. Each home's stream
+        reconnects with exponential backoff (0.2 s .. 10 s); the relay re-sends whatever was not
+        acknowledged, so nothing is lost across reconnects (ids may repeat across reconnects of a
+        single-home device). Wrong credentials raise ApiError(bad_credentials).
         """
         send, recv = trio.open_memory_channel[Message](0)
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._pump, send, ack)
+            for home in self.homes:
+                nursery.start_soon(self._pump, home, send, ack)
             try:
                 yield recv
             finally:
                 nursery.cancel_scope.cancel()
 
-    async def _pump(self, out: trio.MemorySendChannel[Message], ack: bool) -> None:
-        url = self.relay_url.replace("http://", "ws://").replace("https://", "wss://")
+    async def _pump(self, home: Home, out: trio.MemorySendChannel[Message], ack: bool) -> None:
+        url = home.relay_url.replace("http://", "ws://").replace("https://", "wss://")
         url += f"/v1/devices/{self.device_id}/stream"
-        headers = [(b"authorization", f"Bearer {self.secret}".encode())]
+        headers = [(b"authorization", f"Bearer {home.secret}".encode())]
+        several = len(self.homes) > 1
         backoff = 0.2
         while True:
             try:
@@ -275,14 +443,28 @@ class DeviceClient:
                         if data.get("type") != "message":
                             continue
                         msg = self.message_from_json(data)
+                        if several and not self._first_sight(msg.id):
+                            if self._seen.get(msg.id):  # acked already (at the other homes): clear it here
+                                await ws.send_message(json.dumps({"type": "ack", "ids": [msg.id]}))
+                            continue
                         await out.send(msg)
                         if ack:
                             await ws.send_message(json.dumps({"type": "ack", "ids": [msg.id]}))
+                            if several:
+                                self._seen[msg.id] = True
+                                await self._ack_elsewhere(home, msg.id)
             except (ConnectionClosed, HandshakeError, OSError) as exc:
                 if isinstance(exc, ConnectionClosed) and exc.reason is not None and exc.reason.code == 4401:
                     raise ApiError("bad_credentials", 401, "stream refused the device secret") from None
             await trio.sleep(backoff)
             backoff = min(10.0, backoff * 2)
+
+    async def _ack_elsewhere(self, got_from: Home, msg_id: str) -> None:
+        """Ack at the homes other than got_from; one that cannot be reached acks when it re-sends it."""
+        for home in self.homes:
+            if home is not got_from:
+                with contextlib.suppress(ApiError, httpx.HTTPError):
+                    await self._at(home, "POST", "/ack", json={"ids": [msg_id]})
 
 
 @asynccontextmanager
@@ -300,6 +482,8 @@ async def stream_many(
     """
     if not devices or len({d.relay_url for d in devices}) != 1:
         raise ValueError("stream_many: give one or more devices homed at the same relay")
+    if any(len(d.homes) > 1 for d in devices):
+        raise ValueError("stream_many: a device with several homes streams with DeviceClient.stream()")
     by_id = {d.device_id: d for d in devices}
     send, recv = trio.open_memory_channel[tuple[DeviceClient, Message]](0)
     url = devices[0].relay_url.replace("http://", "ws://").replace("https://", "wss://") + "/v1/stream"

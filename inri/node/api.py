@@ -442,8 +442,20 @@ class RelayApi:
     async def tokens(self, req: Request, device_id: str) -> tuple[int, Any]:
         route_id = self._device(req, device_id)
         body = await req.json(optional=True)
-        n = _int_field(body, "count", self.limits.tokens_default, 1, self.limits.tokens_max)
-        return 200, {"tokens": [b64e(t) for t in self.service.add_tokens(route_id, n)]}
+        given = body.get("tokens")
+        if given is None:
+            n = _int_field(body, "count", self.limits.tokens_default, 1, self.limits.tokens_max)
+            return 200, {"tokens": [b64e(t) for t in self.service.add_tokens(route_id, n)]}
+        # A device homed at several relays installs the tokens its first home issued at the others, so a
+        # push with any of its credentials' tokens is accepted at whichever home the mesh delivers it to
+        # (docs/api.md "Homes in two places").
+        if "count" in body:
+            raise Problem(422, "invalid_field", "give either count or tokens, not both")
+        if not isinstance(given, list) or not 1 <= len(given) <= self.limits.tokens_max:
+            raise Problem(422, "invalid_field", f"tokens: expected a list of 1..{self.limits.tokens_max} tokens")
+        tokens = [b64d(t, "tokens[]", size=limits.TOKEN_BYTES) for t in given]
+        self.service.install_tokens(route_id, tokens)
+        return 200, {"tokens": [b64e(t) for t in tokens]}
 
     async def unregister(self, req: Request, device_id: str) -> tuple[int, Any]:
         route_id = self._device(req, device_id)

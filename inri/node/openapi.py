@@ -95,7 +95,8 @@ def openapi_document(version: str, body_limits: dict[str, int]) -> dict[str, Any
             "/v1/devices/{device_id}/tokens": {"post": {
                 "summary": "More one-use tokens", "security": [{"device": []}], "parameters": [DEVICE_PARAM],
                 "requestBody": _body("POST /v1/devices/{device_id}/tokens", {"type": "object", "properties": {
-                    "count": {"type": "integer", "minimum": 1, "maximum": 500}}}, False),
+                    "count": {"type": "integer", "minimum": 1, "maximum": 500},
+                    "tokens": {"type": "array", "items": B64, "minItems": 1, "maxItems": 500}}}, False),
                 "responses": {"200": _json({"type": "object", "properties": {
                     "tokens": {"type": "array", "items": B64}}}), **BODY_ERRORS, **AUTH_ERRORS}}},
             "/wp/v1/{reg}/{endpoint}": {"post": {

@@ -593,9 +593,15 @@ class RelayService:
             raise RegistrationError("bad_registration", "registration signature does not verify")
 
     def add_tokens(self, route_id: bytes, n: int) -> list[bytes]:
+        """n new one-use tokens for a homed device."""
         tokens = [os.urandom(16) for _ in range(n)]
         self.store.add_tokens(route_id, tokens)
         return tokens
+
+    def install_tokens(self, route_id: bytes, tokens: list[bytes]) -> None:
+        """Tokens another home of the device issued, valid here too (a token already known keeps its state:
+        one spent here stays spent)."""
+        self.store.add_tokens(route_id, tokens)
 
     def unregister(self, route_id: bytes) -> None:
         """Delete everything about the device here and stop originating its route."""
