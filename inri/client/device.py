@@ -89,6 +89,9 @@ class Home:
 MAX_HOMES = 3
 # Push ids a multi-home device remembers to drop duplicates (the same push stored at two homes).
 SEEN_MAX = 65_536
+# Acks waiting to be sent to one of the other homes, at most; and ids per ack request (the API's limit).
+ACK_QUEUE_MAX = 10_000
+MAX_ACK_IDS = 500
 
 
 def _home_urls(relay_url: str | Sequence[str]) -> list[str]:
@@ -421,14 +424,21 @@ class DeviceClient:
         """
         send, recv = trio.open_memory_channel[Message](0)
         async with trio.open_nursery() as nursery:
+            # With several homes, a message received from one is acked at the others by one task per home,
+            # in batches, so that a stream never waits on another home's HTTP round trip.
+            ackers: dict[str, trio.MemorySendChannel[str]] = {}
+            for home in self.homes if len(self.homes) > 1 else []:
+                ackers[home.relay_url], queued = trio.open_memory_channel[str](ACK_QUEUE_MAX)
+                nursery.start_soon(self._acker, home, queued)
             for home in self.homes:
-                nursery.start_soon(self._pump, home, send, ack)
+                nursery.start_soon(self._pump, home, send, ack, ackers)
             try:
                 yield recv
             finally:
                 nursery.cancel_scope.cancel()
 
-    async def _pump(self, home: Home, out: trio.MemorySendChannel[Message], ack: bool) -> None:
+    async def _pump(self, home: Home, out: trio.MemorySendChannel[Message], ack: bool,
+                    ackers: dict[str, trio.MemorySendChannel[str]]) -> None:
         url = home.relay_url.replace("http://", "ws://").replace("https://", "wss://")
         url += f"/v1/devices/{self.device_id}/stream"
         headers = [(b"authorization", f"Bearer {home.secret}".encode())]
@@ -452,19 +462,33 @@ class DeviceClient:
                             await ws.send_message(json.dumps({"type": "ack", "ids": [msg.id]}))
                             if several:
                                 self._seen[msg.id] = True
-                                await self._ack_elsewhere(home, msg.id)
+                                self._ack_elsewhere(home, msg.id, ackers)
             except (ConnectionClosed, HandshakeError, OSError) as exc:
                 if isinstance(exc, ConnectionClosed) and exc.reason is not None and exc.reason.code == 4401:
                     raise ApiError("bad_credentials", 401, "stream refused the device secret") from None
             await trio.sleep(backoff)
             backoff = min(10.0, backoff * 2)
 
-    async def _ack_elsewhere(self, got_from: Home, msg_id: str) -> None:
-        """Ack at the homes other than got_from; one that cannot be reached acks when it re-sends it."""
+    def _ack_elsewhere(self, got_from: Home, msg_id: str, ackers: dict[str, trio.MemorySendChannel[str]]) -> None:
+        """Queue an ack at the homes other than got_from (a full queue drops it: that home re-sends the
+        message, and the stream acks it there as a duplicate)."""
         for home in self.homes:
             if home is not got_from:
-                with contextlib.suppress(ApiError, httpx.HTTPError):
-                    await self._at(home, "POST", "/ack", json={"ids": [msg_id]})
+                with contextlib.suppress(trio.WouldBlock):
+                    ackers[home.relay_url].send_nowait(msg_id)
+
+    async def _acker(self, home: Home, queued: trio.MemoryReceiveChannel[str]) -> None:
+        """Send the acks queued for home, up to MAX_ACK_IDS a request; one that cannot be reached acks when
+        it re-sends the message."""
+        async for first in queued:
+            ids = [first]
+            while len(ids) < MAX_ACK_IDS:
+                try:
+                    ids.append(queued.receive_nowait())
+                except trio.WouldBlock:
+                    break
+            with contextlib.suppress(ApiError, httpx.HTTPError):
+                await self._at(home, "POST", "/ack", json={"ids": ids})
 
 
 @asynccontextmanager
