@@ -135,6 +135,10 @@ async def _round(info: dict[str, Any], homes: tuple[str, str]) -> dict[str, Any]
                 for pid in missing():
                     statuses[(await c.get(f"{far_api}/v1/push/{pid}")).json()["status"]] += 1
                 out["missing_statuses"] = dict(statuses)
+                text = (await c.get(far_api + "/metrics")).text  # what the far relay holds while the home is down
+                out["far_while_down"] = [ln for ln in text.splitlines()
+                                         if ln.startswith(("inri_custody_pushes", "inri_pushes_awaiting_receipt",
+                                                           "inri_pushes_out", "inri_custody_settled"))]
                 # The dead home comes back: whatever it stored and had not handed over reaches the device now.
                 await trio.to_thread.run_sync(lambda: mesh.restart_relay(info, _relay(info, out["killed"])))
                 with trio.move_on_after(30):  # hang guard (the stream reconnects with backoff up to 10 s)
