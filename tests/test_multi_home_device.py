@@ -156,10 +156,10 @@ async def test_a_failed_second_home_leaves_the_device_registered_nowhere(tmp_pat
                 assert sa.store.registration(bytes.fromhex(str(dev.device_id))) is None
 
 
-async def test_a_single_home_state_file_from_before_loads_and_is_migrated(tmp_path: Path) -> None:
+async def test_a_single_home_state_file_from_before_loads_and_keeps_its_form(tmp_path: Path) -> None:
     state = tmp_path / "dev.json"
     with trio.fail_after(60):
-        async with relay_service(tmp_path / "a") as (a, _):
+        async with relay_service(tmp_path / "a") as (a, _), relay_service(tmp_path / "b") as (b, _):
             async with DeviceClient(a) as first:
                 await first.register(tokens=3)
                 # The state file as the SDK wrote it before homes in two places.
@@ -172,8 +172,18 @@ async def test_a_single_home_state_file_from_before_loads_and_is_migrated(tmp_pa
                     receipt = await app.push(dev.export_credential(1), b"still works")
                 assert [(m.id, m.plaintext) for m in await dev.pull()] == [(receipt.push_id, b"still works")]
                 assert await dev.more_tokens(2) == 4
+            # Written back in the same form (older SDKs, and scripts that edit relay_url, still read it).
             saved = json.loads(state.read_text())
-            assert saved["v"] == 2 and saved["homes"] == [{"relay_url": a, "device_secret": legacy["device_secret"]}]
-            assert "relay_url" not in saved and "device_secret" not in saved
-            async with DeviceClient.from_state(state) as again:  # the migrated file loads too
+            assert set(saved) == set(legacy) and saved["relay_url"] == a
+            assert saved["device_secret"] == legacy["device_secret"] and len(saved["tokens"]) == 4
+            async with DeviceClient.from_state(state) as again:
                 assert len(again.tokens) == 4 and again.secret == legacy["device_secret"]
+            # A two-home device's file lists its homes, and loads back with both secrets.
+            two = tmp_path / "two.json"
+            async with DeviceClient([a, b], state_path=two) as multi:
+                await multi.register(tokens=2)
+            saved = json.loads(two.read_text())
+            assert saved["v"] == 2 and [h["relay_url"] for h in saved["homes"]] == [a, b]
+            async with DeviceClient.from_state(two) as multi:
+                assert [h.secret is not None for h in multi.homes] == [True, True]
+                assert await multi.pull() == []

@@ -127,14 +127,20 @@ async def _round(info: dict[str, Any], homes: tuple[str, str]) -> dict[str, Any]
                     pushing.start_soon(killer)
                     for k in range(PUSHERS):
                         pushing.start_soon(pusher, k)
-                with trio.move_on_after(30):  # hang guard: every accepted push arrives
-                    while missing():
-                        await trio.sleep(0.05)
-                out["missing_before_restart"] = len(missing())
+                survivor_api = next(api for h, api in zip(homes, home_apis, strict=True) if h != out["killed"])
                 statuses: collections.Counter[str] = collections.Counter()
-                for pid in missing():
-                    statuses[(await c.get(f"{far_api}/v1/push/{pid}")).json()["status"]] += 1
-                out["missing_statuses"] = dict(statuses)
+                with trio.move_on_after(30):  # hang guard (pushes the mesh still routes toward the dead home)
+                    # Until what has not arrived can only be at the dead home: none of it is still in custody
+                    # at the far relay, and the device has read everything the live home holds.
+                    while missing():
+                        statuses.clear()
+                        for pid in missing():
+                            statuses[(await c.get(f"{far_api}/v1/push/{pid}")).json()["status"]] += 1
+                        if not statuses["pending"] and not await _metric(c, survivor_api, "inri_mailbox_messages"):
+                            break
+                        await trio.sleep(0.1)
+                out["missing_before_restart"] = len(missing())
+                out["missing_statuses"] = {k: v for k, v in statuses.items() if v} if missing() else {}
                 text = (await c.get(far_api + "/metrics")).text  # what the far relay holds while the home is down
                 out["far_while_down"] = [ln for ln in text.splitlines()
                                          if ln.startswith(("inri_custody_pushes", "inri_pushes_awaiting_receipt",
@@ -146,8 +152,7 @@ async def _round(info: dict[str, Any], homes: tuple[str, str]) -> dict[str, Any]
                         await trio.sleep(0.05)
                 await trio.sleep(1.0)  # a late duplicate would show here
                 n.cancel_scope.cancel()
-        survivor = next(h for h in homes if h != out["killed"])
-        out["survivor_acked"] = await _metric(c, _relay(info, survivor)["api"], "inri_messages_acked")
+        out["survivor_acked"] = await _metric(c, survivor_api, "inri_messages_acked")
         metrics = (await c.get(far_api + "/metrics")).text
     return {**out, "homes": homes, "far": far, "hops": (da[far], db[far]), "accepted": accepted,
             "delivered": [m.id for m in got], "duplicates_dropped": dev.duplicates_dropped,

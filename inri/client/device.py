@@ -2,8 +2,8 @@
 receive (live or pull), ack.
 
 State (keys, device id, each home's URL and device secret, unexported tokens) lives in a JSON file with
-mode 0600 when a `state_path` is given, so a device survives restarts; a single-home state file from
-before homes in two places (issue 42) still loads. Tokens are handed to home apps once each:
+mode 0600 when a `state_path` is given, so a device survives restarts; a single-home device's file keeps
+the form it had before homes in two places (issue 42). Tokens are handed to home apps once each:
 `export_credential` moves them out of the state.
 """
 
@@ -27,7 +27,8 @@ from inri.client.errors import ApiError
 from inri.common.b64url import b64d, b64e
 from inri.protocol.codec import encode_registration
 
-# The state file's form: 2 lists the homes; a file without `v` is a single-home file from before issue 42.
+# The state file's form with several homes (`homes`); a single-home device's file keeps the form it had
+# before issue 42 (no `v`), so older SDKs and scripts that read `relay_url` still read it.
 STATE_VERSION = 2
 
 
@@ -155,8 +156,9 @@ class DeviceClient:
         return cls(urls, state_path=state_path)
 
     def _load(self) -> None:
-        """Read the state file; a single-home file (before issue 42: `relay_url` and `device_secret` at the
-        top) is read as one home and written in today's form at the next save."""
+        """Read the state file: the single-home form (`relay_url` and `device_secret` at the top, as every
+        state file was before issue 42 and a single-home device's still is) or the multi-home one (`v` 2,
+        `homes`)."""
         assert self.state_path is not None
         d = json.loads(self.state_path.read_text(encoding="utf-8"))
         self.keys = DeviceKeys.from_dict(d["keys"])
@@ -172,11 +174,16 @@ class DeviceClient:
         self.tokens = [b64d(t, "token", 16) for t in d.get("tokens", [])]
 
     def _save(self) -> None:
-        if self.state_path is not None:
-            _write_private(self.state_path, json.dumps({
-                "v": STATE_VERSION, "keys": self.keys.to_dict(), "device_id": self.device_id,
-                "homes": [{"relay_url": h.relay_url, "device_secret": h.secret} for h in self.homes],
-                "tokens": [b64e(t) for t in self.tokens]}))
+        if self.state_path is None:
+            return
+        state: dict[str, Any] = {"keys": self.keys.to_dict(), "device_id": self.device_id,
+                                 "tokens": [b64e(t) for t in self.tokens]}
+        if len(self.homes) == 1:  # the single-home form every SDK version reads (and scripts edit)
+            state |= {"relay_url": self.relay_url, "device_secret": self.secret}
+        else:
+            state |= {"v": STATE_VERSION,
+                      "homes": [{"relay_url": h.relay_url, "device_secret": h.secret} for h in self.homes]}
+        _write_private(self.state_path, json.dumps(state))
 
     def _auth(self, home: Home | None = None) -> dict[str, str]:
         secret = (home or self.homes[0]).secret
