@@ -1,19 +1,22 @@
 """Owners of the engine's state (issue 38, docs/architecture.md "Owners of state"): every attribute of the
-engine has one owner, checked over the source (AST), so a rule group cannot quietly start reading or
-writing another group's tables.
+engine and of its rule groups has one owner, checked over the source (AST), so a rule group cannot quietly
+start reading or writing another group's tables.
 
-Four kinds of engine attribute:
+The engine (engine.py) builds eight rule groups (membership.py ... rtt.py), each an object of its own class
+(RULE_GROUPS), and wires them to the groups they call (GROUP_REFS). Kinds of attribute:
 - OWNER_OBJECTS: an object that owns its data behind methods (aioquic's pattern: its connection holds
-  its loss recovery as `self._loss`). Any rule group may call it; nothing outside its class touches its
-  fields (`__slots__`).
-- OWNED: an attribute read and written only in one module (its rule group), apart from Engine.__init__,
-  which builds every attribute. Other groups ask that module's methods.
+  its loss recovery as `self._loss`), built once by Engine.__init__ and handed to the groups that use it.
+  Nothing outside its class touches its fields (`__slots__`).
+- OWNED: an attribute of one rule group (or of the engine), built by that class's __init__ and read and
+  written only through `self` inside that class. Other groups call its methods: a reference to another
+  group (GROUP_REFS) is used for method calls only.
 - CONTEXT: what the engine is given when it is built (its identity, configuration, verifier, home store,
-  random stream, trace level) or by its driver between calls (`wall_offset`): every rule group reads it,
-  none rebinds it (checked below); the objects among them have interfaces of their own. `_linked` is the
-  read-only view of the linked neighbours that their owner, Neighbours, hands out (typed Mapping).
-- SHARED: still read or written by several modules. This list only shrinks: an attribute moved to an
-  owner leaves it, and a new attribute must be given an owner.
+  random stream, trace level and sink, counters) or by its driver between calls (`wall_offset`, held in
+  the shared EngineContext `_ctx`): every rule group reads it, none rebinds it (checked below). `_linked`
+  is the read-only view of the linked neighbours that their owner, Neighbours, hands out (typed Mapping).
+- SHARED: still read or written by several groups. It stays empty: a new attribute is given an owner.
+No method stubs: a call between groups is a call on a typed reference to the other group, so nothing in
+inri/core declares another group's methods for the type checker (checked below).
 """
 
 from __future__ import annotations
@@ -23,7 +26,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 from inri.core.awaited import AwaitedAnswers
-from inri.core.engine import Engine
 from inri.core.floodstate import FloodState
 from inri.core.homed import HomedRoutes
 from inri.core.kept import CustodyTable
@@ -65,7 +67,7 @@ def private_fields() -> dict[str, str]:
 # engine attribute -> the only module (inri/core/<name>.py) whose code reads or writes it
 OWNED: dict[str, str] = {
     # membership.py (M1-M7)
-    "listen_addr": "membership", "_near": "membership", "_far": "membership", "_next_make_room": "membership",
+    "_near": "membership", "_far": "membership", "_next_make_room": "membership",
     "_next_rejoin": "membership", "_started_at": "membership", "_full_until": "membership",
     "_rejoined": "membership", "_next_tick": "membership", "_next_exchange": "membership",
     # gossip.py (G1-G5, G9's switch)
@@ -81,84 +83,118 @@ OWNED: dict[str, str] = {
     "_overdue": "scoring", "_overdue_heap": "scoring", "_blamed": "scoring",
     # engine.py (dispatch, timers: M2's keepalives, S1's decay)
     "_score_decay": "engine", "_tracer": "engine", "_next_sweep": "engine",
-    # state.py (the trace and count helpers every group calls)
-    "_emit": "state", "counters": "state",
     # gossip.py (G3's duplicate count)
     "reg_duplicates": "gossip",
 }
 
-# Given at construction (or by the driver: wall_offset) and never rebound by a rule group.
-CONTEXT = frozenset({"relay_id", "config", "wall_offset", "_verifier", "_home", "_level", "_rng", "_linked"})
+# Given at construction (or by the driver: wall_offset, through _ctx) and never rebound by a rule group.
+CONTEXT = frozenset({"relay_id", "config", "listen_addr", "_ctx", "_verifier", "_home", "_level", "_rng", "_emit",
+                     "counters", "_linked"})
 
 # Still read or written by several modules: none left. It stays empty: a new attribute is given an owner.
 SHARED: frozenset[str] = frozenset()
 
+# module -> its rule group's class
+RULE_GROUPS = {"membership": "MembershipRules", "gossip": "GossipRules", "stem": "StemRules", "sync": "SyncRules",
+               "forwarding": "ForwardingRules", "custody": "CustodyRules", "scoring": "ScoringRules",
+               "rtt": "RttRules"}
+# the reference a group (and the engine) holds to another group -> that group's class
+GROUP_REFS = {f"_{m}_rules": c for m, c in RULE_GROUPS.items()}
+# module -> the class whose `self` owns that module's OWNED attributes
+OWNER_CLASS = {**RULE_GROUPS, "engine": "Engine"}
 
-def engine_attributes() -> set[str]:
-    """The data attributes Engine.__init__ sets on self."""
-    tree = ast.parse((CORE / "engine.py").read_text())
-    init = next(f for c in ast.walk(tree) if isinstance(c, ast.ClassDef) and c.name == "Engine"
-                for f in c.body if isinstance(f, ast.FunctionDef) and f.name == "__init__")
-    return {t.attr for n in ast.walk(init) if isinstance(n, (ast.Assign, ast.AnnAssign))
+
+def classes(tree: ast.Module) -> dict[str, ast.ClassDef]:
+    """The top-level classes of a module by name."""
+    return {c.name: c for c in tree.body if isinstance(c, ast.ClassDef)}
+
+
+def _method(cls: ast.ClassDef, name: str) -> ast.FunctionDef | None:
+    return next((f for f in cls.body if isinstance(f, ast.FunctionDef) and f.name == name), None)
+
+
+def _self_assigned(fn: ast.FunctionDef) -> set[str]:
+    """The attributes fn sets on self."""
+    return {t.attr for n in ast.walk(fn) if isinstance(n, (ast.Assign, ast.AnnAssign))
             for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
             if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"}
 
 
-def _init_nodes(tree: ast.Module) -> set[int]:
-    """ids of the nodes inside Engine.__init__ (where every attribute is built)."""
-    return {id(n) for c in ast.walk(tree) if isinstance(c, ast.ClassDef) and c.name == "Engine"
-            for f in c.body if isinstance(f, ast.FunctionDef) and f.name == "__init__" for n in ast.walk(f)}
+def built_attributes() -> dict[str, set[str]]:
+    """Module -> the data attributes its engine or rule-group class sets on self in __init__ or `wire` (and
+    state.py's RuleGroup.__init__: the context every group copies)."""
+    out: dict[str, set[str]] = {}
+    for module, cls_name in [*OWNER_CLASS.items(), ("state", "RuleGroup")]:
+        cls = classes(ast.parse((CORE / f"{module}.py").read_text()))[cls_name]
+        out[module] = {a for name in ("__init__", "wire") if (f := _method(cls, name)) for a in _self_assigned(f)}
+    return out
 
 
-# The classes Engine is built from: `self` in their methods is the engine (elsewhere in inri/core, for example
-# in tables.py's RouteTable, `self._seq` is that object's own field).
-RULE_GROUPS = frozenset(c.__name__ for c in Engine.__mro__)
+def group_methods() -> dict[str, set[str]]:
+    """Rule-group class -> the methods it defines."""
+    out = {}
+    for module, cls_name in RULE_GROUPS.items():
+        cls = classes(ast.parse((CORE / f"{module}.py").read_text()))[cls_name]
+        out[cls_name] = {f.name for f in cls.body if isinstance(f, ast.FunctionDef)}
+    return out
 
 
-def _outside_rule_groups(tree: ast.Module) -> set[int]:
-    """ids of the nodes inside a class that is not one of Engine's rule groups."""
-    return {id(n) for c in ast.walk(tree) if isinstance(c, ast.ClassDef) and c.name not in RULE_GROUPS
-            for n in ast.walk(c)}
+def test_every_engine_attribute_has_an_owner_or_is_listed_shared() -> None:
+    built = built_attributes()
+    attrs = set().union(*built.values())
+    kinds = [set(OWNER_OBJECTS), set(OWNED), set(CONTEXT), set(SHARED), set(GROUP_REFS)]
+    assert all(not (a & b) for i, a in enumerate(kinds) for b in kinds[i + 1:]), "an attribute of two kinds"
+    unclassified = attrs - set().union(*kinds)
+    assert not unclassified, f"give these attributes an owner (tests/test_core_owners.py): {unclassified}"
+    gone = set().union(*kinds) - attrs
+    assert not gone, f"no longer built anywhere: remove them from tests/test_core_owners.py: {gone}"
+    # an owned attribute is built by its owner's class and by no other
+    misplaced = sorted(f"{a} (built in {m}.py, owned by {OWNED[a]}.py)" for m, names in built.items()
+                       for a in names if a in OWNED and OWNED[a] != m)
+    assert not misplaced, misplaced
+
+
+def _nodes_in(tree: ast.Module, names: set[str], methods: set[str] | None = None) -> set[int]:
+    """ids of the nodes inside the top-level classes named (only inside the methods named, if given)."""
+    return {id(n) for c in tree.body if isinstance(c, ast.ClassDef) and c.name in names
+            for f in c.body if methods is None or (isinstance(f, ast.FunctionDef) and f.name in methods)
+            for n in ast.walk(f)}
 
 
 def cross_owner_accesses(module: str, source: str) -> list[str]:
-    """Accesses in `source` (inri/core/<module>.py) to an OWNED engine attribute of another module, or to a
-    field of an owner object from outside its class: "module:line attribute"."""
+    """Accesses in `source` (inri/core/<module>.py) to an OWNED attribute other than through `self` in its
+    owner's class, to another group's data through a group reference, or to a field of an owner object
+    from outside its class: "module:line attribute"."""
     tree = ast.parse(source)
-    skip = _init_nodes(tree)
-    elsewhere = _outside_rule_groups(tree)
-    owners = {cls.__name__ for cls in owner_classes()}
-    # inside an owner object's class, self is that object, not the engine
-    in_owner = {id(n) for c in ast.walk(tree) if isinstance(c, ast.ClassDef) and c.name in owners for n in ast.walk(c)}
+    own_class = _nodes_in(tree, {OWNER_CLASS[module]}) if module in OWNER_CLASS else set()
+    groups_and_engine = _nodes_in(tree, set(OWNER_CLASS.values()))
+    methods = group_methods()
     private = private_fields()
     found = []
     for n in ast.walk(tree):
-        if not isinstance(n, ast.Attribute) or id(n) in skip:
+        if not isinstance(n, ast.Attribute):
             continue
         on_self = isinstance(n.value, ast.Name) and n.value.id == "self"
         owner = OWNED.get(n.attr)
-        if owner is not None and on_self and owner != module and id(n) not in in_owner and id(n) not in elsewhere:
+        # `self.x` in a class that is not a rule group (tables.py's RouteTable...) is that object's own field
+        if owner is not None and (not on_self or id(n) in groups_and_engine) and (
+                owner != module or not on_self or id(n) not in own_class):
             found.append(f"{module}:{n.lineno} {n.attr} (owned by {owner}.py)")
+        if isinstance(n.value, ast.Attribute) and n.value.attr in GROUP_REFS:
+            group = GROUP_REFS[n.value.attr]
+            if n.attr not in methods[group]:
+                found.append(f"{module}:{n.lineno} {n.attr} (not a method of {group})")
         cls = private.get(n.attr)
         if cls is not None and not on_self:  # an owner's own methods reach its fields through self only
             found.append(f"{module}:{n.lineno} {n.attr} (a field of {cls})")
     return sorted(set(found))
 
 
-def test_every_engine_attribute_has_an_owner_or_is_listed_shared() -> None:
-    attrs = engine_attributes()
-    kinds = [set(OWNER_OBJECTS), set(OWNED), set(CONTEXT), set(SHARED)]
-    assert all(not (a & b) for i, a in enumerate(kinds) for b in kinds[i + 1:]), "an attribute of two kinds"
-    unclassified = attrs - set().union(*kinds)
-    assert not unclassified, f"give these engine attributes an owner (tests/test_core_owners.py): {unclassified}"
-    gone = set().union(*kinds) - attrs
-    assert not gone, f"no longer engine attributes: remove them from tests/test_core_owners.py: {gone}"
-
-
 def context_rebindings(module: str, source: str) -> list[str]:
-    """Assignments in a rule group of `source` (outside Engine.__init__) to a CONTEXT attribute of the engine."""
+    """Assignments in a rule group or the engine of `source` (outside __init__, where each is built) to a
+    CONTEXT attribute."""
     tree = ast.parse(source)
-    skip = _init_nodes(tree) | _outside_rule_groups(tree)
+    watched = _nodes_in(tree, set(OWNER_CLASS.values())) - _nodes_in(tree, set(OWNER_CLASS.values()), {"__init__"})
     found = []
     for n in ast.walk(tree):
         match n:
@@ -176,9 +212,13 @@ def context_rebindings(module: str, source: str) -> list[str]:
             targets = [e for t in targets for e in (t.elts if isinstance(t, ast.Tuple | ast.List) else
                                                    [t.value] if isinstance(t, ast.Starred) else [t])]
         for t in targets:
+            if isinstance(t, ast.Subscript) and ast.unparse(t.value) == "self.counters":
+                continue  # the counters every group adds to (_count): one shared tally, never rebound
+            if module == "engine" and ast.unparse(t) == "self._ctx.wall_offset":
+                continue  # the driver's interface: Engine.wall_offset's setter
             a = t.value if isinstance(t, ast.Subscript | ast.Attribute) and isinstance(t.value, ast.Attribute) else t
             if (isinstance(a, ast.Attribute) and a.attr in CONTEXT and isinstance(a.value, ast.Name)
-                    and a.value.id == "self" and id(a) not in skip):
+                    and a.value.id == "self" and id(a) in watched):
                 found.append(f"{module}:{a.lineno} {a.attr}")
     return sorted(set(found))
 
@@ -194,12 +234,15 @@ def test_no_rule_group_rebinds_the_engines_context() -> None:
 
 
 def test_the_context_check_sees_a_rebinding() -> None:
-    source = ("class ForwardingRules:\n    def f(self):\n        self.config = None\n        self.wall_offset += 1\n"
+    source = ("class ForwardingRules:\n    def f(self):\n        self.config = None\n        self.counters += 1\n"
+              "        self.counters['x'] = 1\n        self._ctx.wall_offset = 1\n"
               "        self._linked['a'] = 1\n        self.config.x, y = 2, 3\n"
               "        self._linked['a'].last_sent = 3\n"
+              "    def __init__(self):\n        self.config = None\n"
               "class Other:\n    def g(self):\n        self.config = None\n")
     assert context_rebindings("forwarding", source) == [
-        "forwarding:3 config", "forwarding:4 wall_offset", "forwarding:5 _linked", "forwarding:6 config"]
+        "forwarding:3 config", "forwarding:4 counters", "forwarding:6 _ctx", "forwarding:7 _linked",
+        "forwarding:8 config"]
 
 
 def test_no_rule_group_touches_another_owners_state() -> None:
@@ -208,31 +251,42 @@ def test_no_rule_group_touches_another_owners_state() -> None:
 
 
 def test_owner_fields_are_private_outside_the_core_too() -> None:
-    """Tests, the simulator and benchmarks use owner objects through their methods as well."""
+    """Tests, the simulator and benchmarks use owner objects through their methods as well, and reach a
+    rule group's own state only through its methods."""
     private = private_fields()
     found = []
     for folder in ("simulations", "benchmarks", "tests", "inri/node"):
         for path in sorted((ROOT / folder).rglob("*.py")):
             for n in ast.walk(ast.parse(path.read_text())):
-                if (isinstance(n, ast.Attribute) and n.attr in private and isinstance(n.value, ast.Attribute)
-                        and n.value.attr in OWNER_OBJECTS):
+                if not isinstance(n, ast.Attribute) or not isinstance(n.value, ast.Attribute):
+                    continue
+                if n.attr in private and n.value.attr in OWNER_OBJECTS:
+                    found.append(f"{path.relative_to(ROOT)}:{n.lineno} {n.value.attr}.{n.attr}")
+                if n.value.attr in GROUP_REFS and n.attr in OWNED:
                     found.append(f"{path.relative_to(ROOT)}:{n.lineno} {n.value.attr}.{n.attr}")
     assert not found, found
 
 
 def test_the_check_sees_a_cross_owner_access() -> None:
-    """The checker itself: a rule group reading another group's table, or an owner object's field, is found."""
+    """The checker itself: a rule group reading another group's state (through self or through the other
+    group), using a group reference for data, or reading an owner object's field, is found."""
     forwarding = ("class ForwardingRules:\n    def f(self):\n"
                   "        return self._steer, self._blamed, self._rtt._srtt, self._tree._missing\n"
                   "    def g(self):\n"
-                  "        return self._routes._expire_from, self._routes._peer_ix, self._routes.get(b'')\n")
+                  "        return self._routes._expire_from, self._routes._peer_ix, self._routes.get(b'')\n"
+                  "    def h(self):\n"
+                  "        return self._scoring_rules._blamed, self._scoring_rules.score, self._custody_rules.x\n")
     assert cross_owner_accesses("forwarding", forwarding) == [
         "forwarding:3 _blamed (owned by scoring.py)", "forwarding:3 _missing (a field of TreeGossip)",
         "forwarding:3 _srtt (a field of RttEstimator)",
         "forwarding:5 _expire_from (a field of CompactRouteTable or RouteTable)",
-        "forwarding:5 _peer_ix (a field of CompactRouteTable)"]
-    init = "class Engine:\n    def __init__(self):\n        self._blamed = {}\n"
-    assert cross_owner_accesses("engine", init) == []
+        "forwarding:5 _peer_ix (a field of CompactRouteTable)",
+        "forwarding:7 _blamed (not a method of ScoringRules)", "forwarding:7 _blamed (owned by scoring.py)",
+        "forwarding:7 x (not a method of CustodyRules)"]
+    # the engine reaching a group's state, even through the group
+    engine = "class Engine:\n    def f(self):\n        return self._forwarding_rules._steer, self._steer\n"
+    assert cross_owner_accesses("engine", engine) == [
+        "engine:3 _steer (not a method of ForwardingRules)", "engine:3 _steer (owned by forwarding.py)"]
     # a class that is not a rule group has fields of its own
     assert cross_owner_accesses("tables", "class RouteTable:\n    def f(self):\n        return self._steer\n") == []
 
@@ -244,37 +298,69 @@ def test_owner_objects_have_slots_only() -> None:
         assert all(f.startswith("_") for f in cls.__slots__), cls
 
 
-def test_shared_declarations_only_in_engine_state() -> None:
-    """EngineState (state.py) declares what is still shared; an owned attribute is declared by its owner's
-    rule-group class, so reading that module shows the state it owns."""
-    tree = ast.parse((CORE / "state.py").read_text())
-    declared = {b.target.id for c in ast.walk(tree) if isinstance(c, ast.ClassDef) and c.name == "EngineState"
-                for b in c.body if isinstance(b, ast.AnnAssign) and isinstance(b.target, ast.Name)}
-    misplaced = {a for a in declared if OWNED.get(a, "state") != "state"}
-    assert not misplaced, f"declare these in their owner's module: {misplaced}"
+def test_each_group_declares_only_its_own_state() -> None:
+    """A rule group's class-level declarations are its own state and the groups it calls (annotated with
+    their classes), so reading that module shows the state it owns and whom it calls."""
+    misplaced = []
+    for module, cls_name in RULE_GROUPS.items():
+        cls = classes(ast.parse((CORE / f"{module}.py").read_text()))[cls_name]
+        for b in cls.body:
+            if isinstance(b, ast.AnnAssign) and isinstance(b.target, ast.Name):
+                name = b.target.id
+                if OWNED.get(name) != module and name not in GROUP_REFS:
+                    misplaced.append(f"{module}.py {cls_name}.{name}")
+                elif name in GROUP_REFS and ast.unparse(b.annotation) != GROUP_REFS[name]:
+                    misplaced.append(f"{module}.py {cls_name}.{name}: annotate it {GROUP_REFS[name]}")
+    assert not misplaced, misplaced
 
 
-def cross_group_stubs() -> dict[str, set[str]]:
-    """state.py's type-checker declarations of calls between rule groups -> the modules (neither the one
-    that defines the method, nor engine.py, which inherits every group) that call it."""
-    state = next(c for c in ast.walk(ast.parse((CORE / "state.py").read_text()))
-                 if isinstance(c, ast.ClassDef) and c.name == "EngineState")
-    stubs = {f.name for b in state.body if isinstance(b, ast.If) and isinstance(b.test, ast.Name)
-             and b.test.id == "TYPE_CHECKING" for f in b.body if isinstance(f, ast.FunctionDef)}
-    defined: dict[str, set[str]] = {}
-    called: dict[str, set[str]] = {}
-    for path in CORE.glob("*.py"):
-        for n in ast.walk(ast.parse(path.read_text())):
-            if isinstance(n, ast.FunctionDef) and path.stem != "state":
-                defined.setdefault(n.name, set()).add(path.stem)
-            if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "self":
-                called.setdefault(n.attr, set()).add(path.stem)
-    assert stubs, "no stubs found: has EngineState's TYPE_CHECKING block moved?"
-    return {s: called.get(s, set()) - defined.get(s, set()) - {"engine", "state"} for s in stubs}
+def _is_stub(f: ast.FunctionDef) -> bool:
+    """A body of `...` (after an optional docstring): a declaration for the type checker."""
+    body = f.body
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+            and isinstance(body[0].value.value, str):
+        body = body[1:]
+    return len(body) == 1 and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+        and body[0].value.value is Ellipsis
 
 
-def test_every_stub_declares_a_call_between_rule_groups() -> None:
-    """A stub whose method only its own group or the engine calls is dead weight: the list shrinks as rules
-    move into owners, and never keeps a declaration nothing needs."""
-    unneeded = sorted(s for s, callers in cross_group_stubs().items() if not callers)
-    assert not unneeded, f"remove these stubs from state.py (no other rule group calls them): {unneeded}"
+def method_stubs(sources: dict[str, str]) -> list[str]:
+    """Declarations in `sources` (module -> source) of a rule group's method outside its class: a stub
+    (`...` body) of that name in any class, or any method in an `if TYPE_CHECKING:` block of a class body."""
+    defined: set[str] = set()  # names without their leading underscores: a stub renamed so is found too
+    for module, cls_name in RULE_GROUPS.items():
+        cls = classes(ast.parse(sources[module])).get(cls_name)
+        if cls is not None:
+            defined |= {f.name.lstrip("_") for f in cls.body if isinstance(f, ast.FunctionDef) and not _is_stub(f)
+                        and not f.name.startswith("__")}
+    found = []
+    for module, source in sorted(sources.items()):
+        for c in ast.walk(ast.parse(source)):
+            if not isinstance(c, ast.ClassDef):
+                continue
+            for f in ast.walk(c):
+                if isinstance(f, ast.FunctionDef) and f.name.lstrip("_") in defined and _is_stub(f):
+                    found.append(f"{module}:{f.lineno} {c.name}.{f.name}")
+            for b in c.body:
+                if isinstance(b, ast.If) and "TYPE_CHECKING" in ast.unparse(b.test):
+                    found += [f"{module}:{f.lineno} {c.name}.{f.name} (if TYPE_CHECKING)" for f in ast.walk(b)
+                              if isinstance(f, ast.FunctionDef) and f.name.lstrip("_") in defined]
+    return sorted(set(found))
+
+
+def test_no_method_stubs_for_calls_between_rule_groups() -> None:
+    """Calls between rule groups go through typed references to the other group (GROUP_REFS), never through
+    declarations of its methods elsewhere (state.py's EngineState had 41; a Protocol would be the same)."""
+    found = method_stubs({p.stem: p.read_text() for p in CORE.glob("*.py")})
+    assert not found, "method stubs of rule groups (call the group through its reference):\n" + "\n".join(found)
+
+
+def test_the_stub_check_sees_a_stub() -> None:
+    sources = {m: f"class {c}:\n    def settle(self) -> None:\n        return None\n" for m, c in RULE_GROUPS.items()}
+    sources["state"] = ("from typing import Protocol, TYPE_CHECKING\n"
+                        "class Custodian(Protocol):\n    def settle(self) -> None:\n        \"Doc.\"\n        ...\n"
+                        "class Base:\n    if TYPE_CHECKING:\n        def _settle(self) -> int: ...\n"
+                        "        def other(self) -> int: ...\n"
+                        "class Fine:\n    def run(self) -> None: ...\n")
+    assert method_stubs(sources) == [
+        "state:3 Custodian.settle", "state:8 Base._settle", "state:8 Base._settle (if TYPE_CHECKING)"]

@@ -112,12 +112,12 @@ def test_the_period_follows_a_path_that_slows_down_and_stays_capped() -> None:
     eng = engine()
     r = routed(eng)
     learn_fast_path(eng, r)
-    fast = eng._retry_period(r.route_id)
+    fast = eng._rtt_rules.retry_period(r.route_id)
     learn_fast_path(eng, r, per_link=0.15, n=40)  # the path is five times slower now
-    slow = eng._retry_period(r.route_id)
+    slow = eng._rtt_rules.retry_period(r.route_id)
     assert fast < slow <= CFG.custody_retry_s
     learn_fast_path(eng, r, per_link=0.45, n=3)  # a sudden jump: srtt + 4 rttvar over the cap
-    assert eng._retry_period(r.route_id) == CFG.custody_retry_s
+    assert eng._rtt_rules.retry_period(r.route_id) == CFG.custody_retry_s
 
 
 def test_an_early_re_send_never_gets_a_slow_honest_next_hop_blamed_or_cut() -> None:
@@ -342,7 +342,7 @@ def test_a_push_queued_behind_answered_ones_is_not_re_sent() -> None:
     eng = engine()
     r = routed(eng)
     t = learn_fast_path(eng, r)
-    assert eng._retry_period(r.route_id) < 0.6
+    assert eng._rtt_rules.retry_period(r.route_id) < 0.6
     sends = burst_behind(eng, r, t + 1.0, 40)
     # (A push at the head of the queue whose retry comes just before its answer counts as lost: a few.)
     assert sum(sends.values()) <= 44, sends
@@ -397,7 +397,7 @@ def test_a_custodian_does_not_re_send_into_a_busy_path_that_answers_in_order() -
     eng = engine()
     r = routed(eng)
     t = learn_fast_path(eng, r)
-    assert eng._retry_period(r.route_id) < 0.3
+    assert eng._rtt_rules.retry_period(r.route_id) < 0.3
     pids = _burst(eng, r, t, 40, 20_000)
     resent, _ = _drain(eng, pids, t, 0.1, 0.025)
     assert resent == {}
@@ -431,7 +431,7 @@ def test_a_push_lost_on_a_busy_path_is_re_sent_once_a_later_one_is_answered() ->
                 if pid == pids[10]:
                     seen.append(t)
     assert list(resent) == [pids[10]] and resent[pids[10]] == ["b"]
-    assert answered_11 < seen[0] <= answered_11 + eng._retry_period(r.route_id) + 0.02
+    assert answered_11 < seen[0] <= answered_11 + eng._rtt_rules.retry_period(r.route_id) + 0.02
     assert seen[0] < sent_10 + CFG.receipt_timeout_s / 2
 
 

@@ -195,7 +195,7 @@ def test_a_congested_link_costs_a_modest_score_then_preference_then_the_link() -
         eng.handle_timer(t)
         out = eng.link_congested("a", t)
         if eng.peer_scores().get("a", 0.0) < CFG.score_prefer_below:
-            assert eng._next_hop(r.route_id, None) == "b"  # preference is internal
+            assert eng._forwarding_rules.next_hop(r.route_id, None) == "b"  # preference is internal
         cut = Disconnect("a", "score") in out
     assert cut and "a" not in eng.active_peers() and t < 60.0
     assert eng.peer_scores()["b"] == 0.0  # honest neighbours are untouched

@@ -190,13 +190,12 @@ def test_a_relay_that_swaps_a_pushs_registration_is_the_one_that_pays() -> None:
     it), not under the push's own: the relay before the swapper refuses it and scores the swapper, never
     an honest relay."""
     net, dev = _line()
-    swapper = Swapper("1", CFG, verifier=net.verifier, home=net.homes[1], tracer=net.tracer,
-                      rng=__import__("random").Random(5), listen_addr="addr-1")
+    # Relay 1 turns hostile with the links and routes it has: the same engine (its rule groups hold its
+    # tables), whose _on_push hook is now the Swapper's.
+    swapper = net.engines[1]
+    swapper.__class__ = Swapper
+    assert isinstance(swapper, Swapper)
     swapper.swap = {dev.regs[0][0].route_id: dev.regs[0][0]}  # current pushes leave it as superseded ones
-    swapper._neighbours = net.engines[1]._neighbours  # the same links and routes, a hostile engine
-    swapper._linked = net.engines[1]._linked  # (the neighbours' read-only view, taken at construction)
-    swapper._routes = net.engines[1]._routes
-    net.engines[1] = swapper
     res = net.engines[0].inject_push(dev.regs[1][0], b"a" * 16, b"x", net.now)
     net.apply("0", res.effects)
     net.run_until(net.now + 1.0)

@@ -139,7 +139,7 @@ def test_a_stem_relay_that_drops_the_registration_does_not_lose_it() -> None:
     reg = register(probe, 0, 0)
     probe.run_until(2.0)
     hole = int(stem_path(probe, reg)[0][1])  # same seeds: the same first stem hop
-    net.engines[hole]._on_stem = lambda *a: []  # type: ignore[method-assign]  # a black hole for stem frames
+    net.engines[hole]._stem_rules.on_stem = lambda *a: []  # type: ignore[method-assign]  # a black hole for stem frames
     reg = register(net, 0, 0)
     net.run_until(2.0)
     assert net.engines[5].route_epoch(reg.route_id) is None  # nothing flooded yet

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections import deque
+from typing import TYPE_CHECKING
 
 from inri.core.api import (
     CustodyReleased,
@@ -17,11 +18,13 @@ from inri.core.api import (
 )
 from inri.core.forwarding import LOCAL_REPAIR_RADIUS, ROUTE_ATTEMPTS
 from inri.core.kept import Custody
+from inri.core.roundtrip import ROUTE_LEN_MAX
 from inri.core.state import (
     MAX_CLOCK_SKEW_S,
     RECEIPT_STATUS,
-    EngineState,
+    EngineContext,
     Neighbour,
+    RuleGroup,
     new_push,
     readdress,
     released,
@@ -35,6 +38,18 @@ from inri.protocol.messages import (
     RouteErrorReason,
     WebPushMeta,
 )
+
+if TYPE_CHECKING:  # annotations only (the groups import each other: Engine.__init__ wires them)
+    from inri.core.forwarding import ForwardingRules
+    from inri.core.kept import CustodyTable
+    from inri.core.neighbours import Neighbours
+    from inri.core.reverse import ReversePaths
+    from inri.core.roundtrip import RttEstimator
+    from inri.core.rtt import RttRules
+    from inri.core.scoring import ScoringRules
+    from inri.core.seen import SeenCache
+    from inri.core.tables import CompactRouteTable, RouteTable
+    from inri.core.withdrawals import Withdrawals
 
 # Parked custody (escalation exhausted) is re-sent along the route 4 retry periods after the first
 # parked re-send, then after twice the period before, up to 16 retry periods (32 s by default): a home
@@ -70,12 +85,37 @@ def widest_ring(budget: int, degree: int, limit: int) -> int:
     return r
 
 
-class CustodyRules(EngineState):
+class CustodyRules(RuleGroup):
     """C1-C3: pushes this relay accepted from home apps."""
 
     # The state this rule group owns (tests/test_core_owners.py; Engine.__init__ builds it).
     _waiting_route: dict[bytes, set[bytes]]  # C3c: route id -> pushes in custody whose last copy failed
     _renewed_at: BoundedMap[bytes, float]  # C3c: route id -> when a new epoch or generation last came
+
+    # The rule groups this one calls (given by `wire`).
+    _forwarding_rules: ForwardingRules
+    _rtt_rules: RttRules
+    _scoring_rules: ScoringRules
+
+    def __init__(self, ctx: EngineContext, custody: CustodyTable, neighbours: Neighbours, reverse: ReversePaths,
+                 routes: RouteTable | CompactRouteTable, rtt: RttEstimator, seen: SeenCache,
+                 withdrawals: Withdrawals) -> None:
+        super().__init__(ctx)
+        self._withdrawals = withdrawals
+        self._custody = custody
+        self._neighbours = neighbours
+        self._reverse = reverse
+        self._routes = routes
+        self._rtt = rtt
+        self._seen = seen
+        self._waiting_route: dict[bytes, set[bytes]] = {}  # custody.py (C3c)
+        self._renewed_at: BoundedMap[bytes, float] = BoundedMap(ROUTE_LEN_MAX)
+
+    def wire(self, *, forwarding: ForwardingRules, rtt: RttRules, scoring: ScoringRules) -> None:
+        """The other rule groups this one calls (Engine.__init__, once all are built)."""
+        self._forwarding_rules = forwarding
+        self._rtt_rules = rtt
+        self._scoring_rules = scoring
 
     # Rule C1.
     def inject_push(
@@ -95,8 +135,8 @@ class CustodyRules(EngineState):
         reason = None
         if len(token) != limits.TOKEN_BYTES or len(ciphertext) > limits.MAX_CIPHERTEXT_BYTES:
             outcome, reason = InjectOutcome.TOKEN_MISMATCH, "malformed"
-        elif (registration.issued_at > now + self.wall_offset + MAX_CLOCK_SKEW_S
-              or (registration.expires_at <= now + self.wall_offset
+        elif (registration.issued_at > now + self._ctx.wall_offset + MAX_CLOCK_SKEW_S
+              or (registration.expires_at <= now + self._ctx.wall_offset
                   and (webpush is None or not self._refreshed(registration, now)))):
             outcome, reason = InjectOutcome.BAD_REGISTRATION, "stale_registration"
         elif not self._verifier.verify_registration(registration):
@@ -118,7 +158,7 @@ class CustodyRules(EngineState):
         if self._level:
             self._trace(now, "push_injected", msg=pid.hex(), route=push.route_id.hex(), ttl=push.ttl)
         effects: list[Effect] = [CustodyTaken(push, custody.deadline)]
-        effects += self._attempt(custody, now)
+        effects += self.attempt(custody, now)
         return InjectResult(InjectOutcome.ACCEPTED, pid, effects)
 
     # Rule C1b.
@@ -178,7 +218,7 @@ class CustodyRules(EngineState):
         self._custody.take(custody)
         if custody.attempt >= self.config.custody_max_attempts:
             return self._parked_attempt(custody, now)
-        return self._attempt(custody, now)
+        return self.attempt(custody, now)
 
     # Rule C3.
     def _custody_span(self, push: Push) -> float:
@@ -210,7 +250,7 @@ class CustodyRules(EngineState):
             return push
         return dataclasses.replace(push, webpush=dataclasses.replace(meta, age_s=age))
 
-    def _attempt(self, c: Custody, now: float) -> list[Effect]:
+    def attempt(self, c: Custody, now: float) -> list[Effect]:
         """Send attempt number c.attempt of a push in custody: route first, then widening rings."""
         push = self._aged(c, now)
         pid = push.push_id
@@ -218,8 +258,8 @@ class CustodyRules(EngineState):
         if status is not None:
             if isinstance(status, RouteErrorReason):  # rule F5c (NOT_HOME): no key of its registration here
                 self._count("push_dropped_not_home")
-                return self._settle(pid, CustodyStatus.UNKNOWN_REGISTRATION, 0, now)
-            return self._deliver_local(pid, push, status, now) + self._settle(pid, status, 0, now)
+                return self.settle(pid, CustodyStatus.UNKNOWN_REGISTRATION, 0, now)
+            return self._forwarding_rules.deliver_local(pid, push, status, now) + self.settle(pid, status, 0, now)
         cfg = self.config
         self._reverse.mark_local(pid, now)
         # Retry periods 1, 1, 2, 2, 3, 3 x custody_retry_s: every escalation step (route, backups,
@@ -228,7 +268,7 @@ class CustodyRules(EngineState):
         # Route attempts wait for the route's measured round trip (rule C4); rings, and re-sends to a
         # home reported down (`home unreachable`: it will not be back within a round trip, and short
         # periods would spend the whole escalation while it restarts), custody_retry_s.
-        period = (self._retry_period(push.route_id) if c.attempt < ROUTE_ATTEMPTS and not c.home_down
+        period = (self._rtt_rules.retry_period(push.route_id) if c.attempt < ROUTE_ATTEMPTS and not c.home_down
                   else cfg.custody_retry_s)
         c.next_retry = now + period * (1 + c.attempt // 2)
         self._schedule(pid, c.next_retry)
@@ -243,13 +283,13 @@ class CustodyRules(EngineState):
             return self._park_withdrawn(c)
         if c.attempt < ROUTE_ATTEMPTS or c.home_down:
             c.home_down = False
-            nh = self._next_hop(push.route_id, None, alternate=c.attempt == 1)
-            if c.attempt and self._steer_known(pid):  # rule F9: not into the hole a search found
-                nh = self._steer_hop(pid, push.route_id, None, nh, now)
+            nh = self._forwarding_rules.next_hop(push.route_id, None, alternate=c.attempt == 1)
+            if c.attempt and self._forwarding_rules.steer_known(pid):  # rule F9: not into the hole a search found
+                nh = self._forwarding_rules.steer_hop(pid, push.route_id, None, nh, now)
             if nh is not None:
                 c.routed = True
                 self._sent_to(c, nh, now)
-                return [self._forward(readdress(push, limits.MAX_TTL, 0, c.attempt, 0), nh, now)]
+                return [self._forwarding_rules.forward(readdress(push, limits.MAX_TTL, 0, c.attempt, 0), nh, now)]
         c.sent_to = None
         radii = limits.RING_RADII
         if c.ring_step < len(radii):
@@ -264,7 +304,7 @@ class CustodyRules(EngineState):
         c.ring_spent += cost
         c.ring_step += 1
         msg = readdress(push, cfg.push_ttl, 0, c.attempt, ring)
-        return self._ring_flood(msg, None, now)
+        return self._forwarding_rules.ring_flood(msg, None, now)
 
     # Rule C2 (the fallback budget).
     def _over_budget(self, c: Custody, push: Push, now: float) -> list[Effect]:
@@ -274,15 +314,15 @@ class CustodyRules(EngineState):
         if self._level:
             self._trace(now, "push_retry", msg=push.push_id.hex(), route=push.route_id.hex(), count=c.attempt,
                         reason="fallback_budget")
-        nh = self._next_hop(push.route_id, None, alternate=(c.attempt & 1) == 1, low_ok=True)
+        nh = self._forwarding_rules.next_hop(push.route_id, None, alternate=(c.attempt & 1) == 1, low_ok=True)
         if nh is None:
             return []  # no route here yet: the next retry looks again (gossip or a returning home brings it)
         c.routed = True
         self._sent_to(c, nh, now)
-        return [self._forward(readdress(push, limits.MAX_TTL, 0, c.attempt, 0), nh, now)]
+        return [self._forwarding_rules.forward(readdress(push, limits.MAX_TTL, 0, c.attempt, 0), nh, now)]
 
     # Rule C1.
-    def _settle(self, pid: bytes, status: ReceiptStatus | CustodyStatus, hops: int, now: float) -> list[Effect]:
+    def settle(self, pid: bytes, status: ReceiptStatus | CustodyStatus, hops: int, now: float) -> list[Effect]:
         """Custody of pid ends with the home's answer (a receipt's status), or a final status decided here."""
         c = self._custody.release(pid)
         self._reverse.forget(pid)
@@ -304,7 +344,8 @@ class CustodyRules(EngineState):
         return [released(pid, final, hops)]
 
     # Rules C2, C3 (deadline).
-    def _retry(self, c: Custody, now: float) -> list[Effect]:
+    def retry(self, c: Custody, now: float) -> list[Effect]:
+        """A push in custody whose retry is due: send it again, or settle it at its deadline."""
         pid = c.push.push_id
         # A push refused `not home` (F5c) settles custody_deadline_s after acceptance, not at its TTL: the
         # unsigned answer is only trusted once that long of re-sends along its route found no home.
@@ -329,7 +370,7 @@ class CustodyRules(EngineState):
             c.next_retry = min(queued, c.deadline)
             self._schedule(pid, c.next_retry)
             return []
-        wait = self._answer_expected(pid, now)
+        wait = self._scoring_rules.answer_expected(pid, now)
         if wait is not None:
             # The next hop is slow but answering (rule S1): re-sending now would add load to a path
             # that is already behind. Wait for its answer (or its grace to end) first.
@@ -340,7 +381,7 @@ class CustodyRules(EngineState):
         c.attempt += 1
         if c.attempt >= self.config.custody_max_attempts:
             return self._parked_attempt(c, now)
-        return self._attempt(c, now)
+        return self.attempt(c, now)
 
     # Rule C3.
     def _parked_attempt(self, c: Custody, now: float) -> list[Effect]:
@@ -369,13 +410,13 @@ class CustodyRules(EngineState):
         if beyond >= 0:
             wait = max(wait, min(beyond, cfg.custody_park_max_s))
             self._waiting_route.setdefault(c.push.route_id, set()).add(pid)
-        # A push answered `not home` ends at custody_deadline_s (_retry): its last wait stops there.
+        # A push answered `not home` ends at custody_deadline_s (retry): its last wait stops there.
         end = min(c.deadline, accepted + cfg.custody_deadline_s) if c.refused else c.deadline
         c.next_retry = min(now + wait, end)
         self._schedule(pid, c.next_retry)
         if self._withdrawals.home_down(c.push.route_id):  # G12: its home is down: wait for the route
             return self._park_withdrawn(c)
-        nh = self._next_hop(c.push.route_id, None, low_ok=True)
+        nh = self._forwarding_rules.next_hop(c.push.route_id, None, low_ok=True)
         if nh is None:
             return self._parked_search(c, now)
         if parked & 1 and cfg.parked_search and not c.home_down:
@@ -391,7 +432,7 @@ class CustodyRules(EngineState):
         push = self._aged(c, now)
         if self._level:
             self._trace(now, "push_retry", msg=pid.hex(), route=push.route_id.hex(), count=c.attempt)
-        return [self._forward(readdress(push, limits.MAX_TTL, 0, c.attempt, 0), nh, now)]
+        return [self._forwarding_rules.forward(readdress(push, limits.MAX_TTL, 0, c.attempt, 0), nh, now)]
 
     # Rule C3.
     def _parked_search(self, c: Custody, now: float) -> list[Effect]:
@@ -417,7 +458,8 @@ class CustodyRules(EngineState):
         if self._level:
             self._trace(now, "push_fallback", msg=pid.hex(), route=push.route_id.hex(), ttl=LOCAL_REPAIR_RADIUS,
                         count=c.attempt)
-        return self._ring_flood(readdress(push, cfg.push_ttl, 0, c.attempt, LOCAL_REPAIR_RADIUS), None, now)
+        copy = readdress(push, cfg.push_ttl, 0, c.attempt, LOCAL_REPAIR_RADIUS)
+        return self._forwarding_rules.ring_flood(copy, None, now)
 
     # Rule C7.
     def _sent_to(self, c: Custody, nh: str, now: float) -> None:
@@ -470,7 +512,7 @@ class CustodyRules(EngineState):
             return None
         st = self._linked.get(nh)
         if (st is None or st.queue_heard < now - cfg.custody_retry_s or st.queue_sent >= c.sent_at
-                or self._unresponsive(nh)):
+                or self._rtt_rules.unresponsive(nh)):
             return None
         if self._queue_front(st) >= c.sent_at:
             # Nothing ahead of it: the head of the queue. Its answer is due about the queue's measured
@@ -485,7 +527,7 @@ class CustodyRules(EngineState):
             return max(due, now + QUEUE_REREAD_S)
         nxt = c.attempt + 1
         rid = c.push.route_id
-        period = self._retry_period(rid) if nxt < ROUTE_ATTEMPTS else cfg.custody_retry_s
+        period = self._rtt_rules.retry_period(rid) if nxt < ROUTE_ATTEMPTS else cfg.custody_retry_s
         return now + max(period, QUEUE_LOOK * st.queue_delay)
 
     # Rule G12.
@@ -507,13 +549,13 @@ class CustodyRules(EngineState):
             if not waiting:
                 del self._waiting_route[c.push.route_id]
 
-    def _home_down(self, c: Custody, now: float) -> None:
+    def home_down(self, c: Custody, now: float) -> None:
         """A relay on the route answered `home unreachable` for this push (or this relay is the home's
         silent neighbour): custody waits on the route (C3)."""
         c.home_down = True
-        self._await_route(c, now)
+        self.await_route(c, now)
 
-    def _await_route(self, c: Custody, now: float) -> None:
+    def await_route(self, c: Custody, now: float) -> None:
         """The push's last copy failed (a route error came back) and it waits for its scheduled retry:
         a route renewal wakes it, and an answer about a route renewed after the copy left (the re-stem's
         flood overtook it) wakes it now."""
@@ -527,7 +569,7 @@ class CustodyRules(EngineState):
             return
         self._waiting_route.setdefault(rid, set()).add(c.push.push_id)
 
-    def _route_renewed(self, rid: bytes, now: float) -> None:
+    def route_renewed(self, rid: bytes, now: float) -> None:
         """Rule C3c: a new epoch or route generation of rid reached this relay (a refresh, or the home's
         re-stem around a failed stem relay, G10): pushes in custody here whose last copy failed (`home
         unreachable`, `next hop down`, or parked) are re-sent now along the new route, not at their

@@ -19,7 +19,16 @@ import random
 from collections.abc import Iterator
 from typing import assert_never
 
-from inri.core.api import Disconnect, DisconnectReason, Effect, HomeStore, Send, Tracer, Verifier
+from inri.core.api import (
+    Disconnect,
+    DisconnectReason,
+    Effect,
+    HomeStore,
+    InjectResult,
+    Send,
+    Tracer,
+    Verifier,
+)
 from inri.core.awaited import AwaitedAnswers
 from inri.core.config import EngineConfig
 from inri.core.custody import CustodyRules
@@ -31,16 +40,16 @@ from inri.core.kept import CustodyTable
 from inri.core.membership import MembershipRules
 from inri.core.neighbours import Neighbours
 from inri.core.reverse import ReversePaths
-from inri.core.roundtrip import ROUTE_LEN_MAX, RttEstimator
+from inri.core.roundtrip import RttEstimator
 from inri.core.rtt import RttRules
 from inri.core.scoring import ScoringRules
 from inri.core.seen import SeenCache
-from inri.core.state import SWEEP_INTERVAL_S, make_keepalive, readdress
+from inri.core.state import SWEEP_INTERVAL_S, EngineContext, Neighbour, make_keepalive, readdress
 from inri.core.stem import StemRules
 from inri.core.stemstate import StemState
 from inri.core.sync import SYNC, SyncRules
 from inri.core.syncstate import SyncState
-from inri.core.tables import EXPORT_CHUNK, BoundedMap, CompactRouteTable, ExportRow, RouteTable
+from inri.core.tables import EXPORT_CHUNK, CompactRouteTable, ExportRow, RouteTable
 from inri.core.tree import TreeGossip
 from inri.core.withdrawals import Withdrawals
 from inri.protocol.codec import DecodeError, decode
@@ -51,17 +60,19 @@ from inri.protocol.messages import (
     Keepalive,
     Message,
     PeerExchange,
+    PeerInfo,
     Push,
     Receipt,
     ReceiptBatch,
-    ReceiptStatus,
     RegAnnounce,
     RegGossip,
     RegGraft,
+    Registration,
     RouteError,
     RouteSync,
     RouteWithdraw,
     StemRepair,
+    WebPushMeta,
 )
 
 __all__ = ["HOOKS", "Engine", "readdress"]
@@ -77,8 +88,7 @@ HOOKS = {
 }
 
 
-class Engine(MembershipRules, GossipRules, StemRules, SyncRules, ForwardingRules, CustodyRules, ScoringRules,
-             RttRules):
+class Engine:
     """One relay's protocol state. Every method takes `now` and returns effects to carry out."""
 
     def __init__(
@@ -94,101 +104,97 @@ class Engine(MembershipRules, GossipRules, StemRules, SyncRules, ForwardingRules
     ) -> None:
         self.relay_id = relay_id
         self.config = config
-        self.listen_addr = listen_addr
-        self._verifier = verifier
-        self._home = home
+        self.listen_addr = listen_addr  # given to neighbours in Hello and peer exchange (membership.py)
         self._tracer = tracer
-        self._level = int(tracer.level)
-        self._emit = tracer.emit
-        # Optional fast path: a tracer may take whole rows in trace-schema column order.
-        self._emit_row = getattr(tracer, "emit_row", None)
-        self._rng = rng
         # Who this relay is linked to, dials, candidates, former neighbours, bans, probations (neighbours.py:
         # rules M1-M7, S2's bans, F3's links down, C7's last frame).
         self._neighbours = Neighbours()
         # The linked neighbours, read by every group on its hot path: the owner's live, read-only view (one
         # attribute read instead of a call per use: a forwarded push read it four times).
         self._linked = self._neighbours.active()
-        self._near: dict[str, int] = {}  # candidates ranked near by a bootstrap -> rank (rule M5)
-        self._far: set[str] = set()  # peers dialled as the far link(s) (rule M5)
-        self._routes = CompactRouteTable() if config.route_table == "compact" else RouteTable()
-        self._flood = FloodState()  # floodstate.py (G3b, G4): refresh budgets, far-travelled first copies
-        self._seen = SeenCache(config.push_seen_max, config.seen_ttl_s, config.reverse_ttl_s)  # seen.py (F1)
-        self._reverse = ReversePaths(config.reverse_max, config.reverse_ttl_s)  # F4, F6b (reverse.py)
-        self._custody = CustodyTable()  # C1-C3, C7 (kept.py)
-        self._next_tick: float | None = None
-        self._next_sweep = 0.0  # the expiry sweeps (engine.py, _sweep)
-        self._next_exchange = 0.0  # M1's peer exchange (membership.py)
-        self._next_make_room = 0.0
-        self._next_rejoin = 0.0  # M6, the other side: its own limiter (membership.py)
-        self._started_at = 0.0  # M6: former neighbours get back in for a while after start()
-        self._rejoined: set[str] = set()
-        self._full_until: dict[str, tuple[float, float]] = {}  # M7: candidates that refused us as full
-        # G11 (sync.py): route sync at link-up; provisional routes learnt from it, at most route_max.
-        self._sync = SyncState(config.route_max)
-        # Pushes forwarded along a route, awaiting an answer (awaited.py: rules F6, S1, C4-C6).
-        self._await = AwaitedAnswers(config.reverse_max)
-        # F8 (forwarding.py): local repairs this relay started, until their answer is due (a receipt
-        # passing back through here ends the wait: the reverse entry goes).
-        self._repair_heap: list[tuple[float, bytes, str, bytes, bool]] = []
-        # F9 (forwarding.py): push id -> (the next hop a `repair failed` for it came from, expiry), or
-        # (None, expiry) where this relay's own search for it found nothing.
-        self._steer: BoundedMap[bytes, tuple[str | None, float]] = BoundedMap(config.reverse_max)
-        # F8c (forwarding.py): push id -> (`repair found` words heard for a local repair of it, refutations
-        # heard, expiry), on the searching relay and on relays between it and a find.
-        self._finds: BoundedMap[bytes, tuple[int, int, float]] = BoundedMap(config.reverse_max)
-        # F5c (forwarding.py): push id -> (the neighbour that sent its last route copy, that copy's attempt,
-        # expiry) when F6b kept the reverse entry of an earlier copy: a `not home` for that copy goes there.
-        self._kept_from: BoundedMap[bytes, tuple[str, int, float]] = BoundedMap(config.reverse_max)
-        self._rtt = RttEstimator(config)  # rtt.py (C4, C4b): the round-trip estimate
-        self._waiting_route: dict[bytes, set[bytes]] = {}  # custody.py (C3c)
-        self._renewed_at: BoundedMap[bytes, float] = BoundedMap(ROUTE_LEN_MAX)
-        # Slow, not silent (rule S1, scoring.py): pushes past receipt_timeout_s whose next hop keeps
-        # answering, slowly, get a longer grace: push id -> (next hop, sent, grace end), with a heap
-        # (grace end, push id) for expiry; pushes blamed on a neighbour (push id -> (next hop, sent,
-        # expiry)) are remembered so a late answer gives the penalty back.
-        self._overdue: dict[bytes, tuple[str, float, float]] = {}
-        # (next hop, route id) -> when it first left a push of the route unanswered (rule F6)
-        self._hole_suspects: BoundedMap[tuple[str, bytes], float] = BoundedMap(4096)
-        self._overdue_heap: list[tuple[float, bytes]] = []
-        self._blamed: BoundedMap[bytes, tuple[str, float, float]] = BoundedMap(config.reverse_max)
-        self._score_decay = 0.5 ** (config.keepalive_interval_s / config.score_half_life_s)
+        self.counters: dict[str, int] = {}
         # Clocks. `now` (every method's argument) is monotonic: budgets, keepalives, bans, custody and
         # route lifetimes are intervals on it, so a stepped wall clock cannot cut links or expire
-        # routes. Registrations carry wall-clock (unix) times: wall time = now + wall_offset. The
-        # simulator leaves it 0 (virtual time is both); the daemon sets it before every call.
-        self.wall_offset = 0.0
-        # Stem phase (stem.py): the key is drawn only with the stem on, so a stem-off run's random
-        # stream (and simulator trace) is unchanged.
-        self._stem_key = rng.randbytes(32) if config.stem else b""
-        self._homed = HomedRoutes()  # homed.py (G5): registrations homed here, link-up announcements queued
-        # The stem's routes, embargoes, generations and successors (stemstate.py: G5, G7, G8, G10); stem
-        # repair (stem.py, G10): empty unless a stem broke (or stem is off).
-        self._stem = StemState()
-        self._restem_due: dict[bytes, float] = {}
-        self._repair_asked: dict[bytes, tuple[int, int, float]] = {}
-        self._repair_due: dict[bytes, tuple[float, int]] = {}
-        # Tree gossip (tree.py, rule G9); the tables stay empty with gossip_scheme "flood".
-        self._tree_on = config.gossip_scheme == "tree"
-        # Rule F5b: receipts answered as a home, held until flush_receipts (None: answered at once, the
-        # default; a host that flushes once per round calls hold_receipts): (neighbour, route id, the
-        # pushes' receipt key) -> push id -> (status, hops).
-        self._receipt_hold: dict[tuple[str, bytes, bytes | None], dict[bytes, tuple[ReceiptStatus, int]]] | None = None
-        self.counters: dict[str, int] = {}
-        self.reg_duplicates = 0  # gossip arrivals of a known (route, epoch): a plain int on the hot path
+        # routes. Registrations carry wall-clock (unix) times: wall time = now + wall_offset, kept in the
+        # context every group reads (the `wall_offset` property). The simulator leaves it 0 (virtual time
+        # is both); the daemon sets it before every call.
+        self._ctx = ctx = EngineContext(relay_id, config, verifier, home, rng, int(tracer.level), tracer.emit,
+                                        self.counters, self._linked)
+        # The owner objects (tests/test_core_owners.py: OWNER_OBJECTS): built once here and never rebound, each
+        # given to the rule groups that use it.
+        self._routes = routes = CompactRouteTable() if config.route_table == "compact" else RouteTable()
+        self._flood = flood = FloodState()  # floodstate.py (G3b, G4): refresh budgets, far-travelled first copies
+        self._seen = seen = SeenCache(config.push_seen_max, config.seen_ttl_s, config.reverse_ttl_s)  # seen.py (F1)
+        self._reverse = reverse = ReversePaths(config.reverse_max, config.reverse_ttl_s)  # F4, F6b (reverse.py)
+        self._custody = custody = CustodyTable()  # C1-C3, C7 (kept.py)
+        # G11 (sync.py): route sync at link-up; provisional routes learnt from it, at most route_max.
+        self._sync = sync = SyncState(config.route_max)
+        # Pushes forwarded along a route, awaiting an answer (awaited.py: rules F6, S1, C4-C6).
+        self._await = awaited = AwaitedAnswers(config.reverse_max)
+        self._rtt = rtt = RttEstimator(config)  # rtt.py (C4, C4b): the round-trip estimate
+        self._homed = homed = HomedRoutes()  # homed.py (G5): registrations homed here, link-up announcements queued
+        # The stem's routes, embargoes, generations and successors (stemstate.py: G5, G7, G8, G10).
+        self._stem = stem = StemState()
         # G9's owner (tree.py): its tables stay empty with gossip_scheme "flood" unless a neighbour announces.
-        self._tree = TreeGossip(relay_id, config, self._routes, self._neighbours, rng, self.counters, tracer.emit,
-                                self._level)
-        # G12's owner (withdrawals.py): route withdrawals sent and heeded; empty with route_withdrawal off.
-        self._withdrawals = Withdrawals(config.route_withdrawal, self._routes, self._linked, config.route_k,
-                                        config.keepalive_interval_s, self._count, self._route_renewed)
+        self._tree = tree = TreeGossip(relay_id, config, routes, self._neighbours, rng, self.counters, tracer.emit,
+                                       ctx.level)
+        # G12's owner (withdrawals.py): route withdrawals sent and heeded; empty with route_withdrawal off. A
+        # restored route wakes the pushes waiting for it (C3c: custody's rules, built below).
+        self._withdrawals = withdrawals = Withdrawals(
+            config.route_withdrawal, routes, self._linked, config.route_k, config.keepalive_interval_s, self._count,
+            lambda rid, now: self._custody_rules.route_renewed(rid, now))
+        nb = self._neighbours
+        # The rule groups, each owning its own state (built by its __init__), then wired to the groups it calls.
+        # The stem's key is the only random draw among them (StemRules, with the stem on): the order of
+        # construction keeps the random stream as it was.
+        self._membership_rules = membership = MembershipRules(ctx, homed, nb, stem, sync, tree, withdrawals,
+                                                                      listen_addr)
+        self._gossip_rules = gossip = GossipRules(ctx, custody, flood, homed, routes, stem, tree,
+                                                  getattr(tracer, "emit_row", None))
+        self._stem_rules = stem_rules = StemRules(ctx, custody, flood, homed, routes, stem)
+        self._sync_rules = sync_rules = SyncRules(ctx, routes, sync)
+        self._forwarding_rules = forwarding = ForwardingRules(ctx, awaited, custody, nb, reverse, routes, rtt, seen,
+                                                              stem, sync, withdrawals)
+        self._custody_rules = custody_rules = CustodyRules(ctx, custody, nb, reverse, routes, rtt, seen,
+                                                           withdrawals)
+        self._scoring_rules = scoring = ScoringRules(ctx, awaited, nb, routes, sync, withdrawals)
+        self._rtt_rules = rtt_rules = RttRules(ctx, awaited, reverse, routes, rtt, seen)
+        membership.wire(gossip=gossip, rtt=rtt_rules, scoring=scoring, stem=stem_rules)
+        gossip.wire(custody=custody_rules, scoring=scoring, stem=stem_rules)
+        stem_rules.wire(custody=custody_rules, gossip=gossip)
+        forwarding.wire(custody=custody_rules, rtt=rtt_rules, scoring=scoring, sync=sync_rules)
+        custody_rules.wire(forwarding=forwarding, rtt=rtt_rules, scoring=scoring)
+        scoring.wire(membership=membership)
+        rtt_rules.wire(forwarding=forwarding)
+        self._next_sweep = 0.0  # the expiry sweeps (_sweep)
+        self._score_decay = 0.5 ** (config.keepalive_interval_s / config.score_half_life_s)
+
+    @property
+    def wall_offset(self) -> float:
+        """Wall-clock time minus `now` (seconds): 0 in the simulator; the daemon sets it before every call."""
+        return self._ctx.wall_offset
+
+    @wall_offset.setter
+    def wall_offset(self, offset: float) -> None:
+        self._ctx.wall_offset = offset
+
+    def _count(self, name: str, n: int = 1) -> None:
+        """Add n to the counter `name` (the dict every rule group counts into)."""
+        self.counters[name] = self.counters.get(name, 0) + n
+
+    # The hooks of HOOKS: a hostile relay (simulations/adversary.py) overrides them; dispatch calls them here.
+    def _on_push(self, peer: str, msg: Push, now: float) -> list[Effect]:
+        return self._forwarding_rules.on_push(peer, msg, now)
+
+    def _on_gossip(self, peer: str, state: Neighbour, msg: RegGossip, now: float) -> list[Effect]:
+        return self._gossip_rules.on_gossip(peer, state, msg, now)
 
     # Rule M1 (membership.py), and the clock of the engine's own expiry sweeps.
     def start(self, now: float, *, sync_routes: bool = True) -> list[Effect]:
         """Begin: MembershipRules.start (timers, G11's route requests, the first dials); the first expiry
         sweep is due SWEEP_INTERVAL_S from now."""
         self._next_sweep = now + SWEEP_INTERVAL_S
-        return super().start(now, sync_routes=sync_routes)
+        return self._membership_rules.start(now, sync_routes=sync_routes)
 
     # ------------------------------------------------------------------------------------------
     # frames (dispatch)
@@ -200,7 +206,7 @@ class Engine(MembershipRules, GossipRules, StemRules, SyncRules, ForwardingRules
         except DecodeError as exc:
             self._count("frames_invalid")
             out: list[Effect] = [Send(peer, ErrorFrame(ErrorCode.MALFORMED, exc.detail[:200]))]
-            return out + self._score(peer, self.config.score_invalid_frame, now, "invalid_frame")
+            return out + self._scoring_rules.score(peer, self.config.score_invalid_frame, now, "invalid_frame")
         return self.receive_message(peer, msg, now)
 
     # Dispatch to the rule groups by message type.
@@ -209,10 +215,10 @@ class Engine(MembershipRules, GossipRules, StemRules, SyncRules, ForwardingRules
         state = self._neighbours.heard_from(peer, now)  # M2's liveness, C7's clock
         if state is None:
             if self._neighbours.on_probation(peer) and isinstance(msg, Hello):
-                out = self._on_probation_hello(peer, msg, now)
+                out = self._membership_rules.on_probation_hello(peer, msg, now)
                 self._withdrawals.heard_hello(peer, msg.features, now)  # G12
                 if SYNC in msg.features and peer in self._linked:  # G11: admitted, asks for routes
-                    out += self._on_sync_request(peer, now)
+                    out += self._sync_rules.on_sync_request(peer, now)
                 return out
             self._count("frames_from_stranger")
             return []
@@ -222,7 +228,7 @@ class Engine(MembershipRules, GossipRules, StemRules, SyncRules, ForwardingRules
             if not msg.reply:
                 state.last_sent = now
                 return [make_keepalive(peer, msg.nonce, True)]
-            self._keepalive_answered(state, msg.nonce, now)  # rule C4: a link round trip
+            self._rtt_rules.keepalive_answered(state, msg.nonce, now)  # rule C4: a link round trip
             return []
         # Most frequent first: gossip, then pushes. A message type added to protocol.messages.Message
         # and not handled here fails type checking (assert_never).
@@ -232,35 +238,35 @@ class Engine(MembershipRules, GossipRules, StemRules, SyncRules, ForwardingRules
             case Push():
                 return self._on_push(peer, msg, now)
             case Receipt():
-                return self._on_receipt(peer, msg, now)
+                return self._forwarding_rules.on_receipt(peer, msg, now)
             case ReceiptBatch():
-                return self._on_receipt_batch(peer, msg, now)
+                return self._forwarding_rules.on_receipt_batch(peer, msg, now)
             case RouteError():
-                return self._on_route_error(peer, msg, now)
+                return self._forwarding_rules.on_route_error(peer, msg, now)
             case RegAnnounce():
                 return self._tree.on_announce(peer, state, msg, now)
             case RegGraft():
                 return self._tree.on_graft(peer, state, msg, now)
             case StemRepair():
-                return self._on_stem_repair(peer, msg, now)
+                return self._stem_rules.on_stem_repair(peer, msg, now)
             case RouteSync():
-                return self._on_route_sync(peer, msg, now)
+                return self._sync_rules.on_route_sync(peer, msg, now)
             case RouteWithdraw():
                 return self._withdrawals.on_frame(peer, msg, now)  # G12 (withdrawals.py)
             case Keepalive():
                 if not msg.reply:
                     state.last_sent = now
                     return [Send(peer, Keepalive(msg.nonce, True))]
-                self._keepalive_answered(state, msg.nonce, now)  # rule C4: a link round trip
+                self._rtt_rules.keepalive_answered(state, msg.nonce, now)  # rule C4: a link round trip
                 return []
             case PeerExchange():
-                return self.add_candidates(list(msg.peers), now)
+                return self._membership_rules.add_candidates(list(msg.peers), now)
             case ErrorFrame():
                 self._count("peer_errors")
                 return []
             case Hello():  # on an active link: G11's request for routes (M4's probation: handled above)
                 self._withdrawals.heard_hello(peer, msg.features, now)  # G12: it takes withdrawals
-                return self._on_sync_request(peer, now) if SYNC in msg.features else []
+                return self._sync_rules.on_sync_request(peer, now) if SYNC in msg.features else []
             case _:
                 assert_never(msg)
 
@@ -269,14 +275,14 @@ class Engine(MembershipRules, GossipRules, StemRules, SyncRules, ForwardingRules
 
     def get_timer(self) -> float | None:
         """The earliest time handle_timer wants to run (None: nothing armed)."""
-        t = self._tick_at()  # M2 (membership.py)
+        t = self._membership_rules.tick_at()  # M2 (membership.py)
         deadline = self._await.next_deadline()  # F6, S1 (awaited.py)
         if deadline is not None and (t is None or deadline < t):
             t = deadline
         retry = self._custody.next_due()  # C2 (kept.py): stale entries dropped here too, not on a wakeup
         if retry is not None and (t is None or retry < t):
             t = retry
-        repair = self._repair_next()  # F8 (forwarding.py)
+        repair = self._forwarding_rules.repair_next()  # F8 (forwarding.py)
         if repair is not None and (t is None or repair < t):
             t = repair
         tree = self._tree.next_due()  # G9 (tree.py)
@@ -289,11 +295,11 @@ class Engine(MembershipRules, GossipRules, StemRules, SyncRules, ForwardingRules
         out: list[Effect] = []
         custody = self._custody
         while (c := custody.pop_due(now)) is not None:  # C2
-            out += self._retry(c, now)
+            out += self._custody_rules.retry(c, now)
         out += self._tree.timer(now)  # G9 (tree.py)
-        out += self._answers_overdue(now)  # F6, S1 (forwarding.py)
-        out += self._repairs_unanswered(now)  # F8 (forwarding.py)
-        tick = self._tick_at()
+        out += self._forwarding_rules.answers_overdue(now)  # F6, S1 (forwarding.py)
+        out += self._forwarding_rules.repairs_unanswered(now)  # F8 (forwarding.py)
+        tick = self._membership_rules.tick_at()
         if tick is not None and now >= tick:
             out += self._tick(now)
         return out
@@ -304,11 +310,11 @@ class Engine(MembershipRules, GossipRules, StemRules, SyncRules, ForwardingRules
         out: list[Effect] = []
         interval = cfg.keepalive_interval_s
         dead_after = interval * cfg.keepalive_misses
-        out += self._grace_expired(now)  # S1 (scoring.py)
+        out += self._scoring_rules.grace_expired(now)  # S1 (scoring.py)
         for p in self._homed.waiting():  # link-up announcements left over from peer_up (rule G5)
-            out += self._announce_homed(p, now, ANNOUNCE_SHARE * cfg.reg_budget_per_peer_per_s * interval)
+            out += self._gossip_rules.announce_homed(p, now, ANNOUNCE_SHARE * cfg.reg_budget_per_peer_per_s * interval)
         for p in self._sync.answering():  # routes still to send to a neighbour that asked (rule G11)
-            out += self._sync_send(p, now)
+            out += self._sync_rules.sync_send(p, now)
         decay = self._score_decay
         ka_after = interval * 0.99
         nb = self._neighbours
@@ -322,37 +328,37 @@ class Engine(MembershipRules, GossipRules, StemRules, SyncRules, ForwardingRules
                 st.silences *= decay
             if now - st.last_heard > dead_after:
                 out.append(Disconnect(p, DisconnectReason.KEEPALIVE_TIMEOUT))
-                out += self.peer_down(p, now, DisconnectReason.KEEPALIVE_TIMEOUT)
+                out += self._membership_rules.peer_down(p, now, DisconnectReason.KEEPALIVE_TIMEOUT)
             elif now - st.last_sent >= ka_after:
                 st.nonce += 1
                 st.last_sent = st.ka_sent = now
                 out.append(make_keepalive(p, st.nonce, False))
         for p in nb.dials_given_up(now):
-            out += self.connect_failed(p, now)
+            out += self._membership_rules.connect_failed(p, now)
         for p in nb.probations_ended(now):  # no "low" Hello came: refuse as full (M4)
             self._count("peer_refused_full")
             out.append(Disconnect(p, DisconnectReason.FULL))
         if self._stem.any_embargo():  # G8
-            out += self._stem_embargo(now)
-        out += self._restem_due_now(now)  # G10 (stem.py)
+            out += self._stem_rules.stem_embargo(now)
+        out += self._stem_rules.restem_due_now(now)  # G10 (stem.py)
         if self._withdrawals.any():  # G12 (withdrawals.py): restores seen late, frames over the budget
             out += self._withdrawals.tick(now)
-        out += self._repair_due_now(now)
+        out += self._stem_rules.repair_due_now(now)
         if nb.links_and_dials() < cfg.active_max:
-            out += self._refill(now)
-        out += self._exchange_due(now)  # M1 (membership.py)
+            out += self._membership_rules.refill(now)
+        out += self._membership_rules.exchange_due(now)  # M1 (membership.py)
         if now >= self._next_sweep:
             self._next_sweep = now + SWEEP_INTERVAL_S
             self._sweep(now)
-        self._set_tick(now + interval if nb.busy() else None)
+        self._membership_rules.set_tick(now + interval if nb.busy() else None)
         return out
 
     def _sweep(self, now: float) -> None:
-        self._sweep_routes(now)  # gossip.py (G2): nothing to do until the table's earliest expiry
+        self._gossip_rules.sweep_routes(now)  # gossip.py (G2): nothing to do until the table's earliest expiry
         self._seen.sweep(now)
         self._reverse.sweep(now)
-        self._sweep_scores(now)  # scoring.py
-        self._sweep_repairs(now)  # forwarding.py (F5c, F8c, F9)
+        self._scoring_rules.sweep_scores(now)  # scoring.py
+        self._forwarding_rules.sweep_repairs(now)  # forwarding.py (F5c, F8c, F9)
         self._sync.sweep(now)  # G11 (syncstate.py)
         expired = self._custody.expire(now)
         if expired:
@@ -360,11 +366,93 @@ class Engine(MembershipRules, GossipRules, StemRules, SyncRules, ForwardingRules
         self._neighbours.sweep_bans(now)  # S2
 
     # ------------------------------------------------------------------------------------------
+    # the rule groups' entry points (the engine's public API)
+
+    def add_candidates(self, peers: list[PeerInfo], now: float, *, near: int = 0) -> list[Effect]:
+        """Relays learned from a bootstrap list, a scenario or peer exchange: into the passive view
+        (MembershipRules.add_candidates)."""
+        return self._membership_rules.add_candidates(peers, now, near=near)
+
+    def peer_up(self, peer: str, now: float, *, outbound: bool, addr: str = '') -> list[Effect]:
+        """A link to peer is open (we dialled it: outbound=True) (MembershipRules.peer_up)."""
+        return self._membership_rules.peer_up(peer, now, outbound=outbound, addr=addr)
+
+    def peer_down(self, peer: str, now: float, reason: DisconnectReason) -> list[Effect]:
+        """The link to peer closed or failed: refill the active view (passive view, lost neighbours)
+        (MembershipRules.peer_down)."""
+        return self._membership_rules.peer_down(peer, now, reason)
+
+    def connect_failed(self, peer: str, now: float) -> list[Effect]:
+        """A Connect effect did not produce a link: back off (former neighbour) or forget the candidate
+        (MembershipRules.connect_failed)."""
+        return self._membership_rules.connect_failed(peer, now)
+
+    def register(self, registration: Registration, now: float, *, restart: bool = False) -> list[Effect]:
+        """A device homed here registered or refreshed: originate its gossip (rule G2 at distance 0)
+        (GossipRules.register)."""
+        return self._gossip_rules.register(registration, now, restart=restart)
+
+    def unregister(self, route_id: bytes, now: float) -> list[Effect]:
+        """A device homed here unregistered: forget its route here (elsewhere it expires by TTL)
+        (GossipRules.unregister)."""
+        return self._gossip_rules.unregister(route_id, now)
+
+    def provisional_count(self) -> int:
+        """Route ids this relay reaches only through a provisional route (rule G11) whose neighbour is up: one
+        through a neighbour whose link went down forwards nothing (`provisional_hop`) until that neighbour
+        links again, so it is no route to count (a relay restarted amid link churn listed routes it could not
+        use, and searched for their pushes) (SyncRules.provisional_count)."""
+        return self._sync_rules.provisional_count()
+
+    def has_route(self, route_id: bytes) -> bool:
+        """True when a live next hop is known for route_id (ForwardingRules.has_route)."""
+        return self._forwarding_rules.has_route(route_id)
+
+    def flush_receipts(self, now: float) -> list[Effect]:
+        """The receipts held since the last flush (a host that called hold_receipts), one frame per (neighbour,
+        route, receipt key the pushes carried): a ReceiptBatch under one signature for two or more (at most
+        receipt_batch_max each), a plain Receipt for one (ForwardingRules.flush_receipts)."""
+        return self._forwarding_rules.flush_receipts(now)
+
+    def hold_receipts(self) -> None:
+        """Rule F5b: from now on the receipts this relay answers as a home are held until flush_receipts (a host
+        that calls it once per round; the simulator and MiniNet answer each push at once)
+        (ForwardingRules.hold_receipts)."""
+        return self._forwarding_rules.hold_receipts()
+
+    def receipts_held(self) -> bool:
+        """True when receipts wait for flush_receipts (ForwardingRules.receipts_held)."""
+        return self._forwarding_rules.receipts_held()
+
+    def inject_push(self, registration: Registration, token: bytes, ciphertext: bytes, now: float, *,
+                    push_id: bytes | None = None, webpush: WebPushMeta | None = None) -> InjectResult:
+        """A home app pushes here with a push credential's registration and one token (rule C1)
+        (CustodyRules.inject_push)."""
+        return self._custody_rules.inject_push(registration, token, ciphertext, now, push_id=push_id, webpush=webpush)
+
+    def restore_custody(self, push: Push, deadline: float, attempt: int, now: float) -> list[Effect]:
+        """Re-adopt a push this relay held in custody before a restart (the daemon reads it from disk)
+        (CustodyRules.restore_custody)."""
+        return self._custody_rules.restore_custody(push, deadline, attempt, now)
+
+    def link_congested(self, peer: str, now: float) -> list[Effect]:
+        """The driver's bounded send queue for peer dropped frames: peer does not read (rule S1)
+        (ScoringRules.link_congested)."""
+        return self._scoring_rules.link_congested(peer, now)
+
+    def link_unresponsive(self, peer: str, now: float) -> list[Effect]:
+        """The driver's transport got no acknowledgement from peer for what it sent (rule C6): peer is a suspect
+        next hop until a frame from it arrives, and the pushes awaited from it go another way now
+        (RttRules.link_unresponsive)."""
+        return self._rtt_rules.link_unresponsive(peer, now)
+
+    # ------------------------------------------------------------------------------------------
     # introspection
 
     def route_count(self) -> int:
         """Route ids with at least one next hop (a provisional one, rule G11, included)."""
-        return self._routes.routed_count() + (self.provisional_count() if self._sync.any_provisional() else 0)
+        provisional = self._sync_rules.provisional_count() if self._sync.any_provisional() else 0
+        return self._routes.routed_count() + provisional
 
     def route_table_kind(self) -> str:
         """How the route table is stored: "compact" or "dict" (`[engine] route_table`)."""
@@ -429,7 +517,7 @@ class Engine(MembershipRules, GossipRules, StemRules, SyncRules, ForwardingRules
         return sorted((p, st.addr) for p, st in self._linked.items() if st.addr)
 
     def restore_anchors(self, anchors: list[tuple[str, str]], now: float) -> int:
-        """Former neighbours (export_anchors) into the redial list of rule M6, due now: the next _refill
+        """Former neighbours (export_anchors) into the redial list of rule M6, due now: the next refill
         (start) dials them before any candidate of the passive view. Returns how many (at most
         active_max; banned relays and this relay skipped)."""
         n = 0
@@ -467,6 +555,6 @@ class Engine(MembershipRules, GossipRules, StemRules, SyncRules, ForwardingRules
             **self._neighbours.sizes(),  # active, passive, connecting, lost, banned
             "routes_provisional": self._sync.provisional_size(),
             "awaiting_receipt": len(self._await),
-            "reg_duplicate": self._duplicate_count(),  # G3 (gossip.py)
-            **self._counts(),
+            "reg_duplicate": self._gossip_rules.duplicate_count(),  # G3 (gossip.py)
+            **self.counters,
         }

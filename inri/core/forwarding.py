@@ -4,6 +4,7 @@ local repair and route errors, and ring copies that switch back to route mode.""
 from __future__ import annotations
 
 import heapq
+from typing import TYPE_CHECKING
 
 from inri.core.api import (
     CustodyReleased,
@@ -16,7 +17,8 @@ from inri.core.reverse import Back, ReverseMark
 from inri.core.seen import Mark
 from inri.core.state import (
     RECEIPT_STATUS,
-    EngineState,
+    EngineContext,
+    RuleGroup,
     make_receipt,
     make_send,
     readdress,
@@ -33,6 +35,22 @@ from inri.protocol.messages import (
     RouteError,
     RouteErrorReason,
 )
+
+if TYPE_CHECKING:  # annotations only (the groups import each other: Engine.__init__ wires them)
+    from inri.core.awaited import AwaitedAnswers
+    from inri.core.custody import CustodyRules
+    from inri.core.kept import CustodyTable
+    from inri.core.neighbours import Neighbours
+    from inri.core.reverse import ReversePaths
+    from inri.core.roundtrip import RttEstimator
+    from inri.core.rtt import RttRules
+    from inri.core.scoring import ScoringRules
+    from inri.core.seen import SeenCache
+    from inri.core.stemstate import StemState
+    from inri.core.sync import SyncRules
+    from inri.core.syncstate import SyncState
+    from inri.core.tables import CompactRouteTable, RouteTable
+    from inri.core.withdrawals import Withdrawals
 
 ROUTE_ATTEMPTS = 2  # custody attempts that follow routes before the expanding ring starts (C2)
 # Rule F8: a relay's local repair is answered within (its route distance + this) link round trips: the
@@ -72,7 +90,7 @@ def _onward(push: Push, ring: int) -> Push:
     return readdress(push, limits.MAX_TTL - hops if not ring else push.ttl - 1, hops, push.attempt, ring)
 
 
-class ForwardingRules(EngineState):
+class ForwardingRules(RuleGroup):
     """F1-F4: what a relay does with a push, a receipt or a route error."""
 
     # The state this rule group owns (tests/test_core_owners.py; Engine.__init__ builds it).
@@ -86,8 +104,54 @@ class ForwardingRules(EngineState):
     # F5b: receipts held for flush_receipts, or None (answered at once)
     _receipt_hold: dict[tuple[str, bytes, bytes | None], dict[bytes, tuple[ReceiptStatus, int]]] | None
 
+    # The rule groups this one calls (given by `wire`).
+    _custody_rules: CustodyRules
+    _rtt_rules: RttRules
+    _scoring_rules: ScoringRules
+    _sync_rules: SyncRules
+
+    def __init__(self, ctx: EngineContext, awaited: AwaitedAnswers, custody: CustodyTable, neighbours: Neighbours,
+                 reverse: ReversePaths, routes: RouteTable | CompactRouteTable, rtt: RttEstimator, seen: SeenCache,
+                 stem: StemState, sync: SyncState, withdrawals: Withdrawals) -> None:
+        super().__init__(ctx)
+        self._withdrawals = withdrawals
+        self._await = awaited
+        self._custody = custody
+        self._neighbours = neighbours
+        self._reverse = reverse
+        self._routes = routes
+        self._rtt = rtt
+        self._seen = seen
+        self._stem = stem
+        self._sync = sync
+        # F8 (): local repairs this relay started, until their answer is due (a receipt
+        # passing back through here ends the wait: the reverse entry goes).
+        self._repair_heap: list[tuple[float, bytes, str, bytes, bool]] = []
+        # F9 (): push id -> (the next hop a `repair failed` for it came from, expiry), or
+        # (None, expiry) where this relay's own search for it found nothing.
+        self._steer: BoundedMap[bytes, tuple[str | None, float]] = BoundedMap(self.config.reverse_max)
+        # F8c (): push id -> (`repair found` words heard for a local repair of it, refutations
+        # heard, expiry), on the searching relay and on relays between it and a find.
+        self._finds: BoundedMap[bytes, tuple[int, int, float]] = BoundedMap(self.config.reverse_max)
+        # F5c (): push id -> (the neighbour that sent its last route copy, that copy's attempt,
+        # expiry) when F6b kept the reverse entry of an earlier copy: a `not home` for that copy goes there.
+        self._kept_from: BoundedMap[bytes, tuple[str, int, float]] = BoundedMap(self.config.reverse_max)
+        # (next hop, route id) -> when it first left a push of the route unanswered (rule F6)
+        self._hole_suspects: BoundedMap[tuple[str, bytes], float] = BoundedMap(4096)
+        # Rule F5b: receipts answered as a home, held until flush_receipts (None: answered at once, the
+        # default; a host that flushes once per round calls hold_receipts): (neighbour, route id, the
+        # pushes' receipt key) -> push id -> (status, hops).
+        self._receipt_hold: dict[tuple[str, bytes, bytes | None], dict[bytes, tuple[ReceiptStatus, int]]] | None = None
+
+    def wire(self, *, custody: CustodyRules, rtt: RttRules, scoring: ScoringRules, sync: SyncRules) -> None:
+        """The other rule groups this one calls (Engine.__init__, once all are built)."""
+        self._custody_rules = custody
+        self._rtt_rules = rtt
+        self._scoring_rules = scoring
+        self._sync_rules = sync
+
     # Rules F1 (route vector), S2 (preference).
-    def _next_hop(self, rid: bytes, exclude: str | None, alternate: bool = False, low_ok: bool = False) -> str | None:
+    def next_hop(self, rid: bytes, exclude: str | None, alternate: bool = False, low_ok: bool = False) -> str | None:
         """The first live next hop for rid other than `exclude` whose score is not low (None: none).
 
         low_ok: fall back to a live next hop with a low score (rule S2) when no other is left.
@@ -99,7 +163,7 @@ class ForwardingRules(EngineState):
         """
         hops = self._routes.next_hops_of(rid)
         if not hops:
-            return self._provisional_hop(rid, exclude) if self._sync.any_provisional() else None  # G11
+            return self._sync_rules.provisional_hop(rid, exclude) if self._sync.any_provisional() else None  # G11
         active = self._linked
         if alternate and len(hops) > 1:
             hops = hops[1:] + hops[:1]
@@ -115,7 +179,7 @@ class ForwardingRules(EngineState):
                     # better next hop is alive.
                     fallback = p
         if self._sync.any_provisional():  # G11: no next hop of the route table is up: a provisional route's
-            prov = self._provisional_hop(rid, exclude)
+            prov = self._sync_rules.provisional_hop(rid, exclude)
             if prov is not None:
                 return prov
         return fallback if low_ok else None
@@ -138,24 +202,24 @@ class ForwardingRules(EngineState):
             return []
         self._count("push_home_search")
         self._seen.mark_copy(msg.push_id, msg.attempt, True, now)
-        return self._ring_flood(_onward(msg, LOCAL_REPAIR_RADIUS), peer, now)
+        return self.ring_flood(_onward(msg, LOCAL_REPAIR_RADIUS), peer, now)
 
     # Rules F3 (home unreachable), G7.
     def _home_adjacent(self, rid: bytes) -> bool:
         """True when our route for rid had distance 1 (the home relay was our neighbour) and no live
         next hop remains: the home relay itself is unreachable from here, not just a path to it. With
         the stem on, also on a stem relay whose predecessor (its only next hop, G7) is down: see
-        _home_hop."""
+        home_hop."""
         entry = self._routes.get(rid)
         if entry is None:
             return False
         primary = RouteTable.primary(entry)
         if RouteTable.distance(entry) == 1:
             return primary is None or primary not in self._linked
-        return primary is not None and primary not in self._linked and self._home_hop(rid, entry, primary)
+        return primary is not None and primary not in self._linked and self.home_hop(rid, entry, primary)
 
     # Rules F3, F6, C5, C6 (home unreachable), G7.
-    def _home_hop(self, rid: bytes, entry: RouteEntry, nh: str) -> bool:
+    def home_hop(self, rid: bytes, entry: RouteEntry, nh: str) -> bool:
         """nh stands for the home relay here: the home itself (a next hop at distance 1), or, with the
         stem on, this stem relay's predecessor (rule G7: its only next hop and the only way to the
         home). Behind a stem predecessor that is down (or silent) is the home, or a stem relay whose
@@ -170,10 +234,11 @@ class ForwardingRules(EngineState):
     # Rule F1.
     def has_route(self, route_id: bytes) -> bool:
         """True when a live next hop is known for route_id."""
-        return self._next_hop(route_id, None, low_ok=True) is not None
+        return self.next_hop(route_id, None, low_ok=True) is not None
 
     # Rules F1, S1 (an answer is awaited).
-    def _forward(self, msg: Push, nh: str, now: float) -> Send:
+    def forward(self, msg: Push, nh: str, now: float) -> Send:
+        """Send msg to the next hop nh and await its answer."""
         self._linked[nh].last_sent = now  # M2
         self._await_answer(msg, nh, now)
         if self._level:
@@ -186,14 +251,14 @@ class ForwardingRules(EngineState):
     def _await_answer(self, msg: Push, nh: str, now: float) -> None:
         """Expect an answer for the copy msg (just sent to nh) within a timeout
         that shrinks with the hops it has travelled (rule F6)."""
-        if self._keep_awaiting(msg.push_id, nh, now):  # rtt.py (C4): the first next hop stays awaited
+        if self._rtt_rules.keep_awaiting(msg.push_id, nh, now):  # rtt.py (C4): the first next hop stays awaited
             return
         timeout = self.config.receipt_timeout_s
         deadline = now + max(timeout / 4, timeout * (1 - ANSWER_STEP_SHARE * msg.hops))
         self._await.expect(msg.push_id, nh, deadline, now, msg.route_id, msg)
 
     # Rules S1 (a black hole is blamed), F6 (and reported upstream).
-    def _answers_overdue(self, now: float) -> list[Effect]:
+    def answers_overdue(self, now: float) -> list[Effect]:
         """Pushes whose answer is overdue: blame the next hop (S1; a slow one gets its grace first) and
         tell the relay upstream where the hole is (F6)."""
         out: list[Effect] = []
@@ -204,14 +269,14 @@ class ForwardingRules(EngineState):
                 return out
             pid, w = due
             nh = w[0]
-            out += self._receipt_overdue(pid, nh, w[2], now, w[1] - w[2])
-            if self._in_grace(pid):
+            out += self._scoring_rules.receipt_overdue(pid, nh, w[2], now, w[1] - w[2])
+            if self._scoring_rules.in_grace(pid):
                 continue  # a slow neighbour's grace: not reported (scoring.py blames it when it ends)
             st = self._linked.get(nh)
             if st is None or st.last_heard <= w[2]:
                 # Silent since the push left: more likely down (keepalives will tell, and its routes go
                 # with it) than a hole; reporting these cost 40% more messages under churn (churn-2k).
-                out += self._report_home_silent(pid, nh, now, w[3])
+                out += self.report_home_silent(pid, nh, now, w[3])
                 continue
             rid = w[3]
             first = self._hole_suspects.get((nh, rid))
@@ -232,7 +297,7 @@ class ForwardingRules(EngineState):
             out += self._report_hole(pid, nh, now, rid)
 
     # Rule F6.
-    def _report_home_silent(self, pid: bytes, nh: str, now: float, rid: bytes) -> list[Effect]:
+    def report_home_silent(self, pid: bytes, nh: str, now: float, rid: bytes) -> list[Effect]:
         """The next hop that did not answer is the home relay itself (distance 1 here) and has been
         silent since the push left: most likely the home went down (kill -9, restart). Tell the relay
         upstream `home unreachable` now, as after the keepalive timeout: its custodian keeps custody
@@ -240,7 +305,7 @@ class ForwardingRules(EngineState):
         that is merely restarting (a `no route` from the next relay back would: every relay between
         the custodian and the home then lost the route until the device refreshed it)."""
         entry = self._routes.get(rid)
-        if entry is None or not self._home_hop(rid, entry, nh):
+        if entry is None or not self.home_hop(rid, entry, nh):
             return []
         back = self._reverse.back(pid)
         if back is None:
@@ -249,7 +314,7 @@ class ForwardingRules(EngineState):
         if isinstance(prev, ReverseMark):
             c = self._custody.get(pid)
             if c is not None:
-                self._home_down(c, now)  # the home is our neighbour and silent: retry later, never widen
+                self._custody_rules.home_down(c, now)  # the home is our neighbour and silent: retry later, never widen
             return []
         if prev not in self._linked:
             return []
@@ -282,7 +347,7 @@ class ForwardingRules(EngineState):
             # G7: a stem relay keeps its stem route (stem.py), so upstream keeps using it while it is up.
             kept = RouteErrorReason.NEXT_HOP_DOWN if nh in self._linked else RouteErrorReason.NO_ROUTE
             return self._send_hole(pid, rid, prev, kept, now)
-        left = self._next_hop(rid, prev)
+        left = self.next_hop(rid, prev)
         reason = RouteErrorReason.NEXT_HOP_DOWN if left is not None and left != nh else RouteErrorReason.NO_ROUTE
         return self._send_hole(pid, rid, prev, reason, now)
 
@@ -295,7 +360,8 @@ class ForwardingRules(EngineState):
         return [Send(prev, RouteError(pid, rid, reason))]
 
     # Rule F4.
-    def _ring_flood(self, msg: Push, sender: str | None, now: float) -> list[Effect]:
+    def ring_flood(self, msg: Push, sender: str | None, now: float) -> list[Effect]:
+        """Send a ring copy of msg to every linked neighbour but sender."""
         out: list[Effect] = []
         for p, st in self._linked.items():
             if p != sender:
@@ -307,7 +373,8 @@ class ForwardingRules(EngineState):
         return out
 
     # Rules F1 (budget, seen, reverse path), F2 (at home), F4 (ring copies), F3 (local repair, no route).
-    def _on_push(self, peer: str, msg: Push, now: float) -> list[Effect]:
+    def on_push(self, peer: str, msg: Push, now: float) -> list[Effect]:
+        """A push frame from a neighbour (Engine._on_push, a hook, calls it)."""
         pid = msg.push_id
         rid = msg.route_id
         cfg = self.config
@@ -323,7 +390,7 @@ class ForwardingRules(EngineState):
             if now - state.budget_penalized_at < 1.0:
                 return []
             state.budget_penalized_at = now
-            return self._score(peer, cfg.score_budget_drop, now, "budget_peer")
+            return self._scoring_rules.score(peer, cfg.score_budget_drop, now, "budget_peer")
         # Seen per (push, attempt, mode): a ring copy that met a route continues in route mode through
         # relays that already saw (and flooded) the ring copy of the same attempt.
         if not self._seen.first_copy(pid, msg.attempt, msg.ring != 0, now):  # F6b's mark goes with a new copy
@@ -363,7 +430,7 @@ class ForwardingRules(EngineState):
         if status is not None:
             if isinstance(status, RouteErrorReason):  # rule F5c: no key of the push's registration here
                 return self._push_drop(peer, msg, now, "not_home", status)
-            out = self._deliver_local(pid, msg, status, now, hops=msg.hops + 1)
+            out = self.deliver_local(pid, msg, status, now, hops=msg.hops + 1)
             # Rule F5c: signed with the receipt key of the registration this push carried (the current
             # one, or a superseded one this home still holds), so every relay on the way back verifies it.
             reg = msg.registration
@@ -384,7 +451,7 @@ class ForwardingRules(EngineState):
                 self._verifier.verify_registration(msg.registration)
             ):
                 return self._push_drop(peer, msg, now, "bad_registration", None)
-            nh = self._next_hop(rid, peer, alternate=(msg.attempt & 1) == 1)
+            nh = self.next_hop(rid, peer, alternate=(msg.attempt & 1) == 1)
             if nh is not None:  # a route is known here: follow the route (once per attempt)...
                 # ...and (rule F4b, `ring_past_routes`) the ring goes on to its radius: routes broken by
                 # churn are not withdrawn, so every relay near the custodian may hold a route into the
@@ -399,12 +466,12 @@ class ForwardingRules(EngineState):
                 last = (cfg.last_ring_past_routes and msg.ring > LOCAL_REPAIR_RADIUS
                         and msg.ring + msg.hops > limits.RING_RADII[-1])
                 go_on = msg.ring > 1 and (cfg.ring_past_routes or last)
-                more = self._ring_flood(_onward(msg, msg.ring - 1), peer, now) if go_on else []
+                more = self.ring_flood(_onward(msg, msg.ring - 1), peer, now) if go_on else []
                 if self._seen.copy_seen(pid, msg.attempt, False):
                     self._count("push_seen_dropped")
                     return more
                 self._seen.mark_copy(pid, msg.attempt, False, now)
-                out = [self._forward(_onward(msg, 0), nh, now)] + more
+                out = [self.forward(_onward(msg, 0), nh, now)] + more
                 if msg.attempt < ROUTE_ATTEMPTS and cfg.adaptive_retry and peer in self._linked:
                     # Rule F8b: a local repair's copy (route attempts only: a custodian's rings are
                     # later attempts) found a route: the searching relay, one or two links back, waits.
@@ -418,27 +485,27 @@ class ForwardingRules(EngineState):
                 return self._push_drop(peer, msg, now, "home_unreachable", RouteErrorReason.HOME_UNREACHABLE)
             if msg.ring <= 1:
                 return self._push_drop(peer, msg, now, "ring_end", None)
-            return self._ring_flood(_onward(msg, msg.ring - 1), peer, now)
+            return self.ring_flood(_onward(msg, msg.ring - 1), peer, now)
         if self._withdrawals.home_down(rid):  # G12: the home is down: not used, no search; the sender missed it
             return (self._push_drop(peer, msg, now, "home_unreachable", RouteErrorReason.HOME_UNREACHABLE)
                     + self._withdrawals.tell_again(peer, rid, now))
-        nh = self._next_hop(rid, peer, alternate=(msg.attempt & 1) == 1)
+        nh = self.next_hop(rid, peer, alternate=(msg.attempt & 1) == 1)
         if msg.attempt and cfg.repair_steer and pid in self._steer:  # rule F9: a search for it failed
             steer = self._steered(msg, peer, nh, now)
             if steer is not None:
                 return steer
-            nh = self._steer_hop(pid, rid, peer, nh, now)
+            nh = self.steer_hop(pid, rid, peer, nh, now)
         if nh is None:
-            low = self._next_hop(rid, peer, low_ok=True)  # a live next hop with a low score (S2)
+            low = self.next_hop(rid, peer, low_ok=True)  # a live next hop with a low score (S2)
             if low is not None and (msg.attempt == 0 or self._linked[low].score > cfg.score_avoid_below):
                 # Low but not very low, or the push's first attempt: most likely an honest relay
                 # upstream of a failure (blame for a missing receipt is diffuse); use it rather than
                 # flood the neighbourhood. Re-sent attempts (the custodian saw a failure) avoid it.
-                if self._unresponsive(low):  # rtt.py (C6): its transport gave up on it: ask around first
-                    repaired = self._repair_stranded(_onward(msg, 0), low, peer, now)
+                if self._rtt_rules.unresponsive(low):  # rtt.py (C6): its transport gave up on it: ask around first
+                    repaired = self._rtt_rules.repair_stranded(_onward(msg, 0), low, peer, now)
                     if repaired:
                         return repaired
-                return [self._forward(_onward(msg, 0), low, now)]
+                return [self.forward(_onward(msg, 0), low, now)]
             if low is None and self._home_adjacent(rid):
                 return (self._push_drop(peer, msg, now, "home_unreachable", RouteErrorReason.HOME_UNREACHABLE)
                         + self._home_search(msg, peer, now))
@@ -448,15 +515,15 @@ class ForwardingRules(EngineState):
                 # with a route of their own (not through us: the sender is excluded) carry it on.
                 self._count("push_local_repair")
                 self._seen.mark_copy(pid, msg.attempt, True, now)
-                self._watch_repair(msg, peer, now)
-                return self._ring_flood(_onward(msg, LOCAL_REPAIR_RADIUS), peer, now)
+                self.watch_repair(msg, peer, now)
+                return self.ring_flood(_onward(msg, LOCAL_REPAIR_RADIUS), peer, now)
             if low is not None:  # the neighbourhood was asked: the low-scored next hop is the last resort
-                return [self._forward(_onward(msg, 0), low, now)]
+                return [self.forward(_onward(msg, 0), low, now)]
             return self._push_drop(peer, msg, now, "no_route", RouteErrorReason.NO_ROUTE)
-        return [self._forward(_onward(msg, 0), nh, now)]
+        return [self.forward(_onward(msg, 0), nh, now)]
 
     # Rule F9.
-    def _steer_hop(self, pid: bytes, rid: bytes, prev: str | None, nh: str | None, now: float) -> str | None:
+    def steer_hop(self, pid: bytes, rid: bytes, prev: str | None, nh: str | None, now: float) -> str | None:
         """The next hop for a later copy of push pid: nh, unless a `repair failed` for an earlier copy came
         back from nh (rule F9) and another live next hop of the route (not prev, score not low, not
         unresponsive) is left: that one, so the copy does not walk into the hole the search found."""
@@ -490,7 +557,7 @@ class ForwardingRules(EngineState):
         rings) instead of searching again. None: nothing to do here (the copy goes on as usual)."""
         got = self._steer.get(msg.push_id)
         if (got is None or got[0] is not None or got[1] <= now or nh is not None
-                or msg.attempt >= ROUTE_ATTEMPTS or self._next_hop(msg.route_id, peer, low_ok=True) is not None
+                or msg.attempt >= ROUTE_ATTEMPTS or self.next_hop(msg.route_id, peer, low_ok=True) is not None
                 or self._home_adjacent(msg.route_id)):
             return None
         if not self._error_once(msg.push_id, now):
@@ -503,7 +570,7 @@ class ForwardingRules(EngineState):
         return [Send(peer, RouteError(msg.push_id, msg.route_id, RouteErrorReason.DEAD_END))]
 
     # Rule F8.
-    def _watch_repair(self, msg: Push, prev: str, now: float) -> None:
+    def watch_repair(self, msg: Push, prev: str, now: float) -> None:
         """A local repair of push msg (received from prev) starts here: if no answer comes back through
         this relay within the repair's expected round trip, the custodian hears `repair failed` (F8).
         The wait: (route distance here + REPAIR_EXTRA_LINKS) link round trips at srtt + 2 rttvar each
@@ -541,25 +608,25 @@ class ForwardingRules(EngineState):
             heapq.heappush(self._repair_heap, (now + wait, msg.push_id, prev, msg.route_id, False))
 
     # Rule F8.
-    def _repair_next(self) -> float | None:
+    def repair_next(self) -> float | None:
         """When the first local repair watched here is due (None: none)."""
         heap = self._repair_heap
         return heap[0][0] if heap else None
 
     # Rules F5c, F8c, F9.
-    def _sweep_repairs(self, now: float) -> None:
+    def sweep_repairs(self, now: float) -> None:
         """Drop the expired steering notes (F9), find counts (F8c) and kept senders (F5c)."""
         self._steer.sweep(lambda v: v[1] <= now)
         self._finds.sweep(lambda v: v[2] <= now)
         self._kept_from.sweep(lambda v: v[2] <= now)
 
     # Rule F9.
-    def _steer_known(self, pid: bytes) -> bool:
-        """True when a search for push pid failed (its next copies are steered, _steer_hop)."""
+    def steer_known(self, pid: bytes) -> bool:
+        """True when a search for push pid failed (its next copies are steered, steer_hop)."""
         return pid in self._steer
 
     # Rule F8.
-    def _repairs_unanswered(self, now: float) -> list[Effect]:
+    def repairs_unanswered(self, now: float) -> list[Effect]:
         """Local repairs whose answer is overdue: the radius-2 search found nothing (its copies die
         quietly). Tell the relay upstream `repair failed`, a notice for the custodian that every relay
         on the way passes on unchanged (_on_repair_failed): the custodian takes its next step (C2) at
@@ -627,7 +694,7 @@ class ForwardingRules(EngineState):
                     # only meet the same search: the first ring goes now.
                     self._count("custody_skipped_dead_end")
                     c.attempt += 1
-            return self._attempt(c, now)
+            return self._custody_rules.attempt(c, now)
         if isinstance(prev, ReverseMark) or prev not in self._linked:
             return []
         if self.config.repair_steer and self.config.repair_reroute:
@@ -664,7 +731,7 @@ class ForwardingRules(EngineState):
         self._seen.mark(pid, Mark.REROUTED, now)
         self._steer.put(pid, (peer, now + self.config.reverse_ttl_s))
         self._count("push_rerouted_dead_end")
-        return [self._forward(w[4], other, now)]
+        return [self.forward(w[4], other, now)]
 
     # Rule F8b.
     def _on_repair_found(self, peer: str, msg: RouteError, now: float) -> list[Effect]:
@@ -704,7 +771,7 @@ class ForwardingRules(EngineState):
         pid = msg.push_id
         w = self._await.get(pid)
         copy = w[4] if w is not None and w[0] == peer else None  # the copy it answers (F6: awaited here)
-        self._answered(peer, pid, now, reward=False)
+        self._scoring_rules.answered(peer, pid, now, reward=False)
         self._count("route_error_not_home")
         back = self._reverse.back(pid)
         if back is None:
@@ -721,7 +788,7 @@ class ForwardingRules(EngineState):
             c = self._custody.get(pid)
             if c is not None:
                 c.refused = True
-                self._home_down(c, now)  # route re-sends only (custody.py), as after `home unreachable`
+                self._custody_rules.home_down(c, now)  # route re-sends only (custody.py), as after `home unreachable`
             return []
         if isinstance(prev, ReverseMark) or prev not in self._linked or not self._error_once(pid, now):
             return []
@@ -778,7 +845,7 @@ class ForwardingRules(EngineState):
     def _error_once(self, pid: bytes, now: float) -> bool:
         """True the first time a route error for push pid is passed on since its last copy came (F6b:
         route errors keep the reverse path, so a relay passes on one route error per copy of the push it
-        received; a new copy clears the mark, in _on_push): an answer never circles."""
+        received; a new copy clears the mark, in on_push): an answer never circles."""
         if not self._seen.mark_once(pid, Mark.ERROR_PASSED, now):
             self._count("route_error_repeat_dropped")
             return False
@@ -803,9 +870,10 @@ class ForwardingRules(EngineState):
         return [Send(peer, RouteError(msg.push_id, msg.route_id, error))]
 
     # Rule F2.
-    def _deliver_local(
+    def deliver_local(
         self, pid: bytes, msg: Push, status: ReceiptStatus, now: float, hops: int = 0
     ) -> list[Effect]:
+        """The home store's verdict (status) on msg at this relay: delivered, a duplicate, or dropped (counted)."""
         if status == ReceiptStatus.STORED:
             if self._level:
                 self._trace(now, "push_delivered", msg=pid.hex(), route=msg.route_id.hex(), hops=hops)
@@ -881,7 +949,8 @@ class ForwardingRules(EngineState):
             self._trace(now, "route_learnt", route=rid.hex(), peer=peer, hops=hops)
 
     # Rules F1 (receipts travel back), F5 (signed receipts), S1 (an answer).
-    def _on_receipt(self, peer: str, msg: Receipt, now: float) -> list[Effect]:
+    def on_receipt(self, peer: str, msg: Receipt, now: float) -> list[Effect]:
+        """A receipt from a neighbour: check it, learn from it, pass it back or settle custody."""
         back = self._reverse.back(msg.push_id)
         forged = None if back is None else self._receipt_forged(msg, back[0], back[2])
         if forged:
@@ -890,18 +959,18 @@ class ForwardingRules(EngineState):
             if self._level:
                 self._trace(now, "receipt_refused", msg=msg.push_id.hex(), peer=peer, hops=msg.hops,
                             reason=RECEIPT_STATUS[msg.status])
-            return self._score(peer, self.config.score_bad_signature, now, "bad_receipt")
+            return self._scoring_rules.score(peer, self.config.score_bad_signature, now, "bad_receipt")
         if forged is not None and back is not None:
             self._learn_from_receipt(peer, msg, back, now)
-        self._receipt_rtt(peer, msg, now)  # rtt.py (C4): a round-trip sample
-        self._answered(peer, msg.push_id, now, any_peer=True)  # scoring.py: rises, never cuts
+        self._rtt_rules.receipt_rtt(peer, msg, now)  # rtt.py (C4): a round-trip sample
+        self._scoring_rules.answered(peer, msg.push_id, now, any_peer=True)  # scoring.py: rises, never cuts
         if back is None:
             self._count("receipt_orphan")
             return []
         self._reverse.forget(msg.push_id)
         prev = back[0]
         if prev is _LOCAL:
-            return self._settle(msg.push_id, msg.status, msg.hops, now)
+            return self._custody_rules.settle(msg.push_id, msg.status, msg.hops, now)
         if prev is _LATE:
             self._count("receipt_late")
             return [CustodyReleased(msg.push_id, RECEIPT_STATUS[msg.status], msg.hops)]
@@ -983,7 +1052,7 @@ class ForwardingRules(EngineState):
         return not all(self._verifier.verify_receipts(k, msg) for k in keys)
 
     # Rules F5b, F1 (receipts travel back), S1 (answers), F7.
-    def _on_receipt_batch(self, peer: str, msg: ReceiptBatch, now: float) -> list[Effect]:
+    def on_receipt_batch(self, peer: str, msg: ReceiptBatch, now: float) -> list[Effect]:
         """A batch of the home's receipts: judged once (one signature), then each item as a receipt; the
         batch is passed on whole (its signature covers every item) to each relay an item's reverse path
         leads to. A batch that does not verify is ignored and its sender scored down once (one frame)."""
@@ -996,26 +1065,26 @@ class ForwardingRules(EngineState):
             if self._level:
                 self._trace(now, "receipt_refused", msg=msg.items[0][0].hex(), peer=peer, hops=msg.items[0][2],
                             reason="batch")
-            return self._score(peer, self.config.score_bad_signature, now, "bad_receipt")
+            return self._scoring_rules.score(peer, self.config.score_bad_signature, now, "bad_receipt")
         out: list[Effect] = []
         onward: dict[str, None] = {}
         for (pid, status, hops), back in zip(msg.items, backs, strict=True):
             r = make_receipt(pid, status, hops)
             if forged is not None and back is not None and pid in judged:
                 self._learn_from_receipt(peer, r, back, now)
-            self._receipt_rtt(peer, r, now)
-            self._answered(peer, pid, now, any_peer=True)
+            self._rtt_rules.receipt_rtt(peer, r, now)
+            self._scoring_rules.answered(peer, pid, now, any_peer=True)
             if back is None:
                 self._count("receipt_orphan")
                 continue
             self._reverse.forget(pid)
             prev = back[0]
             if prev is _LOCAL:
-                out += self._settle(pid, status, hops, now)
+                out += self._custody_rules.settle(pid, status, hops, now)
             elif prev is _LATE:
                 self._count("receipt_late")
                 out.append(CustodyReleased(pid, RECEIPT_STATUS[status], hops))
-            elif isinstance(prev, ReverseMark) or prev not in self._linked:  # (as in _on_receipt)
+            elif isinstance(prev, ReverseMark) or prev not in self._linked:  # (as in on_receipt)
                 self._count("receipt_lost_link")
             else:
                 onward[prev] = None
@@ -1027,12 +1096,13 @@ class ForwardingRules(EngineState):
         return out
 
     # Rules F3 (route errors travel back; the reporting next hop is dropped), C2.
-    def _on_route_error(self, peer: str, msg: RouteError, now: float) -> list[Effect]:
+    def on_route_error(self, peer: str, msg: RouteError, now: float) -> list[Effect]:
+        """A route error from a neighbour: fix the route, re-send or pass the error back."""
         if msg.reason == RouteErrorReason.DUPLICATE:
             # A relay down the path had this attempt already (its answer went back the way the first
             # copy came): no black hole and no broken route. Neutral for the score; passed back along
             # this copy's reverse path so no relay on it blames its next hop; a custodian keeps custody.
-            if not self._answered(peer, msg.push_id, now, reward=False):
+            if not self._scoring_rules.answered(peer, msg.push_id, now, reward=False):
                 return self._find_refuted(peer, msg, now)  # F8c: a repair's find led back into the path?
             self._count("route_error_duplicate")
             back = self._reverse.back(msg.push_id)
@@ -1053,7 +1123,7 @@ class ForwardingRules(EngineState):
         # neighbour blamed while the home behind it was down (not yet detected) recovers.
         # `next hop down` (F6) is neutral: it earns nothing, or a black hole could buy score with it.
         hole = msg.reason == RouteErrorReason.NEXT_HOP_DOWN
-        self._answered(peer, msg.push_id, now, reward=not hole)
+        self._scoring_rules.answered(peer, msg.push_id, now, reward=not hole)
         home_down = msg.reason == RouteErrorReason.HOME_UNREACHABLE
         # The reverse path stays (see _push_drop, _report_hole): a late receipt still gets back (a
         # search that went on after `no route` may still find the home: F4b, F7).
@@ -1083,17 +1153,18 @@ class ForwardingRules(EngineState):
             if c is None:
                 return []
             if hole:
-                self._await_route(c, now)  # F6: the route is repaired down the path; the scheduled retry stands
+                # F6: the route is repaired down the path; the scheduled retry stands
+                self._custody_rules.await_route(c, now)
                 return []
             if msg.reason == RouteErrorReason.HOME_UNREACHABLE:
                 # The home relay is down: flooding cannot reach it. Keep custody and re-send along the
                 # route at the next scheduled retry (it may be back by then); never widen the ring.
-                self._home_down(c, now)
+                self._custody_rules.home_down(c, now)
                 return []
             if c.attempt + 1 >= self.config.custody_max_attempts:
-                self._await_route(c, now)
+                self._custody_rules.await_route(c, now)
                 return []  # parked: the next slow retry is already scheduled
-            return self._retry(c, now)
+            return self._custody_rules.retry(c, now)
         if (isinstance(prev, ReverseMark) or prev not in self._linked  # a late mark, or the link went
                 or not self._error_once(msg.push_id, now)):  # F6b
             return []

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from inri.core.api import (
     Effect,
@@ -15,8 +15,9 @@ from inri.core.api import (
 )
 from inri.core.state import (
     MAX_CLOCK_SKEW_S,
-    EngineState,
+    EngineContext,
     Neighbour,
+    RuleGroup,
     make_gossip,
     make_send,
 )
@@ -26,6 +27,17 @@ from inri.protocol.messages import (
     RegGossip,
     Registration,
 )
+
+if TYPE_CHECKING:  # annotations only (the groups import each other: Engine.__init__ wires them)
+    from inri.core.custody import CustodyRules
+    from inri.core.floodstate import FloodState
+    from inri.core.homed import HomedRoutes
+    from inri.core.kept import CustodyTable
+    from inri.core.scoring import ScoringRules
+    from inri.core.stem import StemRules
+    from inri.core.stemstate import StemState
+    from inri.core.tables import CompactRouteTable, RouteTable
+    from inri.core.tree import TreeGossip
 
 # Link-up announcements (G5) use a quarter of a neighbour's gossip budget (burst, then rate): the rest
 # stays for the gossip it forwards meanwhile, so announcing never costs the home its score there.
@@ -62,7 +74,7 @@ def _gossip_frame_bytes(registration: Registration) -> int:
 gossip_frame_bytes = _gossip_frame_bytes  # bytes of one full registration frame (flood) of a registration
 
 
-class GossipRules(EngineState):
+class GossipRules(RuleGroup):
     """G1-G4: the route table, built from registration gossip."""
 
     # The state this rule group owns (tests/test_core_owners.py; Engine.__init__ builds it).
@@ -70,7 +82,34 @@ class GossipRules(EngineState):
     _tree_on: bool  # G9: the tree scheme (tree.py) instead of flooding
     reg_duplicates: int  # G3: gossip arrivals of a known (route, epoch): a plain int on the hot path
 
-    def _duplicate_count(self) -> int:
+    # The rule groups this one calls (given by `wire`).
+    _custody_rules: CustodyRules
+    _scoring_rules: ScoringRules
+    _stem_rules: StemRules
+
+    def __init__(self, ctx: EngineContext, custody: CustodyTable, flood: FloodState, homed: HomedRoutes,
+                 routes: RouteTable | CompactRouteTable, stem: StemState, tree: TreeGossip,
+                 emit_row: Callable[[tuple[Any, ...]], None] | None) -> None:
+        super().__init__(ctx)
+        self._custody = custody
+        self._flood = flood
+        self._homed = homed
+        self._routes = routes
+        self._stem = stem
+        self._tree = tree
+        # Optional fast path: a tracer may take whole rows in trace-schema column order.
+        self._emit_row = emit_row
+        # Tree gossip (tree.py, rule G9); the tables stay empty with gossip_scheme "flood".
+        self._tree_on = self.config.gossip_scheme == "tree"
+        self.reg_duplicates = 0  # gossip arrivals of a known (route, epoch): a plain int on the hot path
+
+    def wire(self, *, custody: CustodyRules, scoring: ScoringRules, stem: StemRules) -> None:
+        """The other rule groups this one calls (Engine.__init__, once all are built)."""
+        self._custody_rules = custody
+        self._scoring_rules = scoring
+        self._stem_rules = stem
+
+    def duplicate_count(self) -> int:
         """G3: how many gossip arrivals were of a (route id, epoch) already known (stats)."""
         return self.reg_duplicates
 
@@ -90,7 +129,7 @@ class GossipRules(EngineState):
         self._routes.originate(rid, registration.epoch, self._local_expiry(registration.expires_at))
         self._homed.keep(registration)  # announced to every neighbour whose link comes up later (G5)
         if self.config.stem:  # G6: a stem before the flood (stem.py); G5 then announces with stem frames
-            return self._stem_register(registration, now, restart)
+            return self._stem_rules.stem_register(registration, now, restart)
         out: list[Effect] = []
         if self._tree_on:  # G9: full frames along the eager links, announcements on the others (tree.py)
             out = self._tree.forward(registration, self.config.gossip_ttl, 0, None, now, 0.0)
@@ -111,11 +150,11 @@ class GossipRules(EngineState):
         self._routes.pop(route_id, None)
         self._flood.forget(route_id)
         self._homed.forget(route_id)
-        self._forget_generation(route_id)
+        self._stem_rules.forget_generation(route_id)
         return []
 
     # Rule G5.
-    def _announce_homed(self, peer: str, now: float, budget: float) -> list[Effect]:
+    def announce_homed(self, peer: str, now: float, budget: float) -> list[Effect]:
         """Announce up to `budget` registrations homed here to a neighbour whose link came up (G5).
 
         hops 0 and TTL 1: the neighbour takes the route (or a better next hop for it) and forwards
@@ -136,14 +175,14 @@ class GossipRules(EngineState):
                 break
             reg = homed.get(rid)
             if stem:  # as a stem frame, from the home and from every stem relay alike (stem.py)
-                frame = self._stem_announcement(rid, reg, now)
+                frame = self._stem_rules.stem_announcement(rid, reg, now)
                 if frame is not None:
                     out.append(Send(peer, frame))
                     n -= 1
                     if reg is not None and (self._stem.branching(rid) or self._stem.embargoed((rid, reg.epoch))):
                         # G10b: a neighbour that may not hold this generation yet starts a stem of its own
                         self._stem.add_branch(rid, peer)
-            elif reg is not None and reg.expires_at > now + self.wall_offset:
+            elif reg is not None and reg.expires_at > now + self._ctx.wall_offset:
                 out.append(Send(peer, RegGossip(reg, 1, 0)))
                 n -= 1
         if out:
@@ -152,17 +191,19 @@ class GossipRules(EngineState):
         return out
 
     # Rules G1, G4 (refusals are counted and traced).
-    def _drop_reg(self, now: float, reg: Registration, peer: str, reason: str, penalty: float = 0.0) -> list[Effect]:
+    def drop_reg(self, now: float, reg: Registration, peer: str, reason: str, penalty: float = 0.0) -> list[Effect]:
+        """Refuse a registration copy from peer: counted, traced, and penalty taken from peer's score."""
         self._count("reg_dropped_" + reason)
         if self._level:
             self._trace(now, "reg_dropped", msg=f"{reg.route_id.hex()}:{reg.epoch}", route=reg.route_id.hex(),
                         peer=peer, epoch=reg.epoch, reason=reason)
-        return self._score(peer, penalty, now, reason) if penalty else []
+        return self._scoring_rules.score(peer, penalty, now, reason) if penalty else []
 
     # Rules G1 (verify, newest epoch), G2 (first arrival), G3 (duplicates), G4 (budgets).
-    def _on_gossip(self, peer: str, state: Neighbour, msg: RegGossip, now: float) -> list[Effect]:
+    def on_gossip(self, peer: str, state: Neighbour, msg: RegGossip, now: float) -> list[Effect]:
+        """Registration gossip from a neighbour (Engine._on_gossip, a hook, calls it)."""
         if msg.stem:  # G6-G7: a stem frame (stem.py)
-            return self._on_stem(peer, state, msg, now)
+            return self._stem_rules.on_stem(peer, state, msg, now)
         cfg = self.config
         reg = msg.registration
         rid = reg.route_id
@@ -170,7 +211,7 @@ class GossipRules(EngineState):
         routes = self._routes
         entry = routes.get(rid)
         if entry is not None and (msg.generation or self._stem.generations()):  # G10: a route generation (stem.py)
-            done = self._generation_arrival(peer, msg, entry, now)
+            done = self._stem_rules.generation_arrival(peer, msg, entry, now)
             if done is not None:
                 return done
             entry = routes.get(rid)  # None when a higher generation replaced the route
@@ -178,17 +219,17 @@ class GossipRules(EngineState):
             arrival = routes.arrival(entry, epoch, peer, msg.hops, cfg.route_k)  # one call per frame
             if arrival is not _NEWER:
                 if arrival is _STALE:
-                    return self._drop_reg(now, reg, peer, "stale_epoch", cfg.score_replay)
+                    return self.drop_reg(now, reg, peer, "stale_epoch", cfg.score_replay)
                 self.reg_duplicates += 1  # the same epoch (most gossip arrivals): G3
                 if self._tree_on and not (msg.hops == 0 and msg.ttl == 1):  # G9: a full copy we had: prune
                     self._tree.duplicate(peer, rid, now)
                 if self._stem.embargoed((rid, epoch)):  # G7-G8: the flood reached a stem relay
-                    return self._stem_flood_back(peer, msg, now)
+                    return self._stem_rules.stem_flood_back(peer, msg, now)
                 if arrival is _REPLAYED:  # it gave us this (route, epoch) before: honest relays forward once
                     if msg.hops == 0 and msg.ttl == 1:  # ...unless it is the home announcing it on a new link (G5)
                         return []
                     if not self._shorter_than_claimed(peer, msg, entry):  # ...or again with fewer hops (G3b)
-                        return self._drop_reg(now, reg, peer, "replayed", cfg.score_replay)
+                        return self.drop_reg(now, reg, peer, "replayed", cfg.score_replay)
                     return self._reforward(peer, msg, now)
                 if self._tree_on and self._tree.earlier(peer, msg, entry, now):  # G9: a faster path
                     return []
@@ -211,32 +252,32 @@ class GossipRules(EngineState):
                 return []
         # Per-neighbour budget (G4): every new (route, epoch) costs the sender one token.
         if not state.reg_budget.take(now, cfg.reg_budget_per_peer_per_s, cfg.reg_budget_peer_burst):
-            return self._drop_reg(now, reg, peer, "budget_peer", cfg.score_budget_drop)
-        off = self.wall_offset
+            return self.drop_reg(now, reg, peer, "budget_peer", cfg.score_budget_drop)
+        off = self._ctx.wall_offset
         wall = now + off  # registrations carry wall-clock times
         expires_at = reg.expires_at
         if expires_at <= wall:
-            return self._drop_reg(now, reg, peer, "expired")
+            return self.drop_reg(now, reg, peer, "expired")
         if reg.issued_at > wall + MAX_CLOCK_SKEW_S:
-            return self._drop_reg(now, reg, peer, "future")
+            return self.drop_reg(now, reg, peer, "future")
         if not self._verifier.verify_registration(reg):
-            return self._drop_reg(now, reg, peer, "bad_signature", cfg.score_bad_signature)
-        if msg.generation and not self._generation_valid(msg):  # G10: only the home issues generations
-            return self._drop_reg(now, reg, peer, "bad_signature", cfg.score_bad_signature)
+            return self.drop_reg(now, reg, peer, "bad_signature", cfg.score_bad_signature)
+        if msg.generation and not self._stem_rules.generation_valid(msg):  # G10: only the home issues generations
+            return self.drop_reg(now, reg, peer, "bad_signature", cfg.score_bad_signature)
         if entry is not None:  # a refresh (newer epoch) of a known route id: per-origin budget
             if not self._flood.refresh_allowed(rid, now, cfg.reg_budget_per_origin_per_s, cfg.reg_budget_burst):
-                return self._drop_reg(now, reg, peer, "budget_origin")
+                return self.drop_reg(now, reg, peer, "budget_origin")
         elif len(routes) >= cfg.route_max:
-            self._evict_route(now)
+            self.evict_route(now)
         hops = msg.hops + 1
         # The route lives as long as the registration (at most 30 days, limits.MAX_LIFETIME_S), on the
         # engine's monotonic clock: a wall-clock step later neither shortens nor stretches it.
         # (_local_expiry inline: once per new (route, epoch); offset 0 keeps the shared int.)
         routes.set_first(rid, epoch, expires_at - off if off else expires_at, peer, hops)
         if msg.generation or self._stem.generations():
-            self._set_generation(rid, msg)
+            self._stem_rules.set_generation(rid, msg)
         if self._custody:  # C3c (custody.py)
-            self._route_renewed(rid, now)
+            self._custody_rules.route_renewed(rid, now)
         out: list[Effect] = []
         ttl = msg.ttl - 1
         if hops > ttl:  # G3b: this copy spent more TTL than it has left; a later, shorter one goes on too
@@ -303,7 +344,7 @@ class GossipRules(EngineState):
         # G3: a feasible arrival from a new neighbour while there is room: a backup next hop.
         reg = msg.registration
         if not self._verifier.verify_registration(reg):
-            return self._drop_reg(now, reg, peer, "bad_signature", self.config.score_bad_signature)
+            return self.drop_reg(now, reg, peer, "bad_signature", self.config.score_bad_signature)
         self._routes.add_backup(rid, entry, peer, msg.hops + 1)
         if self._level >= _FULL:
             self._trace(now, "route_backup", msg=f"{rid.hex()}:{reg.epoch}", route=rid.hex(), peer=peer,
@@ -311,24 +352,26 @@ class GossipRules(EngineState):
         return []
 
     # Rules G2 (bounded table).
-    def _evict_route(self, now: float) -> None:
+    def evict_route(self, now: float) -> None:
+        """Make room in a full route table: drop the routes that expire first."""
         # Table full: drop the entries that expire first (bounded memory; traced as drops), a batch of
         # route_max / EVICT_BATCH_DIVISOR at once: finding them is one scan of the table (0.2-0.4 s at 1M
         # routes), which a new route per scan would pay for every registration once the table is full.
         batch = max(1, self.config.route_max // EVICT_BATCH_DIVISOR)
         for victim in self._routes.evict_earliest(batch):
             if self._stem.repairable():  # G10 state of the route
-                self._forget_generation(victim)
+                self._stem_rules.forget_generation(victim)
             self._count("routes_evicted")
             if self._level >= _FULL:
                 self._trace(now, "route_expired", route=victim.hex(), reason="evicted")
 
     # Rules G2 (routes live as long as their registration).
-    def _sweep_routes(self, now: float) -> None:
+    def sweep_routes(self, now: float) -> None:
+        """Drop the routes whose registration expired (the engine's sweep)."""
         for r in self._routes.sweep(now):
             self._flood.forget(r)
             self._stem.release(r)
             if self._stem.repairable():  # G10 state of a route gone
-                self._forget_generation(r)
+                self._stem_rules.forget_generation(r)
             if self._level >= _FULL:
                 self._trace(now, "route_expired", route=r.hex(), reason="lifetime")

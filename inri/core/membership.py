@@ -4,6 +4,8 @@ checked in the engine's timer (engine.Engine._tick)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from inri.core.api import (
     Connect,
     Disconnect,
@@ -14,8 +16,9 @@ from inri.core.api import (
 from inri.core.gossip import ANNOUNCE_SHARE
 from inri.core.neighbours import RECONNECT_BASE_S
 from inri.core.state import (
-    EngineState,
+    EngineContext,
     Neighbour,
+    RuleGroup,
 )
 from inri.core.sync import SYNC, SYNC_WINDOW_S
 from inri.protocol import limits
@@ -24,6 +27,18 @@ from inri.protocol.messages import (
     PeerExchange,
     PeerInfo,
 )
+
+if TYPE_CHECKING:  # annotations only (the groups import each other: Engine.__init__ wires them)
+    from inri.core.gossip import GossipRules
+    from inri.core.homed import HomedRoutes
+    from inri.core.neighbours import Neighbours
+    from inri.core.rtt import RttRules
+    from inri.core.scoring import ScoringRules
+    from inri.core.stem import StemRules
+    from inri.core.stemstate import StemState
+    from inri.core.syncstate import SyncState
+    from inri.core.tree import TreeGossip
+    from inri.core.withdrawals import Withdrawals
 
 PROBATION_S = 2.0  # a full relay waits this long for a "low" Hello on an inbound link (rule M4)
 MAKE_ROOM_INTERVAL_S = 60.0  # a full relay makes room for a "low" relay at most this often
@@ -47,7 +62,7 @@ _PURGE_ON_DOWN = frozenset((DisconnectReason.MAKE_ROOM, DisconnectReason.OUTBOUN
 _NO_REDIAL = frozenset((DisconnectReason.FULL, DisconnectReason.OUTBOUND_QUOTA, DisconnectReason.SCORE,
                         DisconnectReason.BANNED, DisconnectReason.MAKE_ROOM))
 
-class MembershipRules(EngineState):
+class MembershipRules(RuleGroup):
     """M1-M7: who this relay is linked to (the tables: neighbours.Neighbours, held as _neighbours)."""
 
     # The state this rule group owns (tests/test_core_owners.py; Engine.__init__ builds it).
@@ -60,8 +75,40 @@ class MembershipRules(EngineState):
     _full_until: dict[str, tuple[float, float]]
     _rejoined: set[str]  # former neighbours let back in since (M6)
     _next_exchange: float  # M1: when the next peer exchange is due
-    listen_addr: str
     _next_tick: float | None  # M2: when keepalives, liveness and the other periodic work are next due
+
+    # The rule groups this one calls (given by `wire`).
+    _gossip_rules: GossipRules
+    _rtt_rules: RttRules
+    _scoring_rules: ScoringRules
+    _stem_rules: StemRules
+
+    def __init__(self, ctx: EngineContext, homed: HomedRoutes, neighbours: Neighbours, stem: StemState,
+                 sync: SyncState, tree: TreeGossip, withdrawals: Withdrawals, listen_addr: str) -> None:
+        super().__init__(ctx)
+        self._withdrawals = withdrawals
+        self._homed = homed
+        self._neighbours = neighbours
+        self._stem = stem
+        self._sync = sync
+        self._tree = tree
+        self.listen_addr = listen_addr
+        self._near: dict[str, int] = {}  # candidates ranked near by a bootstrap -> rank (rule M5)
+        self._far: set[str] = set()  # peers dialled as the far link(s) (rule M5)
+        self._next_tick: float | None = None
+        self._next_exchange = 0.0  # M1's peer exchange
+        self._next_make_room = 0.0
+        self._next_rejoin = 0.0  # M6, the other side: its own limiter
+        self._started_at = 0.0  # M6: former neighbours get back in for a while after start()
+        self._rejoined: set[str] = set()
+        self._full_until: dict[str, tuple[float, float]] = {}  # M7: candidates that refused us as full
+
+    def wire(self, *, gossip: GossipRules, rtt: RttRules, scoring: ScoringRules, stem: StemRules) -> None:
+        """The other rule groups this one calls (Engine.__init__, once all are built)."""
+        self._gossip_rules = gossip
+        self._rtt_rules = rtt
+        self._scoring_rules = scoring
+        self._stem_rules = stem
 
     # Rule M2.
     def _arm_tick(self, now: float) -> None:
@@ -69,11 +116,11 @@ class MembershipRules(EngineState):
         if self._next_tick is None:
             self._next_tick = now + self.config.keepalive_interval_s
 
-    def _tick_at(self) -> float | None:
+    def tick_at(self) -> float | None:
         """When the periodic tick is next due (None: not armed: no neighbour, nothing dialled)."""
         return self._next_tick
 
-    def _set_tick(self, at: float | None) -> None:
+    def set_tick(self, at: float | None) -> None:
         """The tick that just ran re-arms itself for `at` (None: nothing left to watch)."""
         self._next_tick = at
 
@@ -99,7 +146,7 @@ class MembershipRules(EngineState):
             for peer in list(near_rank)[: len(near_rank) - 2 * self.config.passive_max]:
                 if peer not in passive:
                     del near_rank[peer]
-        return self._refill(now)
+        return self.refill(now)
 
     # Rule M1.
     def start(self, now: float, *, sync_routes: bool = True) -> list[Effect]:
@@ -118,10 +165,11 @@ class MembershipRules(EngineState):
                 out.append(Send(peer, Hello(limits.PROTOCOL_VERSION, self.relay_id, self.listen_addr, (SYNC,))))
         self._started_at = now  # M6
         self._next_exchange = now + self.config.peer_exchange_interval_s * (0.5 + self._rng.random())
-        return out + self._refill(now)
+        return out + self.refill(now)
 
     # Rule M1.
-    def _refill(self, now: float) -> list[Effect]:
+    def refill(self, now: float) -> list[Effect]:
+        """Dial candidates (former neighbours first) until the active view and the dials under way reach active_max."""
         out: list[Effect] = []
         nb = self._neighbours
         have = nb.links_and_dials()
@@ -226,7 +274,7 @@ class MembershipRules(EngineState):
         if self._homed.any() or self._stem.holds_any():  # rule G5: a new neighbour learns the routes homed here (paced:
             # the rest on ticks); with the stem on, stem relays announce the stem routes they hold too
             self._homed.queue(peer, self._stem.held_ids())
-            out += self._announce_homed(peer, now, ANNOUNCE_SHARE * self.config.reg_budget_peer_burst)
+            out += self._gossip_rules.announce_homed(peer, now, ANNOUNCE_SHARE * self.config.reg_budget_peer_burst)
         self._arm_tick(now)
         if self._level:
             self._trace(now, "peer_up", peer=peer, reason="outbound" if outbound else "inbound")
@@ -247,7 +295,7 @@ class MembershipRules(EngineState):
             while len(full) > FULL_REMEMBERED_MAX:
                 del full[next(iter(full))]
         if state is None:
-            return self._refill(now)
+            return self.refill(now)
         self._homed.drop_peer(peer)
         self._sync.link_down(peer)  # G11: asked and answered again on a later link
         self._tree.peer_down(peer)  # G9 (tree.py)
@@ -263,14 +311,14 @@ class MembershipRules(EngineState):
             # Route claims leave with a distrusted neighbour (a liar that claimed to be a home and then
             # dropped the link) and with a live one we dropped ourselves: either way we must not
             # report its routes' homes unreachable ("home unreachable" means the home went down).
-            self._purge_routes(peer)
+            self._scoring_rules.purge_routes(peer)
         if state.addr and reason not in _NO_REDIAL:
             nb.lose(peer, state.addr, now + RECONNECT_BASE_S)
         if self._level:
             self._trace(now, "peer_down", peer=peer, reason=reason)
-        out += self._reroute_awaited(peer, now) + self._refill(now)  # rtt.py (C5)
+        out += self._rtt_rules.reroute_awaited(peer, now) + self.refill(now)  # rtt.py (C5)
         if self._stem.has_successors():  # G10, G10b: a stem successor lost (stem.py)
-            out += self._stem_successor_down(peer, now)
+            out += self._stem_rules.stem_successor_down(peer, now)
         return out
 
     # Rule M1.
@@ -280,7 +328,7 @@ class MembershipRules(EngineState):
         nb.dial_ended(peer)
         nb.forget_candidate(peer)
         nb.redial_failed(peer, now)  # M6: a former neighbour is re-dialled later, or given up
-        return self._refill(now)
+        return self.refill(now)
 
     # Rule M6.
     def _rejoin(self, peer: str, now: float, addr: str) -> list[Effect]:
@@ -298,7 +346,7 @@ class MembershipRules(EngineState):
         return out
 
     # Rule M4.
-    def _on_probation_hello(self, peer: str, msg: Hello, now: float) -> list[Effect]:
+    def on_probation_hello(self, peer: str, msg: Hello, now: float) -> list[Effect]:
         """M4: a Hello on an inbound link held while full. "low": make room; otherwise refuse ("back": M6;
         only "sync": the probation goes on, G11)."""
         nb = self._neighbours
@@ -342,7 +390,7 @@ class MembershipRules(EngineState):
         return out
 
     # Rule M1.
-    def _exchange_due(self, now: float) -> list[Effect]:
+    def exchange_due(self, now: float) -> list[Effect]:
         """A peer exchange with a random neighbour, when one is due (every peer_exchange_interval_s)."""
         if now < self._next_exchange or not self._linked:
             return []

@@ -42,27 +42,53 @@ With `adaptive_retry = false` the custodian re-sends after custody_retry_s perio
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from inri.core.api import Effect, Send
 from inri.core.forwarding import LOCAL_REPAIR_RADIUS
-from inri.core.state import EngineState, Neighbour, readdress
+from inri.core.state import EngineContext, Neighbour, RuleGroup, readdress
 from inri.core.tables import RouteTable
 from inri.protocol.messages import Push, Receipt
 
-_UNRESPONSIVE = "push_rerouted_unresponsive"  # rule C6's counter (and how _reroute_awaited knows it)
+if TYPE_CHECKING:  # annotations only (the groups import each other: Engine.__init__ wires them)
+    from inri.core.awaited import AwaitedAnswers
+    from inri.core.forwarding import ForwardingRules
+    from inri.core.reverse import ReversePaths
+    from inri.core.roundtrip import RttEstimator
+    from inri.core.seen import SeenCache
+    from inri.core.tables import CompactRouteTable, RouteTable
+
+_UNRESPONSIVE = "push_rerouted_unresponsive"  # rule C6's counter (and how reroute_awaited knows it)
 
 
-class RttRules(EngineState):
+class RttRules(RuleGroup):
     """C4-C6: retry periods from the round-trip estimate (RttEstimator), re-sends on link loss."""
 
+    # The rule groups this one calls (given by `wire`).
+    _forwarding_rules: ForwardingRules
+
+    def __init__(self, ctx: EngineContext, awaited: AwaitedAnswers, reverse: ReversePaths,
+                 routes: RouteTable | CompactRouteTable, rtt: RttEstimator, seen: SeenCache) -> None:
+        super().__init__(ctx)
+        self._await = awaited
+        self._reverse = reverse
+        self._routes = routes
+        self._rtt = rtt
+        self._seen = seen
+
+    def wire(self, *, forwarding: ForwardingRules) -> None:
+        """The other rule groups this one calls (Engine.__init__, once all are built)."""
+        self._forwarding_rules = forwarding
+
     # Rule C4 (keepalive samples).
-    def _keepalive_answered(self, state: Neighbour, nonce: int, now: float) -> None:
+    def keepalive_answered(self, state: Neighbour, nonce: int, now: float) -> None:
         """A keepalive reply: one link round trip, if it answers the last keepalive we sent."""
         if nonce == state.nonce and state.ka_sent >= 0.0:
             self._rtt.sample(now - state.ka_sent, False)
             state.ka_sent = -1.0  # one sample per keepalive
 
     # Rule C4 (receipt samples).
-    def _receipt_rtt(self, peer: str, msg: Receipt, now: float) -> None:
+    def receipt_rtt(self, peer: str, msg: Receipt, now: float) -> None:
         """A receipt from peer: a sample of the round trip over the links ahead of our forward."""
         waited = self._await.get(msg.push_id)
         if waited is None or waited[0] != peer:
@@ -74,7 +100,7 @@ class RttRules(EngineState):
         self._rtt.sample((now - waited[2]) / ahead, True)
 
     # Rule C4 (period).
-    def _retry_period(self, rid: bytes) -> float:
+    def retry_period(self, rid: bytes) -> float:
         """How long a custodian waits for the receipt of a push sent along rid's route."""
         rtt = self._rtt
         if not rtt.active():
@@ -96,13 +122,13 @@ class RttRules(EngineState):
         self._count("peer_unresponsive")
         if self._level:
             self._trace(now, "peer_unresponsive", peer=peer)
-        return self._reroute_awaited(peer, now, _UNRESPONSIVE)
+        return self.reroute_awaited(peer, now, _UNRESPONSIVE)
 
     # Rules C5, C6.
-    def _reroute_awaited(self, peer: str, now: float, counter: str = "push_rerouted_link_down") -> list[Effect]:
+    def reroute_awaited(self, peer: str, now: float, counter: str = "push_rerouted_link_down") -> list[Effect]:
         """peer's link went down (C5), or peer is unresponsive (C6): re-send the route-mode pushes still
         awaited from it over another live next hop of their routes (peer is no longer active, or a
-        suspect that _next_hop passes over, so it is never chosen)."""
+        suspect that next_hop passes over, so it is never chosen)."""
         if not self.config.adaptive_retry or not self._await:
             return []
         stranded = self._await.awaited_from(peer, now)
@@ -110,33 +136,33 @@ class RttRules(EngineState):
         for pid, msg in stranded:
             back = self._reverse.back(pid)
             prev = back[0] if back is not None and isinstance(back[0], str) else None
-            nh = self._next_hop(msg.route_id, prev, alternate=(msg.attempt & 1) == 1)
+            nh = self._forwarding_rules.next_hop(msg.route_id, prev, alternate=(msg.attempt & 1) == 1)
             if nh is None:
                 # No other way from here. The link that went was the home's own: say so upstream now
                 # (its custodian keeps custody and retries when the home is back; nobody upstream
                 # tears down its route). Otherwise the custodian's retry takes it from here (C5), or,
                 # for an unresponsive next hop (C6), local repair asks the neighbourhood first.
-                got = self._report_home_silent(pid, peer, now, msg.route_id)
+                got = self._forwarding_rules.report_home_silent(pid, peer, now, msg.route_id)
                 if got:
                     self._await.discard(pid)
                 elif counter == _UNRESPONSIVE:
-                    got = self._repair_stranded(msg, peer, prev, now)
+                    got = self.repair_stranded(msg, peer, prev, now)
                 out += got
                 continue
             self._await.discard(pid)
             self._count(counter)
-            send: Send = self._forward(msg, nh, now)
+            send: Send = self._forwarding_rules.forward(msg, nh, now)
             out.append(send)
         return out
 
     # Rule C6.
-    def _unresponsive(self, peer: str) -> bool:
+    def unresponsive(self, peer: str) -> bool:
         """True when the transport reported peer unresponsive and nothing came from it since."""
         st = self._linked.get(peer)
         return st is not None and st.unresponsive_at > st.last_heard
 
     # Rule C6 (local repair, as F3 does for a route with no live next hop).
-    def _repair_stranded(self, msg: Push, suspect: str, prev: str | None, now: float) -> list[Effect]:
+    def repair_stranded(self, msg: Push, suspect: str, prev: str | None, now: float) -> list[Effect]:
         """A push for (msg: the copy sent on) the unresponsive next hop `suspect`, with no other next hop
         left here: ring copies of radius LOCAL_REPAIR_RADIUS around this relay (not back to prev), once
         per attempt, where the push would otherwise wait for its custodian's retry. Not when suspect is
@@ -145,16 +171,17 @@ class RttRules(EngineState):
         entry = self._routes.get(msg.route_id)
         if (msg.registration is None or len(self._linked) < 2
                 or self._seen.copy_seen(msg.push_id, msg.attempt, True)
-                or (entry is not None and self._home_hop(msg.route_id, entry, suspect))):
+                or (entry is not None and self._forwarding_rules.home_hop(msg.route_id, entry, suspect))):
             return []
         self._count("push_local_repair")
         self._seen.mark_copy(msg.push_id, msg.attempt, True, now)
         if prev is not None:
-            self._watch_repair(msg, prev, now)  # F8
-        return self._ring_flood(readdress(msg, msg.ttl, msg.hops, msg.attempt, LOCAL_REPAIR_RADIUS), prev, now)
+            self._forwarding_rules.watch_repair(msg, prev, now)  # F8
+        copy = readdress(msg, msg.ttl, msg.hops, msg.attempt, LOCAL_REPAIR_RADIUS)
+        return self._forwarding_rules.ring_flood(copy, prev, now)
 
     # Rule C4 (a re-send keeps the first next hop awaited).
-    def _keep_awaiting(self, pid: bytes, nh: str, now: float) -> bool:
+    def keep_awaiting(self, pid: bytes, nh: str, now: float) -> bool:
         """True when push pid, about to be awaited from nh, is still awaited from another next hop:
         that one keeps its wait (forwarding.py, _await_answer). A copy re-sent early (C4) to another
         next hop must not let the first next hop off: a black hole is still blamed on time."""

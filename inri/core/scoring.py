@@ -5,6 +5,7 @@ docs/protocol.md ("Peer scoring"); their values are EngineConfig.score_*."""
 from __future__ import annotations
 
 import heapq
+from typing import TYPE_CHECKING
 
 from inri.core.api import (
     Disconnect,
@@ -12,9 +13,18 @@ from inri.core.api import (
     Effect,
 )
 from inri.core.state import (
-    EngineState,
+    EngineContext,
+    RuleGroup,
 )
 from inri.core.tables import BoundedMap
+
+if TYPE_CHECKING:  # annotations only (the groups import each other: Engine.__init__ wires them)
+    from inri.core.awaited import AwaitedAnswers
+    from inri.core.membership import MembershipRules
+    from inri.core.neighbours import Neighbours
+    from inri.core.syncstate import SyncState
+    from inri.core.tables import CompactRouteTable, RouteTable
+    from inri.core.withdrawals import Withdrawals
 
 # Slowness is not silence (rule S1). A neighbour whose answers come, but late, is given a longer
 # grace before a missing answer counts against it: SLOW_GRACE_FACTOR times its measured answer delay,
@@ -42,7 +52,7 @@ BLACK_HOLE_SHARE = 0.1
 ANSWERING_SHARE = 0.5
 
 
-class ScoringRules(EngineState):
+class ScoringRules(RuleGroup):
     """S1: change a neighbour's score; S2: cut and ban it when the score falls too low."""
 
     # The state this rule group owns (tests/test_core_owners.py; Engine.__init__ builds it).
@@ -50,8 +60,31 @@ class ScoringRules(EngineState):
     _overdue_heap: list[tuple[float, bytes]]
     _blamed: BoundedMap[bytes, tuple[str, float, float]]
 
+    # The rule groups this one calls (given by `wire`).
+    _membership_rules: MembershipRules
+
+    def __init__(self, ctx: EngineContext, awaited: AwaitedAnswers, neighbours: Neighbours,
+                 routes: RouteTable | CompactRouteTable, sync: SyncState, withdrawals: Withdrawals) -> None:
+        super().__init__(ctx)
+        self._withdrawals = withdrawals
+        self._await = awaited
+        self._neighbours = neighbours
+        self._routes = routes
+        self._sync = sync
+        # Slow, not silent (rule S1, scoring.py): pushes past receipt_timeout_s whose next hop keeps
+        # answering, slowly, get a longer grace: push id -> (next hop, sent, grace end), with a heap
+        # (grace end, push id) for expiry; pushes blamed on a neighbour (push id -> (next hop, sent,
+        # expiry)) are remembered so a late answer gives the penalty back.
+        self._overdue: dict[bytes, tuple[str, float, float]] = {}
+        self._overdue_heap: list[tuple[float, bytes]] = []
+        self._blamed: BoundedMap[bytes, tuple[str, float, float]] = BoundedMap(self.config.reverse_max)
+
+    def wire(self, *, membership: MembershipRules) -> None:
+        """The other rule groups this one calls (Engine.__init__, once all are built)."""
+        self._membership_rules = membership
+
     # Rules S1, S2.
-    def _score(self, peer: str, delta: float, now: float, reason: str) -> list[Effect]:
+    def score(self, peer: str, delta: float, now: float, reason: str) -> list[Effect]:
         """Change peer's score (rule S1); cut and ban it when the score falls too low (S2)."""
         state = self._linked.get(peer)
         if state is None:
@@ -77,11 +110,11 @@ class ScoringRules(EngineState):
         self._count("peer_cut_score")
         self._neighbours.ban(peer, now + cfg.score_ban_s)  # and no candidate any more
         withdrawn = self._withdrawals.link_down(peer, now)  # G12: before the purge takes its claims
-        self._purge_routes(peer)
+        self.purge_routes(peer)
         if self._level:
             self._trace(now, "peer_scored", peer=peer, reason=reason, count=int(state.score))
         return [Disconnect(peer, DisconnectReason.SCORE), *withdrawn,
-                *self.peer_down(peer, now, DisconnectReason.SCORE)]
+                *self._membership_rules.peer_down(peer, now, DisconnectReason.SCORE)]
 
     # Rule S1.
     def link_congested(self, peer: str, now: float) -> list[Effect]:
@@ -94,10 +127,10 @@ class ScoringRules(EngineState):
         if state is None or now - state.congested_at < self.config.keepalive_interval_s:
             return []
         state.congested_at = now
-        return self._score(peer, self.config.score_congested, now, "congested")
+        return self.score(peer, self.config.score_congested, now, "congested")
 
     # Rule S2.
-    def _purge_routes(self, peer: str) -> None:
+    def purge_routes(self, peer: str) -> None:
         """Forget every route claim of a neighbour cut for its score (O(routes); cuts are rare).
 
         A liar's claims must not outlive its link: a neighbour that claimed to be the home (distance 1
@@ -110,7 +143,7 @@ class ScoringRules(EngineState):
         self._sync.purge(peer)  # G11: its provisional routes go too
 
     # Rule S1 (an answer).
-    def _answered(self, peer: str, pid: bytes, now: float, *, reward: bool = True, any_peer: bool = False) -> bool:
+    def answered(self, peer: str, pid: bytes, now: float, *, reward: bool = True, any_peer: bool = False) -> bool:
         """An answer (receipt or route error) for push pid came back from peer.
 
         True when pid was awaited from peer: on time, in a slow neighbour's grace, or already blamed
@@ -156,7 +189,7 @@ class ScoringRules(EngineState):
             state.answer_delay += ANSWER_DELAY_WEIGHT * ((now - sent) - state.answer_delay)
             gain = credit + (cfg.score_receipt if reward else 0.0)
             if gain:
-                self._score(peer, gain, now, "receipt")  # a rise: never cuts
+                self.score(peer, gain, now, "receipt")  # a rise: never cuts
         return True
 
     # Rule S1 (slow or silent).
@@ -172,7 +205,7 @@ class ScoringRules(EngineState):
         return sent + min(SLOW_GRACE_FACTOR * st.answer_delay, SLOW_GRACE_MAX_FACTOR * timeout)
 
     # Rule S1 (slow or silent).
-    def _receipt_overdue(self, pid: bytes, peer: str, sent: float, now: float,
+    def receipt_overdue(self, pid: bytes, peer: str, sent: float, now: float,
                          wait: float | None = None) -> list[Effect]:
         """No answer from peer for push pid within receipt_timeout_s: wait longer if peer is slow but
         answering, otherwise blame it (score_no_receipt)."""
@@ -202,20 +235,20 @@ class ScoringRules(EngineState):
         if not factor:
             self._count("push_no_answer_forgiven")
             return []
-        return self._score(peer, self.config.score_no_receipt * factor, now, NO_RECEIPT)
+        return self.score(peer, self.config.score_no_receipt * factor, now, NO_RECEIPT)
 
     # Rule S1 (slow, not silent).
-    def _in_grace(self, pid: bytes) -> bool:
+    def in_grace(self, pid: bytes) -> bool:
         """True when push pid's next hop, slow but answering, has a longer grace for it (not blamed yet)."""
         return pid in self._overdue
 
     # Rule S1.
-    def _sweep_scores(self, now: float) -> None:
+    def sweep_scores(self, now: float) -> None:
         """Forget the blames (pushes blamed on a neighbour) too old for a late answer to give back."""
         self._blamed.sweep(lambda v: v[2] <= now)
 
     # Rule S1 (slow or silent).
-    def _grace_expired(self, now: float) -> list[Effect]:
+    def grace_expired(self, now: float) -> list[Effect]:
         """Blame the neighbours whose grace for a push ended without an answer."""
         out: list[Effect] = []
         heap = self._overdue_heap
@@ -233,7 +266,7 @@ class ScoringRules(EngineState):
         return out
 
     # Rules S1, C2 (a custodian waits for a slow next hop instead of re-sending into it).
-    def _answer_expected(self, pid: bytes, now: float) -> float | None:
+    def answer_expected(self, pid: bytes, now: float) -> float | None:
         """When a push overdue from a slow but answering next hop stops being awaited (None: it is
         not, so a custody retry goes ahead)."""
         late = self._overdue.get(pid)

@@ -1,9 +1,9 @@
-"""The engine's state, shared by its rule groups: per-neighbour and per-push records, the sentinels
-of the reverse path, constants, and `EngineState`, the base every rule-group mixin builds on.
+"""The engine's shared records and helpers: per-neighbour records, the builders of forwarded frames,
+constants, the engine's context (`EngineContext`) and `RuleGroup`, the base of every rule group.
 
-`EngineState` declares every table the rule groups read (the engine's __init__ fills them) and,
-for the type checker only, the methods one rule group calls in another: the dependencies between
-groups are listed in one place.
+Each rule group (membership.py ... rtt.py) is an object that owns its own state and holds the owner
+objects it uses and the other groups it calls (typed with their classes): Engine.__init__ builds and
+wires them, so the calls between groups are ordinary method calls on those references.
 """
 
 from __future__ import annotations
@@ -12,21 +12,11 @@ import dataclasses
 import random
 from collections import deque
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from inri.core.api import CustodyReleased, CustodyStatus, DisconnectReason, Effect, HomeStore, Send, Verifier
-from inri.core.awaited import AwaitedAnswers
+from inri.core.api import CustodyReleased, CustodyStatus, HomeStore, Send, Verifier
 from inri.core.budget import TokenBucket
 from inri.core.config import EngineConfig
-from inri.core.floodstate import FloodState
-from inri.core.homed import HomedRoutes
-from inri.core.kept import Custody, CustodyTable
-from inri.core.reverse import ReversePaths
-from inri.core.roundtrip import RttEstimator
-from inri.core.seen import SeenCache
-from inri.core.stemstate import StemState
-from inri.core.syncstate import SyncState
-from inri.core.tables import CompactRouteTable, RouteEntry, RouteTable
 from inri.protocol.messages import (
     Keepalive,
     Message,
@@ -38,11 +28,6 @@ from inri.protocol.messages import (
     RouteErrorReason,
     WebPushMeta,
 )
-
-if TYPE_CHECKING:  # tree.py and neighbours.py build on this module (Neighbour, make_send)
-    from inri.core.neighbours import Neighbours
-    from inri.core.tree import TreeGossip
-    from inri.core.withdrawals import Withdrawals
 
 # Clock skew tolerated on a registration's issued_at (relays' clocks are not synchronised).
 MAX_CLOCK_SKEW_S = 300
@@ -225,41 +210,49 @@ class Neighbour:
         self.unresponsive_at = -float("inf")
 
 
-class EngineState:
-    """What every rule group sees: the engine's tables and helpers (filled by Engine.__init__)."""
+class EngineContext:
+    """What an engine is given when it is built (identity, configuration, verifier, home store, random
+    stream, trace level and sink, its counters, the linked neighbours' read-only view), and, between
+    calls, by its driver: `wall_offset` (wall-clock time is now + wall_offset; Engine.wall_offset writes
+    it here). The engine and its rule groups hold the same one."""
 
-    relay_id: str
-    config: EngineConfig
-    wall_offset: float
-    counters: dict[str, int]
-    _verifier: Verifier
-    _home: HomeStore
-    _level: int
-    _emit: Callable[..., None]
-    _rng: random.Random
-    _linked: Mapping[str, Neighbour]  # the Neighbours' active view, read-only (Engine.__init__)
-    _neighbours: Neighbours  # neighbours.py (M1-M7, S2's bans, F3, C7): the active view, candidates, dials, bans
-    _routes: RouteTable | CompactRouteTable  # tables.py (G2, G3, F7): the route table and its expiry
-    _flood: FloodState  # floodstate.py (G3b, G4): refresh budgets per route id, far-travelled first copies
-    _seen: SeenCache  # seen.py (F1, F6b, F8b, F8c, F10): copies handled here, notes per push
-    _reverse: ReversePaths
-    _custody: CustodyTable
-    _await: AwaitedAnswers  # awaited.py (F6, S1, C4-C6): pushes forwarded, awaiting an answer
-    _rtt: RttEstimator  # rtt.py (C4, C4b): the per-link round-trip estimate and route lengths
-    _tree: TreeGossip  # tree.py (G9): tree gossip and its tables
-    # Item 2 of issue 15 (a home relay that restarts): registrations homed here and their link-up
-    # announcements (homed.py, G5).
-    _homed: HomedRoutes
-    _stem: StemState  # stemstate.py (G5, G7, G8, G10): stem routes held, embargoes, generations, successors
-    _sync: SyncState  # syncstate.py (G11): route sync at link-up, provisional routes
-    _withdrawals: Withdrawals  # withdrawals.py (G12): route withdrawals sent and heeded
+    __slots__ = ("relay_id", "config", "verifier", "home", "rng", "level", "emit", "counters", "linked",
+                 "wall_offset")
+
+    def __init__(self, relay_id: str, config: EngineConfig, verifier: Verifier, home: HomeStore, rng: random.Random,
+                 level: int, emit: Callable[..., None], counters: dict[str, int], linked: Mapping[str, Neighbour]
+                 ) -> None:
+        self.relay_id = relay_id
+        self.config = config
+        self.verifier = verifier
+        self.home = home
+        self.rng = rng
+        self.level = level
+        self.emit = emit
+        self.counters = counters  # one dict for the engine and every group (Engine.stats reads it)
+        self.linked = linked
+        self.wall_offset = 0.0  # the simulator leaves it 0 (virtual time is both); the daemon sets it
+
+
+class RuleGroup:
+    """The base of every rule group (membership.py ... rtt.py): the engine's context as attributes (read
+    on the hot paths: one attribute read, not two) and the helpers every group calls. A group's own
+    state is set by its __init__; the other groups it calls are given to it by `wire` (Engine.__init__)."""
+
+    def __init__(self, ctx: EngineContext) -> None:
+        self._ctx = ctx  # wall_offset is read here each time: the driver changes it between calls
+        self.relay_id = ctx.relay_id
+        self.config = ctx.config
+        self._verifier = ctx.verifier
+        self._home = ctx.home
+        self._rng = ctx.rng
+        self._level = ctx.level
+        self._emit = ctx.emit
+        self.counters = ctx.counters
+        self._linked = ctx.linked  # the Neighbours' active view, read-only
 
     def _count(self, name: str, n: int = 1) -> None:
         self.counters[name] = self.counters.get(name, 0) + n
-
-    def _counts(self) -> dict[str, int]:
-        """The counters `_count` keeps (the dict itself: stats copies it)."""
-        return self.counters
 
     def _trace(self, now: float, kind: str, **fields: Any) -> None:
         self._emit(now, self.relay_id, kind, **fields)
@@ -275,11 +268,12 @@ class EngineState:
         if push.webpush is not None:
             if self._key_unknown_at_home(push):
                 return RouteErrorReason.NOT_HOME
-            return home.accept_webpush(push, now + self.wall_offset)
+            return home.accept_webpush(push, now + self._ctx.wall_offset)
         if home.is_home(push.route_id):
             if self._key_unknown_at_home(push):
                 return RouteErrorReason.NOT_HOME
-            return home.accept_push(push.route_id, push.token, push.push_id, push.ciphertext, now + self.wall_offset)
+            return home.accept_push(push.route_id, push.token, push.push_id, push.ciphertext,
+                                    now + self._ctx.wall_offset)
         return None
 
     def _key_unknown_at_home(self, push: Push) -> bool:
@@ -292,66 +286,5 @@ class EngineState:
 
     def _local_expiry(self, expires_at: int) -> float:
         """A registration's wall-clock expiry as a time on the engine's monotonic clock."""
-        off = self.wall_offset
+        off = self._ctx.wall_offset
         return expires_at - off if off else expires_at  # offset 0 (simulator): keep the shared int
-
-
-    if TYPE_CHECKING:  # calls from one rule group into another (implemented in the module named)
-        # membership.py
-        def peer_down(self, peer: str, now: float, reason: DisconnectReason) -> list[Effect]: ...
-        # gossip.py
-        def _announce_homed(self, peer: str, now: float, budget: float) -> list[Effect]: ...
-        # scoring.py
-        def _score(self, peer: str, delta: float, now: float, reason: str) -> list[Effect]: ...
-        def _purge_routes(self, peer: str) -> None: ...
-        def _answered(self, peer: str, pid: bytes, now: float, *, reward: bool = True,
-                      any_peer: bool = False) -> bool: ...
-        def _answer_expected(self, pid: bytes, now: float) -> float | None: ...
-        def _in_grace(self, pid: bytes) -> bool: ...
-        def _receipt_overdue(self, pid: bytes, peer: str, sent: float, now: float,
-                             wait: float | None = None) -> list[Effect]: ...
-        # forwarding.py
-        def _next_hop(self, rid: bytes, exclude: str | None, alternate: bool = False,
-                      low_ok: bool = False) -> str | None: ...
-        def _forward(self, msg: Push, nh: str, now: float) -> Send: ...
-        def _report_home_silent(self, pid: bytes, nh: str, now: float, rid: bytes) -> list[Effect]: ...
-        def _home_hop(self, rid: bytes, entry: RouteEntry, nh: str) -> bool: ...
-        def _ring_flood(self, msg: Push, sender: str | None, now: float) -> list[Effect]: ...
-        def _watch_repair(self, msg: Push, prev: str, now: float) -> None: ...
-        def _steer_known(self, pid: bytes) -> bool: ...
-        def _steer_hop(self, pid: bytes, rid: bytes, prev: str | None, nh: str | None,
-                       now: float) -> str | None: ...
-        def _deliver_local(self, pid: bytes, msg: Push, status: ReceiptStatus, now: float,
-                           hops: int = 0) -> list[Effect]: ...
-        # gossip.py
-        def _drop_reg(self, now: float, reg: Registration, peer: str, reason: str,
-                      penalty: float = 0.0) -> list[Effect]: ...
-        def _evict_route(self, now: float) -> None: ...
-        # stem.py
-        def _stem_register(self, registration: Registration, now: float, restart: bool = False) -> list[Effect]: ...
-        def _on_stem(self, peer: str, state: Neighbour, msg: RegGossip, now: float) -> list[Effect]: ...
-        def _stem_flood_back(self, peer: str, msg: RegGossip, now: float) -> list[Effect]: ...
-        def _stem_announcement(self, rid: bytes, homed: Registration | None, now: float) -> RegGossip | None: ...
-        def _generation_arrival(self, peer: str, msg: RegGossip, entry: RouteEntry,
-                                now: float) -> list[Effect] | None: ...
-        def _generation_valid(self, msg: RegGossip) -> bool: ...
-        def _forget_generation(self, rid: bytes) -> None: ...
-        def _set_generation(self, rid: bytes, msg: RegGossip) -> None: ...
-        def _stem_successor_down(self, peer: str, now: float) -> list[Effect]: ...
-        # sync.py
-        def _provisional_hop(self, rid: bytes, exclude: str | None) -> str | None: ...
-        # rtt.py
-        def _retry_period(self, rid: bytes) -> float: ...
-        def _receipt_rtt(self, peer: str, msg: Receipt, now: float) -> None: ...
-        def _reroute_awaited(self, peer: str, now: float, counter: str = ...) -> list[Effect]: ...
-        def _keep_awaiting(self, pid: bytes, nh: str, now: float) -> bool: ...
-        def _unresponsive(self, peer: str) -> bool: ...
-        def _repair_stranded(self, msg: Push, suspect: str, prev: str | None, now: float) -> list[Effect]: ...
-        # custody.py
-        def _home_down(self, c: Custody, now: float) -> None: ...
-        def _await_route(self, c: Custody, now: float) -> None: ...
-        def _route_renewed(self, rid: bytes, now: float) -> None: ...
-        def _settle(self, pid: bytes, status: ReceiptStatus | CustodyStatus, hops: int,
-                    now: float) -> list[Effect]: ...
-        def _retry(self, c: Custody, now: float) -> list[Effect]: ...
-        def _attempt(self, c: Custody, now: float) -> list[Effect]: ...

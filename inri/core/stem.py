@@ -22,7 +22,7 @@ relay at distance 2 + noise. The stem length L is geometric: P(L = k) = (1 - q)^
   already on it (a loop) is bounced back to its sender, which fluffs. The predecessor being the only
   way to the home, a `no route` answer or an unanswered push from it drops nothing (`StemState.keeps`).
   With the predecessor down, or silent since a push left, the stem relay answers `home unreachable`
-  (forwarding.py, `_home_hop`), as the home's own neighbour does with the stem off (F3, F6): behind
+  (forwarding.py, `home_hop`), as the home's own neighbour does with the stem off (F3, F6): behind
   it is the home, or a failed stem relay the home re-stems around (G10), and no ring search finds a
   way in meanwhile (every flood route leads into the stem). It answered `no route` before, and every
   push to a dead home then cost a cascade of local repairs and rings 1-7 (churn-10k: 480 messages per
@@ -61,13 +61,23 @@ relay at distance 2 + noise. The stem length L is geometric: P(L = k) = (1 - q)^
 from __future__ import annotations
 
 import hashlib
+from typing import TYPE_CHECKING
 
 from inri.core.api import Effect, Send, TraceLevel
-from inri.core.state import MAX_CLOCK_SKEW_S, EngineState, Neighbour
+from inri.core.state import MAX_CLOCK_SKEW_S, EngineContext, Neighbour, RuleGroup
 from inri.core.stemstate import STEM_DISTANCE
 from inri.core.tables import RouteEntry, RouteTable
 from inri.protocol.keys import generation_signed_bytes
 from inri.protocol.messages import RegGossip, Registration, StemRepair
+
+if TYPE_CHECKING:  # annotations only (the groups import each other: Engine.__init__ wires them)
+    from inri.core.custody import CustodyRules
+    from inri.core.floodstate import FloodState
+    from inri.core.gossip import GossipRules
+    from inri.core.homed import HomedRoutes
+    from inri.core.kept import CustodyTable
+    from inri.core.stemstate import StemState
+    from inri.core.tables import CompactRouteTable, RouteTable
 
 # G10: a relay whose stem successor's link went down sends its StemRepair this many times in all (once per
 # stem_embargo_s) until a new generation of the epoch reaches it: one lost frame on the way back up the
@@ -77,7 +87,7 @@ REPAIR_TRIES = 3
 _SCALE = float(1 << 64)
 
 
-class StemRules(EngineState):
+class StemRules(RuleGroup):
     """G6-G8: the stem (anonymity) phase before the flood."""
 
     # The state this rule group owns (tests/test_core_owners.py; Engine.__init__ builds it).
@@ -85,6 +95,30 @@ class StemRules(EngineState):
     _restem_due: dict[bytes, float]
     _repair_asked: dict[bytes, tuple[int, int, float]]
     _repair_due: dict[bytes, tuple[float, int]]
+
+    # The rule groups this one calls (given by `wire`).
+    _custody_rules: CustodyRules
+    _gossip_rules: GossipRules
+
+    def __init__(self, ctx: EngineContext, custody: CustodyTable, flood: FloodState, homed: HomedRoutes,
+                 routes: RouteTable | CompactRouteTable, stem: StemState) -> None:
+        super().__init__(ctx)
+        self._custody = custody
+        self._flood = flood
+        self._homed = homed
+        self._routes = routes
+        self._stem = stem
+        # Stem phase (stem.py): the key is drawn only with the stem on, so a stem-off run's random
+        # stream (and simulator trace) is unchanged.
+        self._stem_key = self._rng.randbytes(32) if self.config.stem else b""
+        self._restem_due: dict[bytes, float] = {}
+        self._repair_asked: dict[bytes, tuple[int, int, float]] = {}
+        self._repair_due: dict[bytes, tuple[float, int]] = {}
+
+    def wire(self, *, custody: CustodyRules, gossip: GossipRules) -> None:
+        """The other rule groups this one calls (Engine.__init__, once all are built)."""
+        self._custody_rules = custody
+        self._gossip_rules = gossip
 
     # Rule G6.
     def _stem_draw(self, rid: bytes, now: float) -> tuple[float, int]:
@@ -121,7 +155,7 @@ class StemRules(EngineState):
         return [self._stem_send(succ, registration, now)]
 
     # Rules G6, G10 (at the home: rule G2 with a stem in front).
-    def _stem_register(self, registration: Registration, now: float, restart: bool = False) -> list[Effect]:
+    def stem_register(self, registration: Registration, now: float, restart: bool = False) -> list[Effect]:
         """A registration homed here registered or refreshed. One re-registered as the home starts
         (restart) may have routes of its epoch along a stem that no longer leads here, which a stem
         frame of the same generation would not replace (relays keep the first arrival of an epoch): it
@@ -149,7 +183,7 @@ class StemRules(EngineState):
         self._stem.arm((registration.route_id, registration.epoch), (until, registration, pred, succ))
 
     # Rules G1 and G4 (the same checks as the flood's), G6, G7.
-    def _on_stem(self, peer: str, state: Neighbour, msg: RegGossip, now: float) -> list[Effect]:
+    def on_stem(self, peer: str, state: Neighbour, msg: RegGossip, now: float) -> list[Effect]:
         """A stem frame from peer: become a stem relay of (route id, epoch), then pass it on or fluff."""
         cfg = self.config
         reg = msg.registration
@@ -158,7 +192,7 @@ class StemRules(EngineState):
         routes = self._routes
         entry = routes.get(rid)
         if entry is not None and (msg.generation or self._stem.generations()):  # G10
-            done = self._generation_arrival(peer, msg, entry, now)
+            done = self.generation_arrival(peer, msg, entry, now)
             if done is not None:
                 return done
             entry = routes.get(rid)
@@ -179,28 +213,28 @@ class StemRules(EngineState):
                 self._stem.drop_successor(rid)
                 return self._stem_fluff(reg, None, now)
             if reg.epoch < known:
-                return self._drop_reg(now, reg, peer, "stale_epoch", cfg.score_replay)
+                return self._gossip_rules.drop_reg(now, reg, peer, "stale_epoch", cfg.score_replay)
         if not state.reg_budget.take(now, cfg.reg_budget_per_peer_per_s, cfg.reg_budget_peer_burst):
-            return self._drop_reg(now, reg, peer, "budget_peer", cfg.score_budget_drop)
-        wall = now + self.wall_offset
+            return self._gossip_rules.drop_reg(now, reg, peer, "budget_peer", cfg.score_budget_drop)
+        wall = now + self._ctx.wall_offset
         if reg.expires_at <= wall:
-            return self._drop_reg(now, reg, peer, "expired")
+            return self._gossip_rules.drop_reg(now, reg, peer, "expired")
         if reg.issued_at > wall + MAX_CLOCK_SKEW_S:
-            return self._drop_reg(now, reg, peer, "future")
+            return self._gossip_rules.drop_reg(now, reg, peer, "future")
         if not self._verifier.verify_registration(reg):
-            return self._drop_reg(now, reg, peer, "bad_signature", cfg.score_bad_signature)
-        if msg.generation and not self._generation_valid(msg):
-            return self._drop_reg(now, reg, peer, "bad_signature", cfg.score_bad_signature)
+            return self._gossip_rules.drop_reg(now, reg, peer, "bad_signature", cfg.score_bad_signature)
+        if msg.generation and not self.generation_valid(msg):
+            return self._gossip_rules.drop_reg(now, reg, peer, "bad_signature", cfg.score_bad_signature)
         if entry is not None:
             if not self._flood.refresh_allowed(rid, now, cfg.reg_budget_per_origin_per_s, float(cfg.reg_budget_burst)):
-                return self._drop_reg(now, reg, peer, "budget_origin")
+                return self._gossip_rules.drop_reg(now, reg, peer, "budget_origin")
         elif len(routes) >= cfg.route_max:
-            self._evict_route(now)
+            self._gossip_rules.evict_route(now)
         routes.set_first(rid, reg.epoch, self._local_expiry(reg.expires_at), peer, STEM_DISTANCE)
         if msg.generation or self._stem.generations():
-            self._set_generation(rid, msg)
+            self.set_generation(rid, msg)
         if self._custody:  # C3c (custody.py)
-            self._route_renewed(rid, now)
+            self._custody_rules.route_renewed(rid, now)
         self._stem.drop_successor(rid)
         self._stem.hold(rid, reg)  # announced to new neighbours while the stem route lives (G5)
         coin, draw = self._stem_draw(rid, now)
@@ -224,7 +258,7 @@ class StemRules(EngineState):
         return [self._stem_send(succ, reg, now)]
 
     # Rule G5 with the stem on.
-    def _stem_announcement(self, rid: bytes, homed: Registration | None, now: float) -> RegGossip | None:
+    def stem_announcement(self, rid: bytes, homed: Registration | None, now: float) -> RegGossip | None:
         """The link-up announcement of rid (G5) with the stem on: a stem frame, sent alike by the home and
         by every stem relay whose route still works (its predecessor's link is up), so a new neighbour
         cannot tell the home from a stem relay. None: nothing (left) to announce."""
@@ -237,7 +271,7 @@ class StemRules(EngineState):
         if reg is None or reg.epoch != RouteTable.epoch(entry):
             self._stem.release(rid)  # superseded by a newer epoch's flood
             return None
-        if reg.expires_at <= now + self.wall_offset:
+        if reg.expires_at <= now + self._ctx.wall_offset:
             return None
         if distance and not (distance == STEM_DISTANCE and RouteTable.primary(entry) in self._linked):
             return None  # a broken stem route: announcing it would draw pushes into a dead end
@@ -256,7 +290,7 @@ class StemRules(EngineState):
         if full and RouteTable.worst_hops(entry) <= STEM_DISTANCE:
             return []
         if not self._verifier.verify_registration(reg):
-            return self._drop_reg(now, reg, peer, "bad_signature", self.config.score_bad_signature)
+            return self._gossip_rules.drop_reg(now, reg, peer, "bad_signature", self.config.score_bad_signature)
         if full:
             routes.drop_next_hop(rid, entry, RouteTable.next_hops(entry)[-1])
             entry = routes[rid]
@@ -293,7 +327,7 @@ class StemRules(EngineState):
         return out
 
     # Rules G7, G8.
-    def _stem_flood_back(self, peer: str, msg: RegGossip, now: float) -> list[Effect]:
+    def stem_flood_back(self, peer: str, msg: RegGossip, now: float) -> list[Effect]:
         """The flood reached a stem relay (or the home) for the first time: its embargo is over, and it
         forwards the flood once like any relay (G2) while its own route stays the stem. So relays
         beyond a stem relay route to it directly instead of via the fluff relay and back along the
@@ -314,12 +348,12 @@ class StemRules(EngineState):
         return out
 
     # Rule G8 (from the engine's periodic timer).
-    def _stem_embargo(self, now: float) -> list[Effect]:
+    def stem_embargo(self, now: float) -> list[Effect]:
         """Fluff every stem registration whose flood did not come back in time."""
         out: list[Effect] = []
         for key, (_, reg, pred, succ) in self._stem.pop_overdue(now):
             entry = self._routes.get(key[0])
-            if entry is None or RouteTable.epoch(entry) != key[1] or reg.expires_at <= now + self.wall_offset:
+            if entry is None or RouteTable.epoch(entry) != key[1] or reg.expires_at <= now + self._ctx.wall_offset:
                 continue  # superseded, unregistered or expired meanwhile
             if not self._linked:  # nobody to tell yet: try again later
                 self._stem.arm(key, (now + self.config.stem_embargo_s, reg, pred, succ))
@@ -333,28 +367,28 @@ class StemRules(EngineState):
         return out
 
     # Rule G10: route generations, issued by the home to re-stem a registration whose stem broke.
-    def _forget_generation(self, rid: bytes) -> None:
+    def forget_generation(self, rid: bytes) -> None:
         """rid's route is gone (expired, evicted, unregistered): so is its G10 state."""
         self._stem.forget(rid)
         self._repair_asked.pop(rid, None)
         self._repair_due.pop(rid, None)
         self._restem_due.pop(rid, None)
 
-    def _generation_valid(self, msg: RegGossip) -> bool:
+    def generation_valid(self, msg: RegGossip) -> bool:
         """The frame's generation carries the home's signature under the registration's receipt key."""
         reg = msg.registration
         return (reg.receipt_key is not None and msg.generation_sig is not None
                 and self._verifier.verify_generation(reg.receipt_key, reg.route_id, reg.epoch, msg.generation,
                                                      msg.generation_sig))
 
-    def _set_generation(self, rid: bytes, msg: RegGossip) -> None:
+    def set_generation(self, rid: bytes, msg: RegGossip) -> None:
         """The route of rid was just set from msg (a first arrival of its epoch or generation)."""
         if msg.generation and msg.generation_sig is not None:
             self._stem.set_generation(rid, msg.registration.epoch, msg.generation, msg.generation_sig)
         else:
             self._stem.drop_generation(rid)
 
-    def _generation_arrival(self, peer: str, msg: RegGossip, entry: RouteEntry, now: float) -> list[Effect] | None:
+    def generation_arrival(self, peer: str, msg: RegGossip, entry: RouteEntry, now: float) -> list[Effect] | None:
         """A gossip frame (flood or stem) of the epoch held here, at another generation than ours. A lower
         one is a copy from before a re-stem: dropped (no fault: it was in flight). A higher one, signed by
         the home, replaces this relay's route of that epoch (and its stem state) and is then handled as a
@@ -372,14 +406,14 @@ class StemRules(EngineState):
             self._count("reg_stale_generation")
             return []
         cfg = self.config
-        if not self._verifier.verify_registration(reg) or not self._generation_valid(msg):
-            return self._drop_reg(now, reg, peer, "bad_signature", cfg.score_bad_signature)
+        if not self._verifier.verify_registration(reg) or not self.generation_valid(msg):
+            return self._gossip_rules.drop_reg(now, reg, peer, "bad_signature", cfg.score_bad_signature)
         if RouteTable.distance(entry) == 0:  # the home itself (restarted since it issued it): adopt it
-            self._set_generation(rid, msg)
+            self.set_generation(rid, msg)
             return None
         # G4: a generation costs what a refresh costs
         if not self._flood.refresh_allowed(rid, now, cfg.reg_budget_per_origin_per_s, float(cfg.reg_budget_burst)):
-            return self._drop_reg(now, reg, peer, "budget_origin")
+            return self._gossip_rules.drop_reg(now, reg, peer, "budget_origin")
         self._routes.pop(rid, None)
         self._stem.release(rid)
         self._stem.drop_successor(rid)
@@ -388,7 +422,7 @@ class StemRules(EngineState):
         self._count("route_regenerated")
         return None
 
-    def _stem_successor_down(self, peer: str, now: float) -> list[Effect]:
+    def stem_successor_down(self, peer: str, now: float) -> list[Effect]:
         """The link to peer went down: for every route id this relay passed on its stem to peer, the home
         re-stems it, and a stem relay asks its predecessor to have the home do so."""
         out: list[Effect] = []
@@ -431,7 +465,7 @@ class StemRules(EngineState):
         self._linked[pred].last_sent = now  # M2
         return [Send(pred, StemRepair(rid, epoch, generation))]
 
-    def _repair_due_now(self, now: float) -> list[Effect]:
+    def repair_due_now(self, now: float) -> list[Effect]:
         """G10: a StemRepair this relay started (its stem successor's link went down) brought no new
         generation within stem_embargo_s (a frame lost on the way up, or the home is down): ask again,
         REPAIR_TRIES times in all."""
@@ -457,7 +491,7 @@ class StemRules(EngineState):
             out += sent
         return out
 
-    def _on_stem_repair(self, peer: str, msg: StemRepair, now: float) -> list[Effect]:
+    def on_stem_repair(self, peer: str, msg: StemRepair, now: float) -> list[Effect]:
         """G10: peer, to which this relay passed the stem of (route id, epoch, generation), says the stem
         broke below it. Only the current successor may say so, once per generation on each relay: a
         stranger cannot make the home re-stem, and the home re-stems at most once per stem_embargo_s."""
@@ -479,7 +513,7 @@ class StemRules(EngineState):
         reg = self._homed.get(rid)
         entry = self._routes.get(rid)
         if (reg is None or entry is None or RouteTable.distance(entry) != 0 or RouteTable.epoch(entry) != reg.epoch
-                or reg.expires_at <= now + self.wall_offset):
+                or reg.expires_at <= now + self._ctx.wall_offset):
             return []
         last = self._stem.restemmed_at(rid)
         gap = self.config.stem_embargo_s
@@ -489,7 +523,8 @@ class StemRules(EngineState):
         self._restem_due.pop(rid, None)
         # The next generation: at least the seconds since the registration was issued (wall clock), so a
         # home that restarted, and forgot the generations it issued, still issues a higher one.
-        generation = max(self._stem.generation_of(rid, reg.epoch) + 1, int(now + self.wall_offset) - reg.issued_at, 1)
+        generation = max(self._stem.generation_of(rid, reg.epoch) + 1,
+                         int(now + self._ctx.wall_offset) - reg.issued_at, 1)
         sig = (None if reg.receipt_key is None  # F5c: under the key the relays check it against (G10)
                else self._home.sign_receipt(rid, generation_signed_bytes(rid, reg.epoch, generation), reg.receipt_key))
         if sig is None:  # a registration without a receipt key: it waits for the device's refresh
@@ -501,7 +536,7 @@ class StemRules(EngineState):
         self._count("stem_restemmed")
         return self._stem_originate(reg, now, "restem")
 
-    def _restem_due_now(self, now: float) -> list[Effect]:
+    def restem_due_now(self, now: float) -> list[Effect]:
         """G10: the re-stems put off by their pace that are due now."""
         out: list[Effect] = []
         if not self._restem_due:

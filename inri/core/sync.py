@@ -26,12 +26,18 @@ it asked on their current link, and at most route_max provisional routes (the ol
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from inri.core.api import Effect, Send
-from inri.core.state import EngineState
+from inri.core.state import EngineContext, RuleGroup
 from inri.core.tables import RouteTable
 from inri.protocol import limits
 from inri.protocol.codec import encode_unchecked
 from inri.protocol.messages import RouteSync, SyncedRoute
+
+if TYPE_CHECKING:  # annotations only (the groups import each other: Engine.__init__ wires them)
+    from inri.core.syncstate import SyncState
+    from inri.core.tables import CompactRouteTable, RouteTable
 
 SYNC = "sync"  # Hello feature: "send me the routes you hold" (rule G11)
 # A relay asks on the links that come up this long after it starts: a restart's links (former neighbours
@@ -48,12 +54,17 @@ SYNC_ROUTES_PER_TICK = 4 * limits.MAX_SYNCED_ROUTES
 SYNC_KEYS_MAX_AGE_S = 1.0
 
 
-class SyncRules(EngineState):
+class SyncRules(RuleGroup):
     """G11: asking for routes at link-up, answering, and the provisional routes learnt (the tables:
     `SyncState`, syncstate.py)."""
 
+    def __init__(self, ctx: EngineContext, routes: RouteTable | CompactRouteTable, sync: SyncState) -> None:
+        super().__init__(ctx)
+        self._routes = routes
+        self._sync = sync
+
     # Rule G11 (the neighbour asked).
-    def _on_sync_request(self, peer: str, now: float) -> list[Effect]:
+    def on_sync_request(self, peer: str, now: float) -> list[Effect]:
         """peer asked for the routes this relay holds (once per link): a cursor over the route ids (read
         out of the table at most once per SYNC_KEYS_MAX_AGE_S), then the first tick's share of them."""
         sync = self._sync
@@ -65,10 +76,10 @@ class SyncRules(EngineState):
             keys = list(self._routes.keys())
             sync.keep_keys(now, keys)
         sync.queue(peer, keys, len(keys))
-        return self._sync_send(peer, now)
+        return self.sync_send(peer, now)
 
     # Rule G11 (the neighbour asked).
-    def _sync_send(self, peer: str, now: float) -> list[Effect]:
+    def sync_send(self, peer: str, now: float) -> list[Effect]:
         """The next SYNC_ROUTES_PER_TICK routes queued for peer, in RouteSync frames."""
         sync = self._sync
         got = sync.queued(peer)
@@ -111,7 +122,7 @@ class SyncRules(EngineState):
         return any(p != exclude and p in active for p in self._routes.next_hops_of(rid))
 
     # Rule G11 (the asker).
-    def _on_route_sync(self, peer: str, msg: RouteSync, now: float) -> list[Effect]:
+    def on_route_sync(self, peer: str, msg: RouteSync, now: float) -> list[Effect]:
         """Routes a neighbour holds: each route id with no live next hop here becomes a provisional route
         through it (distance hops + 1), until its registration would expire. One with a live next hop here
         is kept too, as its fallback (used once the route has no next hop left), unless one through another
@@ -137,7 +148,7 @@ class SyncRules(EngineState):
         return []
 
     # Rules G11, F1 (a provisional route serves as the route vector's last resort).
-    def _provisional_hop(self, rid: bytes, exclude: str | None) -> str | None:
+    def provisional_hop(self, rid: bytes, exclude: str | None) -> str | None:
         """The next hop of rid's provisional route, when it is up and not `exclude` (None: none)."""
         got = self._sync.provisional(rid)
         if got is None or got[0] == exclude or got[0] not in self._linked:
@@ -148,7 +159,7 @@ class SyncRules(EngineState):
 
     def provisional_count(self) -> int:
         """Route ids this relay reaches only through a provisional route (rule G11) whose neighbour is up:
-        one through a neighbour whose link went down forwards nothing (`_provisional_hop`) until that
+        one through a neighbour whose link went down forwards nothing (`provisional_hop`) until that
         neighbour links again, so it is no route to count (a relay restarted amid link churn listed
         routes it could not use, and searched for their pushes)."""
         routes, active = self._routes, self._linked
