@@ -364,3 +364,33 @@ def test_the_stub_check_sees_a_stub() -> None:
                         "class Fine:\n    def run(self) -> None: ...\n")
     assert method_stubs(sources) == [
         "state:3 Custodian.settle", "state:8 Base._settle", "state:8 Base._settle (if TYPE_CHECKING)"]
+
+
+def owner_rebindings(path: str, source: str) -> list[str]:
+    """Assignments (or deletions) of an owner object or a rule-group reference outside an __init__ or
+    `wire`: the engine and its groups hold the same objects, so a rebound one would split them."""
+    tree = ast.parse(source)
+    building = {id(n) for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and f.name in ("__init__", "wire")
+                for n in ast.walk(f)}
+    names = set(OWNER_OBJECTS) | set(GROUP_REFS) | {"_linked"}
+    found = []
+    for n in ast.walk(tree):
+        targets = (n.targets if isinstance(n, ast.Assign | ast.Delete) else
+                   [n.target] if isinstance(n, ast.AugAssign | ast.AnnAssign) else [])
+        for t in targets:
+            if isinstance(t, ast.Attribute) and t.attr in names and id(t) not in building:
+                found.append(f"{path}:{t.lineno} {t.attr}")
+    return found
+
+
+def test_no_owner_object_or_group_is_rebound() -> None:
+    paths = [p for d in ("inri", "simulations", "benchmarks", "tests") for p in sorted((ROOT / d).rglob("*.py"))]
+    found = [f for p in paths for f in owner_rebindings(str(p.relative_to(ROOT)), p.read_text())]
+    assert not found, "owner objects and rule groups are built once (Engine.__init__):\n" + "\n".join(found)
+
+
+def test_the_rebinding_check_sees_a_rebinding() -> None:
+    source = ("class E:\n    def __init__(self):\n        self._routes = 1\n        self._gossip_rules = 2\n"
+              "def f(eng):\n    eng._routes = 3\n    eng._linked = 4\n    eng._gossip_rules.x = 5\n"
+              "    del eng._seen\n")
+    assert owner_rebindings("t.py", source) == ["t.py:6 _routes", "t.py:7 _linked", "t.py:9 _seen"]

@@ -80,9 +80,10 @@ def _scores_untouched(net: MiniNet) -> None:
         assert all(s >= 0 for s in e.peer_scores().values()), (e.relay_id, e.peer_scores())
 
 
-def _line() -> tuple[MiniNet, Device]:
-    """0 - 1 - 2 - 3, a device homed at 3 that registered with one receipt key and then rotated it."""
-    net = MiniNet(4, [(0, 1), (1, 2), (2, 3)], config=CFG)
+def _line(kinds: dict[int, type[Engine]] | None = None) -> tuple[MiniNet, Device]:
+    """0 - 1 - 2 - 3, a device homed at 3 that registered with one receipt key and then rotated it (kinds: the
+    relays built from a subclass of Engine)."""
+    net = MiniNet(4, [(0, 1), (1, 2), (2, 3)], config=CFG, kinds=kinds)
     net.run_until(1.0)
     dev = Device()
     _home(net, 3, *dev.rotate(), [b"a" * 16, b"b" * 16, b"c" * 16])
@@ -175,7 +176,7 @@ def test_at_the_home_itself_a_registration_it_never_held_settles_unknown_registr
 class Swapper(Engine):
     """A hostile relay that swaps the registration of every push it forwards for the device's other one."""
 
-    swap: dict[bytes, Registration]
+    swap: dict[bytes, Registration] = {}  # route id -> the registration its pushes leave with (set by the test)
 
     @override
     def _on_push(self, peer: str, msg: Push, now: float) -> list[Any]:
@@ -189,11 +190,8 @@ def test_a_relay_that_swaps_a_pushs_registration_is_the_one_that_pays() -> None:
     """The receipt then verifies under the swapped registration's key (the relays behind the swapper pass
     it), not under the push's own: the relay before the swapper refuses it and scores the swapper, never
     an honest relay."""
-    net, dev = _line()
-    # Relay 1 turns hostile with the links and routes it has: the same engine (its rule groups hold its
-    # tables), whose _on_push hook is now the Swapper's.
+    net, dev = _line({1: Swapper})
     swapper = net.engines[1]
-    swapper.__class__ = Swapper
     assert isinstance(swapper, Swapper)
     swapper.swap = {dev.regs[0][0].route_id: dev.regs[0][0]}  # current pushes leave it as superseded ones
     res = net.engines[0].inject_push(dev.regs[1][0], b"a" * 16, b"x", net.now)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import heapq
 import random
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import assert_never
 
 from inri.core.api import (
@@ -53,15 +53,18 @@ class MiniNet:
         wire: bool = False,
         open_dial: bool = False,
         transport_acks: bool = False,
+        kinds: Mapping[int, type[Engine]] | None = None,
     ) -> None:
         self.config = config or EngineConfig()
         self.rng = random.Random(seed)
         self.tracer = ListTracer()
         self.verifier = CachingVerifier()
         self.homes = [MemoryHomeStore() for _ in range(n)]
+        # kinds: relays built from a subclass of Engine (a hostile one overrides HOOKS), by index.
+        self.kinds = dict(kinds or {})
         self.engines = [
-            Engine(str(i), self.config, verifier=self.verifier, home=self.homes[i], tracer=self.tracer,
-                   rng=random.Random(seed * 1000 + i), listen_addr=f"addr-{i}")
+            self.kinds.get(i, Engine)(str(i), self.config, verifier=self.verifier, home=self.homes[i],
+                                      tracer=self.tracer, rng=random.Random(seed * 1000 + i), listen_addr=f"addr-{i}")
             for i in range(n)
         ]
         self.wire = wire
@@ -152,8 +155,9 @@ class MiniNet:
         """Relay i comes back after a crash: a fresh engine (memory lost) over the same home store, linked
         to whoever `links` names for it now (change `links` first to bring it back with other neighbours)."""
         self.alive[i] = True
-        eng = Engine(str(i), self.config, verifier=self.verifier, home=self.homes[i], tracer=self.tracer,
-                     rng=random.Random(self.rng.random()), listen_addr=f"addr-{i}")
+        eng = self.kinds.get(i, Engine)(str(i), self.config, verifier=self.verifier, home=self.homes[i],
+                                        tracer=self.tracer, rng=random.Random(self.rng.random()),
+                                        listen_addr=f"addr-{i}")
         self.engines[i] = eng
         peers = sorted({b for (a, b) in self.links if a == str(i)}, key=int)
         self.apply(str(i), eng.add_candidates([PeerInfo(p, f"addr-{p}") for p in peers], self.now))
