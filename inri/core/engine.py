@@ -3,7 +3,9 @@
 One `Engine` per relay, driven by the daemon (inri.node.service), the simulator (simulations) and the
 in-memory harness (inri.core.testing): every method takes `now` (monotonic; wall-clock time is
 `now + wall_offset`) and returns effects to carry out (inri.core.api). The rules are grouped by
-module, one mixin class each; this module assembles them and holds dispatch and timers.
+module, one rule-group object each (membership.py ... rtt.py), which owns its state and calls the
+other groups through typed references; this module builds and wires them, and holds the public API
+(delegating to the groups), dispatch and timers.
 
 The rules themselves are stated once, in the rule index of docs/protocol.md ("Rule index": each rule's
 label, statement and the modules it lives in), and explained there at length; code cites them by label
