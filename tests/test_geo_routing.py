@@ -93,9 +93,7 @@ def test_the_last_ring_goes_past_routes() -> None:
         (6, 10, 0, True), (6, 9, 1, True), (6, 3, 7, True), (6, 2, 8, False),
         (1, 2, 12, False), (9, 2, 0, False)]
     for on in (True, False):
-        eng = _relay()  # the defaults first
-        if not on:
-            eng.config = replace(eng.config, last_ring_past_routes=False)
+        eng = _relay(None if on else replace(EngineConfig(), last_ring_past_routes=False))  # the defaults first
         eng.receive_message("c", _gossip(reg), 0.0)
         for n, (attempt, ring, hops, past) in enumerate(cases):
             pid = bytes([n + 1]) * 16
@@ -139,8 +137,8 @@ def test_a_receipt_repairs_the_route_it_came_back_along() -> None:
     assert [r[6] for r in net.tracer.of_kind("push_delivered") if r[3] == second] == [8]  # 6-7-15-14-...-10-0
 
 
-def _relay() -> Engine:
-    eng = Engine("me", EngineConfig(), verifier=CachingVerifier(), home=MemoryHomeStore(),
+def _relay(config: EngineConfig | None = None) -> Engine:
+    eng = Engine("me", config or EngineConfig(), verifier=CachingVerifier(), home=MemoryHomeStore(),
                  tracer=ListTracer(TraceLevel.FULL), rng=random.Random(5))
     for p in ("a", "b", "c"):
         eng.peer_up(p, 0.0, outbound=True, addr=f"addr-{p}")
