@@ -67,11 +67,15 @@ def test_a_withdrawal_reaches_upstream_relays_and_is_absorbed_where_another_next
     cut(net, 1, 2)  # 2 loses its only next hop (not the home: `no route`)
     net.run_until(net.now + 1.0)
     sent = withdrawals(net, mark)
-    assert {(a, b) for a, b, _ in sent} == {("2", "5"), ("2", "6"), ("6", "2")}
-    assert {w.kind for _, _, w in sent} == {WithdrawKind.NO_ROUTE}
-    assert net.engines[6].next_hops(rid) == []  # its last next hop withdrew: gone, and told on (to 2)
+    assert {(a, b) for a, b, w in sent if w.kind == WithdrawKind.NO_ROUTE} == {("2", "5"), ("2", "6"), ("6", "2")}
     assert net.engines[5].next_hops(rid) == [("4", 3)]  # absorbed: 4 is left, nothing sent on from 5
     assert net.engines[5].counters["withdraw_absorbed"] == 1
+    # 5 answers 2's withdrawal (its route request) with its distance, 3: not below 2's feasibility
+    # distance (2), so 2 does not take it (it could lead through 2: Babel's feasibility condition).
+    assert [(a, b, w.hops) for a, b, w in sent if w.kind == WithdrawKind.RESTORED] == [("5", "2", 3)]
+    assert net.engines[2].counters["withdraw_unfeasible"] == 1
+    assert [p for p, _ in net.engines[2].next_hops(rid)] == ["1"]  # (its link is down)
+    assert net.engines[6].next_hops(rid) == []  # its last next hop withdrew: gone, and told on (to 2)
     # A push from 5 takes the route left, with no search.
     pid = push(net, 5, reg, TOKENS[0])
     net.run_until(net.now + 2.0)
@@ -139,7 +143,9 @@ def test_a_withdrawal_from_a_neighbour_that_is_not_a_next_hop_is_ignored() -> No
     net.run_until(net.now + 1.0)
     assert net.engines[3].next_hops(rid) == [("2", 3)]
     assert not net.engines[3]._withdrawals.home_down(rid)
-    assert withdrawals(net, mark) == []
+    # Nothing is withdrawn; the withdrawal is a route request, answered with 3's distance (a route that
+    # does not lead through 7).
+    assert [(a, b, w.kind, w.hops) for a, b, w in withdrawals(net, mark)] == [("3", "7", WithdrawKind.RESTORED, 3)]
     assert net.engines[3].counters["withdraw_ignored"] == 1
     # Nor does a restore from a neighbour this relay dropped nothing for add a next hop.
     fake = RouteWithdraw((WithdrawnRoute(rid, reg.epoch, WithdrawKind.RESTORED, 0),))
@@ -269,3 +275,89 @@ def test_a_neighbour_cut_for_its_score_has_its_routes_withdrawn_before_they_are_
     net.run_until(net.now + 1.0)
     for i in range(1, 8):
         assert net.engines[i]._withdrawals.home_down(reg.route_id), i
+
+
+def parked(net: MiniNet, pid: bytes) -> bool:
+    """No copy of pid was sent at all."""
+    return not any(isinstance(m, Push) and m.push_id == pid for _, _, m in net.sent)
+
+
+def test_a_home_back_on_another_link_restores_the_relays_it_is_feasible_for() -> None:
+    """The line 0 (home) - 1 - 2 - 3 - 4 - 5: the home fails and comes back linked to 5 instead of 1. 5
+    restores the route at distance 1; 4, whose next hop was 3 (not 5), takes 5's restore (1 is below its
+    feasibility distance, 4) and so does 3 (2 < 3), so the push parked at 4 is delivered once, with no
+    search. 2 and 1 cannot take a route as long as theirs (Babel's feasibility condition): they wait."""
+    net, reg = net_with([(0, 1), (1, 2), (2, 3), (3, 4), (4, 5)], 6)
+    rid = reg.route_id
+    net.kill(0)
+    net.run_until(net.now + 1.0)
+    assert all(net.engines[i]._withdrawals.home_down(rid) for i in range(1, 6))
+    pid = push(net, 4, reg, TOKENS[0])
+    net.run_until(net.now + 10.0)
+    assert parked(net, pid)
+    del net.links[("0", "1")], net.links[("1", "0")]
+    net.links[("0", "5")] = net.links[("5", "0")] = 0.01
+    net.restart(0)
+    net.run_until(net.now + 3.0)
+    assert net.custody.get(pid) == CustodyStatus.DELIVERED
+    assert sum(1 for d in net.delivered if d[1] == pid) == 1 and search_frames(net, pid) == 0
+    assert [net.engines[i].next_hops(rid)[0] for i in (5, 4, 3)] == [("0", 1), ("5", 2), ("4", 3)]
+    assert net.engines[4].counters["withdraw_answer_taken"] == 1
+    assert net.engines[2]._withdrawals.home_down(rid) and net.engines[2].counters["withdraw_unfeasible"] >= 1
+
+
+def test_a_home_that_loses_one_of_two_links_leaves_no_relay_behind_parked() -> None:
+    """Home 0 linked to 1 and 3; 2 (and 5 behind it) learnt the route through 1 first (the 3 - 2 link is
+    slow) and keep one next hop (route_k 1: with room, 2 would hold 3 as a backup). The 0 - 1 link
+    fails: 1 withdraws `home down`, and so does 2 (1 was its only next hop); its withdrawal asks 3,
+    which still reaches the home at distance 1 and answers: 2 takes it (1 < 2) and restores 5.
+    A push from 5 is delivered at once, with no search."""
+    net, reg = net_with([(0, 1), (0, 3), (1, 2), (3, 2), (2, 5)], 6, config=replace(ON, route_k=1),
+                        latency={(3, 2): 0.05, (2, 3): 0.05})
+    rid = reg.route_id
+    assert net.engines[2].next_hops(rid) == [("1", 2)]
+    cut(net, 0, 1)
+    net.run_until(net.now + 1.0)
+    assert net.engines[2].next_hops(rid)[0] == ("3", 2)
+    assert not net.engines[2]._withdrawals.home_down(rid) and not net.engines[5]._withdrawals.home_down(rid)
+    pid = push(net, 5, reg, TOKENS[0])
+    net.run_until(net.now + 2.0)
+    assert net.custody.get(pid) == CustodyStatus.DELIVERED and search_frames(net, pid) == 0
+
+
+def test_a_home_of_two_fails_and_its_side_fails_over_to_the_other_home() -> None:
+    """One route id homed at 0 and at 5 (homes in two places) on the line 0 - 1 - 2 - 3 - 4 - 5, each relay
+    keeping one next hop (route_k 1): all route to 0, whose flood came first. 0 fails: the withdrawal runs
+    down the line to 4, whose request the other home 5 answers (distance 0); 4 and 3 take it and a push
+    from 3 reaches 5, with no search."""
+    net, reg = net_with([(0, 1), (1, 2), (2, 3), (3, 4), (4, 5)], 6, config=replace(ON, route_k=1))
+    rid = reg.route_id
+    net.homes[5].add_registration(reg, TOKENS)
+    net.apply("5", net.engines[5].register(reg, net.now))
+    net.run_until(net.now + 1.0)
+    assert net.engines[4].next_hops(rid) == [("3", 4)]  # 5's flood came later, with no room left
+    net.kill(0)
+    net.run_until(net.now + 1.0)
+    assert net.engines[4].next_hops(rid) == [("5", 1)] and net.engines[3].next_hops(rid) == [("4", 2)]
+    pid = push(net, 3, reg, TOKENS[0])
+    net.run_until(net.now + 2.0)
+    assert net.custody.get(pid) == CustodyStatus.DELIVERED and search_frames(net, pid) == 0
+    assert net.delivered == [("5", pid)]
+
+
+def test_an_answer_over_a_stale_route_that_leads_back_is_not_taken() -> None:
+    """EDGES with slow links 1 - 6 - 7 - 3: when the home 0 fails, 7 still routes through 6 when 3's
+    withdrawal asks it, and answers (distance 3: its route ends at the dead home). 3's feasibility distance
+    is 3: not taken, so the route does not come back through 7, 6 and 1 (a loop into the dead home that
+    would wake the parked pushes); every relay ends withdrawn and nothing is restored."""
+    net, reg = net_with(EDGES, 8, latency=SLOW)
+    rid = reg.route_id
+    mark = len(net.sent)
+    net.kill(0)
+    net.run_until(net.now + 1.0)
+    sent = withdrawals(net, mark)
+    assert ("7", "3", WithdrawKind.RESTORED) in [(a, b, w.kind) for a, b, w in sent]
+    assert [(a, b) for a, b, w in sent if w.kind == WithdrawKind.RESTORED] == [("7", "3")]
+    for i in range(1, 8):
+        assert net.engines[i]._withdrawals.home_down(rid), i
+    assert net.engines[3].counters["withdraw_unfeasible"] == 1

@@ -10,15 +10,22 @@ hop 0), its neighbours withdraw the route as `home down`, whatever else they hol
 with the wave: custodians of pushes for it then park them (custody.py) and relays on the way answer
 `home unreachable` (forwarding.py) instead of searching. A relay whose withdrawn route gets a live next
 hop again (the home's link back, a next hop's restore: for `home down`, none of the next hops it had
-then counts, as they lead to the same home) sends `restored`, which only the neighbours that dropped it
-for its withdrawal heed; they re-take it as a next hop, pass the restore on and wake the pushes parked
-for the route (C3c). A newer epoch ends a withdrawal of the older one (its flood restores the route
+then counts, as they lead to the same home) sends `restored` (not to its own next hops: split horizon); the
+neighbours that dropped it for its withdrawal re-take it, pass the restore on and wake the pushes parked
+for the route (C3c). A withdrawal is also Babel's route request (RFC 8966 3.8.2.1): a neighbour that still
+has a live route avoiding the withdrawer (one that absorbs it, one the withdrawer was never a next hop of,
+a home of the route id) answers it with `restored` and its distance; a relay whose route is withdrawn and
+has no live next hop takes a `restored` from any neighbour when it is feasible (strictly closer than the
+feasibility distance it keeps for the route's epoch), which no route leading back through it can be.
+A newer epoch ends a withdrawal of the older one (its flood restores the route
 everywhere by itself). A withdrawal is held HOLD_S at most: a home that was up after all (one link lost)
 is searched for as before G12 after that.
 
 Hostile relays: a withdrawal counts only from a current next hop for the route (a relay cannot cut a route
-it is not on), a restore only from a neighbour whose withdrawal this relay heeded (it re-adds a next hop
-that was one, never a new one); each neighbour's entries are rate-bounded on the way in, and what this
+it is not on), a restore from a neighbour whose withdrawal this relay heeded (it re-adds a next hop that
+was one) or, for a route with no live next hop left, a feasible one (what gossip of the same epoch could
+add: a G3 feasible arrival); a withdrawal from a neighbour is answered at most once per entry it sends;
+each neighbour's entries are rate-bounded on the way in, and what this
 relay sends each neighbour is bounded per keepalive interval (a route flapping costs a bounded number of
 frames); each (route id, epoch) is withdrawn once until it is restored.
 
@@ -146,15 +153,44 @@ class Withdrawals:
                 self._count("withdraw_ignored", 1)
                 continue
             if w.kind == WithdrawKind.RESTORED:
-                self._restored_by(peer, w, now)
-            elif peer in RouteTable.next_hops(entry):
+                self._restored_by(peer, w, entry, now)
+                continue
+            if peer in RouteTable.next_hops(entry):
                 self._withdrawn_by(peer, w, entry, now)
             elif w.kind == WithdrawKind.HOME_DOWN and self._dropped_for(peer, w):
                 # it said `no route` first, now the home is down
                 self._withdraw(w.route_id, w.epoch, w.kind, now, self._past_of(w.route_id, w.kind))
             else:
                 self._count("withdraw_ignored", 1)  # not our next hop: not its route to cut
+            self._answer(peer, w.route_id, now)
         return self.flush(now)
+
+    def _answer(self, peer: str, rid: bytes, now: float) -> None:
+        """peer withdrew rid: its withdrawal is also Babel's route request (RFC 8966 3.8.2.1). Answer with
+        `restored` and this relay's distance when it has a live route that does not lead through peer (or
+        is rid's home), so a withdrawer left with no next hop takes this relay (a home's failover to another
+        home of the route id, a home back on other links). Bounded by peer's entry budget (one answer per
+        entry it sends) and the send budget per keepalive interval."""
+        if peer not in self._speaks or rid in self._withdrawn:
+            return
+        entry = self._routes.get(rid)
+        if entry is None:
+            return
+        hops = self._live_hops(entry, peer)
+        if hops is None:
+            return
+        self._count("withdraw_answered", 1)
+        self._out.setdefault(peer, {})[rid] = WithdrawnRoute(rid, RouteTable.epoch(entry), WithdrawKind.RESTORED, hops)
+
+    def _live_hops(self, entry: RouteEntry, peer: str) -> int | None:
+        """This relay's distance to entry's home over live next hops other than peer (0: it is a home of
+        it), or None: no live route that avoids peer (split horizon: no answer or restore goes back to a
+        next hop, so one never routes through the relay it tells)."""
+        if RouteTable.distance(entry) == 0 and RouteTable.primary(entry) is None:
+            return 0
+        linked = self._linked
+        live = [h for p, h in RouteTable.vector(entry) if p in linked and p != peer]
+        return min(live) if live else None
 
     def _withdrawn_by(self, peer: str, w: WithdrawnRoute, entry: RouteEntry, now: float) -> None:
         rid = w.route_id
@@ -180,21 +216,33 @@ class Withdrawals:
         return (dropped is not None and dropped[0] == w.epoch and peer in dropped[1] and known is not None
                 and known[0] == w.epoch)
 
-    def _restored_by(self, peer: str, w: WithdrawnRoute, now: float) -> None:
+    def _restored_by(self, peer: str, w: WithdrawnRoute, entry: RouteEntry, now: float) -> None:
+        """peer's route is live (a restore, or an answer to our withdrawal). A neighbour dropped for its
+        withdrawal is taken back; while the route is withdrawn here with no live next hop, any neighbour
+        is taken when it is feasible (Babel's condition, RFC 8966 3.5.1: strictly closer than the
+        feasibility distance kept for the route's epoch): its route cannot lead through us, however stale
+        its news (a neighbour the wave has not reached yet still routes to a dead home: it is taken, and its
+        own withdrawal follows; each take lowers the distance, so a route is taken back a bounded number
+        of times per epoch). A farther route waits for a newer epoch or HOLD_S."""
         rid = w.route_id
         dropped = self._dropped.get(rid)
-        if dropped is None or dropped[0] != w.epoch or peer not in dropped[1]:
-            self._count("withdraw_ignored", 1)  # we dropped nothing for it: not its route to add
-            return
-        del dropped[1][peer]
-        if not dropped[1]:
-            del self._dropped[rid]
-        entry = self._routes.get(rid)
-        if entry is None or rid not in self._withdrawn or self._has_live(rid, entry):
+        ours = False
+        if dropped is not None and dropped[0] == w.epoch and peer in dropped[1]:
+            ours = True
+            del dropped[1][peer]
+            if not dropped[1]:
+                del self._dropped[rid]
+        known = self._withdrawn.get(rid)
+        if known is None or self._has_live(rid, entry):
+            if not ours:
+                self._count("withdraw_ignored", 1)  # a route of ours is live: not its route to add
             return  # absorbed here: the next hops kept serve (re-adding it could close a loop)
+        if not ours and w.hops >= RouteTable.distance(entry):
+            self._count("withdraw_unfeasible", 1)  # it may lead through us: not taken
+            return
         # Withdrawn here, so no live next hop of ours leads through it: it leads, and the restore goes on.
         self._routes.lead(rid, entry, peer, w.hops + 1, self._route_k)
-        self._count("withdraw_restored_by", 1)
+        self._count("withdraw_restored_by" if ours else "withdraw_answer_taken", 1)
         self._restore_live(now, (rid,))
 
     # -- state ---------------------------------------------------------------------------------------
@@ -217,8 +265,15 @@ class Withdrawals:
         self._queue(WithdrawnRoute(rid, epoch, kind, 0))
 
     def _queue(self, w: WithdrawnRoute) -> None:
+        """Tell every neighbour that speaks `withdraw`; a restore not the route's own next hops (split
+        horizon: they must not take back a route that leads through them)."""
+        skip = _NONE
+        if w.kind == WithdrawKind.RESTORED:
+            entry = self._routes.get(w.route_id)
+            skip = frozenset(RouteTable.next_hops(entry)) if entry is not None else _NONE
         for p in self._speaks:
-            self._out.setdefault(p, {})[w.route_id] = w
+            if p not in skip:
+                self._out.setdefault(p, {})[w.route_id] = w
 
     def _restore_live(self, now: float, rids: Iterable[bytes] | None = None) -> list[Effect]:
         """Withdrawn routes (rids, or all) that have a live next hop again are restored: told to the
