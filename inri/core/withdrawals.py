@@ -162,22 +162,28 @@ class Withdrawals:
                 self._withdraw(w.route_id, w.epoch, w.kind, now, self._past_of(w.route_id, w.kind))
             else:
                 self._count("withdraw_ignored", 1)  # not our next hop: not its route to cut
-            self._answer(peer, w.route_id, now)
+            self._answer(peer, w)
         return self.flush(now)
 
-    def _answer(self, peer: str, rid: bytes, now: float) -> None:
+    def _answer(self, peer: str, w: WithdrawnRoute) -> None:
         """peer withdrew rid: its withdrawal is also Babel's route request (RFC 8966 3.8.2.1). Answer with
         `restored` and this relay's distance when it has a live route that does not lead through peer (or
         is rid's home), so a withdrawer left with no next hop takes this relay (a home's failover to another
         home of the route id, a home back on other links). Bounded by peer's entry budget (one answer per
-        entry it sends) and the send budget per keepalive interval."""
+        entry it sends) and the send budget per keepalive interval.
+
+        A `home down` is answered only by a home of the route id or a relay linked to one (distance 1: its
+        keepalives say that home is up): a longer route may be one the wave has not reached yet, into the
+        dead home (measured on churn-2k: answering it woke parked pushes into the dead home's
+        neighbourhood, 68 -> 91 messages a push while its home was down)."""
+        rid = w.route_id
         if peer not in self._speaks or rid in self._withdrawn:
             return
         entry = self._routes.get(rid)
         if entry is None:
             return
         hops = self._live_hops(entry, peer)
-        if hops is None:
+        if hops is None or (w.kind == WithdrawKind.HOME_DOWN and hops > 1):
             return
         self._count("withdraw_answered", 1)
         self._out.setdefault(peer, {})[rid] = WithdrawnRoute(rid, RouteTable.epoch(entry), WithdrawKind.RESTORED, hops)
