@@ -309,18 +309,22 @@ def test_a_home_that_loses_one_of_two_links_leaves_no_relay_behind_parked() -> N
     slow) and keep one next hop (route_k 1: with room, 2 would hold 3 as a backup). The 0 - 1 link
     fails: 1 withdraws `home down`, and so does 2 (1 was its only next hop); its withdrawal asks 3,
     which still reaches the home at distance 1 and answers: 2 takes it (1 < 2) and restores 5.
-    A push from 5 is delivered at once, with no search."""
-    net, reg = net_with([(0, 1), (0, 3), (1, 2), (3, 2), (2, 5)], 6, config=replace(ON, route_k=1),
-                        latency={(3, 2): 0.05, (2, 3): 0.05})
+    A push from 5 is delivered at once, with no search. 1 itself goes round through 6, linked to the home
+    (distance 1: taken whatever 1's feasibility distance, 1: no route of 6 can lead through 1)."""
+    slow = {(3, 2): 0.05, (2, 3): 0.05, (6, 0): 0.05, (0, 6): 0.05}
+    net, reg = net_with([(0, 1), (0, 3), (1, 2), (3, 2), (2, 5), (1, 6), (6, 0)], 7, config=replace(ON, route_k=1),
+                        latency=slow)
     rid = reg.route_id
     assert net.engines[2].next_hops(rid) == [("1", 2)]
     cut(net, 0, 1)
     net.run_until(net.now + 1.0)
     assert net.engines[2].next_hops(rid)[0] == ("3", 2)
     assert not net.engines[2]._withdrawals.home_down(rid) and not net.engines[5]._withdrawals.home_down(rid)
-    pid = push(net, 5, reg, TOKENS[0])
+    assert net.engines[1].next_hops(rid)[0] == ("6", 2) and not net.engines[1]._withdrawals.home_down(rid)
+    pids = [push(net, at, reg, TOKENS[k]) for k, at in enumerate((5, 1))]
     net.run_until(net.now + 2.0)
-    assert net.custody.get(pid) == CustodyStatus.DELIVERED and search_frames(net, pid) == 0
+    for pid in pids:
+        assert net.custody.get(pid) == CustodyStatus.DELIVERED and search_frames(net, pid) == 0
 
 
 def test_a_home_of_two_fails_and_its_side_fails_over_to_the_other_home() -> None:

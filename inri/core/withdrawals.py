@@ -229,7 +229,10 @@ class Withdrawals:
         feasibility distance kept for the route's epoch): its route cannot lead through us, however stale
         its news (a neighbour the wave has not reached yet still routes to a dead home: it is taken, and its
         own withdrawal follows; each take lowers the distance, so a route is taken back a bounded number
-        of times per epoch). A farther route waits for a newer epoch or HOLD_S."""
+        of times per epoch). A route of distance 0 or 1 is taken whatever its distance: its sender is a
+        home or is linked to one (its next hop is that home, not us), so it cannot lead through us (the
+        home's neighbour that lost its link to a home still up, or to one of two homes, goes round). A
+        farther route waits for a newer epoch or HOLD_S."""
         rid = w.route_id
         dropped = self._dropped.get(rid)
         ours = False
@@ -243,7 +246,7 @@ class Withdrawals:
             if not ours:
                 self._count("withdraw_ignored", 1)  # a route of ours is live: not its route to add
             return  # absorbed here: the next hops kept serve (re-adding it could close a loop)
-        if not ours and w.hops >= RouteTable.distance(entry):
+        if not ours and w.hops >= RouteTable.distance(entry) and w.hops > 1:
             self._count("withdraw_unfeasible", 1)  # it may lead through us: not taken
             return
         # Withdrawn here, so no live next hop of ours leads through it: it leads, and the restore goes on.
