@@ -74,7 +74,7 @@ OWNED: dict[str, str] = {
     # gossip.py (G1-G5, G9's switch)
     "_emit_row": "gossip", "_tree_on": "gossip",
     # stem.py (G6-G8, G10)
-    "_stem_key": "stem", "_repair_asked": "stem", "_restem_due": "stem", "_repair_due": "stem",
+    "_stem_key": "stem", "_repair_asked": "stem", "_restem_due": "stem", "_repair_due": "stem", "_regen_budget": "stem",
     # forwarding.py (F1-F10)
     "_hole_suspects": "forwarding", "_receipt_hold": "forwarding", "_repair_heap": "forwarding",
     "_steer": "forwarding", "_finds": "forwarding", "_kept_from": "forwarding",

@@ -12,10 +12,12 @@ import msgpack
 
 from inri.core.api import CustodyStatus, DisconnectReason, Send
 from inri.core.config import EngineConfig
+from inri.core.stem import REGEN_BURST, REGEN_PER_S
 from inri.core.testing import MiniNet
 from inri.core.withdrawals import ENTRIES_IN_BURST, FRAMES_PER_TICK, HOLD_S
 from inri.protocol import limits
 from inri.protocol.codec import encode, make_registration
+from inri.protocol.keys import new_signing_key, receipt_public_key
 from inri.protocol.messages import (
     ErrorCode,
     ErrorFrame,
@@ -29,14 +31,18 @@ from inri.protocol.messages import (
 from tests.test_core_engine import EDGES, KEY, SLOW, TOKENS, push
 
 ON = replace(EngineConfig(), route_withdrawal=True)
+# The device's receipt key, whose private half its homes hold: a home signs route generations with it (G10,
+# G13).
+RECEIPT_SECRET = bytes([0x42]) * 32
 
 
-def net_with(edges: list[tuple[int, int]], n: int, config: EngineConfig = ON, **kw: object) -> tuple[
-        MiniNet, Registration]:
-    """n relays on edges, a device homed at relay 0, its registration flooded."""
+def net_with(edges: list[tuple[int, int]], n: int, config: EngineConfig = ON, *, receipt: bool = True,
+             **kw: object) -> tuple[MiniNet, Registration]:
+    """n relays on edges, a device homed at relay 0 (with a receipt key unless receipt is False), its
+    registration flooded."""
     net = MiniNet(n, edges, config=config, **kw)  # type: ignore[arg-type]
-    reg = make_registration(KEY, 1, 0, 3600)
-    net.homes[0].add_registration(reg, TOKENS)
+    reg = make_registration(KEY, 1, 0, 3600, receipt_public_key(RECEIPT_SECRET) if receipt else None)
+    net.homes[0].add_registration(reg, TOKENS, RECEIPT_SECRET if receipt else None)
     net.apply("0", net.engines[0].register(reg, 0.0))
     net.run_until(1.0)
     return net, reg
@@ -76,6 +82,8 @@ def test_a_withdrawal_reaches_upstream_relays_and_is_absorbed_where_another_next
     assert net.engines[2].counters["withdraw_unfeasible"] == 1
     assert [p for p, _ in net.engines[2].next_hops(rid)] == ["1"]  # (its link is down)
     assert net.engines[6].next_hops(rid) == []  # its last next hop withdrew: gone, and told on (to 2)
+    # No push waits for the route at 2: no route request (G13: its answer would cost a flood).
+    assert not [w for _, _, w in sent if w.kind == WithdrawKind.REQUEST]
     # A push from 5 takes the route left, with no search.
     pid = push(net, 5, reg, TOKENS[0])
     net.run_until(net.now + 2.0)
@@ -143,7 +151,9 @@ def test_a_withdrawal_from_a_neighbour_that_is_not_a_next_hop_is_ignored() -> No
     net.run_until(net.now + 1.0)
     assert net.engines[3].next_hops(rid) == [("2", 3)]
     assert not net.engines[3]._withdrawals.home_down(rid)
-    assert withdrawals(net, mark) == []  # (nor is a `home down` answered over a route longer than 1)
+    # Its route request is answered (G13: a `home down` at any distance; the withdrawer takes one farther
+    # than 1 hop only by asking for a newer route), and nothing else is sent.
+    assert [(a, b, w.kind, w.hops) for a, b, w in withdrawals(net, mark)] == [("3", "7", WithdrawKind.RESTORED, 3)]
     assert net.engines[3].counters["withdraw_ignored"] == 1
     # Nor does a restore from a neighbour this relay dropped nothing for add a next hop.
     fake = RouteWithdraw((WithdrawnRoute(rid, reg.epoch, WithdrawKind.RESTORED, 0),))
@@ -282,9 +292,10 @@ def parked(net: MiniNet, pid: bytes) -> bool:
 
 def test_a_home_back_on_another_link_restores_the_relays_it_is_feasible_for() -> None:
     """The line 0 (home) - 1 - 2 - 3 - 4 - 5: the home fails and comes back linked to 5 instead of 1. 5
-    restores the route at distance 1; 4, whose next hop was 3 (not 5), takes 5's restore (1 is below its
-    feasibility distance, 4) and so does 3 (2 < 3), so the push parked at 4 is delivered once, with no
-    search. 2 and 1 cannot take a route as long as theirs (Babel's feasibility condition): they wait."""
+    restores the route at distance 1, and the push parked at 4 is delivered once, with no search: 4 takes 5's
+    restore (distance 1: its sender is linked to a home), or, when the push's retry comes first, its route
+    request (G13) reaches the home through 5 and the new generation's flood brings the route to every relay.
+    (Without a push waiting, 3, 2 and 1 would stay withdrawn: home_back_on_another_link, below.)"""
     net, reg = net_with([(0, 1), (1, 2), (2, 3), (3, 4), (4, 5)], 6)
     rid = reg.route_id
     net.kill(0)
@@ -299,9 +310,54 @@ def test_a_home_back_on_another_link_restores_the_relays_it_is_feasible_for() ->
     net.run_until(net.now + 3.0)
     assert net.custody.get(pid) == CustodyStatus.DELIVERED
     assert sum(1 for d in net.delivered if d[1] == pid) == 1 and search_frames(net, pid) == 0
-    assert [net.engines[i].next_hops(rid)[0] for i in (5, 4, 3)] == [("0", 1), ("5", 2), ("4", 3)]
-    assert net.engines[4].counters["withdraw_answer_taken"] == 1
-    assert net.engines[2]._withdrawals.home_down(rid) and net.engines[2].counters["withdraw_unfeasible"] >= 1
+    assert [net.engines[i].next_hops(rid)[0] for i in (5, 4)] == [("0", 1), ("5", 2)]
+
+
+def home_back_on_another_link(*, receipt: bool = True) -> tuple[MiniNet, Registration]:
+    """The line 0 (home) - 1 - 2 - 3 - 4 - 5: the home fails (every relay withdraws `home down`) and comes
+    back linked to 5 instead of 1; 5 and 4 take it back (distance 0 and 1), 3, 2 and 1 stay withdrawn."""
+    net, reg = net_with([(0, 1), (1, 2), (2, 3), (3, 4), (4, 5)], 6, receipt=receipt)
+    net.kill(0)
+    net.run_until(net.now + 1.0)
+    del net.links[("0", "1")], net.links[("1", "0")]
+    net.links[("0", "5")] = net.links[("5", "0")] = 0.01
+    net.restart(0)
+    net.run_until(net.now + 3.0)
+    assert all(net.engines[i]._withdrawals.home_down(reg.route_id) for i in (1, 2, 3))
+    return net, reg
+
+
+def test_a_push_parked_for_a_route_no_relay_may_take_asks_the_home_for_a_newer_one() -> None:
+    """G13 (Babel's seqno request): a push parked at 1 has it ask its neighbours (it was offered no route);
+    2 passes the request on, 3 passes it to 4, which offered a route (distance 2, not taken for a `home
+    down`), 4 along its live route to 5 and the home 0, which issues the next route generation (G10, under
+    the receipt key). Its flood replaces every relay's route of the epoch: the push goes the new way, once,
+    with no search, and no relay is left withdrawn."""
+    net, reg = home_back_on_another_link()
+    rid = reg.route_id
+    mark = len(net.sent)
+    pid = push(net, 1, reg, TOKENS[0])
+    net.run_until(net.now + 3.0)
+    sent = withdrawals(net, mark)
+    assert [(a, b) for a, b, w in sent if w.kind == WithdrawKind.REQUEST] == [
+        ("1", "2"), ("2", "3"), ("3", "4"), ("4", "5"), ("5", "0")]
+    assert net.engines[0].counters["route_regenerated_home"] == 1
+    assert net.custody.get(pid) == CustodyStatus.DELIVERED
+    assert sum(1 for d in net.delivered if d[1] == pid) == 1 and search_frames(net, pid) == 0
+    assert [net.engines[i].next_hops(rid)[0] for i in (1, 2, 3)] == [("2", 5), ("3", 4), ("4", 3)]
+    assert not any(net.engines[i]._withdrawals.home_down(rid) for i in range(1, 6))
+
+
+def test_without_a_receipt_key_the_home_issues_no_generation_and_the_push_waits() -> None:
+    """The same, but the registration has no receipt key (the home cannot sign a generation): the request
+    reaches the home and nothing is flooded; the push stays parked (HOLD_S, then C3 as before G13)."""
+    net, reg = home_back_on_another_link(receipt=False)
+    pid = push(net, 1, reg, TOKENS[0])
+    net.run_until(net.now + 10.0)
+    assert net.engines[0].counters["route_requests_home"] == 1
+    assert net.engines[0].counters["route_regenerate_refused"] == 1
+    assert "route_regenerated_home" not in net.engines[0].counters
+    assert parked(net, pid) and pid not in net.custody
 
 
 def test_a_home_that_loses_one_of_two_links_leaves_no_relay_behind_parked() -> None:
@@ -334,7 +390,7 @@ def test_a_home_of_two_fails_and_its_side_fails_over_to_the_other_home() -> None
     from 3 reaches 5, with no search."""
     net, reg = net_with([(0, 1), (1, 2), (2, 3), (3, 4), (4, 5)], 6, config=replace(ON, route_k=1))
     rid = reg.route_id
-    net.homes[5].add_registration(reg, TOKENS)
+    net.homes[5].add_registration(reg, TOKENS, RECEIPT_SECRET)
     net.apply("5", net.engines[5].register(reg, net.now))
     net.run_until(net.now + 1.0)
     assert net.engines[4].next_hops(rid) == [("3", 4)]  # 5's flood came later, with no room left
@@ -347,12 +403,63 @@ def test_a_home_of_two_fails_and_its_side_fails_over_to_the_other_home() -> None
     assert net.delivered == [("5", pid)]
 
 
+def test_the_far_side_of_a_failed_home_of_two_asks_the_other_home_for_a_newer_route() -> None:
+    """The same two homes; 3 takes 4's restore (distance 1), but 2 and 1 may not take 3's (distance 2, for a
+    route withdrawn as `home down`). A push parked at 1 asks (G13): the request crosses 2 (withdrawn, it
+    passes it on) to 3, which routes to 5 now, and along its route to 5, the other home, which issues the
+    next route generation: its flood gives 2 and 1 the route to 5, and the push is delivered there, with no
+    search and no relay left withdrawn."""
+    net, reg = net_with([(0, 1), (1, 2), (2, 3), (3, 4), (4, 5)], 6, config=replace(ON, route_k=1))
+    rid = reg.route_id
+    net.homes[5].add_registration(reg, TOKENS, RECEIPT_SECRET)
+    net.apply("5", net.engines[5].register(reg, net.now))
+    net.run_until(net.now + 1.0)
+    net.kill(0)
+    net.run_until(net.now + 1.0)
+    assert net.engines[1]._withdrawals.home_down(rid) and net.engines[2]._withdrawals.home_down(rid)
+    pid = push(net, 1, reg, TOKENS[0])
+    net.run_until(net.now + 3.0)
+    assert net.engines[5].counters["route_regenerated_home"] == 1
+    assert net.custody.get(pid) == CustodyStatus.DELIVERED and search_frames(net, pid) == 0
+    assert net.delivered == [("5", pid)]
+    assert [net.engines[i].next_hops(rid) for i in (1, 2)] == [[("2", 4)], [("3", 3)]]
+    assert not any(net.engines[i]._withdrawals.any() for i in range(1, 6))
+
+
+def test_route_requests_cost_a_bounded_number_of_generations() -> None:
+    """A neighbour that sends a home route requests for its route ids over and over (a hostile relay, or
+    many custodians) gets one generation per route id per stem_embargo_s, and REGEN_PER_S a second over
+    all route ids after a burst of REGEN_BURST; each generation costs one flood."""
+    regs = [make_registration(new_signing_key(), 1, 0, 3600, receipt_public_key(RECEIPT_SECRET))
+            for _ in range(int(REGEN_BURST) + 10)]
+    net = MiniNet(3, [(0, 1), (1, 2)], config=ON)
+    for reg in regs:
+        net.homes[0].add_registration(reg, TOKENS, RECEIPT_SECRET)
+        net.apply("0", net.engines[0].register(reg, 0.0))
+    net.run_until(1.0)
+    home = net.engines[0]
+    for _ in range(3):  # the same requests three times within stem_embargo_s
+        for i in range(0, len(regs), limits.MAX_WITHDRAWN_ROUTES):
+            frame = RouteWithdraw(tuple(WithdrawnRoute(r.route_id, 1, WithdrawKind.REQUEST, 5)
+                                        for r in regs[i:i + limits.MAX_WITHDRAWN_ROUTES]))
+            net.apply("0", home.receive_message("1", frame, net.now))
+    assert home.counters["route_requests_home"] == 3 * len(regs)
+    assert home.counters["route_regenerated_home"] == REGEN_BURST  # the burst, then the budget
+    assert home.counters["route_regenerate_paced"] == 2 * REGEN_BURST  # the same route ids again
+    assert home.counters["route_regenerate_over_budget"] == 3 * (len(regs) - REGEN_BURST)
+    net.run_until(net.now + ON.stem_embargo_s + 1.0)  # paced no more, and the budget has refilled 11 s
+    frame = RouteWithdraw(tuple(WithdrawnRoute(r.route_id, 1, WithdrawKind.REQUEST, 5) for r in regs))
+    net.apply("0", home.receive_message("1", frame, net.now))
+    assert home.counters["route_regenerated_home"] == REGEN_BURST + int((ON.stem_embargo_s + 1.0) * REGEN_PER_S)
+
+
 def test_an_answer_over_a_stale_route_that_leads_back_is_not_taken() -> None:
     """EDGES with slow links 1 - 6 - 7 - 3: when the home 0 fails, 7 still routes through 6 (distance 3)
     when 3 has withdrawn the route. A `restored` from 7 then (a neighbour the wave has not reached, or one
     that lies) would lead back into the dead home: 3's feasibility distance is 3, so it is not taken, and
-    every relay ends withdrawn with nothing restored. (7 itself does not answer a `home down` over a route
-    longer than 1.)"""
+    every relay ends withdrawn with nothing restored. (7 answers 3's `home down` itself, over its route
+    through 6 at distance 3: 3 does not take it, it asks 7 for a newer route (G13), and the request dies at
+    6, which has no route left: no generation, nothing restored.)"""
     net, reg = net_with(EDGES, 8, latency=SLOW)
     rid = reg.route_id
     mark = len(net.sent)
@@ -362,7 +469,20 @@ def test_an_answer_over_a_stale_route_that_leads_back_is_not_taken() -> None:
     stale = RouteWithdraw((WithdrawnRoute(rid, reg.epoch, WithdrawKind.RESTORED, 3),))
     net.apply("3", net.engines[3].receive_message("7", stale, net.now))
     net.run_until(net.now + 1.0)
-    assert [w for _, _, w in withdrawals(net, mark) if w.kind == WithdrawKind.RESTORED] == []
+    sent = withdrawals(net, mark)
+    assert [(a, b, w.hops) for a, b, w in sent if w.kind == WithdrawKind.RESTORED] == [("7", "3", 3)]
+    assert net.engines[3].counters["withdraw_unfeasible"] == 2  # the stale restore, and 7's answer
+    # A push parked at 3 asks 7 (G13); 7, withdrawn since, passes the request to its other neighbours, and
+    # so on across the withdrawn relays, each once: none has a live route, no home gets it, nothing is taken.
+    mark = len(net.sent)
+    pid = push(net, 3, reg, TOKENS[0])
+    net.run_until(net.now + 5.0)
+    requests = [(a, b) for a, b, w in withdrawals(net, mark) if w.kind == WithdrawKind.REQUEST]
+    assert requests[0] == ("3", "7")
+    senders = [a for a, _ in requests]
+    assert "0" not in senders and all(senders.count(a) <= 2 for a in senders)  # each relay once (to <= 2)
     for i in range(1, 8):
         assert net.engines[i]._withdrawals.home_down(rid), i
-    assert net.engines[3].counters["withdraw_unfeasible"] == 1
+        assert not any(net.engines[i].counters.get(k) for k in ("withdraw_answer_taken", "withdraw_restored_by",
+                                                                "route_requests_home")), i
+    assert parked(net, pid)

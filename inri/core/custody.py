@@ -280,7 +280,7 @@ class CustodyRules(RuleGroup):
         # along the way); every later attempt (no receipt in time, or a route error) widens the ring:
         # 1, 3, 5, 7, then the full TTL.
         if self._withdrawals.home_down(push.route_id):  # G12: its home is down: wait for the route, no ring
-            return self._park_withdrawn(c)
+            return self._park_withdrawn(c, now)
         if c.attempt < ROUTE_ATTEMPTS or c.home_down:
             c.home_down = False
             nh = self._forwarding_rules.next_hop(push.route_id, None, alternate=c.attempt == 1)
@@ -415,7 +415,7 @@ class CustodyRules(RuleGroup):
         c.next_retry = min(now + wait, end)
         self._schedule(pid, c.next_retry)
         if self._withdrawals.home_down(c.push.route_id):  # G12: its home is down: wait for the route
-            return self._park_withdrawn(c)
+            return self._park_withdrawn(c, now)
         nh = self._forwarding_rules.next_hop(c.push.route_id, None, low_ok=True)
         if nh is None:
             return self._parked_search(c, now)
@@ -531,15 +531,16 @@ class CustodyRules(RuleGroup):
         return now + max(period, QUEUE_LOOK * st.queue_delay)
 
     # Rule G12.
-    def _park_withdrawn(self, c: Custody) -> list[Effect]:
+    def _park_withdrawn(self, c: Custody, now: float) -> list[Effect]:
         """c's route was withdrawn here as `home down` (withdrawals.py): nothing is sent; the route's
-        restore (or a newer epoch) wakes it (C3c), and until then its retries stay as scheduled and send
-        nothing. (Not _await_route: no copy left, so a renewal older than the last copy would wake it
-        again at once.)"""
+        restore (or a newer epoch or generation) wakes it (C3c), and until then its retries stay as
+        scheduled and send nothing but a route request (G13: a live home of the route id, if one is
+        reachable, issues a newer generation). (Not _await_route: no copy left, so a renewal older than
+        the last copy would wake it again at once.)"""
         c.home_down = True  # woken, it follows the route (it never widens)
         self._waiting_route.setdefault(c.push.route_id, set()).add(c.push.push_id)
         self._count("custody_parked_withdrawn")
-        return []
+        return self._withdrawals.wanted(c.push.route_id, now)
 
     # Rule C3c.
     def _forget_waiting(self, c: Custody) -> None:

@@ -144,7 +144,11 @@ class Engine:
         # restored route wakes the pushes waiting for it (C3c: custody's rules, built below).
         self._withdrawals = withdrawals = Withdrawals(
             config.route_withdrawal, routes, self._linked, config.route_k, config.keepalive_interval_s, self._count,
-            lambda rid, now: self._custody_rules.route_renewed(rid, now))
+            lambda rid, now: self._custody_rules.route_renewed(rid, now),
+            regenerate=lambda rid, now: self._stem_rules.regenerate(rid, now),  # G13 at a home (stem.py)
+            generation=stem.generation_of,
+            trace=(lambda now, frames: tracer.emit(now, relay_id, "gossip_control", count=frames, reason="withdraw"))
+            if ctx.level else None)
         nb = self._neighbours
         # The rule groups, each owning its own state (built by its __init__), then wired to the groups it calls.
         # The stem's key is the only random draw among them (StemRules, with the stem on): the order of

@@ -64,6 +64,7 @@ import hashlib
 from typing import TYPE_CHECKING
 
 from inri.core.api import Effect, Send, TraceLevel
+from inri.core.budget import TokenBucket
 from inri.core.state import MAX_CLOCK_SKEW_S, EngineContext, Neighbour, RuleGroup
 from inri.core.stemstate import STEM_DISTANCE
 from inri.core.tables import RouteEntry, RouteTable
@@ -84,6 +85,11 @@ if TYPE_CHECKING:  # annotations only (the groups import each other: Engine.__in
 # stem must not leave the routes below the break dead (a stem relay below it answers `home unreachable`,
 # G7, so custodians wait for the re-stem instead of searching).
 REPAIR_TRIES = 3
+# G13: the route generations a home issues on request, a second (and at once), all its route ids together:
+# each costs a flood, and any neighbour may ask (withdrawals.py); one route id at most once per
+# stem_embargo_s besides.
+REGEN_PER_S = 1.0
+REGEN_BURST = 20.0
 _SCALE = float(1 << 64)
 
 
@@ -95,6 +101,7 @@ class StemRules(RuleGroup):
     _restem_due: dict[bytes, float]
     _repair_asked: dict[bytes, tuple[int, int, float]]
     _repair_due: dict[bytes, tuple[float, int]]
+    _regen_budget: TokenBucket  # G13: the generations this home issues on request, all route ids together
 
     # The rule groups this one calls (given by `wire`).
     _custody_rules: CustodyRules
@@ -114,6 +121,7 @@ class StemRules(RuleGroup):
         self._restem_due: dict[bytes, float] = {}
         self._repair_asked: dict[bytes, tuple[int, int, float]] = {}
         self._repair_due: dict[bytes, tuple[float, int]] = {}
+        self._regen_budget = TokenBucket(REGEN_BURST, 0.0)
 
     def wire(self, *, custody: CustodyRules, gossip: GossipRules) -> None:
         """The other rule groups this one calls (Engine.__init__, once all are built)."""
@@ -535,6 +543,46 @@ class StemRules(RuleGroup):
         self._stem.cancel_embargo((rid, reg.epoch))
         self._count("stem_restemmed")
         return self._stem_originate(reg, now, "restem")
+
+    # Rule G13 (withdrawals.py: a route request reached a home of the route id).
+    def regenerate(self, rid: bytes, now: float) -> list[Effect]:
+        """A relay with no route it may take asked this home for a newer route to rid: with the stem on, the
+        home re-stems it (G10); off, it floods the next route generation itself, which replaces every
+        relay's route of the epoch (as a re-stem's flood does). Paced: once per stem_embargo_s per route
+        id, REGEN_PER_S in all."""
+        reg = self._homed.get(rid)
+        entry = self._routes.get(rid)
+        if (reg is None or entry is None or RouteTable.distance(entry) != 0 or RouteTable.epoch(entry) != reg.epoch
+                or reg.expires_at <= now + self._ctx.wall_offset or reg.receipt_key is None):
+            self._count("route_regenerate_refused")
+            return []
+        last = self._stem.restemmed_at(rid)
+        if last is not None and now - last < self.config.stem_embargo_s:
+            self._count("route_regenerate_paced")
+            return []
+        if not self._regen_budget.take(now, REGEN_PER_S, REGEN_BURST):
+            self._count("route_regenerate_over_budget")
+            return []
+        if self.config.stem:
+            return self._restem(rid, now)
+        generation = max(self._stem.generation_of(rid, reg.epoch) + 1,
+                         int(now + self._ctx.wall_offset) - reg.issued_at, 1)
+        sig = self._home.sign_receipt(rid, generation_signed_bytes(rid, reg.epoch, generation), reg.receipt_key)
+        if sig is None:  # F5c: this home holds no private half of the receipt key
+            self._count("route_regenerate_refused")
+            return []
+        self._stem.restemmed(rid, now)
+        self._stem.set_generation(rid, reg.epoch, generation, sig)
+        self._count("route_regenerated_home")
+        gossip = RegGossip(reg, self.config.gossip_ttl, 0, False, generation, sig)
+        out: list[Effect] = []
+        for p, st in self._linked.items():
+            st.last_sent = now
+            out.append(Send(p, gossip))
+        if self._level:  # the flood's first copies: gossip messages, and this home is the route's origin now
+            self._trace(now, "reg_originated", msg=f"{rid.hex()}:{reg.epoch}", route=rid.hex(), epoch=reg.epoch,
+                        ttl=self.config.gossip_ttl, hops=0, count=len(out), reason="regenerate")
+        return out
 
     def restem_due_now(self, now: float) -> list[Effect]:
         """G10: the re-stems put off by their pace that are due now."""

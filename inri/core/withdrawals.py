@@ -21,6 +21,17 @@ A newer epoch ends a withdrawal of the older one (its flood restores the route
 everywhere by itself). A withdrawal is held HOLD_S at most: a home that was up after all (one link lost)
 is searched for as before G12 after that.
 
+Rule G13, the other half of Babel's answer (RFC 8966 3.8.1.2, the seqno request): a relay whose route is
+withdrawn with no live next hop, offered a route it may not take (not feasible, or farther than one hop
+from a home for a `home down`), asks the neighbour that offered it for a newer route (a `request`
+entry); a relay with a live route passes the request on along it (a withdrawn one towards the route it
+was offered), at most `hops` relays, once per route id every REQUEST_GAP_S; a home of the route id that
+gets it issues the next route generation (G10, signed with the registration's receipt key; stem.py,
+`StemRules.regenerate`), whose flood replaces every relay's route of the epoch, feasible for all of
+them: a home back on other links than before, a home that lost one link, and the other home of a route
+id homed in two places (issue 42 item 3) then take over the relays left parked, and the pushes parked
+for them are re-sent (C3c). A request that meets no live route (a home that is down) goes nowhere.
+
 Hostile relays: a withdrawal counts only from a current next hop for the route (a relay cannot cut a route
 it is not on), a restore from a neighbour whose withdrawal this relay heeded (it re-adds a next hop that
 was one) or, for a route with no live next hop left, a feasible one (what gossip of the same epoch could
@@ -64,18 +75,29 @@ def _past(vector: list[tuple[str, int]]) -> frozenset[str]:
 # pushes parked for it search as C3 has them. A route withdrawn for a home that is in fact up (one of its
 # links lost, the home back on other links) must not keep its pushes parked until their TTL.
 HOLD_S = 120.0
+# G13: a relay sends (or passes on) a route request for one route id at most this often; a home issues a
+# generation on request at most once per stem_embargo_s per route id and REGEN_PER_S a second in all
+# (stem.py), so a hostile neighbour's requests cost at most that many floods.
+REQUEST_GAP_S = 10.0
+# A request may pass the offered route's length and this many relays more (the route may have moved).
+REQUEST_SLACK = 2
+_REQUEST = b"?"  # the key prefix of a request in a neighbour's queue (beside its route updates)
 
 
 class Withdrawals:
     """Rule G12: the routes withdrawn here, the next hops dropped for their withdrawals, and the frames
     queued for each neighbour that speaks `withdraw`."""
 
-    __slots__ = ("_on", "_routes", "_linked", "_route_k", "_interval", "_count", "_renewed", "_speaks", "_withdrawn",
-                 "_dropped", "_out", "_sent", "_in")
+    __slots__ = ("_on", "_routes", "_linked", "_route_k", "_interval", "_count", "_renewed", "_regenerate",
+                 "_generation", "_trace", "_speaks", "_withdrawn", "_dropped", "_offers", "_asked", "_demand", "_out",
+                 "_sent", "_in")
 
     def __init__(self, on: bool, routes: RouteTable | CompactRouteTable, linked: Mapping[str, Neighbour],
                  route_k: int, interval_s: float, count: Callable[[str, int], None],
-                 renewed: Callable[[bytes, float], None]) -> None:
+                 renewed: Callable[[bytes, float], None],
+                 regenerate: Callable[[bytes, float], list[Effect]] | None = None,
+                 generation: Callable[[bytes, int], int] | None = None,
+                 trace: Callable[[float, int], None] | None = None) -> None:
         self._on = on  # [engine] route_withdrawal: off, this relay neither says `withdraw` nor withdraws
         self._routes = routes
         self._linked = linked
@@ -83,12 +105,26 @@ class Withdrawals:
         self._interval = interval_s
         self._count = count  # the engine's counters
         self._renewed = renewed  # C3c (custody.py): wake the pushes waiting for a route
-        self._speaks: set[str] = set()  # neighbours whose Hello on their current link said `withdraw`
-        # route id -> (epoch, kind, next hops that do not count as its return, when) of the routes withdrawn here
-        self._withdrawn: dict[bytes, tuple[int, WithdrawKind, frozenset[str], float]] = {}
+        # G13 (stem.py): at a home of a route id, issue its next generation on request
+        self._regenerate = regenerate
+        # G10 (stemstate.py): rid's route generation at an epoch; a newer one than a withdrawal's ends it
+        self._generation = generation if generation is not None else (lambda rid, epoch: 0)
+        self._trace = trace  # (now, frames): the frames sent, a summary-level trace row (gossip messages)
+        # neighbours whose Hello on their current link said `withdraw` (a dict, not a set: frames go out in
+        # the order links came up, so a simulated run is the same whatever the process's hash seed)
+        self._speaks: dict[str, None] = {}
+        # route id -> (epoch, kind, next hops that do not count as its return, when, route generation) of the
+        # routes withdrawn here
+        self._withdrawn: dict[bytes, tuple[int, WithdrawKind, frozenset[str], float, int]] = {}
         # route id -> (epoch, next hop dropped for its withdrawal -> its distance)
         self._dropped: dict[bytes, tuple[int, dict[str, int]]] = {}
-        self._out: dict[str, dict[bytes, WithdrawnRoute]] = {}  # neighbour -> entries to send, by route id
+        # G13: route id -> (neighbour, distance) of the route last offered while withdrawn here, not taken
+        self._offers: dict[bytes, tuple[str, int]] = {}
+        self._asked: dict[bytes, float] = {}  # G13: route id -> when a request for it was last sent from here
+        # G13: route id -> when pushes last needed it here (parked for it, or a request passed through)
+        self._demand: dict[bytes, float] = {}
+        # neighbour -> entries to send, by route id (a request by _REQUEST + route id: it replaces no update)
+        self._out: dict[str, dict[bytes, WithdrawnRoute]] = {}
         self._sent: dict[str, tuple[float, int]] = {}  # neighbour -> (tick start, frames sent in it)
         self._in: dict[str, TokenBucket] = {}  # neighbour -> its entries' budget
 
@@ -102,7 +138,7 @@ class Withdrawals:
         """peer's Hello: it takes withdrawals when it lists `withdraw` (on this link). A Hello again does
         not refill its budget."""
         if self._on and WITHDRAW in features and peer not in self._speaks:
-            self._speaks.add(peer)
+            self._speaks[peer] = None
             self._in[peer] = TokenBucket(ENTRIES_IN_BURST, now)
 
     def link_up(self, now: float) -> list[Effect]:
@@ -130,7 +166,7 @@ class Withdrawals:
         return self.flush(now)
 
     def _forget_peer(self, peer: str) -> None:
-        self._speaks.discard(peer)
+        self._speaks.pop(peer, None)
         self._out.pop(peer, None)
         self._sent.pop(peer, None)
         self._in.pop(peer, None)
@@ -144,6 +180,7 @@ class Withdrawals:
             self._count("withdraw_unsolicited", 1)
             return []
         routes = self._routes
+        out: list[Effect] = []
         for w in msg.entries:
             if not bucket.take(now, ENTRIES_IN_PER_S, ENTRIES_IN_BURST):
                 self._count("withdraw_over_budget", 1)
@@ -151,6 +188,9 @@ class Withdrawals:
             entry = routes.get(w.route_id)
             if entry is None or RouteTable.epoch(entry) != w.epoch:
                 self._count("withdraw_ignored", 1)
+                continue
+            if w.kind == WithdrawKind.REQUEST:
+                out += self._on_request(peer, w, entry, now)
                 continue
             if w.kind == WithdrawKind.RESTORED:
                 self._restored_by(peer, w, entry, now)
@@ -163,7 +203,7 @@ class Withdrawals:
             else:
                 self._count("withdraw_ignored", 1)  # not our next hop: not its route to cut
             self._answer(peer, w)
-        return self.flush(now)
+        return out + self.flush(now)
 
     def _answer(self, peer: str, w: WithdrawnRoute) -> None:
         """peer withdrew rid: its withdrawal is also Babel's route request (RFC 8966 3.8.2.1). Answer with
@@ -172,18 +212,20 @@ class Withdrawals:
         home of the route id, a home back on other links). Bounded by peer's entry budget (one answer per
         entry it sends) and the send budget per keepalive interval.
 
-        A `home down` is answered only by a home of the route id or a relay linked to one (distance 1: its
-        keepalives say that home is up): a longer route may be one the wave has not reached yet, into the
-        dead home (measured on churn-2k: answering it woke parked pushes into the dead home's
-        neighbourhood, 68 -> 91 messages a push while its home was down)."""
+        A `home down` is answered at any distance, but the withdrawer takes the answer only from a home of
+        the route id or a relay linked to one (distance 1: its keepalives say that home is up): a longer
+        route may be one the wave has not reached yet, into the dead home (measured on churn-2k: taking it
+        woke parked pushes into the dead home's neighbourhood, 68 -> 91 messages a push while its home was
+        down). A longer one is asked for a newer route instead (G13, _restored_by): a request along a
+        route into the dead home goes nowhere; along one to a live home, it has that home regenerate."""
         rid = w.route_id
-        if peer not in self._speaks or rid in self._withdrawn:
+        if peer not in self._speaks or self._current(rid) is not None:
             return
         entry = self._routes.get(rid)
         if entry is None:
             return
         hops = self._live_hops(entry, peer)
-        if hops is None or (w.kind == WithdrawKind.HOME_DOWN and hops > 1):
+        if hops is None:
             return
         self._count("withdraw_answered", 1)
         self._out.setdefault(peer, {})[rid] = WithdrawnRoute(rid, RouteTable.epoch(entry), WithdrawKind.RESTORED, hops)
@@ -218,7 +260,7 @@ class Withdrawals:
         """This relay dropped peer as a next hop for w's route (of w's epoch) for its withdrawal, and has
         withdrawn the route itself since."""
         dropped = self._dropped.get(w.route_id)
-        known = self._withdrawn.get(w.route_id)
+        known = self._current(w.route_id)
         return (dropped is not None and dropped[0] == w.epoch and peer in dropped[1] and known is not None
                 and known[0] == w.epoch)
 
@@ -241,18 +283,101 @@ class Withdrawals:
             del dropped[1][peer]
             if not dropped[1]:
                 del self._dropped[rid]
-        known = self._withdrawn.get(rid)
+        known = self._current(rid)
         if known is None or self._has_live(rid, entry):
             if not ours:
                 self._count("withdraw_ignored", 1)  # a route of ours is live: not its route to add
             return  # absorbed here: the next hops kept serve (re-adding it could close a loop)
-        if not ours and w.hops >= RouteTable.distance(entry) and w.hops > 1:
-            self._count("withdraw_unfeasible", 1)  # it may lead through us: not taken
+        if not ours and w.hops > 1 and (w.hops >= RouteTable.distance(entry) or known[1] == WithdrawKind.HOME_DOWN):
+            # Not feasible (it may lead through us), or for a `home down` perhaps into the dead home: not
+            # taken. G13: ask it for a newer route (a request along it to a live home has that home issue one).
+            self._count("withdraw_unfeasible", 1)
+            self._offers[rid] = (peer, w.hops)
+            if self._wanted(rid, now):
+                self._request(peer, rid, w.epoch, min(limits.MAX_TTL, w.hops + REQUEST_SLACK), now)
             return
         # Withdrawn here, so no live next hop of ours leads through it: it leads, and the restore goes on.
         self._routes.lead(rid, entry, peer, w.hops + 1, self._route_k)
         self._count("withdraw_restored_by" if ours else "withdraw_answer_taken", 1)
         self._restore_live(now, (rid,))
+
+    # -- G13: route requests --------------------------------------------------------------------------
+
+    def wanted(self, rid: bytes, now: float) -> list[Effect]:
+        """Custody parked a push for rid, withdrawn here (custody.py): ask for a newer route (G13), towards
+        the route last offered, or, with none, of every neighbour (a withdrawn one passes it on the same
+        way, so the request crosses the withdrawn relays to one with a live route or an offer)."""
+        self._note_demand(rid, now)
+        known = self._current(rid)
+        entry = self._routes.get(rid)
+        if known is None or entry is None:
+            return []
+        nxt = self._towards(rid, entry, None)
+        hops = min(limits.MAX_TTL, self._offers[rid][1] + REQUEST_SLACK) if nxt is not None and rid in self._offers \
+            else limits.MAX_TTL
+        self._request(nxt, rid, known[0], hops, now)
+        return self.flush(now)
+
+    def _note_demand(self, rid: bytes, now: float) -> None:
+        if len(self._demand) >= limits.MAX_WITHDRAWN_ROUTES * 64:  # bounded: a lost entry costs one request
+            self._demand.clear()
+        self._demand[rid] = now
+
+    def _wanted(self, rid: bytes, now: float) -> bool:
+        """Pushes needed rid here lately (parked for it, or a request for it passed through): only then is
+        an offer worth a request, whose answer costs a flood."""
+        last = self._demand.get(rid)
+        return last is not None and now - last < HOLD_S
+
+    def _request(self, peer: str | None, rid: bytes, epoch: int, hops: int, now: float,
+                 skip: str | None = None) -> None:
+        """Ask peer (None: every neighbour but skip) for a newer route to rid, which it may pass `hops` - 1
+        relays further: at most once per REQUEST_GAP_S."""
+        last = self._asked.get(rid)
+        if (peer is not None and peer not in self._speaks) or (last is not None and now - last < REQUEST_GAP_S):
+            return
+        if len(self._asked) >= limits.MAX_WITHDRAWN_ROUTES * 64:  # bounded: old entries only pace requests
+            self._asked.clear()
+        self._asked[rid] = now
+        w = WithdrawnRoute(rid, epoch, WithdrawKind.REQUEST, hops)
+        for p in ((peer,) if peer is not None else self._speaks):
+            if p != skip:
+                self._count("route_requests_sent", 1)
+                self._out.setdefault(p, {})[_REQUEST + rid] = w
+
+    def _on_request(self, peer: str, w: WithdrawnRoute, entry: RouteEntry, now: float) -> list[Effect]:
+        """peer asks for a newer route to w's route id (G13). A home of it issues the next generation; a
+        relay with a live route passes the request on along it (a withdrawn relay towards the route it was
+        offered); the rest drop it."""
+        rid = w.route_id
+        if RouteTable.distance(entry) == 0 and RouteTable.primary(entry) is None:  # a home of rid
+            self._count("route_requests_home", 1)
+            return self._regenerate(rid, now) if self._regenerate is not None else []
+        nxt = self._towards(rid, entry, peer)
+        withdrawn = nxt is None and self._current(rid) is not None
+        if w.hops <= 1 or (nxt is None and not withdrawn):
+            self._count("route_requests_dropped", 1)
+            return []
+        self._note_demand(rid, now)  # an offer that comes later is worth asking too
+        self._request(nxt, rid, w.epoch, w.hops - 1, now, skip=peer)  # None (withdrawn, no offer): to all
+        return []
+
+    def _towards(self, rid: bytes, entry: RouteEntry, peer: str | None) -> str | None:
+        """The neighbour a request for rid goes on to: the nearest live next hop that counts (not peer, not
+        one of a `home down` withdrawal's past next hops), or, withdrawn here, the one that offered a route."""
+        known = self._current(rid)
+        past = known[2] if known is not None else _NONE
+        linked = self._linked
+        best: tuple[int, str] | None = None
+        for p, h in RouteTable.vector(entry):
+            if p in linked and p != peer and p not in past and p in self._speaks and (best is None or h < best[0]):
+                best = (h, p)
+        if best is not None:
+            return best[1]
+        offer = self._offers.get(rid)
+        if known is not None and offer is not None and offer[0] != peer and offer[0] in linked:
+            return offer[0]
+        return None
 
     # -- state ---------------------------------------------------------------------------------------
 
@@ -266,10 +391,10 @@ class Withdrawals:
         hops it has, up or not, but the home itself; they lead to the same home (a home's neighbour
         withdraws its routes whatever else it holds), and one of them back on its link (a relay restarted
         with the routes it kept) knows nothing of the home: they do not count as the route's return."""
-        known = self._withdrawn.get(rid)
+        known = self._current(rid)
         if known is not None and known[0] == epoch and (known[1] == kind or kind == WithdrawKind.NO_ROUTE):
             return  # told already (a `home down` overrides a `no route`, not the other way)
-        self._withdrawn[rid] = (epoch, kind, past, now)
+        self._withdrawn[rid] = (epoch, kind, past, now, self._generation(rid, epoch))
         self._count("routes_withdrawn", 1)
         self._queue(WithdrawnRoute(rid, epoch, kind, 0))
 
@@ -299,9 +424,11 @@ class Withdrawals:
             if known is None:
                 continue
             entry = routes.get(rid)
-            if entry is None or RouteTable.epoch(entry) != known[0]:
-                del self._withdrawn[rid]  # expired, or a newer epoch's flood has renewed it everywhere
+            if entry is None or self._renewed_since(rid, entry, known):
+                del self._withdrawn[rid]  # expired, or a newer epoch's or generation's flood renewed it everywhere
                 self._dropped.pop(rid, None)
+                self._offers.pop(rid, None)
+                self._demand.pop(rid, None)
                 continue
             if now - known[3] >= HOLD_S:
                 self._release(rid, entry)
@@ -309,6 +436,8 @@ class Withdrawals:
             live = [h for p, h in RouteTable.vector(entry) if p in linked and p not in known[2]]
             if live:
                 del self._withdrawn[rid]
+                self._offers.pop(rid, None)
+                self._demand.pop(rid, None)
                 self._count("routes_restored", 1)
                 self._queue(WithdrawnRoute(rid, known[0], WithdrawKind.RESTORED, min(live)))
                 self._renewed(rid, now)
@@ -318,6 +447,8 @@ class Withdrawals:
         """A withdrawal held HOLD_S: the next hops dropped for it are taken back (those still linked, while
         there is room) and the route is as it was before G12 (F3, C3 search for it again)."""
         del self._withdrawn[rid]
+        self._offers.pop(rid, None)
+        self._demand.pop(rid, None)
         dropped = self._dropped.pop(rid, None)
         self._count("withdraw_released", 1)
         if dropped is None or dropped[0] != RouteTable.epoch(entry):
@@ -329,27 +460,47 @@ class Withdrawals:
 
     def _has_live(self, rid: bytes, entry: RouteEntry) -> bool:
         """entry (rid's) has a live next hop that counts (not one of a `home down` withdrawal's past ones)."""
-        known = self._withdrawn.get(rid)
+        known = self._current(rid)
         ignore = known[2] if known is not None else frozenset()
         linked = self._linked
         return any(p in linked and p not in ignore for p in RouteTable.next_hops(entry))
+
+    def _current(self, rid: bytes) -> tuple[int, WithdrawKind, frozenset[str], float, int] | None:
+        """rid's withdrawal here, unless its route has been renewed since (then it is forgotten)."""
+        known = self._withdrawn.get(rid)
+        if known is None:
+            return None
+        entry = self._routes.get(rid)
+        if entry is not None and not self._renewed_since(rid, entry, known):
+            return known
+        del self._withdrawn[rid]
+        self._dropped.pop(rid, None)
+        self._offers.pop(rid, None)
+        self._demand.pop(rid, None)
+        return None
+
+    def _renewed_since(self, rid: bytes, entry: RouteEntry,
+                       known: tuple[int, WithdrawKind, frozenset[str], float, int]) -> bool:
+        """rid's route (entry) is of a newer epoch, or a newer generation (G10, G13), than its withdrawal."""
+        epoch = RouteTable.epoch(entry)
+        return epoch != known[0] or self._generation(rid, epoch) > known[4]
 
     def home_down(self, rid: bytes) -> bool:
         """rid was withdrawn here as `home down` and has no live next hop but those that were up when it
         was (the home's neighbour's others: they lead to the same home): pushes for it wait (custody parks
         them, a relay on the way answers `home unreachable`) instead of searching."""
-        known = self._withdrawn.get(rid)
+        known = self._current(rid)
         if known is None or known[1] != WithdrawKind.HOME_DOWN:
             return False
         entry = self._routes.get(rid)
-        if entry is None or RouteTable.epoch(entry) != known[0]:
+        if entry is None or self._renewed_since(rid, entry, known):
             return False
         return not self._has_live(rid, entry)
 
     def tell_again(self, peer: str, rid: bytes, now: float) -> list[Effect]:
         """peer sent us a push for rid, withdrawn here as `home down`: our withdrawal did not reach it (a
         frame lost, or its link came up since): tell it again (within the send budget)."""
-        known = self._withdrawn.get(rid)
+        known = self._current(rid)
         if known is None or peer not in self._speaks:
             return []
         self._count("withdraw_told_again", 1)
@@ -381,9 +532,8 @@ class Withdrawals:
             if now - start >= self._interval:
                 start, frames = now, 0
             while queued and frames < FRAMES_PER_TICK:
-                batch = list(queued.values())[:cap]
-                for w in batch:
-                    del queued[w.route_id]
+                keys = list(queued)[:cap]
+                batch = [queued.pop(k) for k in keys]
                 frames += 1
                 st.last_sent = now
                 out.append(Send(p, RouteWithdraw(tuple(batch))))
@@ -392,4 +542,6 @@ class Withdrawals:
                 del self._out[p]
         if out:
             self._count("withdraw_frames_sent", len(out))
+            if self._trace is not None:  # gossip messages in the cost figures (docs/metrics.md)
+                self._trace(now, len(out))
         return out

@@ -330,13 +330,14 @@ class _RouteSync(_Frame, tag=int(MessageType.ROUTE_SYNC)):
 
 
 class _RouteWithdraw(_Frame, tag=int(MessageType.ROUTE_WITHDRAW)):
-    # [route id, epoch, kind, hops]: hops is 0 in a withdrawal (one encoding per message)
+    # [route id, epoch, kind, hops]: hops is 0 in a withdrawal (one encoding per message); a restore's
+    # distance, a request's hops left (G13)
     entries: Annotated[list[tuple[RouteId, Epoch, WithdrawKind, Ttl]],
                        Meta(min_length=1, max_length=L.MAX_WITHDRAWN_ROUTES)]
 
     def __post_init__(self) -> None:
         for e in self.entries:
-            if e[2] != WithdrawKind.RESTORED and e[3]:
+            if e[2] in (WithdrawKind.NO_ROUTE, WithdrawKind.HOME_DOWN) and e[3]:
                 raise ValueError("route_withdraw: a withdrawal carries hops 0")
 
     def to_message(self) -> RouteWithdraw:

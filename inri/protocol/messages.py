@@ -319,12 +319,17 @@ class WithdrawKind(IntEnum):
     NO_ROUTE = 1  # its last live next hop went (a link lost, or withdrawn by the next hop itself)
     HOME_DOWN = 2  # as NO_ROUTE, where the route's home relay is the one lost (its link, hop 0)
     RESTORED = 3  # the route the sender withdrew has a live next hop again, `hops` from its home
+    # Rule G13 (Babel's seqno request): the sender has no route it may take (withdrawn, and the routes
+    # offered are not feasible) and asks a home of the route id for a newer route generation (G10);
+    # `hops`: how many more relays may pass it on towards a home.
+    REQUEST = 4
 
 
 @dataclass(frozen=True, slots=True)
 class WithdrawnRoute:
     """One entry of a RouteWithdraw: the sender's route to route_id (of `epoch`) is gone (kind NO_ROUTE,
-    HOME_DOWN) or back (RESTORED, at distance `hops`; 0 for a withdrawal)."""
+    HOME_DOWN) or back (RESTORED, at distance `hops`; 0 for a withdrawal), or a request for a newer
+    route generation (REQUEST, `hops` the relays it may still pass)."""
 
     route_id: bytes
     epoch: int
