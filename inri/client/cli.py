@@ -16,6 +16,7 @@ from inri.client.app import HomeAppClient
 from inri.client.credential import PushCredential, b64e
 from inri.client.device import MAX_HOMES, DeviceClient, Message
 from inri.client.errors import ApiError, NoTokensLeft
+from inri.client.failover import REREGISTER_AFTER_S
 from inri.common.b64url import b64d
 from inri.protocol.wake import WAKE_TOKEN_MAX_BYTES
 
@@ -35,6 +36,8 @@ def _print(obj: Any) -> None:
 async def _device(args: argparse.Namespace) -> int:
     if args.device_cmd == "register":
         dev = DeviceClient(args.relay, state_path=args.state)
+    elif args.device_cmd == "listen":
+        dev = DeviceClient.from_state(args.state, reregister_after=args.reregister_after)
     else:
         dev = DeviceClient.from_state(args.state)
     async with dev:
@@ -139,6 +142,17 @@ def _run(args: argparse.Namespace) -> int:
     return 1
 
 
+def _seconds(text: str) -> float:
+    """A finite number of seconds >= 0 (argparse type)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not (value >= 0 and value != float("inf")):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0, not {text!r}")
+    return value
+
+
 def add_commands(sub: Any) -> None:
     """Add `device` and `app` to the `inri` command's subparsers."""
     dev = sub.add_parser("device", help="act as a device: register, export credentials, receive")
@@ -162,6 +176,9 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--state", required=True, type=Path)
     p.add_argument("--count", type=int, default=0, help="stop after this many messages")
     p.add_argument("--timeout", type=float, default=0.0, help="stop after this many seconds")
+    p.add_argument("--reregister-after", type=_seconds, default=REREGISTER_AFTER_S, metavar="SECONDS",
+                   help="with several homes: when one fails and stays down this long, register again at the next "
+                        "epoch at the live ones, so the whole mesh routes to them (0: never; default %(default)s)")
     p = dsub.add_parser("unregister", help="delete the device at its relay")
     p.add_argument("--state", required=True, type=Path)
     p = dsub.add_parser("endpoint", help="Web Push endpoints of this device: mint, list, revoke")

@@ -24,8 +24,10 @@ from trio_websocket import ConnectionClosed, HandshakeError, open_websocket_url
 
 from inri.client.credential import DeviceKeys, PushCredential, _write_private, open_sealed
 from inri.client.errors import ApiError
+from inri.client.failover import REREGISTER_AFTER_S, Failover
 from inri.common.b64url import b64d, b64e
 from inri.protocol.codec import encode_registration
+from inri.protocol.messages import Registration
 
 # The state file's form with several homes (`homes`); a single-home device's file keeps the form it had
 # before issue 42 (no `v`), so older SDKs and scripts that read `relay_url` still read it.
@@ -80,10 +82,13 @@ class WakeHook:
 
 @dataclass
 class Home:
-    """One home relay of a device: its API URL and the device secret it issued (None: not registered)."""
+    """One home relay of a device: its API URL, the device secret it issued (None: not registered) and the
+    epoch of the device's registration it holds (behind the device's own after the device registered again
+    while this home was down: the device brings it up to date before streaming from it)."""
 
     relay_url: str
     secret: str | None = None
+    epoch: int = 0
 
 
 # A device registers the same route key at 1 to MAX_HOMES home relays (issue 42, "homes in two places").
@@ -93,6 +98,12 @@ SEEN_MAX = 65_536
 # Acks waiting to be sent to one of the other homes, at most; and ids per ack request (the API's limit).
 ACK_QUEUE_MAX = 10_000
 MAX_ACK_IDS = 500
+DEFAULT_LIFETIME_S = 7 * 24 * 3600
+# Close codes of a home's stream that mean the home went away (RFC 6455 section 7.4.1: 1001 going away,
+# 1006 closed without a close frame, as a killed relay's socket is; 1011 internal error; RFC 6455's
+# registry: 1012 service restart, 1013 try again later, 1014 bad gateway). Any other close (normal,
+# 4429 rate limited, ...) is reconnected without counting as a failure of the home.
+HOME_GONE_CLOSES = frozenset({1001, 1006, 1011, 1012, 1013, 1014})
 
 
 def _home_urls(relay_url: str | Sequence[str]) -> list[str]:
@@ -111,16 +122,22 @@ class DeviceClient:
     from every home, drops duplicates by push id and acks at every home."""
 
     def __init__(self, relay_url: str | Sequence[str], *, state_path: str | Path | None = None,
-                 timeout_s: float = 10.0) -> None:
+                 timeout_s: float = 10.0, reregister_after: float = REREGISTER_AFTER_S) -> None:
+        """reregister_after: seconds a home must stay failed (its stream dropped, or unreachable) before a
+        device with several homes registers again at its next epoch at the live ones (0: never)."""
         self.homes = [Home(u) for u in _home_urls(relay_url)]
         self.state_path = Path(state_path) if state_path else None
         self.timeout_s = timeout_s
+        self.failover = Failover(len(self.homes), reregister_after)
+        self.lifetime_s = DEFAULT_LIFETIME_S  # of the registrations the device signs when it registers again
         self.keys = DeviceKeys()
         self.device_id: str | None = None
         self.tokens: list[bytes] = []
         self.duplicates_dropped = 0  # messages a second home delivered again (same push id), dropped
         self._seen: OrderedDict[str, bool] = OrderedDict()  # push id -> acked (bounded: SEEN_MAX)
         self._http: httpx.AsyncClient | None = None
+        self._reg: Registration | None = None  # signed for keys.epoch: the same one at every home
+        self._homes_changed = trio.Event()  # a home came up or failed (wakes the stream's failover task)
         if self.state_path is not None and self.state_path.exists():
             self._load()
 
@@ -149,11 +166,11 @@ class DeviceClient:
     # -- state ------------------------------------------------------------------------------------
 
     @classmethod
-    def from_state(cls, state_path: str | Path) -> DeviceClient:
-        """A device from its state file (its home relays' URLs are in it)."""
+    def from_state(cls, state_path: str | Path, **kw: Any) -> DeviceClient:
+        """A device from its state file (its home relays' URLs are in it); kw as for the constructor."""
         d = json.loads(Path(state_path).read_text(encoding="utf-8"))
         urls = [h["relay_url"] for h in d["homes"]] if "homes" in d else d["relay_url"]
-        return cls(urls, state_path=state_path)
+        return cls(urls, state_path=state_path, **kw)
 
     def _load(self) -> None:
         """Read the state file: the single-home form (`relay_url` and `device_secret` at the top, as every
@@ -163,14 +180,19 @@ class DeviceClient:
         d = json.loads(self.state_path.read_text(encoding="utf-8"))
         self.keys = DeviceKeys.from_dict(d["keys"])
         self.device_id = d.get("device_id")
-        saved = ([Home(str(h["relay_url"]).rstrip("/"), h.get("device_secret")) for h in d["homes"]]
-                 if "homes" in d else [Home(str(d["relay_url"]).rstrip("/"), d.get("device_secret"))])
+        # A home's epoch is in the file only once the device registered again while that home was down;
+        # before that, every home holds the device's epoch.
+        saved = ([Home(str(h["relay_url"]).rstrip("/"), h.get("device_secret"), int(h.get("epoch", self.keys.epoch)))
+                  for h in d["homes"]]
+                 if "homes" in d else [Home(str(d["relay_url"]).rstrip("/"), d.get("device_secret"), self.keys.epoch)])
         if len(saved) == 1 and len(self.homes) == 1:
             self.homes[0].secret = saved[0].secret  # one home: the URL given wins (a relay that moved)
+            self.homes[0].epoch = saved[0].epoch
         else:
-            secrets_ = {h.relay_url: h.secret for h in saved}
+            by_url = {h.relay_url: h for h in saved}
             for h in self.homes:
-                h.secret = secrets_.get(h.relay_url)
+                if h.relay_url in by_url:
+                    h.secret, h.epoch = by_url[h.relay_url].secret, by_url[h.relay_url].epoch
         self.tokens = [b64d(t, "token", 16) for t in d.get("tokens", [])]
 
     def _save(self) -> None:
@@ -181,8 +203,9 @@ class DeviceClient:
         if len(self.homes) == 1:  # the single-home form every SDK version reads (and scripts edit)
             state |= {"relay_url": self.relay_url, "device_secret": self.secret}
         else:
-            state |= {"v": STATE_VERSION,
-                      "homes": [{"relay_url": h.relay_url, "device_secret": h.secret} for h in self.homes]}
+            state |= {"v": STATE_VERSION, "homes": [
+                {"relay_url": h.relay_url, "device_secret": h.secret}
+                | ({"epoch": h.epoch} if h.epoch != self.keys.epoch else {}) for h in self.homes]}
         _write_private(self.state_path, json.dumps(state))
 
     def _auth(self, home: Home | None = None) -> dict[str, str]:
@@ -211,21 +234,22 @@ class DeviceClient:
 
     # -- API --------------------------------------------------------------------------------------
 
-    async def register(self, tokens: int = 50, lifetime_s: int = 7 * 24 * 3600) -> str:
+    async def register(self, tokens: int = 50, lifetime_s: int = DEFAULT_LIFETIME_S) -> str:
         """Register at every home relay; returns the device id (the route id, the same at every home).
 
         The first home issues the tokens; the others are given the same ones (POST .../tokens with
         `tokens`), so a push with any token is accepted at whichever home the mesh delivers it to. When a
         home refuses or cannot be reached, the homes already registered are unregistered again and the
         error is raised: the device is registered at all of its homes or at none."""
-        reg = b64e(encode_registration(self.keys.registration(lifetime_s)))
+        self.lifetime_s = lifetime_s
+        reg = b64e(encode_registration(self._registration()))
         secret = b64e(self.keys.receipt_secret())
         done: list[Home] = []
         try:
             for i, home in enumerate(self.homes):
                 body = await self._call("POST", "/v1/devices", home, json={
                     "registration": reg, "tokens": tokens if i == 0 else 1, "receipt_secret": secret})
-                self.device_id, home.secret = body["device_id"], body["device_secret"]
+                self.device_id, home.secret, home.epoch = body["device_id"], body["device_secret"], self.keys.epoch
                 done.append(home)
                 if i == 0:
                     self.tokens = [b64d(t, "token", 16) for t in body["tokens"]]
@@ -241,15 +265,93 @@ class DeviceClient:
         self._save()
         return str(self.device_id)
 
-    async def refresh(self, lifetime_s: int = 7 * 24 * 3600) -> int:
-        """Re-register under a newer epoch at every home (routes refresh across the mesh); returns the epoch."""
-        self.keys.epoch += 1
-        reg = self.keys.registration(lifetime_s)
+    async def refresh(self, lifetime_s: int = DEFAULT_LIFETIME_S) -> int:
+        """Re-register under a newer epoch at every home (routes refresh across the mesh); returns the epoch.
+
+        The state file records the new epoch before any home is asked (a restarted device never signs an
+        epoch a home already holds); a home that fails keeps its own epoch in the state and raises."""
+        self.lifetime_s = lifetime_s
+        self._next_epoch()
         for home in self.homes:
+            await self._refresh_at(home)
+        return self.keys.epoch
+
+    def _registration(self) -> Registration:
+        """The device's registration at its current epoch, signed once (every home gets the same one)."""
+        if self._reg is None or self._reg.epoch != self.keys.epoch:
+            self._reg = self.keys.registration(self.lifetime_s)
+        return self._reg
+
+    def _next_epoch(self) -> None:
+        self.keys.epoch += 1
+        self._reg = None
+        self._save()  # before any relay holds the new epoch: a restart never signs an older one
+
+    async def _refresh_at(self, home: Home) -> None:
+        """Bring one home to the device's current epoch (POST .../registration), and record it.
+
+        `not_newer`: the home holds this epoch already (an earlier answer was lost) or a newer one; either
+        way it is not behind. A home that no longer knows the device (401: its data was lost) is
+        registered anew, with the device's unexported tokens (those exported before are unknown there).
+        httpx.TransportError: the home cannot be reached (it stays behind)."""
+        reg = self._registration()
+        try:
             await self._at(home, "POST", "/registration", json={
                 "registration": b64e(encode_registration(reg)), "receipt_secret": b64e(self.keys.receipt_secret())})
+        except ApiError as exc:
+            if exc.code == "bad_credentials":
+                await self._register_anew(home, reg)
+            elif exc.code != "not_newer":
+                raise
+        home.epoch = reg.epoch
         self._save()
-        return self.keys.epoch
+
+    async def _register_anew(self, home: Home, reg: Registration) -> None:
+        """Register at a home that lost the device; `already_registered` (409: it holds the route key
+        under a secret this device does not have) is raised."""
+        body = await self._call("POST", "/v1/devices", home, json={
+            "registration": b64e(encode_registration(reg)), "tokens": 1,
+            "receipt_secret": b64e(self.keys.receipt_secret())})
+        home.secret = body["device_secret"]
+        if self.tokens:
+            await self._at(home, "POST", "/tokens", json={"tokens": [b64e(t) for t in self.tokens]})
+
+    async def _bring_up(self, home: Home) -> None:
+        """Before a home is streamed from or pulled: bring it to the device's epoch if it fell behind."""
+        while home.epoch < self.keys.epoch:  # again if the device registered again meanwhile
+            await self._refresh_at(home)
+
+    def _home_up(self, i: int) -> None:
+        self.failover.up(i)
+        self._homes_changed.set()
+
+    def _home_lost(self, i: int) -> None:
+        self.failover.lost(i, trio.current_time())
+        self._homes_changed.set()
+
+    async def _reregister(self) -> None:
+        """Register again at the next epoch at every live home (a home failed: docs/api.md, "Homes in two
+        places"). A home that fails meanwhile stays behind and is brought up when it comes back."""
+        now = trio.current_time()
+        self._next_epoch()
+        for i, home in enumerate(self.homes):
+            if self.failover.is_up(i):
+                try:
+                    await self._refresh_at(home)
+                except httpx.TransportError:
+                    self._home_lost(i)
+                except ApiError:
+                    pass  # refused here (e.g. unregistered meanwhile): its stream reports what is wrong
+        self.failover.done(now)
+
+    async def _watch_homes(self) -> None:
+        """The stream's failover task: register again once the policy says so (inri/client/failover.py)."""
+        while True:
+            changed = self._homes_changed = trio.Event()
+            with trio.move_on_at(self.failover.deadline()):
+                await changed.wait()
+            if self.failover.due(trio.current_time()):
+                await self._reregister()
 
     async def more_tokens(self, n: int = 50) -> int:
         """n more tokens, issued by the first home and given to the others; returns how many are unexported.
@@ -371,18 +473,25 @@ class DeviceClient:
         """Stored, unacknowledged messages (oldest first); undecryptable ones are marked, not raised.
 
         With several homes, each is asked and a push id held by two of them is listed once; a home that
-        cannot be reached is skipped (its error is raised only when no home answered)."""
+        cannot be reached is skipped (its error is raised only when no home answered). A home that stays
+        unreachable from one pull to another `reregister_after` seconds or more later makes the device
+        register again at the live homes, as a stream does; a home behind the device's epoch is brought
+        up to it before it is asked."""
         if len(self.homes) == 1:
             body = await self._at(self.homes[0], "GET", "/messages", params={"limit": limit})
             return [self.message_from_json(m) for m in body["messages"]]
         got: dict[str, Message] = {}
         errors: list[Exception] = []
-        for home in self.homes:
+        for i, home in enumerate(self.homes):
             try:
+                await self._bring_up(home)
                 body = await self._at(home, "GET", "/messages", params={"limit": limit})
             except (ApiError, httpx.HTTPError) as exc:
+                if isinstance(exc, httpx.TransportError):
+                    self._home_lost(i)
                 errors.append(exc)
                 continue
+            self._home_up(i)
             for item in body["messages"]:
                 if str(item["id"]) in got:
                     self.duplicates_dropped += 1
@@ -390,6 +499,8 @@ class DeviceClient:
                     got[str(item["id"])] = self.message_from_json(item)
         if len(errors) == len(self.homes):
             raise errors[0]
+        if self.failover.due(trio.current_time()):
+            await self._reregister()
         return sorted(got.values(), key=lambda m: m.received_at)[:limit]
 
     async def ack(self, ids: list[str]) -> int:
@@ -428,9 +539,21 @@ class DeviceClient:
         reconnects with exponential backoff (0.2 s .. 10 s); the relay re-sends whatever was not
         acknowledged, so nothing is lost across reconnects (ids may repeat across reconnects of a
         single-home device). Wrong credentials raise ApiError(bad_credentials).
+
+        With several homes, when one home's stream drops (the home went away, or cannot be reached) and
+        stays down `reregister_after` seconds while another home's stream is live, the device registers
+        again at its next epoch at the live homes (inri/client/failover.py bounds how often), so that the
+        whole mesh routes to them; the failed home is brought to the new epoch before its stream opens
+        again (`failover.reregistrations` counts them).
         """
         send, recv = trio.open_memory_channel[Message](0)
         async with trio.open_nursery() as nursery:
+            if len(self.homes) > 1:
+                now = trio.current_time()
+                for i, home in enumerate(self.homes):
+                    if home.epoch < self.keys.epoch:  # failed before, and handled: not a new failure
+                        self.failover.known_down(i, now)
+                nursery.start_soon(self._watch_homes)
             # With several homes, a message received from one is acked at the others by one task per home,
             # in batches, so that a stream never waits on another home's HTTP round trip.
             ackers: dict[str, trio.MemorySendChannel[str]] = {}
@@ -450,11 +573,17 @@ class DeviceClient:
         url += f"/v1/devices/{self.device_id}/stream"
         headers = [(b"authorization", f"Bearer {home.secret}".encode())]
         several = len(self.homes) > 1
+        i = self.homes.index(home)
         backoff = 0.2
         while True:
             try:
+                if several:
+                    await self._bring_up(home)
+                    headers = [(b"authorization", f"Bearer {home.secret}".encode())]  # new if registered anew
                 async with open_websocket_url(url, extra_headers=headers) as ws:
                     backoff = 0.2
+                    if several:
+                        self._home_up(i)
                     while True:
                         data = json.loads(await ws.get_message())
                         if data.get("type") != "message":
@@ -470,9 +599,12 @@ class DeviceClient:
                             if several:
                                 self._seen[msg.id] = True
                                 self._ack_elsewhere(home, msg.id, ackers)
-            except (ConnectionClosed, HandshakeError, OSError) as exc:
-                if isinstance(exc, ConnectionClosed) and exc.reason is not None and exc.reason.code == 4401:
+            except (ConnectionClosed, HandshakeError, OSError, httpx.TransportError) as exc:
+                code = exc.reason.code if isinstance(exc, ConnectionClosed) and exc.reason is not None else None
+                if code == 4401:
                     raise ApiError("bad_credentials", 401, "stream refused the device secret") from None
+                if several and (not isinstance(exc, ConnectionClosed) or code is None or code in HOME_GONE_CLOSES):
+                    self._home_lost(i)
             await trio.sleep(backoff)
             backoff = min(10.0, backoff * 2)
 
