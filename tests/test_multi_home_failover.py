@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+import types
 from pathlib import Path
 
 import httpx
@@ -124,6 +125,21 @@ def test_a_home_known_to_be_behind_is_not_a_new_failure() -> None:
 
 
 # -- the SDK's failover task, on trio's MockClock -------------------------------------------------
+
+
+def test_the_registration_sent_again_is_one_per_epoch_and_live(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every home gets the same signed registration of an epoch, signed again once half its lifetime is
+    spent (a home that comes back days later must not be sent an expired one)."""
+    dev = DeviceClient(["http://home-a.invalid", "http://home-b.invalid"])
+    dev.lifetime_s = 1000
+    first = dev._registration()
+    assert dev._registration() is first
+    later = types.SimpleNamespace(time=lambda: first.issued_at + 600)  # its lifetime is 1,060 s (a minute early)
+    monkeypatch.setattr("inri.client.device.time", later)
+    monkeypatch.setattr("inri.client.credential.time", later)
+    again = dev._registration()
+    assert again is not first and again.epoch == first.epoch and again.issued_at > first.issued_at
+    assert dev._registration() is again
 
 
 class _Recorder(DeviceClient):

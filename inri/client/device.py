@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -241,7 +242,7 @@ class DeviceClient:
         `tokens`), so a push with any token is accepted at whichever home the mesh delivers it to. When a
         home refuses or cannot be reached, the homes already registered are unregistered again and the
         error is raised: the device is registered at all of its homes or at none."""
-        self.lifetime_s = lifetime_s
+        self.lifetime_s, self._reg = lifetime_s, None
         reg = b64e(encode_registration(self._registration()))
         secret = b64e(self.keys.receipt_secret())
         done: list[Home] = []
@@ -277,10 +278,12 @@ class DeviceClient:
         return self.keys.epoch
 
     def _registration(self) -> Registration:
-        """The device's registration at its current epoch, signed once (every home gets the same one)."""
-        if self._reg is None or self._reg.epoch != self.keys.epoch:
-            self._reg = self.keys.registration(self.lifetime_s)
-        return self._reg
+        """The device's registration at its current epoch, signed once (every home gets the same one), and
+        again once half its lifetime is spent (a home that comes back after days gets a live one)."""
+        reg = self._reg
+        if reg is None or reg.epoch != self.keys.epoch or time.time() > reg.issued_at + reg.lifetime / 2:
+            reg = self._reg = self.keys.registration(self.lifetime_s)
+        return reg
 
     def _next_epoch(self) -> None:
         self.keys.epoch += 1
