@@ -262,6 +262,47 @@ def test_a_provisional_route_whose_neighbour_answers_no_route_is_dropped() -> No
     assert not eng.has_route(ghost.route_id) and eng.counters["route_provisional_dropped"] == 1
 
 
+def test_a_handed_over_route_that_closes_a_loop_costs_its_first_push_one_round() -> None:
+    """G11's known gap (docs/results/2026-11-29-routes-at-link-up.md), as over real relays: relay 1 is on
+    relay 3's route to a device homed at 0 (0-2-1-3); 4's route runs through 3 (its other, through 5, is
+    slower). 1 is killed and restarted linked to 3 and 4 only: 3 still routes through 1 (split horizon
+    kept it out of 3's answer), 4 hands its route through 3 over, and a push entered at 1 goes round
+    1 -> 4 -> 3 -> 1. It is answered `duplicate` and the custodian's second attempt (which prefers backups
+    all along the way) goes 4 -> 5 -> 0: two frames out of 1, not a search; its receipt makes 5 4's first
+    next hop, and the next push goes straight (one frame)."""
+    net = MiniNet(6, [(0, 2), (2, 1), (1, 3), (3, 4), (4, 5), (5, 0)],
+                  latency={(4, 5): 0.2, (5, 4): 0.2, (5, 0): 0.2, (0, 5): 0.2})
+    net.run_until(1.0)
+    (reg, tokens), = _devices(net, [0])
+    net.run_until(3.0)
+    rid = reg.route_id
+    assert net.engines[3].next_hops(rid) == [("1", 3)] and net.engines[4].next_hops(rid) == [("3", 4), ("5", 2)]
+    net.kill(1, silent=True)
+    for a, b in (("1", "2"), ("2", "1")):
+        del net.links[(a, b)]
+    net.links[("1", "4")] = net.links[("4", "1")] = 0.01
+    net.restart(1)
+    net.run_until(net.now + EngineConfig().keepalive_interval_s)
+    eng = net.engines[1]
+    assert eng.next_hops(rid) == [] and eng.has_route(rid)  # the route 4 handed over (provisional)
+
+    def push(token: bytes) -> list[tuple[str, str, Push | RouteError]]:
+        start = len(net.sent)
+        res = eng.inject_push(reg, token, b"x", net.now)
+        net.apply("1", res.effects)
+        net.run_until(net.now + 5.0)
+        assert net.custody.get(res.push_id or b"") == CustodyStatus.DELIVERED
+        return [(a, b, m) for a, b, m in net.sent[start:]
+                if isinstance(m, Push | RouteError) and m.push_id == res.push_id]
+
+    first = push(tokens[0])
+    assert ("3", "1") in [(a, b) for a, b, m in first if isinstance(m, Push)]  # it came back round the loop
+    assert [m.reason for a, b, m in first if a == "1" and isinstance(m, RouteError)] == [RouteErrorReason.DUPLICATE]
+    assert [(b, m.ring) for a, b, m in first if a == "1" and isinstance(m, Push)] == [("4", 0), ("4", 0)]
+    second = push(tokens[1])
+    assert [(a, b) for a, b, m in second] == [("1", "4"), ("4", "5"), ("5", "0")]
+
+
 def test_a_neighbour_answers_a_sync_once_per_interval_and_paced_per_tick() -> None:
     """More routes than one tick's share go over several keepalive intervals; a second request on the same
     link is refused (a relay cannot make its neighbour resend its table but by linking again)."""
