@@ -11,6 +11,7 @@ starts of the acceptance with INRI_MESH_STARTS=10)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import signal
 import time
@@ -359,6 +360,34 @@ def _symmetric(info: dict[str, Any]) -> tuple[bool, list[tuple[str, str]]]:
     return not one_sided and len(seen) == len(lists), one_sided
 
 
+def _first_copies(trace: Path, offset: int) -> dict[str, str]:
+    """How the first copy of each push a relay took custody of (past `offset` in its trace file) left it:
+    `push_forwarded` (to a next hop of its route) or `push_fallback` (ring copies: a search)."""
+    first: dict[str, str] = {}
+    with trace.open(encoding="utf-8") as f:
+        f.seek(offset)
+        for line in f:
+            row = json.loads(line)
+            if row["kind"] == "push_injected":
+                first.setdefault(row["msg"], "")
+            elif row["kind"] in ("push_forwarded", "push_fallback") and first.get(row["msg"]) == "":
+                first[row["msg"]] = row["kind"]
+    return first
+
+
+async def _settled(info: dict[str, Any]) -> float:
+    """Wait until every link is listed by both ends and the mesh is connected, three status rounds in a
+    row (SETTLE_GUARD_S at most); the seconds it took."""
+    t0 = time.monotonic()
+    streak = 0
+    with trio.fail_after(SETTLE_GUARD_S):
+        while streak < 3:
+            ok, _ = await trio.to_thread.run_sync(_symmetric, info)
+            streak = streak + 1 if ok else 0
+            await trio.sleep(0.2)
+    return time.monotonic() - t0
+
+
 @pytest.mark.integration
 @pytest.mark.parametrize("start", range(STARTS))
 def test_eight_relays_settle_with_every_link_listed_by_both_ends(tmp_path: Path, start: int) -> None:
@@ -383,15 +412,15 @@ def test_eight_relays_settle_with_every_link_listed_by_both_ends(tmp_path: Path,
 async def test_a_restarted_relay_relearns_every_route_from_its_neighbours(tmp_path: Path,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """6 relays (a route snapshot every second), a device homed at each of R1-R5; R6 (homes none) is killed
-    (kill -9) twice: mid-path, with a snapshot of every route, then moments after its links came up, with
-    its snapshot deleted (killed before its first one): its neighbours still hold its old links, issue 43's
-    last gap (test_node_links). Each time it comes to have a route to every device after its first link
+    (kill -9) twice: mid-path, with a snapshot of every route, then seconds after its links came up, with
+    its snapshot deleted (as if killed before its first one): its neighbours still hold its old links, issue
+    43's last gap (test_node_links). Each time it comes to have a route to every device after its first link
     comes up (rule G11; before it, only the devices homed at its new neighbours came back, G5; the time is
     printed, the issue asks for 10 s: the engine test above checks a keepalive interval on simulated time),
-    and pushes entered there follow them."""
+    and pushes entered there once the mesh has settled follow them (their first copies, in R6's trace)."""
     monkeypatch.setenv("INRI_RELAY_ROUTE_SNAPSHOT_S", "1.0")
     info = await trio.to_thread.run_sync(lambda: mesh.up(tmp_path, relays=6, bootstraps=1, timeout_s=120,
-                                                         min_neighbours=2, trace_level="off"))
+                                                         min_neighbours=2, trace_level="summary"))
     devices: list[DeviceClient] = []
     try:
         by_name = {r["name"]: r for r in info["relays"]}
@@ -401,6 +430,7 @@ async def test_a_restarted_relay_relearns_every_route_from_its_neighbours(tmp_pa
             devices.append(dev)
         creds = [dev.export_credential(2) for dev in devices]  # two pushes each: one per restart
         r6 = by_name["R6"]
+        trace = Path(r6["data_dir"]) / "traces" / "trace.jsonl"  # one file: a restart appends to it
         async with httpx.AsyncClient(timeout=5) as c:
             async def status() -> dict[str, Any]:
                 got: dict[str, Any] = (await c.get(r6["api"] + "/v1/status")).json()
@@ -431,13 +461,20 @@ async def test_a_restarted_relay_relearns_every_route_from_its_neighbours(tmp_pa
                 got = (await status())["routes"]
                 print(f"snapshot {snapshot}: {got} of {len(devices)} routes {took:.1f} s after its first link")
                 assert got == len(devices), (snapshot, got)
-                # They serve: one push per device entered at R6 leaves it once, along a route (a search
-                # would send it to every neighbour), and is delivered.
+                # They serve: one push per device entered at R6 leaves it along a route (a search would
+                # send it to every neighbour), and is delivered. Pushed once the mesh has settled:
+                # the restart reshuffles it for seconds (relays make room for R6, M6, and cut others,
+                # whose route claims go, S2; links to the killed R6 last until keepalives time out), and
+                # a push sent meanwhile may meet a home cut off for a moment or a stale route of the old
+                # R6, and cost custody re-sends that say nothing of G11 (under load: 12-13 frames).
+                settled = await _settled(info)
                 with trio.fail_after(60):  # two neighbours at least: a search then costs two frames a push
-                    while len((await status())["neighbours"]) < 2:
+                    while len((await status())["neighbours"]) < 2 or (await status())["routes"] < len(devices):
                         await trio.sleep(0.1)
+                print(f"snapshot {snapshot}: mesh settled {settled:.1f} s after the routes were checked")
                 m0 = parse_metrics((await c.get(r6["api"] + "/metrics")).text)
                 before = m0["inri_pushes_out_total"]
+                mark = trace.stat().st_size if trace.exists() else 0
                 app = HomeAppClient([r6["api"]])
                 pids = [(await app.push(cred, b"after the restart")).push_id for cred in creds]
                 with trio.fail_after(30):
@@ -449,11 +486,16 @@ async def test_a_restarted_relay_relearns_every_route_from_its_neighbours(tmp_pa
                 m1 = parse_metrics((await c.get(r6["api"] + "/metrics")).text)
                 out = m1["inri_pushes_out_total"] - before
                 events = {k: v - m0.get(k, 0) for k, v in m1.items() if "events" in k and v != m0.get(k, 0)}
+                first = _first_copies(trace, mark)
                 print(f"snapshot {snapshot}: {out} push frames out for {len(pids)} pushes, events {events}")
+                # Each push's first copy left R6 along a route, not in a ring search (read in R6's trace:
+                # with two neighbours a search of every push costs two frames a push, as a loop does).
+                assert statuses == ["delivered"] * len(pids), (statuses, events)
+                assert list(first.values()) == ["push_forwarded"] * len(pids), first
                 # One frame each along a route; a push may come back once around a loop a handed-over
-                # route closes (G11's known gap: docs/results/2026-11-29-routes-at-link-up.md) and leave
-                # again. Searches would send every push to each of R6's neighbours (two or more).
-                assert statuses == ["delivered"] * len(pids) and out < 2 * len(pids), (statuses, out, events)
+                # route closes (G11's known gap: docs/results/2026-11-29-routes-at-link-up.md; the engine
+                # test above) and leave again on the custodian's second attempt: two frames.
+                assert out <= 2 * len(pids), (out, events)
     finally:
         for dev in devices:
             await dev.aclose()
