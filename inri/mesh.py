@@ -1,8 +1,9 @@
 """`inri mesh up|down`: a local mesh of real relay and bootstrap processes on loopback.
 
 `up` starts M bootstrap nodes and N relays (each its own process, data dir and ports under DIR),
-waits until every relay answers and has neighbours, writes DIR/mesh.json and prints it. The processes
-outlive the command (their own sessions); `down` stops them (SIGTERM, then SIGKILL after a grace).
+waits until every relay answers and has its neighbours (`min_neighbours`, or as many as the membership
+can give it: waiting_for), writes DIR/mesh.json and prints it. The processes outlive the command
+(their own sessions); `down` stops them (SIGTERM, then SIGKILL after a grace).
 
 Ports: every process binds port 0 and reports the ports it got, so no port is picked, released and
 bound again by someone else in between. A relay writes them to `relay.json` in its data dir once it
@@ -30,12 +31,20 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Collection, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 
 MESH_FILE = "mesh.json"
+
+
+class LinkLimits(NamedTuple):
+    """A relay's membership limits (its `[engine]` settings) that decide when the mesh has formed."""
+
+    active_max: int
+    priority_join_below: int
 
 
 class MeshError(RuntimeError):
@@ -191,12 +200,16 @@ def up(directory: str | Path, relays: int = 6, bootstraps: int = 1, *, timeout_s
                                                           impair))
         _write(d, info)
         want = min(min_neighbours, relays - 1)
+        limits = {r["name"]: relay_limits(Path(r["data_dir"]) / "relay.toml") for r in info["relays"]}
         while want > 0:
-            counts = [len(status(r["api"])["neighbours"]) for r in info["relays"]]
-            if min(counts) >= want:
+            links = mesh_links(info)
+            waiting = waiting_for(links, want, limits)
+            if not waiting:
                 break
             if time.monotonic() > deadline:
-                raise MeshError(f"mesh did not form in {timeout_s} s: neighbour counts {counts}")
+                counts = [len(links[r["name"]]) for r in info["relays"]]
+                raise MeshError(f"mesh did not form in {timeout_s} s: neighbour counts {counts}; "
+                                + "; ".join(f"{name} {why}" for name, why in waiting.items()))
             time.sleep(0.2)
         return info
     except BaseException:
@@ -204,6 +217,48 @@ def up(directory: str | Path, relays: int = 6, bootstraps: int = 1, *, timeout_s
             _stop_pid(proc.pid, 3.0)
         (d / MESH_FILE).unlink(missing_ok=True)
         raise
+
+
+def relay_limits(config: Path) -> LinkLimits:
+    """The membership limits of the relay started with `config` (its TOML, the profile and the INRI_*
+    environment it inherits from this process): what waiting_for needs to know of it."""
+    from inri.node.config import load_config
+
+    engine = load_config(config).engine
+    return LinkLimits(engine.active_max, engine.priority_join_below)
+
+
+def mesh_links(info: dict[str, Any]) -> dict[str, set[str]]:
+    """Relay name -> the relays of the mesh it lists as neighbours (`/v1/status`: links both ends hold)."""
+    names = {r["node_id"]: r["name"] for r in info["relays"]}
+    return {r["name"]: {names[n["node_id"]] for n in status(r["api"])["neighbours"] if n["node_id"] in names}
+            for r in info["relays"]}
+
+
+def waiting_for(links: Mapping[str, Collection[str]], want: int, limits: Mapping[str, LinkLimits]) -> dict[str, str]:
+    """The relays the mesh is still waiting for (name -> why), given each relay's neighbours: those
+    with fewer than `want` links that the membership can still give one more. Empty: formed.
+
+    Not simply "every relay has `want` links": the membership does not promise that (rule M4 makes a
+    full relay room only for a relay below `priority_join_below` links). A relay with that many links
+    whose non-neighbours are all full is refused as full by each of them until one drops a link: it
+    stays where it is. An 8-relay lab mesh under CPU load settled so (7 relays full at 4 links, the
+    last one at 2; every full relay refused it, for minutes), and `up` waited for a third link to its
+    timeout. Such a relay counts as formed; one below `priority_join_below` does not (M4 gets it in).
+    """
+    waiting: dict[str, str] = {}
+    for name, peers in links.items():
+        have, lim = len(peers), limits[name]
+        if have >= min(want, lim.active_max):
+            continue
+        if have < lim.priority_join_below:
+            waiting[name] = f"has {have} of {want} links (below priority_join_below, rule M4)"
+            continue
+        room = sorted(o for o, theirs in links.items()
+                      if o != name and o not in peers and len(theirs) < limits[o].active_max)
+        if room:
+            waiting[name] = f"has {have} of {want} links; relays with room: {', '.join(room)}"
+    return waiting
 
 
 def restart_relay(info: dict[str, Any], relay: dict[str, Any], *, timeout_s: float = 30.0) -> None:
