@@ -141,8 +141,10 @@ def up(directory: str | Path, relays: int = 6, bootstraps: int = 1, *, timeout_s
        link_delay_ms: float = 0.0, link_jitter_ms: float = 0.0, link_loss: float = 0.0) -> dict[str, Any]:
     """Start the mesh; returns (and writes to DIR/mesh.json) its processes and URLs.
 
-    engine maps a relay name ("R3") to extra [engine] settings for that relay only. link_*: impair
-    every relay link (module docstring): one-way delay and jitter in ms, loss as a share of datagrams.
+    Returns once every relay lists min_neighbours neighbours (at most relays - 1), or as many as the
+    membership can give it (waiting_for); MeshError after timeout_s. engine maps a relay name ("R3") to
+    extra [engine] settings for that relay only. link_*: impair every relay link (module docstring):
+    one-way delay and jitter in ms, loss as a share of datagrams.
     """
     if not (link_delay_ms >= 0 and link_jitter_ms >= 0 and 0 <= link_loss < 1):
         raise MeshError("link impairment needs --link-delay-ms >= 0, --link-jitter-ms >= 0, 0 <= --link-loss < 1")

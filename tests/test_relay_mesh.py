@@ -41,6 +41,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     d = tmp_path_factory.mktemp("mesh")
     # R8 accepts up to N neighbours, so it always has room for the hostile peer of the garbage-frame test
     # (the others keep the default 4 and may all be full); it still dials only up to active_min.
+    # 3 neighbours each, or 2 for a relay every full relay refuses (rule M4; mesh.waiting_for).
     info = mesh.up(d, relays=N, bootstraps=1, timeout_s=90, min_neighbours=3,
                    engine={f"R{N}": {"active_max": N}})
     try:
