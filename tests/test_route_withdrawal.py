@@ -270,19 +270,29 @@ def test_a_home_blamed_before_it_fails_is_withdrawn_all_the_same() -> None:
         assert net.engines[i]._withdrawals.home_down(reg.route_id), i
 
 
-def test_a_neighbour_cut_for_its_score_has_its_routes_withdrawn_before_they_are_purged() -> None:
+def test_a_neighbour_cut_for_its_score_has_its_routes_withdrawn_but_not_as_home_down() -> None:
     """Relay 1 cuts the home 0 for bad frames (S2: its route claims are purged): the routes it was the home
-    of are withdrawn first, all along the line."""
+    of are withdrawn first, all along the line, as `no route`: a relay cut for its score is no witness that
+    a home it claims is down (a hijacker claims every route at hop 0), so no push is parked for it; a push
+    from 5 searches as before G12."""
     net, reg = net_with(EDGES, 8, latency=SLOW)
     eng = net.engines[1]
+    mark = len(net.sent)
     for _ in range(100):
         net.apply("1", eng.receive_frame("0", b"\xc1", net.now))
         if "0" not in eng._linked:
             break
     assert "0" not in eng._linked and eng.counters["peer_cut_score"] == 1
     net.run_until(net.now + 1.0)
+    sent = [(a, w.kind) for a, _, w in withdrawals(net, mark)]
+    assert {a for a, k in sent if k == WithdrawKind.NO_ROUTE} == {str(i) for i in range(1, 8)}  # all withdrew
+    assert not [a for a, k in sent if k == WithdrawKind.HOME_DOWN]  # none as `home down`
     for i in range(1, 8):
-        assert net.engines[i]._withdrawals.home_down(reg.route_id), i
+        assert net.engines[i].next_hops(reg.route_id) == [], i
+        assert not net.engines[i]._withdrawals.home_down(reg.route_id), i
+    pid = push(net, 5, reg, TOKENS[0])
+    net.run_until(net.now + 5.0)
+    assert not parked(net, pid)
 
 
 def parked(net: MiniNet, pid: bytes) -> bool:

@@ -109,7 +109,10 @@ class ScoringRules(RuleGroup):
             return []
         self._count("peer_cut_score")
         self._neighbours.ban(peer, now + cfg.score_ban_s)  # and no candidate any more
-        withdrawn = self._withdrawals.link_down(peer, now)  # G12: before the purge takes its claims
+        # G12: before the purge takes its claims, and as `no route` only: a relay cut for its score is no
+        # witness that the homes it claims are down (a hijacker claims every route at hop 0: taking its cut
+        # as `home down` parked honest pushes for homes that were up, 8 lost on forger-1k).
+        withdrawn = self._withdrawals.link_down(peer, now, home=False)
         self.purge_routes(peer)
         if self._level:
             self._trace(now, "peer_scored", peer=peer, reason=reason, count=int(state.score))
