@@ -23,6 +23,7 @@ from inri.protocol.messages import (
     ErrorFrame,
     MessageType,
     Push,
+    RegGossip,
     Registration,
     RouteWithdraw,
     WithdrawKind,
@@ -496,3 +497,98 @@ def test_an_answer_over_a_stale_route_that_leads_back_is_not_taken() -> None:
         assert not any(net.engines[i].counters.get(k) for k in ("withdraw_answer_taken", "withdraw_restored_by",
                                                                 "route_requests_home")), i
     assert parked(net, pid)
+
+
+def test_a_relay_left_with_no_route_takes_a_neighbours_home_down_as_the_reason() -> None:
+    """A relay whose last next hop's link went withdraws `no route`: it cannot tell the home is down. A
+    `home down` for the route from any neighbour then says why (the stem on, the home's flood neighbours are
+    in this place: only its stem successor knows it failed), and pushes for it park instead of searching. A
+    relay that still has a live next hop is not moved by a neighbour that is not one (the test above)."""
+    net, reg = net_with(FORK, 7)
+    rid = reg.route_id
+    cut(net, 1, 2)  # 2's only next hop: `no route` at 2
+    net.run_until(net.now + 1.0)
+    w2 = net.engines[2]._withdrawals
+    assert not w2.home_down(rid)
+    down = RouteWithdraw((WithdrawnRoute(rid, reg.epoch, WithdrawKind.HOME_DOWN, 0),))
+    mark = len(net.sent)
+    net.apply("2", net.engines[2].receive_message("5", down, net.now))  # 5 is not 2's next hop
+    net.run_until(net.now + 1.0)
+    assert w2.home_down(rid)
+    assert ("2", "6", WithdrawKind.HOME_DOWN) in {(a, b, w.kind) for a, b, w in withdrawals(net, mark)}  # told on
+    assert net.engines[6]._withdrawals.home_down(rid)  # which 6, routing through 2, heeds
+    # 4, with its live next hop 3, ignores the same frame
+    net.apply("4", net.engines[4].receive_message("5", down, net.now))
+    assert not net.engines[4]._withdrawals.home_down(rid) and net.engines[4].next_hops(rid) == [("3", 2)]
+
+
+# -- G12 with the stem on (rule G7: only the home's stem successor holds the home as its next hop) ---------
+
+STEM_ON = replace(ON, stem=True, stem_embargo_s=5.0, stem_fluff_probability=0.5)
+
+
+def stem_net_with(seed: int, stem_len: int = 1) -> tuple[MiniNet, Registration, list[str]]:
+    """A 24-relay ring lattice (4 neighbours each), stem and withdrawal on, a device homed at relay 0 with a
+    receipt key, whose stem passed at least stem_len distinct relays (the first seed from `seed` on that
+    gives one): (net, registration, the stem relays in order)."""
+    from tests.test_stem import ring_lattice
+    for s in range(seed, seed + 60):
+        net = MiniNet(24, ring_lattice(24), config=STEM_ON, wire=True, seed=s)
+        reg = make_registration(KEY, 1, 0, 3600, receipt_public_key(RECEIPT_SECRET))
+        net.homes[0].add_registration(reg, TOKENS, RECEIPT_SECRET)
+        net.apply("0", net.engines[0].register(reg, 0.0))
+        net.run_until(2.0)
+        stem = [b for _, b, m in net.sent if isinstance(m, RegGossip) and m.stem]
+        if len(stem) >= stem_len and len(set(stem)) == len(stem) and "0" not in stem:
+            assert net.engines[int(stem[0])].next_hops(reg.route_id) == [("0", 2)]  # G7: its stem route home
+            return net, reg, stem
+    raise AssertionError(f"no seed gave a stem of {stem_len} relays")
+
+
+def test_with_the_stem_on_a_home_that_fails_is_withdrawn_as_home_down_from_its_stem_successor() -> None:
+    """The home's stem successor cannot tell its predecessor is the home (G6); it withdraws the route as
+    `home down` when that link goes, whoever it was, and the wave reaches every relay: custodians park pushes
+    for the dead home with no search (they searched before: `no route`), and the home's re-stem on its
+    return (G10, a new route generation) ends every withdrawal and delivers them once."""
+    for seed in (1, 2, 3):
+        net, reg, stem = stem_net_with(seed * 10)
+        succ = stem[0]
+        rid = reg.route_id
+        net.kill(0)
+        net.run_until(net.now + 1.0)
+        assert net.engines[int(succ)]._withdrawals.home_down(rid)
+        for i in range(1, 24):
+            assert net.engines[i]._withdrawals.home_down(rid), (seed, i)
+        pids = [push(net, at, reg, TOKENS[k]) for k, at in enumerate((12, 13, int(succ)))]
+        net.run_until(net.now + 60.0)
+        for pid in pids:
+            assert pid not in net.custody
+            assert sum(1 for _, _, m in net.sent if isinstance(m, Push) and m.push_id == pid) == 0, seed
+        net.restart(0)
+        net.run_until(net.now + 10.0)
+        for pid in pids:
+            assert net.custody.get(pid) == CustodyStatus.DELIVERED, seed
+            assert sum(1 for d in net.delivered if d[1] == pid) == 1
+            assert search_frames(net, pid) == 0
+        assert all(not net.engines[i]._withdrawals.home_down(rid) for i in range(1, 24))
+
+
+def test_with_the_stem_on_a_failed_stem_relay_is_withdrawn_until_the_home_re_stems_around_it() -> None:
+    """The home is up and its stem successor fails (a stem relay, not the fluff relay): the relays below the
+    break withdraw `home down` (they cannot tell it from the home's failure), and the home's re-stem (G10),
+    a newer route generation, ends the withdrawals: a push parked meanwhile is delivered once, with no
+    search, and no relay is left withdrawn."""
+    for seed in (1, 2, 3):
+        net, reg, stem = stem_net_with(seed * 10, 2)
+        rid = reg.route_id
+        far = next(i for i in (12, 13, 11, 14) if str(i) not in stem)
+        net.kill(int(stem[0]))
+        assert net.engines[int(stem[1])]._withdrawals.home_down(rid)  # the home's failure as far as it knows
+        pid = push(net, far, reg, TOKENS[0])
+        net.run_until(net.now + 10.0)
+        assert net.custody.get(pid) == CustodyStatus.DELIVERED, seed
+        assert sum(1 for d in net.delivered if d[1] == pid) == 1
+        assert search_frames(net, pid) == 0, seed
+        assert net.engines[0].counters["stem_restemmed"] == 1
+        for i in range(1, 24):
+            assert not net.engines[i]._withdrawals.home_down(rid), (seed, i)

@@ -8,7 +8,12 @@ passes the withdrawal on only when that was its own last live next hop (a relay 
 When the link to a route's home relay goes (a next hop at distance 1: the route was learnt from it at
 hop 0), its neighbours withdraw the route as `home down`, whatever else they hold, and that kind travels
 with the wave: custodians of pushes for it then park them (custody.py) and relays on the way answer
-`home unreachable` (forwarding.py) instead of searching. A relay whose withdrawn route gets a live next
+`home unreachable` (forwarding.py) instead of searching. With the stem on (stem.py, G7) the flood starts at
+the fluff relay and no relay holds the home at distance 1: the home's stem successor, whose only next hop
+is its stem predecessor, withdraws as `home down` when that link goes (it cannot tell the home from a stem
+relay, G6; a failed stem relay is re-stemmed around by the home, G10, and the newer generation ends the
+withdrawal), and a relay left with no next hop by a link that went (one of the home's flood neighbours)
+takes a `home down` from any neighbour as the reason. A relay whose withdrawn route gets a live next
 hop again (the home's link back, a next hop's restore: for `home down`, none of the next hops it had
 then counts, as they lead to the same home) sends `restored` (not to its own next hops: split horizon); the
 neighbours that dropped it for its withdrawal re-take it, pass the restore on and wake the pushes parked
@@ -90,14 +95,15 @@ class Withdrawals:
 
     __slots__ = ("_on", "_routes", "_linked", "_route_k", "_interval", "_count", "_renewed", "_regenerate",
                  "_generation", "_trace", "_speaks", "_withdrawn", "_dropped", "_offers", "_asked", "_demand", "_out",
-                 "_sent", "_in")
+                 "_sent", "_in", "_stem_keeps")
 
     def __init__(self, on: bool, routes: RouteTable | CompactRouteTable, linked: Mapping[str, Neighbour],
                  route_k: int, interval_s: float, count: Callable[[str, int], None],
                  renewed: Callable[[bytes, float], None],
                  regenerate: Callable[[bytes, float], list[Effect]] | None = None,
                  generation: Callable[[bytes, int], int] | None = None,
-                 trace: Callable[[float, int], None] | None = None) -> None:
+                 trace: Callable[[float, int], None] | None = None,
+                 stem_keeps: Callable[[bytes, RouteEntry, str], bool] | None = None) -> None:
         self._on = on  # [engine] route_withdrawal: off, this relay neither says `withdraw` nor withdraws
         self._routes = routes
         self._linked = linked
@@ -110,6 +116,8 @@ class Withdrawals:
         # G10 (stemstate.py): rid's route generation at an epoch; a newer one than a withdrawal's ends it
         self._generation = generation if generation is not None else (lambda rid, epoch: 0)
         self._trace = trace  # (now, frames): the frames sent, a summary-level trace row (gossip messages)
+        # G7 (stemstate.py): (rid, entry, peer) -> peer is this stem relay's stem predecessor for rid
+        self._stem_keeps = stem_keeps if stem_keeps is not None else (lambda rid, entry, peer: False)
         # neighbours whose Hello on their current link said `withdraw` (a dict, not a set: frames go out in
         # the order links came up, so a simulated run is the same whatever the process's hash seed)
         self._speaks: dict[str, None] = {}
@@ -159,7 +167,7 @@ class Withdrawals:
             if peer not in entry:  # as RouteTable.claims
                 continue
             vector = RouteTable.vector(entry)
-            if home and (peer, 1) in vector:
+            if home and ((peer, 1) in vector or self._stem_keeps(rid, entry, peer)):
                 self._withdraw(rid, RouteTable.epoch(entry), WithdrawKind.HOME_DOWN, now, _past(vector))
             elif not any(p in linked and p != peer for p, _ in vector):  # (a relay cut for its score is still linked)
                 self._withdraw(rid, RouteTable.epoch(entry), WithdrawKind.NO_ROUTE, now)
@@ -197,8 +205,9 @@ class Withdrawals:
                 continue
             if peer in RouteTable.next_hops(entry):
                 self._withdrawn_by(peer, w, entry, now)
-            elif w.kind == WithdrawKind.HOME_DOWN and self._dropped_for(peer, w):
-                # it said `no route` first, now the home is down
+            elif w.kind == WithdrawKind.HOME_DOWN and (self._dropped_for(peer, w) or self._stranded(w, entry)):
+                # it said `no route` first, now the home is down; or our route went with no live next hop
+                # left, and a neighbour knows why
                 self._withdraw(w.route_id, w.epoch, w.kind, now, self._past_of(w.route_id, w.kind))
             else:
                 self._count("withdraw_ignored", 1)  # not our next hop: not its route to cut
@@ -263,6 +272,18 @@ class Withdrawals:
         known = self._current(w.route_id)
         return (dropped is not None and dropped[0] == w.epoch and peer in dropped[1] and known is not None
                 and known[0] == w.epoch)
+
+    def _stranded(self, w: WithdrawnRoute, entry: RouteEntry) -> bool:
+        """w's route is withdrawn here as `no route` with no live next hop left (its last next hop's link went,
+        or it withdrew): a `home down` from any neighbour then says why. With the stem on, only the home's
+        stem successor knows its home is down (G7); a relay that held the home as a flood next hop (the
+        flood walks back down the stem, G8) sees only a link go, and the relays routing through it only its
+        `no route`: without this, they search for a dead home (churn-2k, stem on: 223 messages a push while
+        its home was down). A hostile neighbour gains nothing it lacked: the route has no next hop here, and
+        a parked push still asks for a newer route (G13) and is searched for after HOLD_S."""
+        known = self._current(w.route_id)
+        return (known is not None and known[0] == w.epoch and known[1] == WithdrawKind.NO_ROUTE
+                and not self._has_live(w.route_id, entry))
 
     def _restored_by(self, peer: str, w: WithdrawnRoute, entry: RouteEntry, now: float) -> None:
         """peer's route is live (a restore, or an answer to our withdrawal). A neighbour dropped for its
