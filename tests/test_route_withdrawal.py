@@ -499,29 +499,6 @@ def test_an_answer_over_a_stale_route_that_leads_back_is_not_taken() -> None:
     assert parked(net, pid)
 
 
-def test_a_relay_left_with_no_route_takes_a_neighbours_home_down_as_the_reason() -> None:
-    """A relay whose last next hop's link went withdraws `no route`: it cannot tell the home is down. A
-    `home down` for the route from any neighbour then says why (the stem on, the home's flood neighbours are
-    in this place: only its stem successor knows it failed), and pushes for it park instead of searching. A
-    relay that still has a live next hop is not moved by a neighbour that is not one (the test above)."""
-    net, reg = net_with(FORK, 7)
-    rid = reg.route_id
-    cut(net, 1, 2)  # 2's only next hop: `no route` at 2
-    net.run_until(net.now + 1.0)
-    w2 = net.engines[2]._withdrawals
-    assert not w2.home_down(rid)
-    down = RouteWithdraw((WithdrawnRoute(rid, reg.epoch, WithdrawKind.HOME_DOWN, 0),))
-    mark = len(net.sent)
-    net.apply("2", net.engines[2].receive_message("5", down, net.now))  # 5 is not 2's next hop
-    net.run_until(net.now + 1.0)
-    assert w2.home_down(rid)
-    assert ("2", "6", WithdrawKind.HOME_DOWN) in {(a, b, w.kind) for a, b, w in withdrawals(net, mark)}  # told on
-    assert net.engines[6]._withdrawals.home_down(rid)  # which 6, routing through 2, heeds
-    # 4, with its live next hop 3, ignores the same frame
-    net.apply("4", net.engines[4].receive_message("5", down, net.now))
-    assert not net.engines[4]._withdrawals.home_down(rid) and net.engines[4].next_hops(rid) == [("3", 2)]
-
-
 # -- G12 with the stem on (rule G7: only the home's stem successor holds the home as its next hop) ---------
 
 STEM_ON = replace(ON, stem=True, stem_embargo_s=5.0, stem_fluff_probability=0.5)
@@ -592,3 +569,38 @@ def test_with_the_stem_on_a_failed_stem_relay_is_withdrawn_until_the_home_re_ste
         assert net.engines[0].counters["stem_restemmed"] == 1
         for i in range(1, 24):
             assert not net.engines[i]._withdrawals.home_down(rid), (seed, i)
+
+
+def test_with_the_stem_on_a_home_neighbour_left_with_no_route_takes_home_down_from_the_wave() -> None:
+    """A flood neighbour of the home whose only next hop was the home (the flood walks back down the stem,
+    G8) sees a link go and withdraws `no route`: it cannot tell. The stem successor's `home down` reaching it
+    from another neighbour says why, and a push injected there parks instead of searching. With the stem
+    off it keeps its `no route` (there the home's neighbours see the home at distance 1; a `restored` wave,
+    not a newer generation, ends the withdrawal, and it takes that only from the neighbours it dropped)."""
+    for seed in range(1, 400):
+        net, reg, stem = stem_net_with(seed)
+        rid = reg.route_id
+        lone = [i for i in (1, 2, 22, 23) if str(i) != stem[0] and net.engines[i].next_hops(rid)
+                and all(p == "0" for p, _ in net.engines[i].next_hops(rid))]
+        if lone:
+            break
+    else:
+        raise AssertionError("no seed left a neighbour of the home with the home as its only next hop")
+    x = lone[0]
+    mark = len(net.sent)
+    net.kill(0)
+    net.run_until(net.now + 1.0)
+    sent = withdrawals(net, mark)
+    assert (str(x), WithdrawKind.NO_ROUTE) in {(a, w.kind) for a, _, w in sent}  # its own news first
+    assert (str(x), WithdrawKind.HOME_DOWN) in {(a, w.kind) for a, _, w in sent}  # then the reason, told on
+    assert all(net.engines[i]._withdrawals.home_down(rid) for i in range(1, 24))
+    pid = push(net, x, reg, TOKENS[0])
+    net.run_until(net.now + 30.0)
+    assert pid not in net.custody and sum(1 for _, _, m in net.sent if isinstance(m, Push) and m.push_id == pid) == 0
+    # the same `home down` at a stem-off relay left with no route: kept as `no route`
+    off, reg_off = net_with(FORK, 7)
+    cut(off, 1, 2)
+    off.run_until(off.now + 1.0)
+    down = RouteWithdraw((WithdrawnRoute(reg_off.route_id, reg_off.epoch, WithdrawKind.HOME_DOWN, 0),))
+    off.apply("2", off.engines[2].receive_message("5", down, off.now))
+    assert not off.engines[2]._withdrawals.home_down(reg_off.route_id)

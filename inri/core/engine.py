@@ -147,7 +147,7 @@ class Engine:
             lambda rid, now: self._custody_rules.route_renewed(rid, now),
             regenerate=lambda rid, now: self._stem_rules.regenerate(rid, now),  # G13 at a home (stem.py)
             generation=stem.generation_of,
-            stem_keeps=stem.keeps,  # G12 with the stem: a stem relay's predecessor gone is a `home down`
+            stem_keeps=stem.keeps, stem_on=config.stem,  # G12 with the stem (withdrawals.py)
             trace=(lambda now, frames: tracer.emit(now, relay_id, "gossip_control", count=frames, reason="withdraw"))
             if ctx.level else None)
         nb = self._neighbours

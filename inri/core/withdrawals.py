@@ -13,7 +13,7 @@ the fluff relay and no relay holds the home at distance 1: the home's stem succe
 is its stem predecessor, withdraws as `home down` when that link goes (it cannot tell the home from a stem
 relay, G6; a failed stem relay is re-stemmed around by the home, G10, and the newer generation ends the
 withdrawal), and a relay left with no next hop by a link that went (one of the home's flood neighbours)
-takes a `home down` from any neighbour as the reason. A relay whose withdrawn route gets a live next
+takes a `home down` from any neighbour as the reason (stem on only). A relay whose withdrawn route gets a live next
 hop again (the home's link back, a next hop's restore: for `home down`, none of the next hops it had
 then counts, as they lead to the same home) sends `restored` (not to its own next hops: split horizon); the
 neighbours that dropped it for its withdrawal re-take it, pass the restore on and wake the pushes parked
@@ -95,7 +95,7 @@ class Withdrawals:
 
     __slots__ = ("_on", "_routes", "_linked", "_route_k", "_interval", "_count", "_renewed", "_regenerate",
                  "_generation", "_trace", "_speaks", "_withdrawn", "_dropped", "_offers", "_asked", "_demand", "_out",
-                 "_sent", "_in", "_stem_keeps")
+                 "_sent", "_in", "_stem_keeps", "_stem_on")
 
     def __init__(self, on: bool, routes: RouteTable | CompactRouteTable, linked: Mapping[str, Neighbour],
                  route_k: int, interval_s: float, count: Callable[[str, int], None],
@@ -103,7 +103,7 @@ class Withdrawals:
                  regenerate: Callable[[bytes, float], list[Effect]] | None = None,
                  generation: Callable[[bytes, int], int] | None = None,
                  trace: Callable[[float, int], None] | None = None,
-                 stem_keeps: Callable[[bytes, RouteEntry, str], bool] | None = None) -> None:
+                 stem_keeps: Callable[[bytes, RouteEntry, str], bool] | None = None, stem_on: bool = False) -> None:
         self._on = on  # [engine] route_withdrawal: off, this relay neither says `withdraw` nor withdraws
         self._routes = routes
         self._linked = linked
@@ -118,6 +118,7 @@ class Withdrawals:
         self._trace = trace  # (now, frames): the frames sent, a summary-level trace row (gossip messages)
         # G7 (stemstate.py): (rid, entry, peer) -> peer is this stem relay's stem predecessor for rid
         self._stem_keeps = stem_keeps if stem_keeps is not None else (lambda rid, entry, peer: False)
+        self._stem_on = stem_on  # [engine] stem
         # neighbours whose Hello on their current link said `withdraw` (a dict, not a set: frames go out in
         # the order links came up, so a simulated run is the same whatever the process's hash seed)
         self._speaks: dict[str, None] = {}
@@ -280,7 +281,13 @@ class Withdrawals:
         flood walks back down the stem, G8) sees only a link go, and the relays routing through it only its
         `no route`: without this, they search for a dead home (churn-2k, stem on: 223 messages a push while
         its home was down). A hostile neighbour gains nothing it lacked: the route has no next hop here, and
-        a parked push still asks for a newer route (G13) and is searched for after HOLD_S."""
+        a parked push still asks for a newer route (G13) and is searched for after HOLD_S. Stem on only: there
+        the home's return is a newer generation (G10, a restart re-stems), which ends every withdrawal; with the
+        stem off the home's neighbours know it at distance 1, and its return is a `restored` wave, which the
+        relays moved here would not take from a neighbour they never dropped (geo-5k-3n-c3l1 seed 1, stem
+        off: 3 pushes whose home was up never delivered, none without it)."""
+        if not self._stem_on:
+            return False
         known = self._current(w.route_id)
         return (known is not None and known[0] == w.epoch and known[1] == WithdrawKind.NO_ROUTE
                 and not self._has_live(w.route_id, entry))
