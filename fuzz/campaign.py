@@ -194,7 +194,7 @@ def _samples() -> dict[str, list[Any]]:
         PeerExchange((PeerInfo("cd" * 16, "10.0.0.1:4433"), PeerInfo("ef" * 16, "[::1]:4433"))),
         ErrorFrame(ErrorCode.MALFORMED, "bad"),
         RouteSync((SyncedRoute(reg.route_id, 3, 3600), SyncedRoute(b"r" * 16, 0, 1))),
-        RouteWithdraw((WithdrawnRoute(reg.route_id, 3, WithdrawKind.HOME_DOWN, 0),
+        RouteWithdraw((WithdrawnRoute(reg.route_id, 3, WithdrawKind.HOME_DOWN, 0, 7),
                        WithdrawnRoute(b"r" * 16, 1, WithdrawKind.RESTORED, 4))),
     ]
     ident = NodeIdentity.generate()

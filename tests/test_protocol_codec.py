@@ -104,7 +104,8 @@ messages = st.one_of(
     # Rule G12: route withdrawals (hops 0) and restores
     st.builds(RouteWithdraw, entries=st.lists(
         st.builds(WithdrawnRoute, route_id=blob(L.ROUTE_ID_BYTES), epoch=st.integers(0, L.MAX_EPOCH),
-                  kind=st.sampled_from(WithdrawKind), hops=st.integers(0, L.MAX_TTL)).map(
+                  kind=st.sampled_from(WithdrawKind), hops=st.integers(0, L.MAX_TTL),
+                  generation=st.integers(0, L.MAX_EPOCH)).map(
             lambda w: w if w.kind in (WithdrawKind.RESTORED, WithdrawKind.REQUEST) else replace(w, hops=0)),
         min_size=1, max_size=8).map(tuple)),
 )
@@ -161,7 +162,8 @@ SPEC: dict[int, list[Check]] = {
     MessageType.ROUTE_SYNC: [lambda v: type(v) is list and 1 <= len(v) <= L.MAX_SYNCED_ROUTES and all(
         fields([exact_bytes(L.ROUTE_ID_BYTES), uint(L.MAX_TTL), uint(L.MAX_LIFETIME_S)])(e) for e in v)],
     MessageType.ROUTE_WITHDRAW: [lambda v: type(v) is list and 1 <= len(v) <= L.MAX_WITHDRAWN_ROUTES and all(
-        fields([exact_bytes(L.ROUTE_ID_BYTES), uint(L.MAX_EPOCH), enum(WithdrawKind), uint(L.MAX_TTL)])(e)
+        fields([exact_bytes(L.ROUTE_ID_BYTES), uint(L.MAX_EPOCH), enum(WithdrawKind), uint(L.MAX_TTL),
+                uint(L.MAX_EPOCH)])(e)
         and (e[2] in (WithdrawKind.RESTORED, WithdrawKind.REQUEST) or e[3] == 0) for e in v)],
 }
 # RegGossip's other shapes: a stem frame (a 4th field, always true) and a route generation (G10:

@@ -604,3 +604,25 @@ def test_with_the_stem_on_a_home_neighbour_left_with_no_route_takes_home_down_fr
     down = RouteWithdraw((WithdrawnRoute(reg_off.route_id, reg_off.epoch, WithdrawKind.HOME_DOWN, 0),))
     off.apply("2", off.engines[2].receive_message("5", down, off.now))
     assert not off.engines[2]._withdrawals.home_down(reg_off.route_id)
+
+
+def test_a_withdrawal_of_an_older_route_generation_is_ignored() -> None:
+    """A `home down` sent (or queued, or in flight) about a route generation the home's re-stem has since
+    replaced says nothing about the new route: a relay holding the newer generation ignores it, even from its
+    next hop, and heeds the same entry at its own generation. Entries carry the sender's generation."""
+    net, reg, stem = stem_net_with(10, 2)
+    rid = reg.route_id
+    net.kill(int(stem[0]))  # the home re-stems around it: generation >= 1 everywhere
+    net.run_until(net.now + 10.0)
+    x = next(i for i in range(1, 24) if str(i) not in stem and net.engines[i].next_hops(rid))
+    gen = net.engines[x]._stem.generation_of(rid, reg.epoch)
+    assert gen >= 1
+    nh = net.engines[x].next_hops(rid)[0][0]
+    for g in (0, gen - 1):
+        stale = RouteWithdraw((WithdrawnRoute(rid, reg.epoch, WithdrawKind.HOME_DOWN, 0, g),))
+        net.apply(str(x), net.engines[x].receive_message(nh, stale, net.now))
+    assert net.engines[x].counters["withdraw_stale_generation"] == 2
+    assert nh in {p for p, _ in net.engines[x].next_hops(rid)}
+    fresh = RouteWithdraw((WithdrawnRoute(rid, reg.epoch, WithdrawKind.HOME_DOWN, 0, gen),))
+    net.apply(str(x), net.engines[x].receive_message(nh, fresh, net.now))
+    assert nh not in {p for p, _ in net.engines[x].next_hops(rid)}

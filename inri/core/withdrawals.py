@@ -201,6 +201,10 @@ class Withdrawals:
             if w.kind == WithdrawKind.REQUEST:
                 out += self._on_request(peer, w, entry, now)
                 continue
+            if w.generation < self._gen(w.route_id, w.epoch):
+                # about a route our newer generation's flood replaced (frames in flight or queued when it came)
+                self._count("withdraw_stale_generation", 1)
+                continue
             if w.kind == WithdrawKind.RESTORED:
                 self._restored_by(peer, w, entry, now)
                 continue
@@ -238,7 +242,8 @@ class Withdrawals:
         if hops is None:
             return
         self._count("withdraw_answered", 1)
-        self._out.setdefault(peer, {})[rid] = WithdrawnRoute(rid, RouteTable.epoch(entry), WithdrawKind.RESTORED, hops)
+        self._out.setdefault(peer, {})[rid] = WithdrawnRoute(rid, RouteTable.epoch(entry), WithdrawKind.RESTORED, hops,
+                                                             self._gen(rid, RouteTable.epoch(entry)))
 
     def _live_hops(self, entry: RouteEntry, peer: str) -> int | None:
         """This relay's distance to entry's home over live next hops other than peer (0: it is a home of
@@ -367,7 +372,7 @@ class Withdrawals:
         if len(self._asked) >= limits.MAX_WITHDRAWN_ROUTES * 64:  # bounded: old entries only pace requests
             self._asked.clear()
         self._asked[rid] = now
-        w = WithdrawnRoute(rid, epoch, WithdrawKind.REQUEST, hops)
+        w = WithdrawnRoute(rid, epoch, WithdrawKind.REQUEST, hops, self._gen(rid, epoch))
         for p in ((peer,) if peer is not None else self._speaks):
             if p != skip:
                 self._count("route_requests_sent", 1)
@@ -424,7 +429,7 @@ class Withdrawals:
             return  # told already (a `home down` overrides a `no route`, not the other way)
         self._withdrawn[rid] = (epoch, kind, past, now, self._generation(rid, epoch))
         self._count("routes_withdrawn", 1)
-        self._queue(WithdrawnRoute(rid, epoch, kind, 0))
+        self._queue(WithdrawnRoute(rid, epoch, kind, 0, self._gen(rid, epoch)))
 
     def _queue(self, w: WithdrawnRoute) -> None:
         """Tell every neighbour that speaks `withdraw`; a restore not the route's own next hops (split
@@ -467,7 +472,7 @@ class Withdrawals:
                 self._offers.pop(rid, None)
                 self._demand.pop(rid, None)
                 self._count("routes_restored", 1)
-                self._queue(WithdrawnRoute(rid, known[0], WithdrawKind.RESTORED, min(live)))
+                self._queue(WithdrawnRoute(rid, known[0], WithdrawKind.RESTORED, min(live), self._gen(rid, known[0])))
                 self._renewed(rid, now)
         return self.flush(now) if rids is None else []
 
@@ -532,7 +537,7 @@ class Withdrawals:
         if known is None or peer not in self._speaks:
             return []
         self._count("withdraw_told_again", 1)
-        self._out.setdefault(peer, {})[rid] = WithdrawnRoute(rid, known[0], known[1], 0)
+        self._out.setdefault(peer, {})[rid] = WithdrawnRoute(rid, known[0], known[1], 0, self._gen(rid, known[0]))
         return self.flush(now)
 
     def any(self) -> bool:
@@ -545,6 +550,21 @@ class Withdrawals:
         """The engine's tick: restore what came back unseen (a next hop taken from gossip or a receipt),
         forget what expired, send what waited for the budget."""
         return self._restore_live(now) if self._withdrawn else self.flush(now)
+
+    def _gen(self, rid: bytes, epoch: int) -> int:
+        """rid's route generation of epoch here (0: none; G10)."""
+        return self._generation(rid, epoch)
+
+    def _news(self, w: WithdrawnRoute) -> bool:
+        """A queued entry still worth sending: a withdrawal only while the route is still withdrawn here at
+        that epoch. One that waited for the send budget while a newer route generation (G10, G13) renewed
+        the route would reach neighbours that hold the new generation already, and cut that route where
+        this relay is their next hop again, with no withdrawal of ours left to restore it (geo-5k-3n-c3l1
+        seed 2, stem on: a push whose home was up parked until the end)."""
+        if w.kind not in (WithdrawKind.NO_ROUTE, WithdrawKind.HOME_DOWN):
+            return True
+        known = self._current(w.route_id)
+        return known is not None and known[0] == w.epoch
 
     def flush(self, now: float) -> list[Effect]:
         """Send each neighbour its queued entries, within FRAMES_PER_TICK frames per keepalive interval."""
@@ -561,7 +581,9 @@ class Withdrawals:
                 start, frames = now, 0
             while queued and frames < FRAMES_PER_TICK:
                 keys = list(queued)[:cap]
-                batch = [queued.pop(k) for k in keys]
+                batch = [w for w in (queued.pop(k) for k in keys) if self._news(w)]
+                if not batch:
+                    continue
                 frames += 1
                 st.last_sent = now
                 out.append(Send(p, RouteWithdraw(tuple(batch))))

@@ -330,9 +330,9 @@ class _RouteSync(_Frame, tag=int(MessageType.ROUTE_SYNC)):
 
 
 class _RouteWithdraw(_Frame, tag=int(MessageType.ROUTE_WITHDRAW)):
-    # [route id, epoch, kind, hops]: hops is 0 in a withdrawal (one encoding per message); a restore's
-    # distance, a request's hops left (G13)
-    entries: Annotated[list[tuple[RouteId, Epoch, WithdrawKind, Ttl]],
+    # [route id, epoch, kind, hops, generation]: hops is 0 in a withdrawal (one encoding per message); a
+    # restore's distance, a request's hops left (G13); generation, the sender's route generation (G10)
+    entries: Annotated[list[tuple[RouteId, Epoch, WithdrawKind, Ttl, Epoch]],
                        Meta(min_length=1, max_length=L.MAX_WITHDRAWN_ROUTES)]
 
     def __post_init__(self) -> None:
@@ -416,7 +416,8 @@ def _to_fields(msg: Message) -> tuple[MessageType, list[Any]]:
     if isinstance(msg, RouteWithdraw):
         if not msg.entries:
             raise EncodeError("RouteWithdraw: no entries")
-        return MessageType.ROUTE_WITHDRAW, [[[e.route_id, e.epoch, int(e.kind), e.hops] for e in msg.entries]]
+        return MessageType.ROUTE_WITHDRAW, [[[e.route_id, e.epoch, int(e.kind), e.hops, e.generation]
+                                              for e in msg.entries]]
     raise EncodeError(f"not a wire message: {type(msg).__name__}")
 
 

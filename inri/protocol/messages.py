@@ -329,12 +329,15 @@ class WithdrawKind(IntEnum):
 class WithdrawnRoute:
     """One entry of a RouteWithdraw: the sender's route to route_id (of `epoch`) is gone (kind NO_ROUTE,
     HOME_DOWN) or back (RESTORED, at distance `hops`; 0 for a withdrawal), or a request for a newer
-    route generation (REQUEST, `hops` the relays it may still pass)."""
+    route generation (REQUEST, `hops` the relays it may still pass). `generation`: the sender's route
+    generation of that epoch (G10, G13; 0: none): a receiver that holds a newer one ignores the entry (it
+    is about a route the newer generation's flood replaced)."""
 
     route_id: bytes
     epoch: int
     kind: WithdrawKind
     hops: int
+    generation: int = 0
 
 
 @dataclass(frozen=True, slots=True)
