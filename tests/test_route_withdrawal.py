@@ -626,3 +626,23 @@ def test_a_withdrawal_of_an_older_route_generation_is_ignored() -> None:
     fresh = RouteWithdraw((WithdrawnRoute(rid, reg.epoch, WithdrawKind.HOME_DOWN, 0, gen),))
     net.apply(str(x), net.engines[x].receive_message(nh, fresh, net.now))
     assert nh not in {p for p, _ in net.engines[x].next_hops(rid)}
+
+
+def test_a_push_searched_for_behind_a_no_route_withdrawal_asks_for_a_newer_route_too() -> None:
+    """A custodian whose route is withdrawn `no route` with no live next hop searches (C3) and asks for a
+    newer route as well (G13): the home's new generation gives every withdrawn relay its route back. (A
+    failure near the flood's origin withdraws a whole region at once, whose relays answer no search.)"""
+    net, reg = net_with(FORK, 7)
+    rid = reg.route_id
+    cut(net, 1, 2)  # 2 and 6 (through 2 only) are left with no route
+    net.run_until(net.now + 1.0)
+    assert net.engines[6].next_hops(rid) == [] and net.engines[2].next_hops(rid) == [("1", 2)]
+    mark = len(net.sent)
+    pid = push(net, 6, reg, TOKENS[0])
+    net.run_until(net.now + 5.0)
+    assert net.custody[pid] == CustodyStatus.DELIVERED and sum(1 for d in net.delivered if d[1] == pid) == 1
+    requests = [(a, b) for a, b, w in withdrawals(net, mark) if w.kind == WithdrawKind.REQUEST]
+    assert requests[0] == ("6", "2")
+    assert net.engines[0].counters["route_regenerated_home"] == 1
+    for i in (2, 6):  # the new generation's route, not withdrawn
+        assert net.engines[i].next_hops(rid) and net.engines[i]._withdrawals._current(rid) is None, i

@@ -252,6 +252,18 @@ class CustodyRules(RuleGroup):
 
     def attempt(self, c: Custody, now: float) -> list[Effect]:
         """Send attempt number c.attempt of a push in custody: route first, then widening rings."""
+        out = self._attempt(c, now)
+        return self._ask_newer(c, now) + out if self._withdrawals.any() else out
+
+    def _ask_newer(self, c: Custody, now: float) -> list[Effect]:
+        """G13 for a route withdrawn here as `no route` with no live next hop left: the push searches (C3),
+        and this relay asks for a newer route too. A failure near the flood's origin (the fluff relay, with
+        the stem on) withdraws the route from a whole region at once, whose relays then answer no search,
+        and only a newer generation brings it back (geo-5k-3n-c3l1 seed 5, stem on: a push whose home was
+        up was searched for in vain to the end). Paced by REQUEST_GAP_S (withdrawals.py)."""
+        return self._withdrawals.ask(c.push.route_id, now)
+
+    def _attempt(self, c: Custody, now: float) -> list[Effect]:
         push = self._aged(c, now)
         pid = push.push_id
         status = self._accept_at_home(push, now)
@@ -385,6 +397,10 @@ class CustodyRules(RuleGroup):
 
     # Rule C3.
     def _parked_attempt(self, c: Custody, now: float) -> list[Effect]:
+        out = self._parked(c, now)
+        return self._ask_newer(c, now) + out if self._withdrawals.any() else out
+
+    def _parked(self, c: Custody, now: float) -> list[Effect]:
         """After the escalation (route, backups, rings, full TTL): keep custody until the deadline (the
         push's TTL, _custody_span).
 

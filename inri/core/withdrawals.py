@@ -26,15 +26,16 @@ A newer epoch ends a withdrawal of the older one (its flood restores the route
 everywhere by itself). A withdrawal is held HOLD_S at most: a home that was up after all (one link lost)
 is searched for as before G12 after that.
 
-Rule G13, the other half of Babel's answer (RFC 8966 3.8.1.2, the seqno request): a relay whose route is
-withdrawn with no live next hop, offered a route it may not take (not feasible, or farther than one hop
-from a home for a `home down`), asks the neighbour that offered it for a newer route (a `request`
-entry); a relay with a live route passes the request on along it (a withdrawn one towards the route it
-was offered), at most `hops` relays, once per route id every REQUEST_GAP_S; a home of the route id that
-gets it issues the next route generation (G10, signed with the registration's receipt key; stem.py,
-`StemRules.regenerate`), whose flood replaces every relay's route of the epoch, feasible for all of
-them: a home back on other links than before, a home that lost one link, and the other home of a route
-id homed in two places (issue 42 item 3) then take over the relays left parked, and the pushes parked
+Rule G13, the other half of Babel's answer (RFC 8966 3.8.1.2, the seqno request): a custodian parking a push
+for a route withdrawn here, or searching for one withdrawn as `no route` with no live next hop (`ask`), asks
+for a newer route; a relay whose route is withdrawn with no live next hop, offered a route it may not take
+(not feasible, or farther than one hop from a home for a `home down`), asks the neighbour that offered it
+for a newer route (a `request` entry); a relay with a live route passes the request on along it (a withdrawn
+one towards the route it was offered), at most `hops` relays, once per route id every REQUEST_GAP_S; a home
+of the route id that gets it issues the next route generation (G10, signed with the registration's receipt
+key; stem.py, `StemRules.regenerate`), whose flood replaces every relay's route of the epoch, feasible for
+all of them: a home back on other links than before, a home that lost one link, and the other home of a
+route id homed in two places (issue 42 item 3) then take over the relays left parked, and the pushes parked
 for them are re-sent (C3c). A request that meets no live route (a home that is down) goes nowhere.
 
 Hostile relays: a withdrawal counts only from a current next hop for the route (a relay cannot cut a route
@@ -350,6 +351,17 @@ class Withdrawals:
             else limits.MAX_TTL
         self._request(nxt, rid, known[0], hops, now)
         return self.flush(now)
+
+    def ask(self, rid: bytes, now: float) -> list[Effect]:
+        """Custody is about to search for rid (C3): withdrawn here as `no route` with no live next hop left,
+        it asks for a newer route as well (as `wanted`; a `home down` parks instead and asks there)."""
+        known = self._current(rid)
+        if known is None or known[1] != WithdrawKind.NO_ROUTE:
+            return []
+        entry = self._routes.get(rid)
+        if entry is None or self._has_live(rid, entry):
+            return []
+        return self.wanted(rid, now)
 
     def _note_demand(self, rid: bytes, now: float) -> None:
         if len(self._demand) >= limits.MAX_WITHDRAWN_ROUTES * 64:  # bounded: a lost entry costs one request
