@@ -646,3 +646,44 @@ def test_a_push_searched_for_behind_a_no_route_withdrawal_asks_for_a_newer_route
     assert net.engines[0].counters["route_regenerated_home"] == 1
     for i in (2, 6):  # the new generation's route, not withdrawn
         assert net.engines[i].next_hops(rid) and net.engines[i]._withdrawals._current(rid) is None, i
+
+
+# 0 (home) - 1 - 2 - 8 - 6 - 5 (fast, 5 hops) and 0 - 3 - 5 (slow, 2 hops); 7 hangs off 5 and 6. Relay 5
+# takes the fast way first (feasibility distance 5) and 3 as a backup at distance 2.
+SHORTCUT = [(0, 1), (1, 2), (2, 8), (8, 6), (6, 5), (0, 3), (3, 5), (5, 7), (6, 7)]
+
+
+def test_a_relay_never_takes_back_a_route_longer_than_one_it_told() -> None:
+    """Seen on built-5k-c3l1 seed 2 (stem and withdrawal on): a relay that lost its primary answered a
+    withdrawal with its backup's shorter distance but kept its feasibility distance; a neighbour that had
+    taken that answer, passed it on, and not yet heard the later withdrawal, offered it back one hop longer,
+    still under the old feasibility distance: taken, a loop of three relays that held a push to its
+    deadline. Babel's invariant: the feasibility distance is never above a distance the relay told."""
+    for seed in (1, 2, 3):
+        net, reg = net_with(SHORTCUT, 9, latency={(3, 5): 0.2, (5, 3): 0.2}, seed=seed)
+        rid = reg.route_id
+        assert net.engines[5].next_hops(rid) == [("6", 5), ("3", 2)]
+        assert net.engines[7].next_hops(rid)[0] == ("6", 5)
+        mark = len(net.sent)
+        cut(net, 2, 8)  # 8, then 6 lose their only next hop and withdraw; 5 keeps 3 and answers at distance 2
+        net.run_until(net.now + 1.0)
+        told = [(a, b, w.hops) for a, b, w in withdrawals(net, mark) if w.kind == WithdrawKind.RESTORED and a == "5"]
+        assert ("5", "6", 2) in told, told
+        assert net.engines[6].next_hops(rid)[0] == ("5", 3)
+        # 5 loses 3 too; before 7 hears of it, 7 (through 5 or 6, distance 3) offers 5 its route: not taken.
+        del net.links[("3", "5")], net.links[("5", "3")]
+        net.apply("5", net.engines[5].peer_down("3", net.now, DisconnectReason.LINK_LOST))
+        offer = RouteWithdraw((WithdrawnRoute(rid, reg.epoch, WithdrawKind.RESTORED, 3),))
+        net.apply("5", net.engines[5].receive_message("7", offer, net.now))
+        assert not [h for h in net.engines[5].next_hops(rid) if h[0] == "7"], seed
+        assert net.engines[5].counters["withdraw_unfeasible"] >= 1, seed
+        net.run_until(net.now + 5.0)
+        for i in (5, 6, 7, 8):  # no next-hop cycle among them: every chain of live next hops ends
+            chain = [str(i)]
+            while chain[-1] not in ("0", "1", "2", "3"):
+                at = chain[-1]
+                live = [p for p, _ in net.engines[int(at)].next_hops(rid) if (at, p) in net.links]
+                if not live:
+                    break
+                assert live[0] not in chain, (seed, chain + live[:1])
+                chain.append(live[0])

@@ -197,6 +197,14 @@ class EntryReaders:
         entry as read."""
         self[rid] = _led(entry, peer, hops, route_k)
 
+    def tighten(self, rid: bytes, entry: RouteEntry, hops: int) -> None:
+        """This relay tells a neighbour it is `hops` from rid's home (G12's `restored`): the feasibility
+        distance is lowered to hops if larger. Babel's invariant (RFC 8966 3.5.1): a node's feasibility
+        distance is never above a distance it advertised, or a neighbour routing through it could offer
+        it back a route it would take (a loop); entry is rid's entry as read."""
+        if hops < entry[2]:
+            self[rid] = (entry[0], entry[1], hops, *entry[3:])
+
     # -- expiry -------------------------------------------------------------------------------------
 
     def earliest_expiry(self) -> float:

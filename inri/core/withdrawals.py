@@ -243,6 +243,7 @@ class Withdrawals:
         if hops is None:
             return
         self._count("withdraw_answered", 1)
+        self._routes.tighten(rid, entry, hops)  # never above what we tell (Babel's feasibility invariant)
         self._out.setdefault(peer, {})[rid] = WithdrawnRoute(rid, RouteTable.epoch(entry), WithdrawKind.RESTORED, hops,
                                                              self._gen(rid, RouteTable.epoch(entry)))
 
@@ -484,6 +485,7 @@ class Withdrawals:
                 self._offers.pop(rid, None)
                 self._demand.pop(rid, None)
                 self._count("routes_restored", 1)
+                self._routes.tighten(rid, entry, min(live))  # as _answer
                 self._queue(WithdrawnRoute(rid, known[0], WithdrawKind.RESTORED, min(live), self._gen(rid, known[0])))
                 self._renewed(rid, now)
         return self.flush(now) if rids is None else []
