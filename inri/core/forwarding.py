@@ -201,7 +201,7 @@ class ForwardingRules(RuleGroup):
                 or self._seen.copy_seen(msg.push_id, msg.attempt, True)):
             return []
         self._count("push_home_search")
-        self._seen.mark_copy(msg.push_id, msg.attempt, True, now)
+        self._seen.mark_ring(msg.push_id, msg.attempt, LOCAL_REPAIR_RADIUS, now)
         return self.ring_flood(_onward(msg, LOCAL_REPAIR_RADIUS), peer, now)
 
     # Rules F3 (home unreachable), G7.
@@ -393,7 +393,8 @@ class ForwardingRules(RuleGroup):
             return self._scoring_rules.score(peer, cfg.score_budget_drop, now, "budget_peer")
         # Seen per (push, attempt, mode): a ring copy that met a route continues in route mode through
         # relays that already saw (and flooded) the ring copy of the same attempt.
-        if not self._seen.first_copy(pid, msg.attempt, msg.ring != 0, now):  # F6b's mark goes with a new copy
+        if not (self._seen.first_ring(pid, msg.attempt, msg.ring, now) if msg.ring  # F4d: a wider ring goes on
+                else self._seen.first_copy(pid, msg.attempt, False, now)):  # F6b's mark goes with a new copy
             self._count("push_seen_dropped")
             if msg.ring:  # ring copies are not awaited: they die quietly
                 return []
@@ -514,7 +515,7 @@ class ForwardingRules(RuleGroup):
                 # Local repair (AODV): our route broke; ask the neighbourhood before giving up. Neighbours
                 # with a route of their own (not through us: the sender is excluded) carry it on.
                 self._count("push_local_repair")
-                self._seen.mark_copy(pid, msg.attempt, True, now)
+                self._seen.mark_ring(pid, msg.attempt, LOCAL_REPAIR_RADIUS, now)
                 self.watch_repair(msg, peer, now)
                 return self.ring_flood(_onward(msg, LOCAL_REPAIR_RADIUS), peer, now)
             if low is not None:  # the neighbourhood was asked: the low-scored next hop is the last resort

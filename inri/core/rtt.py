@@ -174,7 +174,7 @@ class RttRules(RuleGroup):
                 or (entry is not None and self._forwarding_rules.home_hop(msg.route_id, entry, suspect))):
             return []
         self._count("push_local_repair")
-        self._seen.mark_copy(msg.push_id, msg.attempt, True, now)
+        self._seen.mark_ring(msg.push_id, msg.attempt, LOCAL_REPAIR_RADIUS, now)
         if prev is not None:
             self._forwarding_rules.watch_repair(msg, prev, now)  # F8
         copy = readdress(msg, msg.ttl, msg.hops, msg.attempt, LOCAL_REPAIR_RADIUS)

@@ -33,11 +33,14 @@ _ERROR_PASSED = Mark.ERROR_PASSED._value_  # a plain int: an IntEnum key hashes 
 class SeenCache:
     """The copies of pushes handled here and the notes kept per push, each until its expiry."""
 
-    __slots__ = ("_map", "_ttl", "_error_ttl")
+    __slots__ = ("_map", "_radius", "_ttl", "_error_ttl")
 
     def __init__(self, max_size: int, ttl: float, error_ttl: float) -> None:
         # (push id, attempt * 2 + ring mode, or a Mark's value) -> expiry
         self._map: BoundedMap[tuple[bytes, int], float] = BoundedMap(max_size)
+        # Rule F4d: (push id, attempt) -> (expiry, the radius left of the widest ring copy flooded from
+        # here), for ring copies only. A ring-mode copy in _map with no entry here counts as the widest.
+        self._radius: BoundedMap[tuple[bytes, int], tuple[float, int]] = BoundedMap(max_size)
         self._ttl = ttl  # seen_ttl_s
         self._error_ttl = error_ttl  # reverse_ttl_s: an ERROR_PASSED note lives as long as the reverse path
 
@@ -50,8 +53,10 @@ class SeenCache:
         return (pid, attempt * 2 + ring) in self._map
 
     def mark_copy(self, pid: bytes, attempt: int, ring: bool, now: float) -> None:
-        """Note the copy (pid, attempt, mode) as handled here."""
+        """Note the copy (pid, attempt, mode) as handled here (a ring copy: as the widest, F4d)."""
         self._map.put((pid, attempt * 2 + ring), now + self._ttl)
+        if ring:
+            self._radius.pop((pid, attempt), None)
 
     # Rules F1, F6b.
     def first_copy(self, pid: bytes, attempt: int, ring: bool, now: float) -> bool:
@@ -64,6 +69,32 @@ class SeenCache:
         m.put(key, now + self._ttl)
         m.pop((pid, _ERROR_PASSED), None)
         return True
+
+    # Rules F1, F4d.
+    def first_ring(self, pid: bytes, attempt: int, radius: int, now: float) -> bool:
+        """A ring copy with `radius` hops left, received from a neighbour: False when a ring copy of the
+        same attempt was handled here with as many hops left or more (or by a search of unknown radius);
+        else note it, as first_copy does. Rule F4d: a narrower copy of the same attempt (a relay's local
+        repair, radius LOCAL_REPAIR_RADIUS, or a copy from a nearer relay's ring) that arrived first must
+        not stop the custodian's wider ring here: the wider one goes on to its own radius."""
+        m = self._map
+        key = (pid, attempt * 2 + 1)
+        if key in m:
+            had = self._radius.get((pid, attempt))
+            if had is None or had[1] >= radius:
+                return False
+        expiry = now + self._ttl
+        m.put(key, expiry)
+        self._radius.put((pid, attempt), (expiry, radius))
+        m.pop((pid, _ERROR_PASSED), None)
+        return True
+
+    def mark_ring(self, pid: bytes, attempt: int, radius: int, now: float) -> None:
+        """Note that this relay sent ring copies of (pid, attempt) with `radius` hops left (a local search):
+        a wider ring copy arriving later still goes on (F4d); mark_copy(ring) notes the widest."""
+        expiry = now + self._ttl
+        self._map.put((pid, attempt * 2 + 1), expiry)
+        self._radius.put((pid, attempt), (expiry, radius + 1))
 
     def has(self, pid: bytes, mark: Mark) -> bool:
         """True when the note `mark` is held for push pid."""
@@ -88,3 +119,4 @@ class SeenCache:
     def sweep(self, now: float) -> None:
         """Drop the copies and notes expired by now."""
         self._map.sweep(lambda exp: exp <= now)
+        self._radius.sweep(lambda v: v[0] <= now)

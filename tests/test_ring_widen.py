@@ -1,0 +1,85 @@
+"""Rule F4d: a wider ring copy is not stopped by a narrower copy of the same attempt seen first.
+
+Seen on geo-5k-3n-c3l1 seed 2 (stem and route withdrawal on): a custodian's neighbour held a stale route
+into a relay whose route had broken; the route-mode copy reached that relay first, its local repair
+(radius 2) marked the attempt's ring copy as seen there, and the custodian's wider ring, arriving a few
+milliseconds later through another neighbour, was dropped as a duplicate. Every ring, up to 7, died
+there, and the push was never delivered although its home stayed up. On the in-memory harness."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+
+from inri.core.api import DisconnectReason
+from inri.core.config import EngineConfig
+from inri.core.testing import MiniNet
+from inri.protocol.codec import make_registration
+from inri.protocol.keys import new_signing_key
+from inri.protocol.messages import Push
+
+# Custodian 0 reaches the home 8 through 1, then 3-4-5-6-7 (its backup: 2). Relay 2 reaches it through 19,
+# a short cut to 5. Relay 3's other way out, 9-10-11, meets the home's other side (11-18-...-12-8) only at
+# 11, whose route is through 18; 9 and 10 learnt theirs through 3 and have no other feasible next hop.
+# When 3-4 breaks and 19 fails, 2 and 3 have no live next hop: 3's local repair (radius 2) reaches 10 and
+# stops there, and a relay with a live route (11) is 5 hops from the custodian, through 2, 3, 9 and 10.
+EDGES = [(0, 1), (0, 2), (1, 3), (2, 3), (3, 4), (4, 5), (5, 6), (6, 7), (7, 8), (2, 19), (19, 5),
+         (3, 9), (9, 10), (10, 11), (11, 18), (18, 17), (17, 16), (16, 15), (15, 14), (14, 13), (13, 12), (12, 8)]
+# 0-2 and 2-3 are slower than 0-1 and 1-3: the route-mode copy through 1 reaches 3 before the ring copy
+# through 2. 10-11 is slow, so 11 hears the route from 18 first and 10 from 9.
+LATENCY = {(0, 2): 0.03, (2, 0): 0.03, (2, 3): 0.03, (3, 2): 0.03, (10, 11): 0.2, (11, 10): 0.2}
+HOME = 8
+CFG = replace(EngineConfig(), receipt_timeout_min_s=1.0)
+
+
+def _net(seed: int) -> tuple[MiniNet, bytes]:
+    net = MiniNet(20, EDGES, config=CFG, latency=LATENCY, seed=seed)
+    net.run_until(1.0)
+    reg = make_registration(new_signing_key(), 1, 0, 3600)
+    token = os.urandom(16)
+    net.homes[HOME].add_registration(reg, [token])
+    net.apply(str(HOME), net.engines[HOME].register(reg, net.now))
+    net.run_until(4.0)
+    hops = {i: [h for h, _ in net.engines[i].next_hops(reg.route_id)] for i in (0, 1, 2, 3, 9, 10, 11)}
+    assert hops == {0: ["1", "2"], 1: ["3"], 2: ["19"], 3: ["4"], 9: ["3"], 10: ["9"], 11: ["18", "10"]}, hops
+    for pair in (("3", "4"), ("4", "3")):
+        del net.links[pair]
+    net.apply("3", net.engines[3].peer_down("4", net.now, DisconnectReason.LINK_LOST))
+    net.apply("4", net.engines[4].peer_down("3", net.now, DisconnectReason.LINK_LOST))
+    net.kill(19)
+    res = net.engines[0].inject_push(reg, token, b"x", net.now)
+    assert res.push_id is not None
+    net.apply("0", res.effects)
+    return net, res.push_id
+
+
+def test_a_wider_ring_goes_past_a_relay_that_searched_narrower_first() -> None:
+    for seed in (1, 2, 3):
+        net, pid = _net(seed)
+        t0 = net.now
+        net.run_until(t0 + 30.0)
+        assert (str(HOME), pid) in net.delivered, seed
+        assert [p for r, p in net.delivered if p == pid] == [pid], seed  # once
+        assert net.custody[pid].value == "delivered", seed
+        # The copy that got through left 3 as a ring copy to 9 with more than radius 2's hops left, after
+        # 3 had searched with radius 2 for the same attempt.
+        wide = [m for a, b, m in net.sent
+                if (a, b) == ("3", "9") and isinstance(m, Push) and m.push_id == pid and m.ring > 2]
+        assert wide, seed
+        assert net.engines[11].stats().get("push_seen_dropped", 0) <= 3, seed
+
+
+def test_a_ring_copy_no_wider_than_one_seen_still_dies_quietly() -> None:
+    """F1 still holds for ring copies: each relay floods a ring of one attempt at most once per wider
+    radius, so the search's cost stays bounded (no relay sends more ring copies of one attempt than its
+    links times the number of distinct radii that reached it)."""
+    for seed in (1, 2, 3):
+        net, pid = _net(seed)
+        net.run_until(net.now + 30.0)
+        per: dict[tuple[str, int], int] = {}
+        for a, _b, m in net.sent:
+            if isinstance(m, Push) and m.push_id == pid and m.ring:
+                per[(a, m.attempt)] = per.get((a, m.attempt), 0) + 1
+        for (relay, _attempt), n in per.items():
+            assert n <= 3 * 2, (seed, relay, n)  # at most 3 links, at most twice (narrow, then wide)
+
