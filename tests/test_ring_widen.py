@@ -83,3 +83,98 @@ def test_a_ring_copy_no_wider_than_one_seen_still_dies_quietly() -> None:
         for (relay, _attempt), n in per.items():
             assert n <= 3 * 2, (seed, relay, n)  # at most 3 links, at most twice (narrow, then wide)
 
+
+# Rule C2b. Custodian 0 reaches the home 4 along 0-1-2-3-4; 5 and 6 hang off 0 and learnt the route through
+# it (0-5 is fast, 6-2 slow: 6 keeps 2 as a feasible backup). When 0-1 breaks, 0 has no next hop left: its
+# ring 1 reaches only 5, whose route leads back to 0 (ring_end); ring 3 reaches 6, which follows 2.
+VERDICT_EDGES = [(0, 1), (1, 2), (2, 3), (3, 4), (0, 5), (5, 6), (6, 2)]
+VERDICT_LATENCY = {(6, 2): 0.3, (2, 6): 0.3}
+
+
+def _verdict_net(config: EngineConfig, seed: int) -> tuple[MiniNet, bytes]:
+    net = MiniNet(7, VERDICT_EDGES, config=config, latency=VERDICT_LATENCY, seed=seed)
+    net.run_until(1.0)
+    reg = make_registration(new_signing_key(), 1, 0, 3600)
+    token = os.urandom(16)
+    net.homes[4].add_registration(reg, [token])
+    net.apply("4", net.engines[4].register(reg, net.now))
+    net.run_until(6.0)  # keepalives have given every relay a round-trip estimate
+    assert [h for h, _ in net.engines[5].next_hops(reg.route_id)] == ["0"]
+    assert [h for h, _ in net.engines[6].next_hops(reg.route_id)] == ["5", "2"]
+    for pair in (("0", "1"), ("1", "0")):
+        del net.links[pair]
+    net.apply("0", net.engines[0].peer_down("1", net.now, DisconnectReason.LINK_LOST))
+    net.apply("1", net.engines[1].peer_down("0", net.now, DisconnectReason.LINK_LOST))
+    res = net.engines[0].inject_push(reg, token, b"x", net.now)
+    assert res.push_id is not None
+    net.apply("0", res.effects)
+    return net, res.push_id
+
+
+def _delivered_after(net: MiniNet, pid: bytes, t0: float) -> float:
+    net.run_until(t0 + 30.0)
+    rows = [r for r in net.tracer.of_kind("push_delivered") if r[3] == pid.hex()]
+    assert len(rows) == 1
+    return rows[0][0] - t0
+
+
+def test_a_custodian_ring_that_meets_no_route_is_followed_by_the_next_at_once() -> None:
+    """Ring 1's copy dies at 5 and no `repair found` comes back: ring 3 goes after ring 1's round trip, not
+    after the attempt's retry period (at least receipt_timeout_min_s, 1 s here; 2 s on the simulated geo
+    mesh); ring 3's find at 6 makes the custodian wait for its answer (no ring 5). Delivered in 0.38 s,
+    against 1.34 s without the verdict."""
+    for seed in (1, 2, 3):
+        net, pid = _verdict_net(CFG, seed)
+        t0 = net.now
+        took = _delivered_after(net, pid, t0)
+        assert took < CFG.receipt_timeout_min_s, (seed, took)
+        assert net.custody[pid].value == "delivered"
+        assert net.engines[0].stats().get("custody_ring_verdict", 0) >= 1, seed
+        radii = [m.ring for a, b, m in net.sent if a == "0" and isinstance(m, Push) and m.push_id == pid and m.ring]
+        assert max(radii) == 3, (seed, radii)  # ring 3 found it: no wider ring was sent
+        off, pid_off = _verdict_net(replace(CFG, ring_verdict=False), seed)
+        assert _delivered_after(off, pid_off, off.now) >= CFG.receipt_timeout_min_s, seed  # ring 1 waited it out
+
+
+# Rule C2b, refuted finds. Custodian 0's only route is 0-1-2-8-3-4; 8-3 breaks, so 2 keeps a route with no
+# live next hop and 1 a stale one through 2. 5 learnt the route through 0 only; 6 has a live way through
+# 7 (4-10-11-12-13-7-6). Ring 1 meets 1's stale route (a find) and 5's dead end; the find's copy ends in
+# 2's failed search, whose `repair failed` comes back to the custodian: ring 3, through 5 to 6, goes then.
+REFUTE_EDGES = [(0, 1), (1, 2), (2, 8), (8, 3), (3, 4), (0, 5), (5, 6), (6, 7), (7, 13), (13, 12), (12, 11),
+                (11, 10), (10, 4)]
+REFUTE_LATENCY = {(6, 7): 0.1, (7, 6): 0.1}
+
+
+def _refute_net(config: EngineConfig, seed: int) -> tuple[MiniNet, bytes]:
+    net = MiniNet(14, REFUTE_EDGES, config=config, latency=REFUTE_LATENCY, seed=seed)
+    net.run_until(1.0)
+    reg = make_registration(new_signing_key(), 1, 0, 3600)
+    token = os.urandom(16)
+    net.homes[4].add_registration(reg, [token])
+    net.apply("4", net.engines[4].register(reg, net.now))
+    net.run_until(6.0)
+    hops = {i: [h for h, _ in net.engines[i].next_hops(reg.route_id)] for i in (0, 1, 2, 5, 6)}
+    assert hops == {0: ["1"], 1: ["2"], 2: ["8"], 5: ["0"], 6: ["5", "7"]}, hops
+    for pair in (("8", "3"), ("3", "8")):
+        del net.links[pair]
+    net.apply("8", net.engines[8].peer_down("3", net.now, DisconnectReason.LINK_LOST))
+    net.apply("3", net.engines[3].peer_down("8", net.now, DisconnectReason.LINK_LOST))
+    net.run_until(net.now + 0.5)
+    res = net.engines[0].inject_push(reg, token, b"x", net.now)
+    assert res.push_id is not None
+    net.apply("0", res.effects)
+    return net, res.push_id
+
+
+def test_a_ring_whose_every_find_met_a_hole_is_followed_by_the_next_at_once() -> None:
+    """1's find is refuted by 2's `repair failed` (passed back as such): as many errors as finds came back,
+    so the custodian sends ring 3 at once instead of waiting out ring 1's retry period."""
+    for seed in (1, 2, 3):
+        net, pid = _refute_net(CFG, seed)
+        t0 = net.now
+        took = _delivered_after(net, pid, t0)
+        assert net.engines[0].stats().get("custody_ring_refuted", 0) >= 1, seed
+        off, pid_off = _refute_net(replace(CFG, ring_verdict=False), seed)
+        took_off = _delivered_after(off, pid_off, off.now)
+        # ring 3 went when the find was refuted, not after ring 1's full wait: 1.34 s against 3.15 s
+        assert took_off - took >= CFG.receipt_timeout_min_s, (seed, took, took_off)

@@ -135,6 +135,11 @@ class EngineConfig:
     custody_retry_s: float = 2.0
     receipt_timeout_min_s: float = 0.25  # floor: a loaded relay's processing jitter is not a lost push
     adaptive_retry: bool = True  # false: fixed custody_retry_s periods, no re-send on link loss (C4, C5)
+    # Rule C2b: a custodian's ring whose copies meet no route (none says `repair found` within the ring's
+    # round trip, radius + 1 link round trips), or whose every find is refuted (as many errors came back),
+    # is followed by the next step at once, not after custody_retry_s (geo-5k-3n-c3l1: a push injected
+    # where a withdrawn region had no route waited 2 s per failed ring). False: every ring waits it out.
+    ring_verdict: bool = True
     custody_max_attempts: int = 7  # route, route via backups, rings 1, 3, 5, 7, then the full TTL
     # Rule C3: custody keeps a push until a receipt settles it or its TTL runs out: a Web Push push's
     # `TTL` header, a native push (it carries none) custody_max_ttl_s; at least custody_deadline_s (the

@@ -405,6 +405,10 @@ class ForwardingRules(RuleGroup):
                 self._trace(now, "route_error", msg=pid.hex(), route=msg.route_id.hex(), peer=peer,
                             reason="duplicate", count=1)
             return [Send(peer, RouteError(pid, msg.route_id, RouteErrorReason.DUPLICATE))]
+        if msg.ring and msg.attempt >= ROUTE_ATTEMPTS and cfg.ring_verdict:
+            # C2b: a find met by this ring goes back through here to the custodian, once per ring copy
+            self._seen.mark(pid, Mark.RING_RELAYED, now)
+            self._seen.clear(pid, Mark.FOUND_PASSED)
         if self._level >= _FULL:
             # Trace hops = links crossed to reach this relay, as in push_delivered (docs/trace-schema.md);
             # the frame's own counter stops one short (the sender counts the link it sends on).
@@ -473,10 +477,10 @@ class ForwardingRules(RuleGroup):
                     return more
                 self._seen.mark_copy(pid, msg.attempt, False, now)
                 out = [self.forward(_onward(msg, 0), nh, now)] + more
-                if msg.attempt < ROUTE_ATTEMPTS and cfg.adaptive_retry and peer in self._linked:
-                    # Rule F8b: a local repair's copy (route attempts only: a custodian's rings are
-                    # later attempts) found a route: the searching relay, one or two links back, waits.
-                    self._count("repair_found_sent")
+                if (msg.attempt < ROUTE_ATTEMPTS or cfg.ring_verdict) and cfg.adaptive_retry and peer in self._linked:
+                    # Rule F8b: a local repair's copy (route attempts) found a route: the searching relay,
+                    # one or two links back, waits. Rule C2b: so does a custodian's ring (later attempts).
+                    self._count("repair_found_sent" if msg.attempt < ROUTE_ATTEMPTS else "ring_found_sent")
                     if self._level:
                         self._trace(now, "route_error", msg=pid.hex(), route=rid.hex(), peer=peer,
                                     reason="repair_found", count=1)
@@ -680,6 +684,8 @@ class ForwardingRules(RuleGroup):
         prev = back[0]
         if prev is _LOCAL:
             c = self._custody.get(msg.push_id)
+            if c is not None and c.sent_to is None and not c.home_down:  # C2b: a ring's find met a hole?
+                return self._custody_rules.ring_refuted(c, now) or []
             if c is None or c.attempt >= ROUTE_ATTEMPTS or c.home_down or c.sent_to != peer:
                 return []  # a ring (its other copies go on), or a notice about an earlier attempt
             if c.attempt + 1 >= self.config.custody_max_attempts:
@@ -746,8 +752,11 @@ class ForwardingRules(RuleGroup):
             seen.mark(pid, Mark.REPAIR_FOUND, now)
             self._count_find(pid, 1, now)  # F8c
             return []
-        if not seen.copy_seen(pid, 0, True) and not seen.copy_seen(pid, 1, True):
-            return []  # no route attempt's ring copy passed here (F8b's word goes back one ring only)
+        if self._custody_rules.ring_found(pid):  # C2b: the custodian's ring met a route
+            return []
+        if (not seen.copy_seen(pid, 0, True) and not seen.copy_seen(pid, 1, True)
+                and not seen.has(pid, Mark.RING_RELAYED)):
+            return []  # no ring copy passed here (F8b's word goes back one ring only)
         self._count_find(pid, 1, now)  # F8c: every find counts here, the word goes back once
         if not seen.mark_once(pid, Mark.FOUND_PASSED, now):
             return []
@@ -1154,6 +1163,9 @@ class ForwardingRules(RuleGroup):
             if c is None:
                 return []
             if hole:
+                refuted = self._custody_rules.ring_refuted(c, now)  # C2b: a ring's find met a hole
+                if refuted is not None:
+                    return refuted
                 # F6: the route is repaired down the path; the scheduled retry stands
                 self._custody_rules.await_route(c, now)
                 return []

@@ -25,6 +25,7 @@ class Mark(IntEnum):
     REROUTED = -5  # F10: the push was sent around a dead end its copy met
     QUICK_PASSED = -6  # F8c: the search's quick verdict was left to F8's full wait by a `repair found`
     REFUTE_PASSED = -7  # F8c: a refutation (`duplicate`) was passed back to the searching relay
+    RING_RELAYED = -8  # C2b: a ring copy of a custodian's ring passed here (its `repair found` goes back)
 
 
 _ERROR_PASSED = Mark.ERROR_PASSED._value_  # a plain int: an IntEnum key hashes ~20x slower (Enum.__hash__)
