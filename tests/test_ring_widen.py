@@ -91,6 +91,9 @@ VERDICT_EDGES = [(0, 1), (1, 2), (2, 3), (3, 4), (0, 5), (5, 6), (6, 2)]
 VERDICT_LATENCY = {(6, 2): 0.3, (2, 6): 0.3}
 
 
+VERDICT = replace(CFG, ring_verdict=True)  # C2b is off by default
+
+
 def _verdict_net(config: EngineConfig, seed: int) -> tuple[MiniNet, bytes]:
     net = MiniNet(7, VERDICT_EDGES, config=config, latency=VERDICT_LATENCY, seed=seed)
     net.run_until(1.0)
@@ -124,7 +127,7 @@ def test_a_custodian_ring_that_meets_no_route_is_followed_by_the_next_at_once() 
     mesh); ring 3's find at 6 makes the custodian wait for its answer (no ring 5). Delivered in 0.38 s,
     against 1.34 s without the verdict."""
     for seed in (1, 2, 3):
-        net, pid = _verdict_net(CFG, seed)
+        net, pid = _verdict_net(VERDICT, seed)
         t0 = net.now
         took = _delivered_after(net, pid, t0)
         assert took < CFG.receipt_timeout_min_s, (seed, took)
@@ -132,7 +135,7 @@ def test_a_custodian_ring_that_meets_no_route_is_followed_by_the_next_at_once() 
         assert net.engines[0].stats().get("custody_ring_verdict", 0) >= 1, seed
         radii = [m.ring for a, b, m in net.sent if a == "0" and isinstance(m, Push) and m.push_id == pid and m.ring]
         assert max(radii) == 3, (seed, radii)  # ring 3 found it: no wider ring was sent
-        off, pid_off = _verdict_net(replace(CFG, ring_verdict=False), seed)
+        off, pid_off = _verdict_net(CFG, seed)
         assert _delivered_after(off, pid_off, off.now) >= CFG.receipt_timeout_min_s, seed  # ring 1 waited it out
 
 
@@ -170,11 +173,11 @@ def test_a_ring_whose_every_find_met_a_hole_is_followed_by_the_next_at_once() ->
     """1's find is refuted by 2's `repair failed` (passed back as such): as many errors as finds came back,
     so the custodian sends ring 3 at once instead of waiting out ring 1's retry period."""
     for seed in (1, 2, 3):
-        net, pid = _refute_net(CFG, seed)
+        net, pid = _refute_net(VERDICT, seed)
         t0 = net.now
         took = _delivered_after(net, pid, t0)
         assert net.engines[0].stats().get("custody_ring_refuted", 0) >= 1, seed
-        off, pid_off = _refute_net(replace(CFG, ring_verdict=False), seed)
+        off, pid_off = _refute_net(CFG, seed)
         took_off = _delivered_after(off, pid_off, off.now)
         # ring 3 went when the find was refuted, not after ring 1's full wait: 1.34 s against 3.15 s
         assert took_off - took >= CFG.receipt_timeout_min_s, (seed, took, took_off)
