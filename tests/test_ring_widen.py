@@ -16,7 +16,7 @@ from inri.core.config import EngineConfig
 from inri.core.testing import MiniNet
 from inri.protocol.codec import make_registration
 from inri.protocol.keys import new_signing_key
-from inri.protocol.messages import Push
+from inri.protocol.messages import Push, Registration
 
 # Custodian 0 reaches the home 8 through 1, then 3-4-5-6-7 (its backup: 2). Relay 2 reaches it through 19,
 # a short cut to 5. Relay 3's other way out, 9-10-11, meets the home's other side (11-18-...-12-8) only at
@@ -94,24 +94,38 @@ VERDICT_LATENCY = {(6, 2): 0.3, (2, 6): 0.3}
 VERDICT = replace(CFG, ring_verdict=True)  # C2b is off by default
 
 
-def _verdict_net(config: EngineConfig, seed: int) -> tuple[MiniNet, bytes]:
-    net = MiniNet(7, VERDICT_EDGES, config=config, latency=VERDICT_LATENCY, seed=seed)
+def _homed(n: int, edges: list[tuple[int, int]], latency: dict[tuple[int, int], float], config: EngineConfig,
+           seed: int) -> tuple[MiniNet, Registration, bytes]:
+    """n relays on edges, a device homed at relay 4, its route flooded and every relay's round-trip
+    estimate taken (keepalives)."""
+    net = MiniNet(n, edges, config=config, latency=latency, seed=seed)
     net.run_until(1.0)
     reg = make_registration(new_signing_key(), 1, 0, 3600)
     token = os.urandom(16)
     net.homes[4].add_registration(reg, [token])
     net.apply("4", net.engines[4].register(reg, net.now))
-    net.run_until(6.0)  # keepalives have given every relay a round-trip estimate
-    assert [h for h, _ in net.engines[5].next_hops(reg.route_id)] == ["0"]
-    assert [h for h, _ in net.engines[6].next_hops(reg.route_id)] == ["5", "2"]
-    for pair in (("0", "1"), ("1", "0")):
+    net.run_until(6.0)
+    return net, reg, token
+
+
+def _cut_and_inject(net: MiniNet, reg: Registration, token: bytes, a: int, b: int, settle: float) -> bytes:
+    """The link a-b fails (both ends see it); `settle` seconds later relay 0 takes a push for reg."""
+    for pair in ((str(a), str(b)), (str(b), str(a))):
         del net.links[pair]
-    net.apply("0", net.engines[0].peer_down("1", net.now, DisconnectReason.LINK_LOST))
-    net.apply("1", net.engines[1].peer_down("0", net.now, DisconnectReason.LINK_LOST))
+    net.apply(str(a), net.engines[a].peer_down(str(b), net.now, DisconnectReason.LINK_LOST))
+    net.apply(str(b), net.engines[b].peer_down(str(a), net.now, DisconnectReason.LINK_LOST))
+    net.run_until(net.now + settle)
     res = net.engines[0].inject_push(reg, token, b"x", net.now)
     assert res.push_id is not None
     net.apply("0", res.effects)
-    return net, res.push_id
+    return res.push_id
+
+
+def _verdict_net(config: EngineConfig, seed: int) -> tuple[MiniNet, bytes]:
+    net, reg, token = _homed(7, VERDICT_EDGES, VERDICT_LATENCY, config, seed)
+    assert [h for h, _ in net.engines[5].next_hops(reg.route_id)] == ["0"]
+    assert [h for h, _ in net.engines[6].next_hops(reg.route_id)] == ["5", "2"]
+    return net, _cut_and_inject(net, reg, token, 0, 1, 0.0)
 
 
 def _delivered_after(net: MiniNet, pid: bytes, t0: float) -> float:
@@ -149,24 +163,10 @@ REFUTE_LATENCY = {(6, 7): 0.1, (7, 6): 0.1}
 
 
 def _refute_net(config: EngineConfig, seed: int) -> tuple[MiniNet, bytes]:
-    net = MiniNet(14, REFUTE_EDGES, config=config, latency=REFUTE_LATENCY, seed=seed)
-    net.run_until(1.0)
-    reg = make_registration(new_signing_key(), 1, 0, 3600)
-    token = os.urandom(16)
-    net.homes[4].add_registration(reg, [token])
-    net.apply("4", net.engines[4].register(reg, net.now))
-    net.run_until(6.0)
+    net, reg, token = _homed(14, REFUTE_EDGES, REFUTE_LATENCY, config, seed)
     hops = {i: [h for h, _ in net.engines[i].next_hops(reg.route_id)] for i in (0, 1, 2, 5, 6)}
     assert hops == {0: ["1"], 1: ["2"], 2: ["8"], 5: ["0"], 6: ["5", "7"]}, hops
-    for pair in (("8", "3"), ("3", "8")):
-        del net.links[pair]
-    net.apply("8", net.engines[8].peer_down("3", net.now, DisconnectReason.LINK_LOST))
-    net.apply("3", net.engines[3].peer_down("8", net.now, DisconnectReason.LINK_LOST))
-    net.run_until(net.now + 0.5)
-    res = net.engines[0].inject_push(reg, token, b"x", net.now)
-    assert res.push_id is not None
-    net.apply("0", res.effects)
-    return net, res.push_id
+    return net, _cut_and_inject(net, reg, token, 8, 3, 0.5)
 
 
 def test_a_ring_whose_every_find_met_a_hole_is_followed_by_the_next_at_once() -> None:
