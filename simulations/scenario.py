@@ -51,6 +51,7 @@ start_s = 30.0
 end_s = 90.0
 downtime_s = 30.0
 multi_home_failures = 0       # per multi-home device, how many of its homes fail (< homes_per_device)
+durable_custody = true        # a failed relay's custody is on disk and comes back at its rejoin
 
 [[partitions]]                # optional: cut the mesh in two for an interval
 start_s = 40.0
@@ -152,6 +153,9 @@ class Churn:
     # For each multi-home device, this many of its homes fail (never the last one) in [start_s, end_s],
     # down for downtime_s (rejoin_fraction applies); they count in fail_fraction's share.
     multi_home_failures: int = 0
+    # A failed relay's custody survives on its disk and comes back at its rejoin (as the daemon's SQLite
+    # custody does, committed before its 202); false: lost, as after a crash without disk.
+    durable_custody: bool = True
 
 
 @dataclass(frozen=True)

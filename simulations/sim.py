@@ -19,9 +19,11 @@ the engine's timer moved). Frames are passed as message objects (no encoding on 
 sizes come from the engine's trace rows.
 
 Failure model: a failed relay stops handling anything; its neighbours learn of it only through the
-engine's own keepalives (no oracle). A relay that rejoins starts with an empty engine (routes, views
-and custody are lost, as after a crash without disk) but keeps its home store (tokens and mailboxes
-are on disk); it reconnects to its original topology neighbours through the engine's membership.
+engine's own keepalives (no oracle). A relay that rejoins starts with an empty engine (routes and views
+are lost, as after a crash) but keeps what the daemon keeps on disk: its home store (tokens and
+mailboxes) and, with `[churn] durable_custody` (the default), the pushes it held in custody, which it
+re-adopts as the daemon does at startup; it reconnects to its original topology neighbours through the
+engine's membership.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from inri.core.home import MemoryHomeStore
 from inri.core.verify import CachingVerifier
 from inri.protocol.codec import make_registration
 from inri.protocol.keys import new_signing_key, receipt_public_key
-from inri.protocol.messages import PeerInfo
+from inri.protocol.messages import PeerInfo, Push
 from simulations.adversary import make_engine, receipt_seed
 from simulations.components import ComponentTracker, ExclusionWindow
 from simulations.devices import Devices
@@ -114,6 +116,8 @@ class Simulator:
         self.tracer = SimTracer(self.collector, self.writer, self.level)
         self.verifier = CachingVerifier(max_entries=1_000_000, identity_max=1_000_000)
         self.homes = [MemoryHomeStore() for _ in range(n)]
+        # relay -> the custody it held when it failed ([churn] durable_custody): given back at its rejoin.
+        self.custody_disk: dict[int, list[tuple[Push, float, int]]] = {}
         # The live network: relays up, links up (latency per direction; starts as the topology), cut links.
         self.alive = [True] * n
         self.lat: list[dict[int, float]] = [{} for _ in range(n)]
@@ -433,6 +437,8 @@ class Simulator:
                 return
             self.alive[a] = False
             self.tracer.emit(t, self.names[a], "relay_down", reason="churn")
+            if self.sc.churn.durable_custody:  # on disk, as the daemon commits it before its 202
+                self.custody_disk[a] = self.engines[a].held_custody()
             self.components.failed(a)
             self.window.topology_changed(t)
             again = self.sc.workload.multi_home_reregister_s
@@ -446,6 +452,10 @@ class Simulator:
             self.timer_at[a] = math.inf
             original = self.adjacent[a]
             self._apply(a, fresh.add_candidates([PeerInfo(self.names[v], self.names[v]) for v in original], t))
+            # As the daemon does at startup (service.run), before the engine starts: the pushes it held in
+            # custody come back from disk, one attempt on (relays' seen caches may hold the last one).
+            for push, deadline, attempt in self.custody_disk.pop(a, ()):
+                self._apply(a, fresh.restore_custody(push, deadline, attempt + 1, t))
             self._apply(a, fresh.start(t))
             # As the daemon does at startup (service.run): the registrations its home store kept are
             # registered again (with the stem on at a new route generation, G10), so the relay is their

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from inri.core.awaited import AwaitedAnswers
+from inri.core.backups import BackupCopies
 from inri.core.engine import HOOKS
 from inri.core.floodstate import FloodState
 from inri.core.homed import HomedRoutes
@@ -49,7 +50,7 @@ OWNER_OBJECTS: dict[str, type | tuple[type, ...]] = {
     "_rtt": RttEstimator, "_seen": SeenCache, "_tree": TreeGossip, "_await": AwaitedAnswers, "_stem": StemState,
     "_routes": (RouteTable, CompactRouteTable), "_custody": CustodyTable, "_reverse": ReversePaths,
     "_homed": HomedRoutes, "_flood": FloodState, "_sync": SyncState,
-    "_neighbours": Neighbours, "_withdrawals": Withdrawals}
+    "_neighbours": Neighbours, "_withdrawals": Withdrawals, "_backups": BackupCopies}
 
 
 def owner_classes() -> list[type]:

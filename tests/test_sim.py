@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import heapq
 import json
+import math
 import os
 import subprocess
 import sys
@@ -472,3 +473,63 @@ def test_churn_2k_is_churn_10k_at_a_fifth_of_its_size() -> None:
         workload=replace(big.workload, registrations=big.workload.registrations // 5,
                          pushes=big.workload.pushes // 5),
     )
+
+
+def _held_at_failure(rows: list[dict], deadline_s: float) -> dict[str, tuple[str, float, float]]:
+    """push -> (its injecting relay, when that relay failed holding it, when it rejoined): the pushes a
+    custodian held when it failed (injected there, not yet stored at a home) and that it could still
+    deliver when it came back (rejoined within their deadline)."""
+    stored: dict[str, float] = {}
+    for r in rows:
+        if r["kind"] == "push_delivered":
+            stored.setdefault(r["msg"], r["t"])
+    changes: dict[str, list[tuple[float, str]]] = {}
+    for r in rows:
+        if r["kind"] in ("relay_down", "relay_up"):
+            changes.setdefault(r["relay"], []).append((r["t"], r["kind"]))
+    held: dict[str, tuple[str, float, float]] = {}
+    for r in rows:
+        if r["kind"] != "push_injected":
+            continue
+        p, t0, relay = r["msg"], r["t"], r["relay"]
+        seq = changes.get(relay, [])
+        for i, (t, kind) in enumerate(seq):
+            if kind == "relay_down" and t0 < t < stored.get(p, math.inf):
+                up = next((u for u, k in seq[i + 1:] if k == "relay_up"), math.inf)
+                if up < t0 + deadline_s:
+                    held[p] = (relay, t, up)
+                break
+    return held
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_rejoined_relay_takes_back_the_custody_its_disk_kept(tmp_path: Path, seed: int) -> None:
+    """The daemon commits custody to disk before its 202 and re-adopts it at startup; the simulator's
+    churn keeps that disk ([churn] durable_custody, on by default): a relay that fails holding pushes
+    tries them again when it rejoins, and delivers pushes only that would deliver. With it off (a crash
+    without disk) the pushes it held are never tried again. (Rule C8 is off here: see
+    tests/test_custody_backup.py.)"""
+    raw = small(seed=seed, deadline_s=60.0, duration_s=100.0, network={"loss": 0.1, "loss_model": "drop"},
+                workload={"pushes": 300, "tokens_per_registration": 30},
+                # custody_backup off: a neighbour adopting the pushes (rule C8) would deliver some of them
+                engine={"custody_retry_s": 3.0, "custody_backup": False},
+                churn={"fail_fraction": 0.3, "rejoin_fraction": 1.0, "start_s": 8.0, "end_s": 30.0,
+                       "downtime_s": 5.0})
+    tried: dict[bool, dict[str, bool]] = {}
+    delivered_after: dict[bool, set[str]] = {}
+    for durable in (True, False):
+        raw["churn"]["durable_custody"] = durable
+        sc = from_dict(raw)
+        out = tmp_path / str(durable)
+        Simulator(sc, trace_dir=out).run()
+        rows = read_trace(out)
+        held = _held_at_failure(rows, sc.deadline_s)
+        assert held  # the run has custodians that failed holding pushes and came back in time
+        again = {r["msg"] for r in rows if r["kind"] == "push_retry" and r["msg"] in held
+                 and r["relay"] == held[r["msg"]][0] and r["t"] >= held[r["msg"]][2]}
+        tried[durable] = {p: p in again for p in held}
+        delivered_after[durable] = {r["msg"] for r in rows if r["kind"] == "push_delivered" and r["msg"] in held
+                                    and r["t"] >= held[r["msg"]][2]}
+    assert all(tried[True].values()), "a rejoined custodian forgot a push its disk kept"
+    assert not any(tried[False].values())
+    assert delivered_after[True] and len(delivered_after[True]) > len(delivered_after[False])

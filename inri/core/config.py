@@ -129,6 +129,11 @@ class EngineConfig:
     reverse_ttl_s: float = 30.0  # reverse-path state (push id -> previous hop) lifetime
     reverse_max: int = 200_000
     custody_max: int = 100_000
+    # Rule C8 (backups.py): the first relay a custodian's route attempt passes keeps a copy until the push's
+    # receipt passes back, at most reverse_ttl_s, and adopts it when its link to the custodian fails: a
+    # push answered 202 by a relay that never comes back is not lost. At most custody_backup_max copies.
+    custody_backup: bool = True
+    custody_backup_max: int = 20_000
     # Re-send with the same push id when no receipt came back: along a route after its measured round
     # trip (rule C4, inri/core/rtt.py: route distance x per-link srtt + 4 rttvar), at least
     # receipt_timeout_min_s and at most custody_retry_s; ring searches every custody_retry_s.

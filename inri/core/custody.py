@@ -40,6 +40,7 @@ from inri.protocol.messages import (
 )
 
 if TYPE_CHECKING:  # annotations only (the groups import each other: Engine.__init__ wires them)
+    from inri.core.backups import BackupCopies
     from inri.core.forwarding import ForwardingRules
     from inri.core.kept import CustodyTable
     from inri.core.neighbours import Neighbours
@@ -99,9 +100,10 @@ class CustodyRules(RuleGroup):
 
     def __init__(self, ctx: EngineContext, custody: CustodyTable, neighbours: Neighbours, reverse: ReversePaths,
                  routes: RouteTable | CompactRouteTable, rtt: RttEstimator, seen: SeenCache,
-                 withdrawals: Withdrawals) -> None:
+                 withdrawals: Withdrawals, backups: BackupCopies) -> None:
         super().__init__(ctx)
         self._withdrawals = withdrawals
+        self._backups = backups
         self._custody = custody
         self._neighbours = neighbours
         self._reverse = reverse
@@ -219,6 +221,28 @@ class CustodyRules(RuleGroup):
         if custody.attempt >= self.config.custody_max_attempts:
             return self._parked_attempt(custody, now)
         return self.attempt(custody, now)
+
+    # Rule C8.
+    def adopt_from(self, peer: str, now: float) -> list[Effect]:
+        """Take custody of the pushes peer held whose route attempts' copies this relay holds (backups.py):
+        peer's link failed before their receipts passed back. Each goes on one attempt later
+        than the copy held, kept for its full custody span from now (its acceptance time is not known
+        here: at most reverse_ttl_s too long). A copy without its registration, or with a forged one, is
+        not adopted: a hostile neighbour's invented pushes cost it its link, not our searches."""
+        out: list[Effect] = []
+        for push in self._backups.take_from(peer, now) if len(self._backups) else ():
+            reg = push.registration
+            if self._custody.holds(push.push_id) or reg is None or reg.route_id != push.route_id or not (
+                    self._verifier.verify_registration(reg)):
+                continue
+            if len(self._custody) >= self.config.custody_max:
+                self._count("custody_adopt_full")
+                continue
+            self._count("custody_adopted")
+            deadline = now + self._custody_span(push)
+            out.append(CustodyTaken(push, deadline))  # the daemon commits it, as for a push injected here
+            out += self.restore_custody(push, deadline, push.attempt + 1, now)
+        return out
 
     # Rule C3.
     def _custody_span(self, push: Push) -> float:

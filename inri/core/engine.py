@@ -32,6 +32,7 @@ from inri.core.api import (
     Verifier,
 )
 from inri.core.awaited import AwaitedAnswers
+from inri.core.backups import BackupCopies
 from inri.core.config import EngineConfig
 from inri.core.custody import CustodyRules
 from inri.core.floodstate import FloodState
@@ -129,6 +130,8 @@ class Engine:
         self._seen = seen = SeenCache(config.push_seen_max, config.seen_ttl_s, config.reverse_ttl_s)  # seen.py (F1)
         self._reverse = reverse = ReversePaths(config.reverse_max, config.reverse_ttl_s)  # F4, F6b (reverse.py)
         self._custody = custody = CustodyTable()  # C1-C3, C7 (kept.py)
+        # C8 (backups.py): copies of neighbours' route attempts, adopted when a custodian's link fails
+        self._backups = backups = BackupCopies(config.custody_backup_max, config.reverse_ttl_s)
         # G11 (sync.py): route sync at link-up; provisional routes learnt from it, at most route_max.
         self._sync = sync = SyncState(config.route_max)
         # Pushes forwarded along a route, awaiting an answer (awaited.py: rules F6, S1, C4-C6).
@@ -161,12 +164,12 @@ class Engine:
         self._stem_rules = stem_rules = StemRules(ctx, custody, flood, homed, routes, stem)
         self._sync_rules = sync_rules = SyncRules(ctx, routes, sync)
         self._forwarding_rules = forwarding = ForwardingRules(ctx, awaited, custody, nb, reverse, routes, rtt, seen,
-                                                              stem, sync, withdrawals)
+                                                              stem, sync, withdrawals, backups)
         self._custody_rules = custody_rules = CustodyRules(ctx, custody, nb, reverse, routes, rtt, seen,
-                                                           withdrawals)
+                                                           withdrawals, backups)
         self._scoring_rules = scoring = ScoringRules(ctx, awaited, nb, routes, sync, withdrawals)
         self._rtt_rules = rtt_rules = RttRules(ctx, awaited, reverse, routes, rtt, seen)
-        membership.wire(gossip=gossip, rtt=rtt_rules, scoring=scoring, stem=stem_rules)
+        membership.wire(custody=custody_rules, gossip=gossip, rtt=rtt_rules, scoring=scoring, stem=stem_rules)
         gossip.wire(custody=custody_rules, scoring=scoring, stem=stem_rules)
         stem_rules.wire(custody=custody_rules, gossip=gossip)
         forwarding.wire(custody=custody_rules, rtt=rtt_rules, scoring=scoring, sync=sync_rules)
@@ -466,6 +469,12 @@ class Engine:
 
     # ------------------------------------------------------------------------------------------
     # introspection
+
+    def held_custody(self) -> list[tuple[Push, float, int]]:
+        """(push, deadline, attempt) of every push in custody here, in the order taken: what the daemon
+        has on disk (its CustodyTaken rows and the attempt numbers it sent), for a driver that models a
+        crash that keeps the disk (the simulator's churn) and gives it back through restore_custody."""
+        return [(c.push, c.deadline, c.attempt) for c in self._custody.records()]
 
     def route_count(self) -> int:
         """Route ids with at least one next hop (a provisional one, rule G11, included)."""

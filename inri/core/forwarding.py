@@ -38,6 +38,7 @@ from inri.protocol.messages import (
 
 if TYPE_CHECKING:  # annotations only (the groups import each other: Engine.__init__ wires them)
     from inri.core.awaited import AwaitedAnswers
+    from inri.core.backups import BackupCopies
     from inri.core.custody import CustodyRules
     from inri.core.kept import CustodyTable
     from inri.core.neighbours import Neighbours
@@ -112,9 +113,10 @@ class ForwardingRules(RuleGroup):
 
     def __init__(self, ctx: EngineContext, awaited: AwaitedAnswers, custody: CustodyTable, neighbours: Neighbours,
                  reverse: ReversePaths, routes: RouteTable | CompactRouteTable, rtt: RttEstimator, seen: SeenCache,
-                 stem: StemState, sync: SyncState, withdrawals: Withdrawals) -> None:
+                 stem: StemState, sync: SyncState, withdrawals: Withdrawals, backups: BackupCopies) -> None:
         super().__init__(ctx)
         self._withdrawals = withdrawals
+        self._backups = backups
         self._await = awaited
         self._custody = custody
         self._neighbours = neighbours
@@ -451,6 +453,8 @@ class ForwardingRules(RuleGroup):
             return out
         if msg.ttl <= 1:
             return self._push_drop(peer, msg, now, "ttl", RouteErrorReason.TTL_EXHAUSTED)
+        if not msg.ring and msg.hops == 0 and cfg.custody_backup and not self._custody.holds(pid):
+            self._backups.keep(peer, msg, now)  # C8: a custodian's own route attempt passes here first
         if msg.ring:
             if msg.registration is None or msg.registration.route_id != rid or not (
                 self._verifier.verify_registration(msg.registration)
@@ -978,6 +982,7 @@ class ForwardingRules(RuleGroup):
             self._count("receipt_orphan")
             return []
         self._reverse.forget(msg.push_id)
+        self._backups.answered(msg.push_id)  # C8: the custodian gets its answer
         prev = back[0]
         if prev is _LOCAL:
             return self._custody_rules.settle(msg.push_id, msg.status, msg.hops, now)
@@ -1088,6 +1093,7 @@ class ForwardingRules(RuleGroup):
                 self._count("receipt_orphan")
                 continue
             self._reverse.forget(pid)
+            self._backups.answered(pid)  # C8 (as in on_receipt)
             prev = back[0]
             if prev is _LOCAL:
                 out += self._custody_rules.settle(pid, status, hops, now)

@@ -73,6 +73,10 @@ class CustodyTable:
         """Custody of push pid ends; its record (None: it was not kept). Its timers go stale."""
         return self._records.pop(pid, None)
 
+    def records(self) -> list[Custody]:
+        """Every record, in the order taken."""
+        return list(self._records.values())
+
     def expire(self, now: float) -> int:
         """Drop every record whose deadline has come (the sweep); how many went."""
         gone = [pid for pid, c in self._records.items() if now >= c.deadline]

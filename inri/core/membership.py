@@ -29,6 +29,7 @@ from inri.protocol.messages import (
 )
 
 if TYPE_CHECKING:  # annotations only (the groups import each other: Engine.__init__ wires them)
+    from inri.core.custody import CustodyRules
     from inri.core.gossip import GossipRules
     from inri.core.homed import HomedRoutes
     from inri.core.neighbours import Neighbours
@@ -58,6 +59,8 @@ FULL_BACKOFF_MAX_S = 60.0
 FULL_REMEMBERED_MAX = 256  # candidates remembered as full (the oldest forgotten first)
 # Links that ended for these reasons take their route claims with them (peer_down).
 _PURGE_ON_DOWN = frozenset((DisconnectReason.MAKE_ROOM, DisconnectReason.OUTBOUND_QUOTA))
+# Rule C8: links that failed (the neighbour may be gone for good), not links closed on purpose.
+_FAILED = frozenset((DisconnectReason.KEEPALIVE_TIMEOUT, DisconnectReason.LINK_LOST))
 # Links that ended for these reasons are not re-dialled.
 _NO_REDIAL = frozenset((DisconnectReason.FULL, DisconnectReason.OUTBOUND_QUOTA, DisconnectReason.SCORE,
                         DisconnectReason.BANNED, DisconnectReason.MAKE_ROOM))
@@ -78,6 +81,7 @@ class MembershipRules(RuleGroup):
     _next_tick: float | None  # M2: when keepalives, liveness and the other periodic work are next due
 
     # The rule groups this one calls (given by `wire`).
+    _custody_rules: CustodyRules
     _gossip_rules: GossipRules
     _rtt_rules: RttRules
     _scoring_rules: ScoringRules
@@ -103,8 +107,10 @@ class MembershipRules(RuleGroup):
         self._rejoined: set[str] = set()
         self._full_until: dict[str, tuple[float, float]] = {}  # M7: candidates that refused us as full
 
-    def wire(self, *, gossip: GossipRules, rtt: RttRules, scoring: ScoringRules, stem: StemRules) -> None:
+    def wire(self, *, custody: CustodyRules, gossip: GossipRules, rtt: RttRules, scoring: ScoringRules,
+             stem: StemRules) -> None:
         """The other rule groups this one calls (Engine.__init__, once all are built)."""
+        self._custody_rules = custody
         self._gossip_rules = gossip
         self._rtt_rules = rtt
         self._scoring_rules = scoring
@@ -317,6 +323,8 @@ class MembershipRules(RuleGroup):
         if self._level:
             self._trace(now, "peer_down", peer=peer, reason=reason)
         out += self._rtt_rules.reroute_awaited(peer, now) + self.refill(now)  # rtt.py (C5)
+        if reason in _FAILED:  # C8: the pushes it held whose route attempts passed here (custody.py)
+            out += self._custody_rules.adopt_from(peer, now)
         if self._stem.has_successors():  # G10, G10b: a stem successor lost (stem.py)
             out += self._stem_rules.stem_successor_down(peer, now)
         return out
