@@ -153,10 +153,10 @@ def test_a_custodian_ring_that_meets_no_route_is_followed_by_the_next_at_once() 
         assert _delivered_after(off, pid_off, off.now) >= CFG.receipt_timeout_min_s, seed  # ring 1 waited it out
 
 
-# Rule C2b, refuted finds. Custodian 0's only route is 0-1-2-8-3-4; 8-3 breaks, so 2 keeps a route with no
-# live next hop and 1 a stale one through 2. 5 learnt the route through 0 only; 6 has a live way through
-# 7 (4-10-11-12-13-7-6). Ring 1 meets 1's stale route (a find) and 5's dead end; the find's copy ends in
-# 2's failed search, whose `repair failed` comes back to the custodian: ring 3, through 5 to 6, goes then.
+# Rule C2b, a find that met a hole. Custodian 0's only route is 0-1-2-8-3-4; 8-3 breaks, so 2 keeps a route
+# with no live next hop and 1 a stale one through 2. 5 learnt the route through 0 only; 6 has a live way
+# through 7 (4-10-11-12-13-7-6). Ring 1 meets 1's stale route (a find) and 5's dead end; the find's copy ends
+# in 2's failed search, whose `repair failed` comes back to the custodian.
 REFUTE_EDGES = [(0, 1), (1, 2), (2, 8), (8, 3), (3, 4), (0, 5), (5, 6), (6, 7), (7, 13), (13, 12), (12, 11),
                 (11, 10), (10, 4)]
 REFUTE_LATENCY = {(6, 7): 0.1, (7, 6): 0.1}
@@ -169,15 +169,15 @@ def _refute_net(config: EngineConfig, seed: int) -> tuple[MiniNet, bytes]:
     return net, _cut_and_inject(net, reg, token, 8, 3, 0.5)
 
 
-def test_a_ring_whose_every_find_met_a_hole_is_followed_by_the_next_at_once() -> None:
-    """1's find is refuted by 2's `repair failed` (passed back as such): as many errors as finds came back,
-    so the custodian sends ring 3 at once instead of waiting out ring 1's retry period."""
+def test_a_ring_whose_find_met_a_hole_waits_its_full_period() -> None:
+    """1's find is answered by 2's `repair failed` (passed back as such). The find stands: the ring waits its
+    full retry period, as with the verdict off, and is not hurried on. An error after a find is what a
+    black hole's neighbour reports too, and the next ring sent at once spent the push's rings before the
+    hole was scored out (black-holes-1k seeds 1-5, never delivered: 3, 3, 18, 5, 2 with the verdict off;
+    5 and 6 on seeds 1 and 2 when an error hurried the next ring; 3, 2, 15, 5, 2 now)."""
     for seed in (1, 2, 3):
         net, pid = _refute_net(VERDICT, seed)
-        t0 = net.now
-        took = _delivered_after(net, pid, t0)
-        assert net.engines[0].stats().get("custody_ring_refuted", 0) >= 1, seed
+        took = _delivered_after(net, pid, net.now)
+        assert net.engines[0].stats().get("custody_ring_verdict", 0) == 0, seed
         off, pid_off = _refute_net(CFG, seed)
-        took_off = _delivered_after(off, pid_off, off.now)
-        # ring 3 went when the find was refuted, not after ring 1's full wait: 1.34 s against 3.15 s
-        assert took_off - took >= CFG.receipt_timeout_min_s, (seed, took, took_off)
+        assert took == _delivered_after(off, pid_off, off.now), seed

@@ -133,7 +133,7 @@ class EngineConfig:
     # receipt passes back, at most reverse_ttl_s, and adopts it when its link to the custodian fails: a
     # push answered 202 by a relay that never comes back is not lost. At most custody_backup_max copies.
     custody_backup: bool = True
-    custody_backup_max: int = 20_000
+    custody_backup_max: int = 10_000
     # Re-send with the same push id when no receipt came back: along a route after its measured round
     # trip (rule C4, inri/core/rtt.py: route distance x per-link srtt + 4 rttvar), at least
     # receipt_timeout_min_s and at most custody_retry_s; ring searches every custody_retry_s.

@@ -357,7 +357,7 @@ class CustodyRules(RuleGroup):
             # cost 186 messages each, against 92)
             return
         c.ring_watch = True
-        c.ring_finds = c.ring_refuted = 0
+        c.ring_finds = 0
         rtt = self._rtt
         if not rtt.active():
             return
@@ -371,28 +371,12 @@ class CustodyRules(RuleGroup):
     # Rule C2b.
     def ring_found(self, pid: bytes) -> bool:
         """A `repair found` came back to this custodian: a copy of its ring met a route. True when push pid's
-        last attempt was a ring (it then waits its full retry, unless every find is refuted)."""
+        last attempt was a ring (it then waits its full retry)."""
         c = self._custody.get(pid)
         if c is None or not c.ring_watch:
             return False
         c.ring_finds += 1
         return True
-
-    # Rule C2b.
-    def ring_refuted(self, c: Custody, now: float) -> list[Effect] | None:
-        """An error came back for push c (`next hop down`, `repair failed`) while its last attempt, a ring,
-        waits for the copies that met routes: such a copy met a hole. When as many errors as finds came
-        back, every find is refuted and the next step goes at once. None: nothing to do (not a ring's
-        wait, or finds still unrefuted)."""
-        if not c.ring_watch or not c.ring_finds:
-            return None  # not a ring, or no find yet (the quick verdict decides)
-        c.ring_refuted += 1
-        if c.ring_refuted < c.ring_finds or c.attempt + 1 >= self.config.custody_max_attempts:
-            return None
-        self._count("custody_ring_refuted")
-        c.ring_watch = False
-        c.ring_full = 0.0
-        return self.retry(c, now)
 
     # Rule C2 (the fallback budget).
     def _over_budget(self, c: Custody, push: Push, now: float) -> list[Effect]:
@@ -468,7 +452,7 @@ class CustodyRules(RuleGroup):
             return []
         if c.ring_full:  # C2b: the ring's quick verdict
             full, c.ring_full = c.ring_full, 0.0
-            if c.ring_finds > c.ring_refuted:  # a copy met a route: its answer gets the ring's full wait
+            if c.ring_finds:  # a copy met a route: its answer gets the ring's full wait
                 c.next_retry = full
                 self._schedule(pid, full)
                 return []

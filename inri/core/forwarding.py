@@ -688,8 +688,6 @@ class ForwardingRules(RuleGroup):
         prev = back[0]
         if prev is _LOCAL:
             c = self._custody.get(msg.push_id)
-            if c is not None and c.sent_to is None and not c.home_down:  # C2b: a ring's find met a hole?
-                return self._custody_rules.ring_refuted(c, now) or []
             if c is None or c.attempt >= ROUTE_ATTEMPTS or c.home_down or c.sent_to != peer:
                 return []  # a ring (its other copies go on), or a notice about an earlier attempt
             if c.attempt + 1 >= self.config.custody_max_attempts:
@@ -1169,9 +1167,6 @@ class ForwardingRules(RuleGroup):
             if c is None:
                 return []
             if hole:
-                refuted = self._custody_rules.ring_refuted(c, now)  # C2b: a ring's find met a hole
-                if refuted is not None:
-                    return refuted
                 # F6: the route is repaired down the path; the scheduled retry stands
                 self._custody_rules.await_route(c, now)
                 return []

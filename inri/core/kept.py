@@ -18,7 +18,7 @@ class Custody:
     """A push this relay accepted from a home app, kept until its receipt returns (C1-C3)."""
 
     __slots__ = ("push", "attempt", "ring_step", "deadline", "next_retry", "home_down", "routed", "ring_spent",
-                 "sent_to", "sent_at", "refused", "ring_watch", "ring_full", "ring_finds", "ring_refuted")
+                 "sent_to", "sent_at", "refused", "ring_watch", "ring_full", "ring_finds")
 
     def __init__(self, push: Push, deadline: float) -> None:
         self.push = push
@@ -36,12 +36,10 @@ class Custody:
         # it settles the push only at the deadline, as `unknown_registration`).
         self.refused = False
         # Rule C2b: the last attempt was a ring (ring_watch); ring_full is the retry it had before its quick
-        # verdict (due at next_retry; 0.0: none pending); ring_finds how many `repair found` came back for
-        # it, ring_refuted how many errors came back since (a find's copy that met a hole).
+        # verdict (due at next_retry; 0.0: none pending); ring_finds how many `repair found` came back for it.
         self.ring_watch = False
         self.ring_full = 0.0
         self.ring_finds = 0
-        self.ring_refuted = 0
 
 
 class CustodyTable:
