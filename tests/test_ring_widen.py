@@ -170,14 +170,47 @@ def _refute_net(config: EngineConfig, seed: int) -> tuple[MiniNet, bytes]:
 
 
 def test_a_ring_whose_find_met_a_hole_waits_its_full_period() -> None:
-    """1's find is answered by 2's `repair failed` (passed back as such). The find stands: the ring waits its
-    full retry period, as with the verdict off, and is not hurried on. An error after a find is what a
-    black hole's neighbour reports too, and the next ring sent at once spent the push's rings before the
-    hole was scored out (black-holes-1k seeds 1-5, never delivered: 3, 3, 18, 5, 2 with the verdict off;
-    5 and 6 on seeds 1 and 2 when an error hurried the next ring; 3, 2, 15, 5, 2 now)."""
+    """Without F9's note of where the route attempt failed (repair_steer off), 1's find counts, and 2's
+    `repair failed` for its copy, coming back later, does not take it back: the ring waits its full retry
+    period, as with the verdict off. An error after a find is what a black hole's neighbour reports too,
+    and the next ring sent at once spent the push's rings before the hole was scored out (black-holes-1k
+    seeds 1-5, never delivered: 3, 3, 18, 5, 2 with the verdict off; 5 and 6 on seeds 1 and 2 when an error
+    hurried the next ring)."""
+    for seed in (1, 2, 3):
+        net, pid = _refute_net(replace(VERDICT, repair_steer=False), seed)
+        took = _delivered_after(net, pid, net.now)
+        assert net.engines[0].stats().get("custody_ring_verdict", 0) == 0, seed
+        off, pid_off = _refute_net(replace(CFG, repair_steer=False), seed)
+        assert took == _delivered_after(off, pid_off, off.now), seed
+
+
+def test_a_find_on_the_path_that_just_failed_is_no_find() -> None:
+    """The route attempt's `repair failed` came back through 1 (F9 notes it); ring 1's find at 1 is that
+    same stale route into 2, so it does not hold the ring: ring 3 goes after ring 1's round trip (1.29 s,
+    against 3.15 s with the verdict off)."""
     for seed in (1, 2, 3):
         net, pid = _refute_net(VERDICT, seed)
         took = _delivered_after(net, pid, net.now)
-        assert net.engines[0].stats().get("custody_ring_verdict", 0) == 0, seed
+        assert net.engines[0].stats().get("custody_ring_find_stale", 0) >= 1, seed
+        assert net.engines[0].stats().get("custody_ring_verdict", 0) >= 1, seed
         off, pid_off = _refute_net(CFG, seed)
-        assert took == _delivered_after(off, pid_off, off.now), seed
+        took_off = _delivered_after(off, pid_off, off.now)
+        assert took_off - took >= CFG.receipt_timeout_min_s, (seed, took, took_off)
+
+
+def test_a_find_whose_copy_met_the_tried_path_is_taken_back() -> None:
+    """Relay 9, a neighbour of the custodian, reaches the home only through 1: ring 1's find at 9 sends its
+    route copy to 1, which had the attempt's ring copy already and answers `duplicate`; passed back to the
+    custodian, it takes 9's find back (F8c's refutation, for a custodian's ring), so nothing holds the
+    ring and ring 3 goes after ring 1's round trip."""
+    edges = REFUTE_EDGES + [(0, 9), (9, 1)]
+    for seed in (1, 2, 3):
+        times = {}
+        for name, cfg in (("on", VERDICT), ("off", CFG)):
+            net, reg, token = _homed(14, edges, REFUTE_LATENCY, cfg, seed)
+            assert [h for h, _ in net.engines[9].next_hops(reg.route_id)][0] == "1"
+            pid = _cut_and_inject(net, reg, token, 8, 3, 0.5)
+            times[name] = _delivered_after(net, pid, net.now)
+            if name == "on":
+                assert net.engines[0].stats().get("custody_ring_find_refuted", 0) >= 1, seed
+        assert times["off"] - times["on"] >= CFG.receipt_timeout_min_s, (seed, times)

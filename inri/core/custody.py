@@ -369,13 +369,31 @@ class CustodyRules(RuleGroup):
         self._schedule(c.push.push_id, quick)
 
     # Rule C2b.
-    def ring_found(self, pid: bytes) -> bool:
+    def ring_found(self, pid: bytes, failed: bool) -> bool:
         """A `repair found` came back to this custodian: a copy of its ring met a route. True when push pid's
-        last attempt was a ring (it then waits its full retry)."""
+        last attempt was a ring (it then waits its full retry). failed: it came from the neighbour this
+        push's last `repair failed` came from (F9), whose route is the one that just failed: no find."""
         c = self._custody.get(pid)
         if c is None or not c.ring_watch:
             return False
-        c.ring_finds += 1
+        if failed:
+            self._count("custody_ring_find_stale")
+        else:
+            c.ring_finds += 1
+        return True
+
+    # Rule C2b.
+    def ring_duplicate(self, pid: bytes) -> bool:
+        """An unexpected `duplicate` came back to this custodian while its ring waits (F8c's refutation, for
+        a custodian's ring): a find's route copy met a relay that had this attempt's copy, so that route
+        leads into a path already tried. It takes one find back; it never hurries the next step itself (the
+        quick verdict, when still due, decides). True when pid's last attempt was a ring."""
+        c = self._custody.get(pid)
+        if c is None or not c.ring_watch:
+            return False
+        if c.ring_finds:
+            c.ring_finds -= 1
+            self._count("custody_ring_find_refuted")
         return True
 
     # Rule C2 (the fallback budget).

@@ -754,8 +754,9 @@ class ForwardingRules(RuleGroup):
             seen.mark(pid, Mark.REPAIR_FOUND, now)
             self._count_find(pid, 1, now)  # F8c
             return []
-        if self._custody_rules.ring_found(pid):  # C2b: the custodian's ring met a route
-            return []
+        steer = self._steer.get(pid)  # F9: the neighbour this push's last `repair failed` came from
+        if self._custody_rules.ring_found(pid, steer is not None and steer[0] == peer and steer[1] > now):
+            return []  # C2b: the custodian's ring met a route
         if (not seen.copy_seen(pid, 0, True) and not seen.copy_seen(pid, 1, True)
                 and not seen.has(pid, Mark.RING_RELAYED)):
             return []  # no ring copy passed here (F8b's word goes back one ring only)
@@ -1117,6 +1118,8 @@ class ForwardingRules(RuleGroup):
             # copy came): no black hole and no broken route. Neutral for the score; passed back along
             # this copy's reverse path so no relay on it blames its next hop; a custodian keeps custody.
             if not self._scoring_rules.answered(peer, msg.push_id, now, reward=False):
+                if self._custody_rules.ring_duplicate(msg.push_id):  # C2b: a ring's find led into a tried path
+                    return []
                 return self._find_refuted(peer, msg, now)  # F8c: a repair's find led back into the path?
             self._count("route_error_duplicate")
             back = self._reverse.back(msg.push_id)
