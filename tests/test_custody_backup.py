@@ -36,18 +36,11 @@ def _net(seed: int, cfg: EngineConfig = CFG) -> tuple[MiniNet, Registration, lis
     return net, reg, tokens
 
 
-def _inject(net: MiniNet, reg: Registration, token: bytes) -> bytes:
-    res = net.engines[0].inject_push(reg, token, b"x", net.now)
-    assert res.push_id is not None
-    net.apply("0", res.effects)
-    return res.push_id
-
-
 def _lose_first_attempt_then_kill_custodian(net: MiniNet, reg: Registration, token: bytes) -> bytes:
     """The push's first copy is lost between 1 and 2 (a live link: nobody is told), then the custodian is
     killed -9 before its next attempt (its links just stop answering)."""
     lat = net.links.pop(("1", "2"))
-    pid = _inject(net, reg, token)
+    pid = net.inject(0, reg, token)
     net.run_until(net.now + 0.05)
     net.links[("1", "2")] = lat
     assert not net.delivered
@@ -78,7 +71,7 @@ def test_an_answered_push_is_not_adopted_and_costs_nothing_more() -> None:
     """The receipt passing back through the first relay ends its copy: a custodian that dies after its
     pushes were delivered leaves nothing to adopt, and no push frame leaves after its death."""
     net, reg, tokens = _net(1)
-    pids = [_inject(net, reg, t) for t in tokens]
+    pids = [net.inject(0, reg, t) for t in tokens]
     net.run_until(net.now + 2.0)
     assert {p for _, p in net.delivered} == set(pids)
     sent = len([m for _, _, m in net.sent if isinstance(m, Push)])

@@ -47,13 +47,6 @@ def _break_2_9(net: MiniNet) -> None:
     net.apply("9", net.engines[9].peer_down("2", net.now, DisconnectReason.LINK_LOST))
 
 
-def _inject(net: MiniNet, reg: Registration, token: bytes) -> bytes:
-    res = net.engines[0].inject_push(reg, token, b"x", net.now)
-    assert res.push_id is not None
-    net.apply("0", res.effects)
-    return res.push_id
-
-
 def _route_copies(net: MiniNet, src: str, dst: str, pid: bytes) -> int:
     return sum(1 for a, b, m in net.sent
                if a == src and b == dst and isinstance(m, Push) and m.push_id == pid and not m.ring)
@@ -68,7 +61,7 @@ def test_a_failed_local_repair_sends_the_custodian_to_its_next_step_at_once() ->
     net, reg, tokens = _net()
     _break_2_9(net)
     t0 = net.now
-    pid = _inject(net, reg, tokens[0])
+    pid = net.inject(0, reg, tokens[0])
     net.run_until(t0 + 0.6)
     assert ("3", pid) in net.delivered
     assert net.custody.get(pid) is not None and net.custody[pid].value == "delivered"
@@ -93,7 +86,7 @@ def test_a_search_that_finds_nothing_is_known_after_its_own_radius() -> None:
     net, reg, tokens = _net()
     _break_2_9(net)
     t0 = net.now
-    pid = _inject(net, reg, tokens[0])
+    pid = net.inject(0, reg, tokens[0])
     net.run_until(t0 + 0.25)
     assert ("3", pid) in net.delivered
     assert net.engines[0].stats().get("custody_escalated_repair_failed", 0) == 2
@@ -113,7 +106,7 @@ def test_a_repair_that_finds_the_home_reports_nothing() -> None:
     assert [h for h, _ in net.engines[2].next_hops(reg.route_id)][0] == "9"
     _break_2_9(net)
     t0 = net.now
-    pid = _inject(net, reg, tokens[0])
+    pid = net.inject(0, reg, tokens[0])
     net.run_until(t0 + 3.0)
     assert ("3", pid) in net.delivered
     assert net.engines[2].stats().get("repair_failed_reported", 0) == 0
@@ -141,7 +134,7 @@ def test_a_dead_end_sends_the_custodian_to_its_first_ring_at_once() -> None:
     net, reg, tokens = _net(replace(CFG, repair_steer=True))
     _break_2_9(net)
     t0 = net.now
-    pid = _inject(net, reg, tokens[0])
+    pid = net.inject(0, reg, tokens[0])
     took = _delivered_at(net, pid, t0, t0 + 1.0)
     assert ("3", pid) in net.delivered
     net.run_until(t0 + 0.6)
@@ -156,7 +149,7 @@ def test_a_dead_end_sends_the_custodian_to_its_first_ring_at_once() -> None:
     old, reg2, tokens2 = _net(replace(CFG, repair_steer=False))
     _break_2_9(old)
     t1 = old.now
-    pid2 = _inject(old, reg2, tokens2[0])
+    pid2 = old.inject(0, reg2, tokens2[0])
     took_old = _delivered_at(old, pid2, t1, t1 + 1.0)
     assert _route_copies(old, "0", "1", pid2) == 2
     assert took < took_old - 0.02, (took, took_old)
@@ -171,7 +164,7 @@ def test_a_dead_end_becomes_repair_failed_where_a_relay_can_go_around() -> None:
     assert [h for h, _ in net.engines[1].next_hops(reg.route_id)] == ["2", "11"]
     _break_2_9(net)
     t0 = net.now
-    pid = _inject(net, reg, tokens[0])
+    pid = net.inject(0, reg, tokens[0])
     net.run_until(t0 + 1.0)
     assert ("3", pid) in net.delivered
     reasons = [(a, b, m.reason) for a, b, m in net.sent if isinstance(m, RouteError) and m.push_id == pid]
@@ -196,7 +189,7 @@ def test_a_relay_that_can_go_around_a_dead_end_sends_the_push_around_itself() ->
         assert [h for h, _ in net.engines[1].next_hops(reg.route_id)] == ["2", "11"]
         _break_2_9(net)
         t0 = net.now
-        pid = _inject(net, reg, tokens[0])
+        pid = net.inject(0, reg, tokens[0])
         took[reroute] = _delivered_at(net, pid, t0, t0 + 1.0)
         net.run_until(t0 + 1.0)
         assert ("3", pid) in net.delivered
@@ -230,7 +223,7 @@ def test_a_find_that_leads_back_into_the_path_is_refuted() -> None:
         assert [h for h, _ in net.engines[7].next_hops(reg.route_id)] == ["2"]
         _break_2_9(net)
         t0 = net.now
-        pid = _inject(net, reg, tokens[0])
+        pid = net.inject(0, reg, tokens[0])
         took[refute] = _delivered_at(net, pid, t0, t0 + 1.5)
         assert ("3", pid) in net.delivered
         found = [(a, b) for a, b, m in net.sent if isinstance(m, RouteError) and m.push_id == pid

@@ -32,13 +32,6 @@ def _net(transport_acks: bool = True) -> tuple[MiniNet, Registration, list[bytes
     return net, reg, tokens
 
 
-def _inject(net: MiniNet, reg: Registration, token: bytes) -> bytes:
-    res = net.engines[0].inject_push(reg, token, b"x", net.now)
-    assert res.push_id is not None
-    net.apply("0", res.effects)
-    return res.push_id
-
-
 def _forwarded_to(net: MiniNet, src: str, dst: str, pid: bytes) -> int:
     return sum(1 for a, b, m in net.sent if a == src and b == dst and isinstance(m, Push) and m.push_id == pid)
 
@@ -52,13 +45,13 @@ def test_a_relay_whose_next_hop_died_re_sends_over_the_backup_before_the_custodi
     net, reg, tokens = _net()
     net.kill(2, silent=True)
     t0 = net.now
-    first = _inject(net, reg, tokens[0])
+    first = net.inject(0, reg, tokens[0])
     net.run_until(t0 + 0.5)
     assert ("3", first) in net.delivered
     assert net.engines[1].stats().get("push_rerouted_unresponsive", 0) == 1
     net.run_until(t0 + 1.5)
     assert not [r for r in net.tracer.of_kind("push_retry") if r[3] == first.hex()]  # no custodian retry
-    second = _inject(net, reg, tokens[1])
+    second = net.inject(0, reg, tokens[1])
     net.run_until(net.now + 0.3)  # keepalives have not declared 2 down yet
     assert "2" in net.engines[1].active_peers()
     assert ("3", second) in net.delivered
@@ -79,12 +72,12 @@ def test_an_unresponsive_report_on_a_live_lossy_link_is_forgotten_at_its_next_fr
     net.run_until(net.now + 0.1)
     assert [h for h, _ in net.engines[1].next_hops(other.route_id)] == ["2", "4"]
     net.apply("1", net.engines[1].link_unresponsive("2", net.now))
-    detour = _inject(net, reg, tokens[0])
+    detour = net.inject(0, reg, tokens[0])
     net.run_until(net.now + 0.2)
     assert _forwarded_to(net, "1", "4", detour) == 1 and _forwarded_to(net, "1", "2", detour) == 0
     net.run_until(net.now + 2.0)  # 2's keepalive (or its answer to 1's) arrives meanwhile
     assert "2" in net.engines[1].active_peers()
-    back = _inject(net, other, tokens[2])
+    back = net.inject(0, other, tokens[2])
     net.run_until(net.now + 0.3)
     assert _forwarded_to(net, "1", "2", back) == 1
     assert {("3", detour), ("3", back)} <= set(net.delivered)
@@ -109,7 +102,7 @@ def test_a_relay_left_without_another_next_hop_searches_its_neighbourhood_at_onc
     assert net.engines[4].has_route(reg.route_id)
     net.kill(2, silent=True)
     t0 = net.now
-    pid = _inject(net, reg, tokens[0])
+    pid = net.inject(0, reg, tokens[0])
     net.run_until(t0 + 0.6)
     assert ("3", pid) in net.delivered
     assert net.engines[1].stats().get("push_local_repair", 0) == 1

@@ -4,12 +4,12 @@ as `_backups`.
 A custodian's route-mode attempt (a push frame it sends itself, hop 0) passes through one neighbour first.
 That neighbour keeps the frame until the push's receipt passes back through it, or `reverse_ttl_s` after
 the last such copy (no receipt can come back through it later: its reverse entry is gone). When its link to
-the custodian fails, it adopts the copies it still holds (custody.py, `adopt`): a push answered 202 by a
+the custodian fails, it adopts the copies it still holds (custody.py, `adopt_from`): a push answered 202 by a
 relay whose disk never comes back is then not lost (custody transfer, as in the DTN bundle protocol,
 RFC 9171 5.10, made implicit: no extra frame, the copy is the one being forwarded anyway). A custodian
 that does come back re-sends too; the home answers the second copy DUPLICATE.
 
-Entries are in expiry order (each copy moves its push to the end), bounded by `backup_max` (oldest out).
+Entries are in expiry order (each copy moves its push to the end), at most `custody_backup_max` (oldest out).
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ from inri.core.home import MemoryHomeStore
 from inri.core.trace import ListTracer
 from inri.core.verify import CachingVerifier
 from inri.protocol.codec import encode
-from inri.protocol.messages import Message, PeerInfo
+from inri.protocol.messages import Message, PeerInfo, Registration
 
 # transport_acks: QUIC's probe timeout on a link is its RTT + max(4 x rttvar, 1 ms) + max_ack_delay (25 ms);
 # the transport reports a peer unresponsive after the second one in a row (PTO + 2 x PTO).
@@ -128,6 +128,13 @@ class MiniNet:
                     pass  # nothing to persist in memory: custody lives in the engine
                 case _:
                     assert_never(eff)
+
+    def inject(self, i: int, registration: Registration, token: bytes, ciphertext: bytes = b"x") -> bytes:
+        """A home app pushes at relay i (Engine.inject_push): its push id; the push must be accepted."""
+        res = self.engines[i].inject_push(registration, token, ciphertext, self.now)
+        assert res.push_id is not None, res.reason
+        self.apply(str(i), res.effects)
+        return res.push_id
 
     def link_up(self, a: str, b: str) -> None:
         """a dialled b: both engines learn of the link, unless a refuses it (then b never sees it)."""
