@@ -227,3 +227,37 @@ def test_an_expired_endpoint_registration_without_a_refresh_is_refused_without_a
     assert res.outcome == InjectOutcome.BAD_REGISTRATION and not res.effects
     net.run_until(net.now + 5)
     assert not [m for _, _, m in net.sent[sent:] if isinstance(m, Push)]
+
+
+def test_a_web_push_copy_arriving_after_its_ack_topic_replacement_or_expiry_is_a_duplicate(tmp_path: Path) -> None:
+    """A custodian re-sends a push whose receipt it did not get (or a backup holder adopts it, rule C8):
+    the home must answer `duplicate` also after the message left the mailbox, across a restart, for as long
+    as a copy can still come (WP_DEDUP_MIN_S, or the TTL's end); then the record goes."""
+    from inri.node.store import WP_DEDUP_MIN_S
+    path = tmp_path / "s.db"
+    st = Store(path)
+    st.add_device(REG, b"s" * 32, [], 0.0)
+    st.stream_open = lambda rid: True  # the device streams: even a TTL-0 copy would be stored
+    now = time.time()
+    tok = st.mint_endpoint(REG.route_id, None, now)
+    acked, long_ttl = _push(tok, b"acked", ttl=0), _push(tok, b"long", ttl=2 * int(WP_DEDUP_MIN_S))
+    old, new = _push(tok, b"old", topic="t", ttl=3600), _push(tok, b"new", topic="t", ttl=3600)
+    expiring = _push(tok, b"expiring", ttl=5)
+    for p in (acked, long_ttl, old, new, expiring):
+        assert st.accept_webpush(p, now) == ReceiptStatus.STORED
+    assert sorted(_box(st)) == [b"acked", b"expiring", b"long", b"new"]
+    assert st.ack(REG.route_id, [acked.push_id, long_ttl.push_id]) == 2
+    st.prune(now + 10)  # `expiring` ran out (TTL 5 s + the TTL-0 grace is 60 s: not yet)
+    assert sorted(_box(st)) == [b"expiring", b"new"]
+    st.prune(now + 61)
+    assert _box(st) == [b"new"] and st.mailbox_size(REG.route_id) == 1  # the expired one no longer counts
+    st.close()
+    st = Store(path)  # a restart keeps the record
+    st.stream_open = lambda rid: True
+    for p in (acked, long_ttl, old, expiring):
+        assert st.accept_webpush(p, now + 62) == ReceiptStatus.DUPLICATE, p.ciphertext
+    assert _box(st) == [b"new"]  # the late copy of `old` did not replace `new`
+    st.prune(now + WP_DEDUP_MIN_S + 120)  # past the window: only the long TTL's record stays
+    assert st.accept_webpush(long_ttl, now + WP_DEDUP_MIN_S + 120) == ReceiptStatus.DUPLICATE
+    assert st.accept_webpush(acked, now + WP_DEDUP_MIN_S + 120) == ReceiptStatus.STORED
+    st.close()

@@ -59,6 +59,13 @@ from inri.protocol.webpush import EndpointToken
 # table needs none (created when missing): superseded_receipt_keys (rule F5c).
 SCHEMA_VERSION = 2
 STATUS_RETENTION_S = 7 * 24 * 3600  # push status answers kept a week after settling
+# A Web Push message that left the mailbox (acknowledged, replaced by its topic, expired) is remembered
+# (wp_acked) until it could no longer arrive again: its TTL's end, and at least this long. A custodian
+# re-sends a push until its receipt comes back (a lost receipt, a backup copy adopted after a link
+# failure: rule C8) for up to max(its TTL, [engine] custody_deadline_s = 300 s) after accepting it; a Web
+# Push message has no token whose spend would answer `duplicate` (a native push does), so without this
+# record a copy arriving after the ack is stored and delivered again.
+WP_DEDUP_MIN_S = 900.0
 CHECKPOINT_INTERVAL_S = 1.0  # a grouping store checkpoints the WAL this often (in a thread) when it was written
 
 _SCHEMA = """
@@ -89,6 +96,10 @@ CREATE TABLE IF NOT EXISTS wp_messages (
     push_id BLOB NOT NULL, route_id BLOB NOT NULL, endpoint_id BLOB NOT NULL, topic TEXT,
     urgency INTEGER NOT NULL, encoding INTEGER NOT NULL, expires_at REAL NOT NULL,
     PRIMARY KEY (route_id, push_id)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS wp_acked (
+    route_id BLOB NOT NULL, push_id BLOB NOT NULL, until REAL NOT NULL,
+    PRIMARY KEY (route_id, push_id)) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS wp_acked_until ON wp_acked (until);
 """
 
 # Wake hooks (inri/node/wake.py): one per owner (a device's route id, or a Mozilla Push uaid), the
@@ -425,7 +436,7 @@ class Store:
         key = None if row is None or row[0] is None else bytes(row[0])
         with self._tx():
             had = self._db.execute("SELECT 1 FROM wp_endpoints WHERE route_id=? LIMIT 1", (route_id,)).fetchone()
-            for table in ("devices", "tokens", "mailbox", "wp_endpoints", "wp_messages"):
+            for table in ("devices", "tokens", "mailbox", "wp_endpoints", "wp_messages", "wp_acked"):
                 self._db.execute(f"DELETE FROM {table} WHERE route_id=?", (route_id,))  # noqa: S608 - fixed names
             if had:  # its Web Push endpoints answer 410 from now on (senders then forget them)
                 # The receipt keys stay with it: its GONE receipts must verify (rules F5, F5c).
@@ -535,8 +546,9 @@ class Store:
         if rid not in self._home:
             gone = db.execute("SELECT 1 FROM wp_gone WHERE route_id=?", (rid,)).fetchone()
             return ReceiptStatus.GONE if gone else None
-        if db.execute("SELECT 1 FROM mailbox WHERE route_id=? AND push_id=?", (rid, push.push_id)).fetchone():
-            return ReceiptStatus.DUPLICATE
+        if db.execute("SELECT 1 FROM mailbox WHERE route_id=? AND push_id=?", (rid, push.push_id)).fetchone() \
+                or db.execute("SELECT 1 FROM wp_acked WHERE route_id=? AND push_id=?", (rid, push.push_id)).fetchone():
+            return ReceiptStatus.DUPLICATE  # stored, or stored and gone (acknowledged, replaced, expired)
         row = db.execute("SELECT vapid_key, revoked FROM wp_endpoints WHERE route_id=? AND endpoint_id=?",
                          (rid, meta.endpoint_id)).fetchone()
         if row is None or not tag_ok(self.home_key, push, meta, None if row[0] is None else bytes(row[0])):
@@ -553,6 +565,7 @@ class Store:
                 old = [(rid, bytes(p)) for (p,) in db.execute(
                     "SELECT push_id FROM wp_messages WHERE route_id=? AND endpoint_id=? AND topic=?",
                     (rid, meta.endpoint_id, meta.topic))]
+                self._remember_gone(old, now)  # a late copy of a replaced one must not replace this one
                 db.executemany("DELETE FROM mailbox WHERE route_id=? AND push_id=?", old)
                 db.executemany("DELETE FROM wp_messages WHERE route_id=? AND push_id=?", old)
                 if old:
@@ -578,6 +591,7 @@ class Store:
         with self._tx():
             old = [(bytes(r), bytes(p)) for r, p in self._db.execute(
                 "SELECT route_id, push_id FROM wp_messages WHERE expires_at < ?", (now,))]
+            self._remember_gone(old, now)
             self._db.executemany("DELETE FROM mailbox WHERE route_id=? AND push_id=?", old)
             self._db.executemany("DELETE FROM wp_messages WHERE route_id=? AND push_id=?", old)
         for rid, _ in old:
@@ -610,9 +624,18 @@ class Store:
             return int(self._db.execute("SELECT COUNT(*) FROM mailbox").fetchone()[0])
         return self._box_count(route_id)
 
+    def _remember_gone(self, keys: list[tuple[bytes, bytes]], now: float) -> None:
+        """Record Web Push messages (route id, push id) leaving the mailbox, so that a copy arriving later
+        is answered `duplicate` (WP_DEDUP_MIN_S); native ones need no record (their token stays spent)."""
+        if keys:
+            self._db.executemany(
+                "INSERT OR REPLACE INTO wp_acked SELECT route_id, push_id, MAX(expires_at, ?) FROM wp_messages "
+                "WHERE route_id=? AND push_id=?", [(now + WP_DEDUP_MIN_S, r, p) for r, p in keys])
+
     def ack(self, route_id: bytes, push_ids: list[bytes]) -> int:
         """Delete acknowledged messages of route_id; returns how many were deleted."""
         with self._tx():
+            self._remember_gone([(route_id, p) for p in push_ids], time.time())
             cur = self._db.executemany("DELETE FROM mailbox WHERE route_id=? AND push_id=?",
                                        [(route_id, p) for p in push_ids])
             deleted = cur.rowcount
@@ -713,6 +736,8 @@ class Store:
             cur = self._db.execute("DELETE FROM push_status WHERE settled_at IS NOT NULL AND settled_at < ?",
                                    (now - STATUS_RETENTION_S,))
             self._db.execute("DELETE FROM superseded_receipt_keys WHERE until < ?", (now,))  # rule F5c
+            self._db.execute("DELETE FROM wp_acked WHERE until < ?", (now,))
+        self.expire_webpush(now)  # expired messages leave the mailbox (they count against mailbox_max)
         self._receipt_keys.prune(now)
         return cur.rowcount
 
